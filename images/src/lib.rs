@@ -1,0 +1,1 @@
+//! images crate (skeleton; filled in by issue #2).

@@ -1,0 +1,1 @@
+//! runtime crate (skeleton; filled in by issue #2).

@@ -1,0 +1,1 @@
+//! sandbox crate (skeleton; filled in by issue #2).

@@ -1,0 +1,1 @@
+//! nodelet: the kubelet.
