@@ -1,1 +1,31 @@
-//! runtime crate (skeleton; filled in by issue #2).
+//! The CRI seam of nodelet.
+//!
+//! The kubelet half of nodelet talks to containers only through the two
+//! traits defined here, [`RuntimeService`] and [`ImageService`]. They mirror
+//! the Kubernetes Container Runtime Interface (CRI v1) one method per RPC,
+//! taking and returning the generated CRI messages re-exported as [`cri`].
+//! Implementations are:
+//!
+//! * the built-in runtime adapter (feature `builtin`, added separately),
+//! * an in-memory fake for tests ([`fake::FakeRuntime`], feature `fake`).
+//!
+//! Errors cross the seam as [`Error`], which carries a gRPC-style [`Code`]
+//! and converts losslessly to and from [`tonic::Status`], so a remote CRI
+//! backend or a CRI gRPC server can be layered on top without translation
+//! tables.
+
+pub use k8s_cri::v1 as cri;
+
+pub mod error;
+pub mod service;
+
+#[cfg(feature = "fake")]
+pub mod fake;
+
+// The built-in runtime adapter lives in `builtin/` and is owned by another
+// change; it is wired in here once it exists:
+// #[cfg(feature = "builtin")]
+// pub mod builtin;
+
+pub use error::{Code, Error, Result};
+pub use service::{EventStream, ImageService, RuntimeService};
