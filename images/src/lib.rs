@@ -1,1 +1,33 @@
-//! images crate (skeleton; filled in by issue #2).
+//! nodelet's image store: imports OCI/docker archives and pulls from registries into
+//! content-addressed blobs, unpacks each layer once into a shared snapshot, and mounts overlayfs
+//! root filesystems for containers. It knows nothing of CRI or Kubernetes: its API takes its own
+//! small types.
+//!
+//! Layout under the root: `blobs/sha256/<hex>` (verified content), `snapshots/<n>/fs` (one
+//! unpacked layer each), `containers/<key>/{upper,work,rootfs.json}`, `tmp/` (staging),
+//! `images.json` (the index) and `lock`.
+
+mod digest;
+mod error;
+mod fsinfo;
+mod import;
+mod index;
+mod mounts;
+mod paths;
+mod platform;
+mod pull;
+mod reference;
+mod rootfs;
+mod source;
+mod spec;
+mod stage;
+mod store;
+#[cfg(test)]
+mod testutil;
+mod types;
+mod unpack;
+
+pub use error::{Error, Kind, Result};
+pub use reference::normalize_reference;
+pub use store::Store;
+pub use types::{FsInfo, Image, ImageConfig, RegistryAuth, RegistryConfig};

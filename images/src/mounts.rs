@@ -1,0 +1,182 @@
+//! Mount plumbing for container rootfs: reading /proc/self/mountinfo, mounting an overlay
+//! (falling back to /proc/self/fd paths when the option string would be too long or a path holds
+//! characters overlay cannot take), and unmounting with a lazy detach when busy.
+
+use crate::error::{Error, Result};
+use nix::mount::{MntFlags, MsFlags};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// Mount data must fit a page; leave room for the kernel's own additions.
+const MAX_OPTIONS: usize = 4000;
+
+/// Decodes the octal escapes (`\040` for space) mountinfo uses in paths.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') as u32 * 64
+                + (bytes[i + 2] - b'0') as u32 * 8
+                + (bytes[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `(mount point, filesystem type)` of every mount, from mountinfo text.
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<(PathBuf, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let mount_point = fields.get(4)?;
+            let sep = fields.iter().position(|f| *f == "-")?;
+            let fstype = fields.get(sep + 1)?;
+            Some((PathBuf::from(unescape(mount_point)), fstype.to_string()))
+        })
+        .collect()
+}
+
+/// The mounts of this process's namespace.
+pub(crate) fn mounts() -> Result<Vec<(PathBuf, String)>> {
+    let path = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("reading", path, e))?;
+    Ok(parse_mountinfo(&text))
+}
+
+/// Whether something is mounted at `path` (which should be canonical).
+pub(crate) fn is_mountpoint(path: &Path) -> Result<bool> {
+    Ok(mounts()?.iter().any(|(p, _)| p == path))
+}
+
+fn usable_in_options(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    !s.contains([',', ':', '\\', '\n']) && !s.is_empty()
+}
+
+/// The option string of an overlay mount.
+pub(crate) fn overlay_options(lower: &[PathBuf], upper: &Path, work: &Path) -> String {
+    let lower: Vec<String> = lower.iter().map(|p| p.display().to_string()).collect();
+    let mut options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        upper.display(),
+        work.display()
+    );
+    if Path::new("/sys/module/overlay/parameters/index").exists() {
+        // Layers are shared between mounts; the inode index would tie them to one.
+        options.push_str(",index=off");
+    }
+    options
+}
+
+/// Mounts an overlay at `target`: `lower` top layer first.
+pub(crate) fn mount_overlay(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    force_fds: bool,
+) -> Result<()> {
+    let direct = overlay_options(lower, upper, work);
+    let fits = direct.len() <= MAX_OPTIONS
+        && lower.iter().all(|p| usable_in_options(p))
+        && usable_in_options(upper)
+        && usable_in_options(work);
+    if fits && !force_fds {
+        return mount(&direct, target);
+    }
+    // Refer to every directory through an fd of ours: /proc/self/fd/N is short and plain.
+    let open = |p: &Path| File::open(p).map_err(|e| Error::io("opening layer dir", p, e));
+    let lower_files = lower.iter().map(|p| open(p)).collect::<Result<Vec<_>>>()?;
+    let upper_file = open(upper)?;
+    let work_file = open(work)?;
+    let fd_path = |f: &File| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+    let lower_fds: Vec<PathBuf> = lower_files.iter().map(fd_path).collect();
+    let options = overlay_options(&lower_fds, &fd_path(&upper_file), &fd_path(&work_file));
+    if options.len() > MAX_OPTIONS {
+        return Err(Error::sys(
+            "mounting overlay (too many layers)",
+            target,
+            nix::Error::E2BIG,
+        ));
+    }
+    mount(&options, target)
+}
+
+fn mount(options: &str, target: &Path) -> Result<()> {
+    nix::mount::mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(options),
+    )
+    .map_err(|e| Error::sys("mounting overlay", target, e))
+}
+
+/// Unmounts everything stacked at `target`, detaching lazily when busy. Not mounted is fine.
+pub(crate) fn unmount_all(target: &Path) -> Result<()> {
+    for _ in 0..16 {
+        if !is_mountpoint(target)? {
+            return Ok(());
+        }
+        match nix::mount::umount2(target, MntFlags::empty()) {
+            Ok(()) => {}
+            Err(nix::Error::EBUSY) => {
+                tracing::warn!(target = %target.display(), "rootfs busy; detaching lazily");
+                nix::mount::umount2(target, MntFlags::MNT_DETACH)
+                    .map_err(|e| Error::sys("detaching", target, e))?;
+            }
+            Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => return Ok(()),
+            Err(e) => return Err(Error::sys("unmounting", target, e)),
+        }
+    }
+    Err(Error::sys(
+        "unmounting (still mounted)",
+        target,
+        nix::Error::EBUSY,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo_with_escapes() {
+        let text = "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw\n\
+                    45 27 0:39 / /run/x rw,relatime shared:2 master:3 - overlay overlay rw,lowerdir=/a\n";
+        let mounts = parse_mountinfo(text);
+        assert_eq!(
+            mounts[0],
+            (PathBuf::from("/mnt/with space"), "ext3".to_string())
+        );
+        assert_eq!(mounts[1], (PathBuf::from("/run/x"), "overlay".to_string()));
+    }
+
+    #[test]
+    fn options_put_top_layer_first() {
+        let o = overlay_options(
+            &[PathBuf::from("/s/2/fs"), PathBuf::from("/s/1/fs")],
+            Path::new("/c/k/upper"),
+            Path::new("/c/k/work"),
+        );
+        assert!(
+            o.starts_with("lowerdir=/s/2/fs:/s/1/fs,upperdir=/c/k/upper,workdir=/c/k/work"),
+            "{o}"
+        );
+    }
+}

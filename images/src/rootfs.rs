@@ -1,0 +1,224 @@
+//! Container root filesystems: an overlay of an image's layer snapshots under a fresh upper and
+//! work dir in `root/containers/<key>/`, with a small `rootfs.json` recording which image the key
+//! holds, so that images in use are not removed.
+
+use crate::error::{Error, Result};
+use crate::mounts;
+use crate::paths::{Paths, write_atomic};
+use crate::store::{Store, find};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+const RECORD: &str = "rootfs.json";
+
+/// What a rootfs key holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RootfsRecord {
+    pub image_id: String,
+    pub target: PathBuf,
+}
+
+/// Every key's record, by key.
+pub(crate) fn records(paths: &Paths) -> Result<Vec<(String, RootfsRecord)>> {
+    let dir = paths.containers();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("listing rootfs", &dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing rootfs", &dir, e))?;
+        let Some(key) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if let Some(record) = read_record(&entry.path().join(RECORD))? {
+            out.push((key, record));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn read_record(path: &Path) -> Result<Option<RootfsRecord>> {
+    match std::fs::read(path) {
+        Ok(data) => serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|source| Error::Json {
+                op: "parsing rootfs record",
+                path: path.to_path_buf(),
+                source,
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("reading rootfs record", path, e)),
+    }
+}
+
+/// Keys become directory names: keep them plain.
+fn check_key(key: &str) -> Result<()> {
+    let invalid = |reason: &str| Error::InvalidKey {
+        key: key.to_string(),
+        reason: reason.to_string(),
+    };
+    if key.is_empty() || key.len() > 128 {
+        return Err(invalid("must be 1 to 128 characters"));
+    }
+    if key.starts_with('.') {
+        return Err(invalid("must not start with '.'"));
+    }
+    if !key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(invalid("may only contain [A-Za-z0-9_.-]"));
+    }
+    Ok(())
+}
+
+fn mkdir(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+}
+
+impl Store {
+    /// Mounts an overlay rootfs for container `key` at `target` (created if missing): the
+    /// image's layer snapshots under a fresh upper/work dir in `root/containers/<key>/`.
+    /// Idempotent for the same key and image. While it exists, the image cannot be removed.
+    pub fn prepare_rootfs(&self, image_id: &str, key: &str, target: &Path) -> Result<()> {
+        self.prepare_rootfs_with(image_id, key, target, false)
+    }
+
+    pub(crate) fn prepare_rootfs_with(
+        &self,
+        image_id: &str,
+        key: &str,
+        target: &Path,
+        force_fds: bool,
+    ) -> Result<()> {
+        check_key(key)?;
+        let paths = &self.inner.paths;
+        let mut txn = self.inner.index.lock(true)?;
+        let state = txn.state()?;
+        let record = find(state, image_id)?.ok_or_else(|| Error::ImageNotFound {
+            reference: image_id.to_string(),
+        })?;
+        let id = record.image.id.clone();
+        let mut lower = Vec::new();
+        for diff_id in record.image.layers.iter().rev() {
+            let n = state.snapshots.get(diff_id).ok_or_else(|| {
+                Error::io(
+                    "finding snapshot",
+                    paths.snapshots(),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("no snapshot of layer {diff_id}"),
+                    ),
+                )
+            })?;
+            lower.push(paths.snapshot_fs(*n));
+        }
+        let dir = paths.container(key);
+        let record_path = dir.join(RECORD);
+        let held = read_record(&record_path)?;
+        let fresh = held.is_none();
+        if let Some(held) = held {
+            if held.image_id != id {
+                return Err(Error::KeyConflict {
+                    key: key.to_string(),
+                    held: held.image_id,
+                    requested: id,
+                });
+            }
+        }
+        let (upper, work) = (dir.join("upper"), dir.join("work"));
+        mkdir(&upper)?;
+        mkdir(&work)?;
+        if lower.is_empty() {
+            // overlay needs a lower layer: an image without layers gets an empty one.
+            let empty = dir.join("empty");
+            mkdir(&empty)?;
+            lower.push(empty);
+        }
+        mkdir(target)?;
+        let target = target
+            .canonicalize()
+            .map_err(|e| Error::io("resolving rootfs target", target, e))?;
+        let data = serde_json::to_vec(&RootfsRecord {
+            image_id: id,
+            target: target.clone(),
+        })
+        .map_err(|source| Error::Json {
+            op: "serialising rootfs record",
+            path: record_path.clone(),
+            source,
+        })?;
+        write_atomic(&record_path, &data)?;
+        if mounts::is_mountpoint(&target)? {
+            return Ok(());
+        }
+        if let Err(e) = mounts::mount_overlay(&lower, &upper, &work, &target, force_fds) {
+            if fresh {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Err(e);
+        }
+        self.invalidate_fs_cache();
+        Ok(())
+    }
+
+    /// Unmounts `target` (detaching lazily when busy) and deletes the key's upper and work
+    /// dirs. Idempotent; an unknown key is fine.
+    pub fn release_rootfs(&self, key: &str, target: &Path) -> Result<()> {
+        check_key(key)?;
+        let _txn = self.inner.index.lock(true)?;
+        let dir = self.inner.paths.container(key);
+        let held = read_record(&dir.join(RECORD))?;
+        let mut targets = Vec::new();
+        if let Ok(t) = target.canonicalize() {
+            targets.push(t);
+        }
+        if let Some(record) = held {
+            if !targets.contains(&record.target) {
+                targets.push(record.target);
+            }
+        }
+        for t in &targets {
+            mounts::unmount_all(t)?;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("removing rootfs dirs", &dir, e)),
+        }
+        self.invalidate_fs_cache();
+        Ok(())
+    }
+
+    /// Keys (containers) currently holding a rootfs.
+    pub fn rootfs_keys(&self) -> Result<Vec<String>> {
+        let _txn = self.inner.index.lock(false)?;
+        Ok(records(&self.inner.paths)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_checked() {
+        for good in ["abc", "0123456789abcdef", "a-b_c.d"] {
+            check_key(good).unwrap();
+        }
+        let long = "k".repeat(129);
+        for bad in ["", ".", "..", ".hidden", "a/b", "a b", long.as_str()] {
+            assert_eq!(
+                check_key(bad).unwrap_err().kind(),
+                crate::Kind::InvalidArgument,
+                "{bad:?}"
+            );
+        }
+    }
+}
