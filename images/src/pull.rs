@@ -11,7 +11,7 @@ use crate::stage::{Candidate, Layer, Stage};
 use crate::store::Store;
 use crate::types::{Image, RegistryAuth, RegistryConfig};
 use futures::StreamExt;
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth as OciAuth;
 use oci_client::{Client, client::ClientConfig, client::ClientProtocol};
 use std::collections::BTreeSet;
@@ -151,6 +151,13 @@ fn classify(reference: &str, registry: &str, source: OciDistributionError) -> Er
         OciDistributionError::UnauthorizedError { .. }
         | OciDistributionError::AuthenticationFailure(_) => K::Unauthorized,
         OciDistributionError::ImageManifestNotFoundError(_) => K::NotFound,
+        OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
+            return Error::DigestMismatch {
+                what: format!("content of {reference} from {registry}"),
+                expected: expected.clone(),
+                actual: actual.clone(),
+            };
+        }
         _ => K::Other,
     };
     match kind {
@@ -216,7 +223,12 @@ impl Fetch<'_> {
         let mut hasher = Hasher::default();
         let mut received = 0u64;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.err(OciDistributionError::IoError(e)))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                // oci-client's own check at the end of the stream: ours below reports it.
+                Err(e) if e.get_ref().is_some_and(|i| i.is::<DigestError>()) => break,
+                Err(e) => return Err(self.err(OciDistributionError::IoError(e))),
+            };
             hasher.update(&chunk);
             received += chunk.len() as u64;
             if received > size {

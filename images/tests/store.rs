@@ -3,14 +3,16 @@
 //! overlay rootfs (and run), released; and pulled back from Debian's docker-registry after
 //! pushing it there with oci-client.
 
+mod common;
+
+use common::{
+    client_index_digest, free_port, manifest_digest_and_size, push_archive, push_client,
+    sha256_hex, start_registry,
+};
 use images::{Kind, RegistryAuth, RegistryConfig, Store};
 use serde_json::{Value, json};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-const REGISTRY: &str = "/usr/bin/docker-registry";
+use std::process::Command;
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -204,127 +206,6 @@ fn find_snapshot_with(root: &Path, rel: &str) -> PathBuf {
     panic!("no snapshot holds {rel}");
 }
 
-/// A docker-registry child process, killed when dropped.
-struct Registry {
-    child: Child,
-    host: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_registry() -> Option<Registry> {
-    if !Path::new(REGISTRY).exists() {
-        eprintln!("SKIP (needs {REGISTRY}; apt-get install docker-registry): registry pull tests");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let host = format!("127.0.0.1:{port}");
-    let config = dir.path().join("config.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-             http:\n  addr: {host}\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(REGISTRY)
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting docker-registry");
-    let registry = Registry {
-        child,
-        host: host.clone(),
-        _dir: dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(&host).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "docker-registry did not listen on {host}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(registry)
-}
-
-fn push_client(host: &str) -> oci_client::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    oci_client::Client::new(oci_client::client::ClientConfig {
-        protocol: oci_client::client::ClientProtocol::HttpsExcept(vec![host.to_string()]),
-        ..Default::default()
-    })
-}
-
-/// Pushes the OCI archive at `archive` as `repo:tag`; returns the config digest.
-async fn push_archive(
-    client: &oci_client::Client,
-    archive: &Path,
-    host: &str,
-    repo: &str,
-    tag: &str,
-) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    tar::Archive::new(std::fs::File::open(archive).unwrap())
-        .unpack(dir.path())
-        .unwrap();
-    let blob = |d: &str| {
-        std::fs::read(
-            dir.path()
-                .join("blobs/sha256")
-                .join(d.trim_start_matches("sha256:")),
-        )
-        .unwrap()
-    };
-    let index: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
-    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
-    let manifest: Value = serde_json::from_slice(&blob(manifest_digest)).unwrap();
-    let reference =
-        oci_client::Reference::with_tag(host.to_string(), repo.to_string(), tag.to_string());
-    let auth = oci_client::secrets::RegistryAuth::Anonymous;
-    client
-        .auth(&reference, &auth, oci_client::RegistryOperation::Push)
-        .await
-        .unwrap();
-    let mut digests = vec![manifest["config"]["digest"].as_str().unwrap().to_string()];
-    digests.extend(
-        manifest["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l["digest"].as_str().unwrap().to_string()),
-    );
-    for d in &digests {
-        client.push_blob(&reference, blob(d), d).await.unwrap();
-    }
-    let parsed: oci_client::manifest::OciImageManifest = serde_json::from_value(manifest).unwrap();
-    client
-        .push_manifest(&reference, &parsed.into())
-        .await
-        .unwrap();
-    digests[0].clone()
-}
-
 #[tokio::test]
 async fn pulls_from_a_local_registry() {
     let Some(registry) = start_registry() else {
@@ -474,6 +355,53 @@ async fn pulls_from_a_local_registry() {
     let via = store.pull(&reference, &auth, &config).await.unwrap();
     assert_eq!(via.id, config_digest);
 
+    // A layer corrupted in the registry's storage is refused, leaving nothing behind.
+    assert_eq!(image.layers.len(), 1);
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(
+            store
+                .root()
+                .join("blobs/sha256")
+                .join(image.manifest_digest.trim_start_matches("sha256:")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let layer_hex = manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
+    let stored = registry
+        .data
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&layer_hex[..2])
+        .join(&layer_hex)
+        .join("data");
+    let mut bytes = std::fs::read(&stored).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    std::fs::write(&stored, &bytes).unwrap();
+    let fresh = Store::open(dir.path().join("fresh")).unwrap();
+    let config = RegistryConfig {
+        insecure: vec![host.clone()],
+        ..Default::default()
+    };
+    let err = fresh.pull(&reference, &auth, &config).await.unwrap_err();
+    assert_eq!(err.kind(), Kind::InvalidArgument, "{err}");
+    assert!(matches!(err, images::Error::DigestMismatch { .. }), "{err}");
+    assert!(fresh.list().unwrap().is_empty());
+    assert_eq!(
+        std::fs::read_dir(fresh.root().join("tmp")).unwrap().count(),
+        0
+    );
+    assert_eq!(
+        std::fs::read_dir(fresh.root().join("blobs/sha256"))
+            .unwrap()
+            .count(),
+        0
+    );
+
     if is_root() {
         let target = dir.path().join("pulled-rootfs");
         store.prepare_rootfs(&image.id, "pulled", &target).unwrap();
@@ -483,34 +411,4 @@ async fn pulls_from_a_local_registry() {
         eprintln!("SKIP (needs root): mounting the pulled image");
     }
     drop(registry);
-}
-
-async fn manifest_digest_and_size(
-    client: &oci_client::Client,
-    reference: &oci_client::Reference,
-) -> (String, usize) {
-    let (bytes, digest) = client
-        .pull_manifest_raw(
-            reference,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-            &["application/vnd.oci.image.manifest.v1+json"],
-        )
-        .await
-        .unwrap();
-    (digest, bytes.len())
-}
-
-async fn client_index_digest(
-    client: &oci_client::Client,
-    reference: &oci_client::Reference,
-) -> String {
-    client
-        .fetch_manifest_digest(reference, &oci_client::secrets::RegistryAuth::Anonymous)
-        .await
-        .unwrap()
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(data))
 }
