@@ -117,6 +117,7 @@ fn imports_both_formats_resolves_and_mounts_a_working_rootfs() {
         return;
     }
     let target = dir.path().join("rootfs");
+    let _unmount = UnmountOnDrop(target.clone());
     store.prepare_rootfs(&image.id, "ctr1", &target).unwrap();
     store.prepare_rootfs(&image.id, "ctr1", &target).unwrap();
     assert_eq!(store.rootfs_keys().unwrap(), vec!["ctr1"]);
@@ -193,6 +194,15 @@ fn imports_both_formats_resolves_and_mounts_a_working_rootfs() {
             .count(),
         0
     );
+}
+
+/// Detaches whatever is mounted at the path when dropped, so a failing test leaves no mount.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
 
 /// The snapshot fs dir holding `rel`.
@@ -404,6 +414,7 @@ async fn pulls_from_a_local_registry() {
 
     if is_root() {
         let target = dir.path().join("pulled-rootfs");
+        let _unmount = UnmountOnDrop(target.clone());
         store.prepare_rootfs(&image.id, "pulled", &target).unwrap();
         assert!(target.join("bin/sh").exists());
         store.release_rootfs("pulled", &target).unwrap();

@@ -7,12 +7,22 @@ use crate::digest::sha256_bytes;
 use crate::platform::host;
 use crate::testutil::{Oci, is_root, layer, tree};
 use serde_json::json;
+use std::path::PathBuf;
 
 fn other_arch() -> &'static str {
     if host().architecture == "arm64" {
         "amd64"
     } else {
         "arm64"
+    }
+}
+
+/// Detaches whatever is mounted at the path when dropped, so a failing test leaves no mount.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -327,6 +337,7 @@ fn remove_is_refused_while_a_rootfs_uses_the_image() {
         .id
         .clone();
     let target = dir.path().join("rootfs");
+    let _unmount = UnmountOnDrop(target.clone());
     store.prepare_rootfs(&id, "c1", &target).unwrap();
     // Idempotent, and the key is recorded.
     store.prepare_rootfs(&id, "c1", &target).unwrap();
@@ -362,6 +373,7 @@ fn rootfs_through_fd_paths_and_conflicting_keys() {
     oci.write_dir(&dir.path().join("layout"));
     store.import(&dir.path().join("layout")).unwrap();
     let target = dir.path().join("t");
+    let _unmount = UnmountOnDrop(target.clone());
     store
         .prepare_rootfs_with("fds:1", "k", &target, true)
         .unwrap();

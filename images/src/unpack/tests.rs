@@ -83,7 +83,7 @@ fn unpack(tar: &[u8]) -> (tempfile::TempDir, Result<String>) {
 }
 
 #[test]
-fn whiteouts_opaque_hardlinks_symlinks_and_metadata() {
+fn hardlinks_symlinks_and_metadata() {
     let mut t = Tar::new();
     t.dir("./", 0o755)
         .dir("./a/", 0o750)
@@ -95,10 +95,6 @@ fn whiteouts_opaque_hardlinks_symlinks_and_metadata() {
         .file("./a/f", 0o4755, b"content")
         .link(EntryType::Link, "./a/hl", "./a/f")
         .link(EntryType::Symlink, "./a/sl", "/etc/passwd")
-        .file("./a/.wh.gone", 0o644, b"")
-        .dir("./b/", 0o755)
-        .file("./b/.wh..wh..opq", 0o644, b"")
-        .file("./b/kept", 0o600, b"x")
         // Implicit parent dirs are created.
         .file("./deep/er/file", 0o644, b"d")
         // A later entry of the same name wins.
@@ -144,18 +140,43 @@ fn whiteouts_opaque_hardlinks_symlinks_and_metadata() {
 
     assert_eq!(std::fs::read(root.join("a/dup")).unwrap(), b"two");
     assert_eq!(std::fs::read(root.join("deep/er/file")).unwrap(), b"d");
+}
+
+#[test]
+fn whiteouts_and_opaque_dirs() {
+    if !is_root() {
+        eprintln!("SKIP (needs root): whiteouts are 0:0 device nodes, opaque dirs trusted xattrs");
+        return;
+    }
+    let mut t = Tar::new();
+    t.dir("a/", 0o755)
+        .file("a/.wh.gone", 0o644, b"")
+        .dir("b/", 0o755)
+        .file("b/.wh..wh..opq", 0o644, b"")
+        .file("b/kept", 0o600, b"x")
+        .file("c/.wh..wh.plnk", 0o644, b"")
+        .file(".wh.top", 0o644, b"");
+    let (dir, result) = unpack(&t.bytes());
+    result.unwrap();
+    let root = dir.path();
     assert!(!root.join("a/.wh.gone").exists());
     assert!(!root.join("b/.wh..wh..opq").exists());
-
-    if is_root() {
-        let wh = std::fs::symlink_metadata(root.join("a/gone")).unwrap();
-        assert!(wh.file_type().is_char_device(), "whiteout is a char device");
-        assert_eq!(wh.rdev(), 0, "whiteout is 0:0");
-        let opaque = xattr::get(root.join("b"), OPAQUE_XATTR).unwrap();
-        assert_eq!(opaque.as_deref(), Some(&b"y"[..]));
-    } else {
-        eprintln!("SKIP (needs root): whiteout/opaque assertions");
+    assert!(
+        !root.join("c/.wh..wh.plnk").exists(),
+        "aufs metadata is dropped"
+    );
+    for whiteout in ["a/gone", "top"] {
+        let wh = std::fs::symlink_metadata(root.join(whiteout)).unwrap();
+        assert!(
+            wh.file_type().is_char_device(),
+            "{whiteout} is a char device"
+        );
+        assert_eq!(wh.rdev(), 0, "{whiteout} is 0:0");
     }
+    let opaque = xattr::get(root.join("b"), OPAQUE_XATTR).unwrap();
+    assert_eq!(opaque.as_deref(), Some(&b"y"[..]));
+    assert_eq!(xattr::get(root.join("a"), OPAQUE_XATTR).unwrap(), None);
+    assert_eq!(std::fs::read(root.join("b/kept")).unwrap(), b"x");
 }
 
 #[test]
