@@ -1,1 +1,24 @@
-//! sandbox crate (skeleton; filled in by issue #2).
+//! nodelet's per-pod sandbox: a small synchronous process (the nodelet binary re-executed) that
+//! holds a pod's namespaces and parents its containers through youki's libcontainer, and the
+//! async [`Client`] the built-in runtime uses to drive it.
+//!
+//! This crate knows nothing of CRI, gRPC or images: it takes its own [`Spec`] and
+//! [`ContainerSpec`] (an OCI bundle prepared by the caller).
+
+pub mod cgroup;
+mod client;
+mod error;
+pub mod files;
+pub mod logs;
+pub mod process;
+pub mod protocol;
+mod spec;
+
+pub use client::{Client, REQUEST_TIMEOUT, launch};
+pub use error::{Error, Kind, Result};
+pub use spec::{
+    ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, Layout, NamespaceMode,
+    Namespaces, SandboxState, Spec, State, now_ns,
+};
+
+pub use oci_spec;

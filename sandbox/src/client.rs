@@ -1,0 +1,249 @@
+//! The async client of a sandbox process, used by the built-in runtime inside the agent's tokio
+//! process, and [`launch`], which starts a sandbox process by re-executing the agent's binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::protocol::{MAX_MESSAGE, Request, Response};
+use crate::spec::{
+    ContainerSpec, ContainerStatus, Event, ExecResult, ExecSpec, Layout, SandboxState, Spec,
+};
+use crate::{Error, Kind, Result};
+
+/// How long a plain request may take before the sandbox counts as unresponsive.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts the sandbox process for `spec` in `state_dir` by running `program args... state_dir`
+/// (the agent's own binary with its hidden sandbox subcommand). Returns the sandbox's PID once it
+/// serves. The state dir is created; a failed start leaves the dir for the caller to remove.
+pub async fn launch(program: &Path, args: &[&str], state_dir: &Path, spec: &Spec) -> Result<i32> {
+    let layout = Layout::new(state_dir);
+    tokio::fs::create_dir_all(state_dir)
+        .await
+        .map_err(|e| Error::io("creating", state_dir, e))?;
+    let text = serde_json::to_vec_pretty(spec)?;
+    tokio::fs::write(layout.spec(), text)
+        .await
+        .map_err(|e| Error::io("writing", layout.spec(), e))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(layout.log())
+        .map_err(|e| Error::io("opening", layout.log(), e))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .arg(state_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| Error::io("starting sandbox process", program, e))?;
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout
+            .read_to_string(&mut out)
+            .await
+            .map_err(|e| Error::io("reading from sandbox process", program, e))?;
+    }
+    let _ = child.wait().await;
+    let out = out.trim();
+    if let Some(pid) = out.strip_prefix("ok ") {
+        return pid
+            .parse()
+            .map_err(|_| Error::new(Kind::Internal, format!("sandbox reported {out:?}")));
+    }
+    let msg = out.strip_prefix("err ").unwrap_or(out);
+    Err(Error::new(
+        Kind::Internal,
+        format!("starting sandbox {}: {msg}", spec.id),
+    ))
+}
+
+/// A handle on one sandbox process, addressed by its state directory. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    layout: Layout,
+}
+
+impl Client {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Client {
+            layout: Layout::new(state_dir),
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    async fn connect(&self) -> Result<UnixStream> {
+        let path = self.layout.socket();
+        UnixStream::connect(&path)
+            .await
+            .map_err(|source| Error::Unreachable { path, source })
+    }
+
+    async fn call(&self, req: &Request, timeout: Duration) -> Result<Response> {
+        let work = async {
+            let mut stream = self.connect().await?;
+            let mut line = serde_json::to_vec(req)?;
+            line.push(b'\n');
+            let path = self.layout.socket();
+            stream
+                .write_all(&line)
+                .await
+                .map_err(|e| Error::io("writing to sandbox", &path, e))?;
+            let mut reader = BufReader::new(stream).take(MAX_MESSAGE as u64);
+            let mut buf = Vec::new();
+            reader
+                .read_until(b'\n', &mut buf)
+                .await
+                .map_err(|e| Error::io("reading from sandbox", &path, e))?;
+            if buf.is_empty() {
+                return Err(Error::new(
+                    Kind::Unavailable,
+                    format!("sandbox at {} closed the connection", path.display()),
+                ));
+            }
+            let resp: Response = serde_json::from_slice(&buf)?;
+            match resp {
+                Response::Error { kind, message } => Err(Error::new(kind, message)),
+                r => Ok(r),
+            }
+        };
+        tokio::time::timeout(timeout, work).await.map_err(|_| {
+            Error::new(
+                Kind::DeadlineExceeded,
+                format!("sandbox request timed out after {timeout:?}"),
+            )
+        })?
+    }
+
+    fn unexpected(r: Response) -> Error {
+        Error::new(Kind::Internal, format!("unexpected sandbox response {r:?}"))
+    }
+
+    /// The sandbox's PID and every container's status.
+    pub async fn state(&self) -> Result<SandboxState> {
+        match self.call(&Request::State, REQUEST_TIMEOUT).await? {
+            Response::State(s) => Ok(s),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    async fn container_call(&self, req: Request, timeout: Duration) -> Result<ContainerStatus> {
+        match self.call(&req, timeout).await? {
+            Response::Container(s) => Ok(s),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    async fn ok_call(&self, req: Request) -> Result<()> {
+        match self.call(&req, REQUEST_TIMEOUT).await? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub async fn create(&self, spec: ContainerSpec) -> Result<ContainerStatus> {
+        self.container_call(Request::Create(spec), REQUEST_TIMEOUT)
+            .await
+    }
+
+    pub async fn start(&self, id: &str) -> Result<ContainerStatus> {
+        self.container_call(Request::Start { id: id.into() }, REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// Sends `signal`, then SIGKILL after `timeout`; returns once the container has exited.
+    pub async fn stop(&self, id: &str, signal: i32, timeout: Duration) -> Result<ContainerStatus> {
+        let req = Request::Stop {
+            id: id.into(),
+            signal,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.container_call(req, timeout + REQUEST_TIMEOUT).await
+    }
+
+    /// Deletes a container (killing it if needed). Unknown ids succeed.
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        self.ok_call(Request::Delete { id: id.into() }).await
+    }
+
+    /// Runs a process in a container and returns its exit code and output.
+    pub async fn exec(&self, spec: ExecSpec) -> Result<ExecResult> {
+        let timeout = if spec.timeout_ms == 0 {
+            Duration::from_secs(24 * 3600)
+        } else {
+            Duration::from_millis(spec.timeout_ms) + REQUEST_TIMEOUT
+        };
+        match self.call(&Request::Exec(spec), timeout).await? {
+            Response::Exec(r) => Ok(r),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub async fn reopen_log(&self, id: &str) -> Result<()> {
+        self.ok_call(Request::ReopenLog { id: id.into() }).await
+    }
+
+    /// Applies OCI `LinuxResources` to a container's cgroup.
+    pub async fn update_resources(
+        &self,
+        id: &str,
+        resources: &oci_spec::runtime::LinuxResources,
+    ) -> Result<()> {
+        let resources = serde_json::to_value(resources)?;
+        self.ok_call(Request::UpdateResources {
+            id: id.into(),
+            resources,
+        })
+        .await
+    }
+
+    /// Kills every container, releases the pod and ends the sandbox process.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.ok_call(Request::Shutdown).await
+    }
+
+    /// Container events from now on, until the sandbox goes away (then the receiver closes).
+    pub async fn subscribe(&self) -> Result<tokio::sync::mpsc::Receiver<Event>> {
+        let mut stream = self.connect().await?;
+        let mut line = serde_json::to_vec(&Request::Subscribe)?;
+        line.push(b'\n');
+        stream
+            .write_all(&line)
+            .await
+            .map_err(|e| Error::io("writing to sandbox", self.layout.socket(), e))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<Event>(&line) {
+                    Ok(ev) => {
+                        if tx.send(ev).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => tracing::warn!("bad sandbox event: {e}"),
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Container statuses persisted on disk: what is known of a sandbox whose process is gone.
+    pub fn persisted(&self) -> Vec<ContainerStatus> {
+        crate::process::read_persisted(&self.layout)
+    }
+
+    /// Whether the sandbox has been shut down (its process ended after cleaning up).
+    pub fn is_stopped(&self) -> bool {
+        self.layout.stopped_marker().exists()
+    }
+}

@@ -1,0 +1,153 @@
+//! The sandbox process: one per pod, the nodelet binary re-executed before any thread exists.
+//! It holds the pod's namespaces, parents the pod's containers (as child subreaper), copies their
+//! output into CRI log files, records their exit status on disk, and answers the request protocol
+//! on its unix socket. It is synchronous and single-threaded, as libcontainer requires; it never
+//! runs inside the agent's tokio process, and it outlives the agent.
+
+mod containers;
+mod ns;
+mod server;
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use nix::unistd::{ForkResult, Pid, fork, getpid, pipe, setsid};
+
+use crate::spec::{Layout, NamespaceMode, Spec};
+use crate::{Error, Kind, Result, cgroup, files};
+
+/// Name of the cgroup (below the pod's) that the sandbox process itself lives in.
+pub const SANDBOX_CGROUP: &str = "sandbox";
+
+/// Entry point of the sandbox process for the state directory `state_dir` (which holds
+/// `spec.json`). Forks: the parent reports `ok <pid>` or `err <message>` on stdout once the
+/// sandbox is serving (or failed), then exits; the child serves until shut down.
+/// Returns the exit code for the parent; the child never returns.
+pub fn main(state_dir: &Path) -> i32 {
+    let layout = Layout::new(state_dir);
+    let (r, w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            println!("err creating a pipe: {e}");
+            return 1;
+        }
+    };
+    // SAFETY: main is called before the process has started any thread.
+    #[allow(unsafe_code)]
+    let forked = unsafe { fork() };
+    match forked {
+        Err(e) => {
+            println!("err fork: {e}");
+            1
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(w);
+            let mut msg = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut msg);
+            if msg.is_empty() {
+                msg = "err the sandbox process died during set-up (see sandbox.log)".into();
+            }
+            // The child serves on, re-parented to init (or a subreaper) once we exit; it is
+            // reaped only if it failed during set-up.
+            if !msg.starts_with("ok ") {
+                let _ = nix::sys::wait::waitpid(child, None);
+            }
+            let ok = msg.starts_with("ok ");
+            print!("{msg}");
+            let _ = std::io::stdout().flush();
+            if ok { 0 } else { 1 }
+        }
+        Ok(ForkResult::Child) => {
+            drop(r);
+            let mut ready = std::fs::File::from(w);
+            let code = match setup(&layout) {
+                Ok(mut server) => {
+                    let _ = writeln!(ready, "ok {}", getpid());
+                    drop(ready);
+                    detach_stdio();
+                    server.serve();
+                    0
+                }
+                Err(e) => {
+                    tracing::error!("sandbox set-up failed: {e}");
+                    let _ = writeln!(ready, "err {e}");
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+/// Points stdout at stderr (the sandbox log) so the launcher's pipe closes, and stdin at /dev/null.
+fn detach_stdio() {
+    let _ = nix::unistd::dup2(2, 1);
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+    }
+}
+
+fn setup(layout: &Layout) -> Result<server::Server> {
+    setsid().map_err(|e| Error::new(Kind::Internal, format!("setsid: {e}")))?;
+    let text = std::fs::read(layout.spec()).map_err(|e| Error::io("reading", layout.spec(), e))?;
+    let spec: Spec = serde_json::from_slice(&text)?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| Error::new(Kind::Internal, format!("becoming child subreaper: {e}")))?;
+    if !spec.cgroup_parent.is_empty() {
+        cgroup::join(&sandbox_cgroup(&spec), getpid())?;
+    }
+    ns::enter_pod_namespaces(&spec)?;
+    let pid_holder = if spec.namespaces.pid == NamespaceMode::Pod {
+        Some(ns::start_pid_namespace_holder()?)
+    } else {
+        None
+    };
+    files::write_pod_files(layout, &spec)?;
+    for dir in [layout.container_root(), layout.status_dir()] {
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+    }
+    let server = server::Server::bind(layout.clone(), spec, pid_holder)?;
+    std::fs::write(layout.pid_file(), getpid().to_string())
+        .map_err(|e| Error::io("writing", layout.pid_file(), e))?;
+    Ok(server)
+}
+
+/// The cgroup the sandbox process itself runs in.
+pub fn sandbox_cgroup(spec: &Spec) -> String {
+    format!(
+        "{}/{SANDBOX_CGROUP}",
+        spec.cgroup_parent.trim_end_matches('/')
+    )
+}
+
+/// Leaves the pod cgroup for the root one and removes the sandbox's cgroups.
+fn release_cgroups(spec: &Spec) {
+    if spec.cgroup_parent.is_empty() {
+        return;
+    }
+    if let Err(e) = cgroup::join("/", getpid()) {
+        tracing::warn!("leaving the pod cgroup: {e}");
+    }
+    if let Err(e) = cgroup::remove(&sandbox_cgroup(spec)) {
+        tracing::warn!("{e}");
+    }
+    if spec.owns_cgroup_parent {
+        if let Err(e) = cgroup::remove(&spec.cgroup_parent) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Kills the PID namespace holder, if any, and reaps it.
+fn stop_pid_holder(pid: Option<Pid>) {
+    if let Some(pid) = pid {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+    }
+}
+
+/// Container statuses persisted under a sandbox's state dir.
+pub fn read_persisted(layout: &Layout) -> Vec<crate::spec::ContainerStatus> {
+    containers::read_persisted(layout).into_values().collect()
+}

@@ -1,0 +1,504 @@
+//! The sandbox process's event loop: one `poll` over the listening socket, the containers' output
+//! pipes and pidfds, and the running execs. Requests are answered in order; those that wait (a
+//! stop with a grace period, an exec) are parked and answered when their process exits.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::Signal;
+use nix::sys::socket::{MsgFlags, send};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::containers::{self, Ctr, Drained, Exec};
+use crate::protocol::{MAX_EXEC_OUTPUT, MAX_MESSAGE, Request, Response};
+use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State};
+use crate::{Error, Kind, Result};
+
+/// A request waiting for a container to exit.
+struct StopWait {
+    id: String,
+    conn: UnixStream,
+    kill_at: Option<Instant>,
+}
+
+pub struct Server {
+    layout: Layout,
+    spec: Spec,
+    listener: UnixListener,
+    pid_holder: Option<Pid>,
+    containers: BTreeMap<String, Ctr>,
+    execs: Vec<(Exec, UnixStream)>,
+    stops: Vec<StopWait>,
+    subscribers: Vec<UnixStream>,
+    shutdown: Option<UnixStream>,
+}
+
+#[derive(Clone)]
+enum Token {
+    Listener,
+    Out(String),
+    Exit,
+    ExecOut(usize),
+}
+
+impl Server {
+    pub fn bind(layout: Layout, spec: Spec, pid_holder: Option<Pid>) -> Result<Self> {
+        let path = layout.socket();
+        if path.as_os_str().len() >= 108 {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                format!(
+                    "socket path {} is too long for a unix socket; use a shorter root dir",
+                    path.display()
+                ),
+            ));
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| Error::io("binding", &path, e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("configuring", &path, e))?;
+        Ok(Server {
+            layout,
+            spec,
+            listener,
+            pid_holder,
+            containers: BTreeMap::new(),
+            execs: Vec::new(),
+            stops: Vec::new(),
+            subscribers: Vec::new(),
+            shutdown: None,
+        })
+    }
+
+    /// Serves until a `Shutdown` request has been carried out.
+    pub fn serve(&mut self) {
+        loop {
+            let ready = self.wait();
+            for token in ready {
+                match token {
+                    Token::Listener => self.accept_all(),
+                    Token::Out(id) => {
+                        if let Some(c) = self.containers.get_mut(&id) {
+                            containers::pump_output(c);
+                        }
+                    }
+                    Token::ExecOut(i) => self.pump_exec(i),
+                    Token::Exit => {}
+                }
+            }
+            self.reap();
+            self.check_deadlines();
+            self.finish_execs();
+            if let Some(conn) = self.shutdown.take() {
+                self.shutdown_all();
+                reply(&conn, &Response::Ok);
+                return;
+            }
+        }
+    }
+
+    /// Polls every fd of interest; returns the ready ones.
+    fn wait(&self) -> Vec<Token> {
+        let mut tokens = vec![Token::Listener];
+        let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        for (id, c) in &self.containers {
+            for fd in c.out.iter().flatten() {
+                tokens.push(Token::Out(id.clone()));
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(fd) = &c.pidfd {
+                tokens.push(Token::Exit);
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+        }
+        for (i, (e, _)) in self.execs.iter().enumerate() {
+            for fd in e.out.iter().flatten() {
+                tokens.push(Token::ExecOut(i));
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(fd) = &e.pidfd {
+                tokens.push(Token::Exit);
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+        }
+        let now = Instant::now();
+        let next = self
+            .stops
+            .iter()
+            .filter_map(|s| s.kill_at)
+            .chain(self.execs.iter().filter_map(|(e, _)| e.deadline))
+            .map(|t| t.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let ms = u16::try_from(next.as_millis()).unwrap_or(1000);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(_) => fds
+                .iter()
+                .zip(tokens)
+                .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(_, t)| t)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn accept_all(&mut self) {
+        while let Ok((conn, _)) = self.listener.accept() {
+            let _ = conn.set_nonblocking(false);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut line = String::new();
+            let read = BufReader::new((&conn).take(MAX_MESSAGE as u64)).read_line(&mut line);
+            match read.map_err(Error::from_io).and_then(|_| {
+                serde_json::from_str::<Request>(line.trim_end()).map_err(|e| {
+                    Error::new(Kind::InvalidArgument, format!("malformed request: {e}"))
+                })
+            }) {
+                Ok(req) => self.handle(req, conn),
+                Err(e) => reply(&conn, &error_response(&e)),
+            }
+        }
+    }
+
+    fn handle(&mut self, req: Request, conn: UnixStream) {
+        let res = match req {
+            Request::State => Ok(Response::State(self.state())),
+            Request::Create(spec) => self.create(&spec),
+            Request::Start { id } => self.start(&id),
+            Request::Stop {
+                id,
+                signal,
+                timeout_ms,
+            } => return self.stop(id, signal, timeout_ms, conn),
+            Request::Delete { id } => Ok(self.delete(&id)),
+            Request::Exec(spec) => {
+                let started = self
+                    .container(&spec.container_id)
+                    .and_then(|c| containers::exec(&self.layout, c, &spec));
+                match started {
+                    Ok(e) => {
+                        self.execs.push((e, conn));
+                        return;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Request::ReopenLog { id } => self.container_mut(&id).and_then(|c| {
+                if c.status.state != State::Running {
+                    return Err(Error::new(
+                        Kind::FailedPrecondition,
+                        format!("container {id} is not running"),
+                    ));
+                }
+                c.log
+                    .reopen()
+                    .map(|()| Response::Ok)
+                    .map_err(|e| Error::new(Kind::Internal, format!("reopening log: {e}")))
+            }),
+            Request::UpdateResources { id, resources } => self.update_resources(&id, resources),
+            Request::Subscribe => {
+                let _ = conn.set_nonblocking(true);
+                self.subscribers.push(conn);
+                return;
+            }
+            Request::Shutdown => {
+                self.shutdown = Some(conn);
+                return;
+            }
+        };
+        let response = match res {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+        reply(&conn, &response);
+    }
+
+    fn container(&self, id: &str) -> Result<&Ctr> {
+        self.containers
+            .get(id)
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("container {id} not found")))
+    }
+
+    fn container_mut(&mut self, id: &str) -> Result<&mut Ctr> {
+        self.containers
+            .get_mut(id)
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("container {id} not found")))
+    }
+
+    fn state(&self) -> SandboxState {
+        SandboxState {
+            id: self.spec.id.clone(),
+            pid: nix::unistd::getpid().as_raw(),
+            pid_ns_holder: self.pid_holder.map(Pid::as_raw),
+            containers: self.containers.values().map(|c| c.status.clone()).collect(),
+        }
+    }
+
+    fn create(&mut self, spec: &crate::spec::ContainerSpec) -> Result<Response> {
+        if self.containers.contains_key(&spec.id) {
+            return Err(Error::new(
+                Kind::AlreadyExists,
+                format!("container {} already exists", spec.id),
+            ));
+        }
+        let c = containers::create(&self.layout, spec)?;
+        containers::persist(&self.layout, &c.status);
+        let status = c.status.clone();
+        self.containers.insert(spec.id.clone(), c);
+        self.publish(&status);
+        Ok(Response::Container(status))
+    }
+
+    fn start(&mut self, id: &str) -> Result<Response> {
+        let layout = self.layout.clone();
+        let c = self.container_mut(id)?;
+        containers::start(&layout, c)?;
+        let status = c.status.clone();
+        containers::persist(&layout, &status);
+        self.publish(&status);
+        Ok(Response::Container(status))
+    }
+
+    fn stop(&mut self, id: String, signal: i32, timeout_ms: u64, conn: UnixStream) {
+        let c = match self.container(&id) {
+            Ok(c) => c,
+            Err(e) => return reply(&conn, &error_response(&e)),
+        };
+        if !matches!(c.status.state, State::Created | State::Running) {
+            return reply(&conn, &Response::Container(c.status.clone()));
+        }
+        let sig = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
+        let sig = if timeout_ms == 0 {
+            Signal::SIGKILL
+        } else {
+            sig
+        };
+        containers::signal(c, sig);
+        let kill_at =
+            (sig != Signal::SIGKILL).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+        self.stops.push(StopWait { id, conn, kill_at });
+    }
+
+    fn delete(&mut self, id: &str) -> Response {
+        if let Some(mut c) = self.containers.remove(id) {
+            containers::delete(&self.layout, &mut c);
+            self.answer_stops(&c);
+        }
+        containers::forget(&self.layout, id);
+        Response::Ok
+    }
+
+    fn update_resources(&mut self, id: &str, resources: serde_json::Value) -> Result<Response> {
+        let c = self.container(id)?;
+        let res: oci_spec::runtime::LinuxResources = serde_json::from_value(resources)
+            .map_err(|e| Error::new(Kind::InvalidArgument, format!("invalid resources: {e}")))?;
+        let Some(cg) = c.status.cgroup_path.as_deref() else {
+            return Err(Error::new(
+                Kind::FailedPrecondition,
+                format!("container {id} has no cgroup"),
+            ));
+        };
+        crate::cgroup::apply(cg, &res)?;
+        Ok(Response::Ok)
+    }
+
+    fn pump_exec(&mut self, i: usize) {
+        let Some((e, _)) = self.execs.get_mut(i) else {
+            return;
+        };
+        for k in 0..2 {
+            let Some(fd) = e.out[k].as_ref() else {
+                continue;
+            };
+            let buf = &mut e.buf[k];
+            if let Drained::Eof = containers::drain(fd, |d| {
+                let room = MAX_EXEC_OUTPUT.saturating_sub(buf.len());
+                buf.extend_from_slice(&d[..d.len().min(room)]);
+            }) {
+                e.out[k] = None;
+            }
+        }
+    }
+
+    /// Reaps every exited child and records the exits of containers and execs.
+    fn reap(&mut self) {
+        loop {
+            let ws = match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(ws) => ws,
+            };
+            let Some(pid) = ws.pid() else { continue };
+            let code = match ws {
+                WaitStatus::Exited(_, c) => c,
+                WaitStatus::Signaled(_, s, _) => 128 + s as i32,
+                _ => continue,
+            };
+            if let Some(c) = self
+                .containers
+                .values_mut()
+                .find(|c| c.status.pid == pid.as_raw() && c.status.state != State::Exited)
+            {
+                containers::exited(c, ws);
+                let status = c.status.clone();
+                containers::persist(&self.layout, &status);
+                self.publish(&status);
+                for s in self.take_stops(&status.id) {
+                    reply(&s.conn, &Response::Container(status.clone()));
+                }
+            } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
+                e.exit_code = Some(code);
+                e.pidfd = None;
+            } else if Some(pid) == self.pid_holder {
+                tracing::error!("the pod's PID namespace holder exited");
+                self.pid_holder = None;
+            }
+        }
+    }
+
+    fn take_stops(&mut self, id: &str) -> Vec<StopWait> {
+        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stops)
+            .into_iter()
+            .partition(|s| s.id == id);
+        self.stops = keep;
+        done
+    }
+
+    fn answer_stops(&mut self, c: &Ctr) {
+        for s in self.take_stops(&c.status.id) {
+            reply(&s.conn, &Response::Container(c.status.clone()));
+        }
+    }
+
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        for s in &mut self.stops {
+            if s.kill_at.is_some_and(|t| t <= now) {
+                s.kill_at = None;
+                if let Some(c) = self.containers.get(&s.id) {
+                    containers::signal(c, Signal::SIGKILL);
+                }
+            }
+        }
+        for (e, _) in &mut self.execs {
+            if e.exit_code.is_none() && e.deadline.is_some_and(|t| t <= now) {
+                e.deadline = None;
+                e.timed_out = true;
+                let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Answers execs whose process has exited (draining what output is left).
+    fn finish_execs(&mut self) {
+        let mut i = 0;
+        while i < self.execs.len() {
+            if self.execs[i].0.exit_code.is_none() {
+                i += 1;
+                continue;
+            }
+            self.pump_exec(i);
+            let (e, conn) = self.execs.swap_remove(i);
+            let response = if e.timed_out {
+                Response::Error {
+                    kind: Kind::DeadlineExceeded,
+                    message: format!("exec in container {} timed out", e.container_id),
+                }
+            } else {
+                let [stdout, stderr] = e.buf;
+                Response::Exec(ExecResult {
+                    exit_code: e.exit_code.unwrap_or(-1),
+                    stdout,
+                    stderr,
+                })
+            };
+            reply(&conn, &response);
+        }
+    }
+
+    fn publish(&mut self, status: &crate::spec::ContainerStatus) {
+        let event = Event {
+            sandbox_id: self.spec.id.clone(),
+            status: status.clone(),
+        };
+        let Ok(mut line) = serde_json::to_vec(&event) else {
+            return;
+        };
+        line.push(b'\n');
+        self.subscribers.retain(|s| send_all(s, &line, false));
+    }
+
+    fn shutdown_all(&mut self) {
+        for c in self.containers.values() {
+            containers::signal(c, Signal::SIGKILL);
+        }
+        let ids: Vec<String> = self.containers.keys().cloned().collect();
+        for id in ids {
+            if let Some(mut c) = self.containers.remove(&id) {
+                containers::delete(&self.layout, &mut c);
+                containers::persist(&self.layout, &c.status);
+                self.publish(&c.status);
+                self.answer_stops(&c);
+            }
+        }
+        for (e, conn) in self.execs.drain(..) {
+            let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+            reply(
+                &conn,
+                &Response::Error {
+                    kind: Kind::Unavailable,
+                    message: "the sandbox is shutting down".into(),
+                },
+            );
+        }
+        self.reap();
+        super::stop_pid_holder(self.pid_holder.take());
+        super::release_cgroups(&self.spec);
+        let _ = std::fs::remove_file(self.layout.socket());
+        let _ = std::fs::write(self.layout.stopped_marker(), b"");
+    }
+}
+
+fn error_response(e: &Error) -> Response {
+    Response::Error {
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+}
+
+/// Writes one response line; a client that went away is not an error for the sandbox.
+fn reply(conn: &UnixStream, response: &Response) {
+    let mut line = serde_json::to_vec(response).unwrap_or_else(|e| {
+        format!("{{\"Error\":{{\"kind\":\"Internal\",\"message\":\"encoding response: {e}\"}}}}")
+            .into_bytes()
+    });
+    line.push(b'\n');
+    send_all(conn, &line, true);
+}
+
+/// Sends all of `data` without ever raising SIGPIPE. Returns false if the peer is gone (or, when
+/// not `blocking`, too slow to take the data).
+fn send_all(conn: &UnixStream, mut data: &[u8], blocking: bool) -> bool {
+    while !data.is_empty() {
+        match send(conn.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => data = &data[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) if blocking => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+impl Error {
+    fn from_io(e: std::io::Error) -> Error {
+        Error::new(Kind::InvalidArgument, format!("reading request: {e}"))
+    }
+}

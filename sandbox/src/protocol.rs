@@ -1,0 +1,60 @@
+//! The request/response protocol between the sandbox process and its client: one JSON object
+//! per line over a unix socket. A connection carries one request and its response, except
+//! `Subscribe`, after which the sandbox writes one [`Event`](crate::Event) per line until either
+//! side closes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Kind;
+use crate::spec::{ContainerSpec, ContainerStatus, ExecResult, ExecSpec, SandboxState};
+
+/// Longest request or response line accepted (exec output is bounded below this).
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Most bytes of each output stream an exec keeps.
+pub const MAX_EXEC_OUTPUT: usize = 16 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// The sandbox and all its containers.
+    State,
+    /// Create a container from an OCI bundle (its init waits for `Start`).
+    Create(ContainerSpec),
+    Start {
+        id: String,
+    },
+    /// Send `signal`, then SIGKILL after `timeout_ms`; answered once the container has exited.
+    Stop {
+        id: String,
+        signal: i32,
+        timeout_ms: u64,
+    },
+    /// Delete a container that is not running; unknown ids succeed.
+    Delete {
+        id: String,
+    },
+    /// Run a process in a container and return its output.
+    Exec(ExecSpec),
+    /// Close and reopen a container's log file (after rotation).
+    ReopenLog {
+        id: String,
+    },
+    /// Apply new cgroup resources (an OCI `LinuxResources` JSON) to a container.
+    UpdateResources {
+        id: String,
+        resources: serde_json::Value,
+    },
+    /// Stream container events on this connection.
+    Subscribe,
+    /// Kill every container, delete them, release the pod's namespaces and exit.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Ok,
+    State(SandboxState),
+    Container(ContainerStatus),
+    Exec(ExecResult),
+    Error { kind: Kind, message: String },
+}

@@ -1,0 +1,197 @@
+//! The sandbox crate's own input and state types. They say nothing of CRI: the built-in runtime
+//! adapter converts CRI requests into these.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Whether a namespace is the pod's own, the node's, or (for PID) each container's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum NamespaceMode {
+    /// One namespace for the whole pod, held by the sandbox process.
+    #[default]
+    Pod,
+    /// Each container gets its own (only meaningful for PID).
+    Container,
+    /// The node's namespace (hostNetwork, hostPID, hostIPC).
+    Node,
+}
+
+/// The namespaces of a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    pub network: NamespaceMode,
+    pub ipc: NamespaceMode,
+    pub pid: NamespaceMode,
+}
+
+impl Default for Namespaces {
+    fn default() -> Self {
+        Namespaces {
+            network: NamespaceMode::Pod,
+            ipc: NamespaceMode::Pod,
+            pid: NamespaceMode::Container,
+        }
+    }
+}
+
+/// DNS settings written into the pod's resolv.conf.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dns {
+    pub servers: Vec<String>,
+    pub searches: Vec<String>,
+    pub options: Vec<String>,
+}
+
+/// Everything the sandbox process needs to set a pod up.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// The sandbox's id; also the name of its state directory.
+    pub id: String,
+    /// The pod's hostname (ignored with a node network namespace, which keeps the node's).
+    pub hostname: String,
+    pub namespaces: Namespaces,
+    /// Absolute cgroup path of the pod (e.g. `/kubepods/burstable/pod1234`). The sandbox process
+    /// lives in `<cgroup_parent>/sandbox`; containers are placed below `cgroup_parent` by the caller.
+    pub cgroup_parent: String,
+    /// Whether the sandbox created `cgroup_parent` and must remove it when it goes.
+    pub owns_cgroup_parent: bool,
+    /// DNS for resolv.conf; `None` copies the node's /etc/resolv.conf.
+    pub dns: Option<Dns>,
+    /// Extra `/etc/hosts` lines (ip, names).
+    pub host_aliases: Vec<(String, Vec<String>)>,
+    /// Namespaced sysctls to set in the pod's namespaces.
+    pub sysctls: BTreeMap<String, String>,
+}
+
+/// Where a sandbox keeps its files; all paths derive from the state directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub dir: PathBuf,
+}
+
+impl Layout {
+    /// The layout of the sandbox whose state directory is `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Layout { dir: dir.into() }
+    }
+    pub fn spec(&self) -> PathBuf {
+        self.dir.join("spec.json")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("sandbox.sock")
+    }
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.join("pid")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("sandbox.log")
+    }
+    /// libcontainer's state root for this sandbox's containers.
+    pub fn container_root(&self) -> PathBuf {
+        self.dir.join("lc")
+    }
+    /// Where each container's status is persisted, so it outlives the sandbox process.
+    pub fn status_dir(&self) -> PathBuf {
+        self.dir.join("containers")
+    }
+    /// The pod's generated /etc files (hosts, hostname, resolv.conf).
+    pub fn etc_dir(&self) -> PathBuf {
+        self.dir.join("etc")
+    }
+    pub fn hosts(&self) -> PathBuf {
+        self.etc_dir().join("hosts")
+    }
+    pub fn hostname(&self) -> PathBuf {
+        self.etc_dir().join("hostname")
+    }
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.etc_dir().join("resolv.conf")
+    }
+    /// A file present once the sandbox has been shut down and cleaned up.
+    pub fn stopped_marker(&self) -> PathBuf {
+        self.dir.join("stopped")
+    }
+}
+
+/// A container to create in the sandbox: an OCI bundle prepared by the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub id: String,
+    /// The OCI bundle: `config.json` and the root filesystem it names.
+    pub bundle: PathBuf,
+    /// Where stdout and stderr go, in the CRI log format; `None` discards them.
+    pub log_path: Option<PathBuf>,
+}
+
+/// A process to run in a container, waited for with a timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    pub container_id: String,
+    pub args: Vec<String>,
+    /// Zero means no timeout.
+    pub timeout_ms: u64,
+}
+
+/// What an exec produced.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Lifecycle state of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum State {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// The observed status of a container, persisted on every change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub id: String,
+    pub state: State,
+    /// PID of the container's init process in the sandbox's PID namespace (0 when none).
+    pub pid: i32,
+    /// Nanoseconds since the epoch; 0 when not yet.
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    /// `Completed`, `Error`, `OOMKilled` once exited.
+    pub reason: String,
+    pub message: String,
+    pub log_path: Option<PathBuf>,
+    /// The cgroup path the container runs in, from its OCI spec.
+    pub cgroup_path: Option<String>,
+}
+
+/// The state of a whole sandbox as its process reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxState {
+    pub id: String,
+    pub pid: i32,
+    /// PID of the process holding the pod's PID namespace, when the pod shares one.
+    pub pid_ns_holder: Option<i32>,
+    pub containers: Vec<ContainerStatus>,
+}
+
+/// Something that happened to a container, pushed to subscribers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub sandbox_id: String,
+    pub status: ContainerStatus,
+}
+
+/// Nanoseconds since the Unix epoch, now.
+pub fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
