@@ -1,1 +1,8 @@
-//! nodelet: the kubelet.
+//! nodelet: a Kubernetes node agent with a built-in container runtime, in one binary.
+//!
+//! The kubelet logic talks to containers only through `runtime`'s CRI-shaped traits; the
+//! built-in runtime and the remote CRI backend are interchangeable behind them.
+
+pub mod cli;
+pub mod commands;
+pub mod logging;

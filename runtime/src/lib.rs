@@ -6,7 +6,8 @@
 //! taking and returning the generated CRI messages re-exported as [`cri`].
 //! Implementations are:
 //!
-//! * the built-in runtime adapter (feature `builtin`, added separately),
+//! * the built-in runtime ([`builtin::BuiltinRuntime`], feature `builtin`): sandboxes and
+//!   containers run by nodelet itself through the `sandbox` and `images` crates,
 //! * an in-memory fake for tests ([`fake::FakeRuntime`], feature `fake`).
 //!
 //! Errors cross the seam as [`Error`], which carries a gRPC-style [`Code`]
@@ -22,10 +23,8 @@ pub mod service;
 #[cfg(feature = "fake")]
 pub mod fake;
 
-// The built-in runtime adapter lives in `builtin/` and is owned by another
-// change; it is wired in here once it exists:
-// #[cfg(feature = "builtin")]
-// pub mod builtin;
+#[cfg(feature = "builtin")]
+pub mod builtin;
 
 pub use error::{Code, Error, Result};
 pub use service::{EventStream, ImageService, RuntimeService};

@@ -109,3 +109,14 @@ pub fn oom_killed(path: &str) -> bool {
             .unwrap_or(false)
     })
 }
+
+/// Whether a cgroup exists at `path` (in the memory hierarchy on v1, the unified one on v2).
+pub fn exists(path: &str) -> bool {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        return true;
+    }
+    let v1 = Path::new("/sys/fs/cgroup/memory").join(rel);
+    let v2 = Path::new("/sys/fs/cgroup").join(rel).join("cgroup.procs");
+    v1.is_dir() || v2.is_file()
+}

@@ -1,0 +1,531 @@
+//! Container RPCs: CreateContainer, StartContainer, StopContainer, RemoveContainer,
+//! ContainerStatus, ListContainers, UpdateContainerResources, ReopenContainerLog, ExecSync.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use super::store::ContainerRecord;
+use super::{BuiltinRuntime, image_error, new_id, pod, sandbox_error, spec};
+use crate::{Error, Result, cri};
+
+/// Joins the sandbox's log directory and the container's relative log path, refusing escapes.
+fn log_path(dir: &str, rel: &str) -> Result<String> {
+    if rel.is_empty() || dir.is_empty() {
+        return Ok(String::new());
+    }
+    let relp = Path::new(rel);
+    if relp.is_absolute()
+        || relp
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(Error::invalid_argument(format!(
+            "log path {rel:?} must be relative to the sandbox log directory, without '..'"
+        )));
+    }
+    Ok(Path::new(dir).join(relp).to_string_lossy().into_owned())
+}
+
+/// The live or last known status of each container, by id.
+pub(super) type Statuses = BTreeMap<String, sandbox::ContainerStatus>;
+
+impl BuiltinRuntime {
+    /// Statuses of every container of the sandboxes named, from their processes or, for those
+    /// that are gone, from what they persisted.
+    pub(super) async fn statuses(&self, sandbox_ids: &[String]) -> Statuses {
+        let mut out = Statuses::new();
+        for id in sandbox_ids {
+            let client = self.client(id);
+            let list = match client.state().await {
+                Ok(s) => s.containers,
+                Err(_) => client.persisted(),
+            };
+            for s in list {
+                out.insert(s.id.clone(), s);
+            }
+        }
+        out
+    }
+
+    async fn status_of(&self, rec: &ContainerRecord) -> Option<sandbox::ContainerStatus> {
+        self.statuses(std::slice::from_ref(&rec.sandbox_id))
+            .await
+            .remove(&rec.id)
+    }
+
+    fn container_record(&self, id: &str) -> Result<ContainerRecord> {
+        self.inner
+            .records
+            .resolve_container(id)?
+            .and_then(|id| self.inner.records.container(&id))
+            .ok_or_else(|| Error::not_found(format!("container {id} not found")))
+    }
+
+    pub(super) async fn create(&self, req: cri::CreateContainerRequest) -> Result<String> {
+        let config = req
+            .config
+            .ok_or_else(|| Error::invalid_argument("CreateContainer needs a config"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Error::invalid_argument("container config needs metadata"))?;
+        if meta.name.is_empty() || meta.name.contains('/') {
+            return Err(Error::invalid_argument(format!(
+                "container name {:?} is not valid",
+                meta.name
+            )));
+        }
+        let sandbox_id = self
+            .inner
+            .records
+            .resolve_sandbox(&req.pod_sandbox_id)?
+            .ok_or_else(|| {
+                Error::not_found(format!("pod sandbox {} not found", req.pod_sandbox_id))
+            })?;
+        let sandbox_rec = self
+            .inner
+            .records
+            .sandbox(&sandbox_id)
+            .ok_or_else(|| Error::not_found(format!("pod sandbox {sandbox_id} not found")))?;
+        // The kubelet sends the sandbox config again; the one it was created with is the truth.
+        let sandbox_config = sandbox_rec.config.clone();
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if image_name.is_empty() {
+            return Err(Error::invalid_argument("container config needs an image"));
+        }
+        let image = self
+            .inner
+            .images
+            .resolve(&image_name)
+            .map_err(image_error)?
+            .ok_or_else(|| Error::not_found(format!("image {image_name:?} not found")))?;
+        let log = log_path(&sandbox_config.log_directory, &config.log_path)?;
+
+        let _guard = self.inner.lifecycle.lock().await;
+        let live = self.client(&sandbox_id).state().await.map_err(|e| {
+            Error::failed_precondition(format!("pod sandbox {sandbox_id} is not ready: {e}"))
+        })?;
+        if sandbox_rec.stopped {
+            return Err(Error::failed_precondition(format!(
+                "pod sandbox {sandbox_id} is stopped"
+            )));
+        }
+        for other in self.inner.records.all_containers() {
+            if other.sandbox_id == sandbox_id {
+                if let Some(m) = &other.config.metadata {
+                    if m.name == meta.name && m.attempt == meta.attempt {
+                        return Err(Error::already_exists(format!(
+                            "container {}_{} already exists in sandbox {sandbox_id} as {}",
+                            meta.name, meta.attempt, other.id
+                        )));
+                    }
+                }
+            }
+        }
+        let opts = pod::namespace_options(&sandbox_config);
+        let container_opts = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.clone());
+        let target_pid = match container_opts
+            .as_ref()
+            .map(|o| (o.pid, o.target_id.clone()))
+        {
+            Some((pid, target)) if pid == cri::NamespaceMode::Target as i32 => {
+                let t = self
+                    .inner
+                    .records
+                    .resolve_container(&target)?
+                    .ok_or_else(|| {
+                        Error::not_found(format!("target container {target} not found"))
+                    })?;
+                live.containers
+                    .iter()
+                    .find(|c| c.id == t && c.state == sandbox::State::Running)
+                    .map(|c| c.pid)
+            }
+            _ => None,
+        };
+        let _ = opts;
+        let id = new_id()?;
+        let bundle = self.bundle_dir(&id);
+        let rootfs = bundle.join("rootfs");
+        let result = async {
+            self.inner
+                .images
+                .prepare_rootfs(&image.id, &id, &rootfs)
+                .map_err(image_error)?;
+            let etc = sandbox::Layout::new(self.sandbox_dir(&sandbox_id));
+            let mut oci = spec::container_spec(&spec::SpecInput {
+                container_id: &id,
+                config: &config,
+                sandbox: &sandbox_config,
+                image: &image.config,
+                rootfs: &rootfs,
+                sandbox_pid: live.pid,
+                pid_ns_holder: live.pid_ns_holder,
+                target_pid,
+                cgroup_parent: &sandbox_rec.cgroup_parent,
+                etc_hosts: &etc.hosts(),
+                etc_hostname: &etc.hostname(),
+                etc_resolv_conf: &etc.resolv_conf(),
+            })?;
+            spec::annotate_sandbox_id(&mut oci, &sandbox_id);
+            create_bind_sources(&oci)?;
+            oci.save(bundle.join("config.json"))
+                .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
+            self.client(&sandbox_id)
+                .create(sandbox::ContainerSpec {
+                    id: id.clone(),
+                    bundle: bundle.clone(),
+                    log_path: (!log.is_empty()).then(|| PathBuf::from(&log)),
+                })
+                .await
+                .map_err(sandbox_error)?;
+            let rec = ContainerRecord {
+                id: id.clone(),
+                sandbox_id: sandbox_id.clone(),
+                image_ref: image_name.clone(),
+                image_id: image.id.clone(),
+                image_digest: image.repo_digests.first().cloned().unwrap_or_default(),
+                created_at: sandbox::now_ns(),
+                log_path: log.clone(),
+                stop_signal: image
+                    .config
+                    .stop_signal
+                    .as_deref()
+                    .and_then(spec::parse_signal),
+                config: config.clone(),
+            };
+            self.inner.records.save_container(&rec)
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = self.client(&sandbox_id).delete(&id).await;
+            self.release(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Unmounts and deletes a container's rootfs and bundle.
+    fn release(&self, id: &str) {
+        let bundle = self.bundle_dir(id);
+        if let Err(e) = self.inner.images.release_rootfs(id, &bundle.join("rootfs")) {
+            tracing::warn!(container = %id, "releasing rootfs: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&bundle);
+    }
+
+    /// Deletes a container everywhere: in its sandbox, its rootfs, its record.
+    pub(super) async fn discard_container(&self, id: &str) {
+        if let Some(rec) = self.inner.records.container(id) {
+            let client = self.client(&rec.sandbox_id);
+            if !client.is_stopped() {
+                if let Err(e) = client.delete(id).await {
+                    tracing::debug!(container = %id, "sandbox delete: {e}");
+                }
+            }
+            // A persisted status outlives a stopped sandbox; it goes with the container.
+            let _ = std::fs::remove_file(client.layout().status_dir().join(format!("{id}.json")));
+        }
+        self.release(id);
+        self.inner.records.remove_container(id);
+        self.emit(id, cri::ContainerEventType::ContainerDeletedEvent);
+    }
+
+    pub(super) async fn start(&self, id: &str) -> Result<()> {
+        let rec = self.container_record(id)?;
+        self.client(&rec.sandbox_id)
+            .start(&rec.id)
+            .await
+            .map_err(sandbox_error)?;
+        Ok(())
+    }
+
+    pub(super) async fn stop(&self, id: &str, timeout: i64) -> Result<()> {
+        let Some(id) = self.inner.records.resolve_container(id)? else {
+            return Ok(());
+        };
+        let Some(rec) = self.inner.records.container(&id) else {
+            return Ok(());
+        };
+        let client = self.client(&rec.sandbox_id);
+        if client.is_stopped() {
+            return Ok(());
+        }
+        let signal = rec.stop_signal.unwrap_or(libc_sigterm());
+        let timeout = Duration::from_secs(u64::try_from(timeout.max(0)).unwrap_or(0));
+        match client.stop(&rec.id, signal, timeout).await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    sandbox::Kind::NotFound | sandbox::Kind::Unavailable
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(sandbox_error(e)),
+        }
+    }
+
+    pub(super) async fn remove(&self, id: &str) -> Result<()> {
+        let Some(id) = self.inner.records.resolve_container(id)? else {
+            return Ok(());
+        };
+        let _guard = self.inner.lifecycle.lock().await;
+        self.discard_container(&id).await;
+        Ok(())
+    }
+
+    pub(super) fn cri_status(
+        &self,
+        rec: &ContainerRecord,
+        st: Option<&sandbox::ContainerStatus>,
+    ) -> cri::ContainerStatus {
+        let (state, created, started, finished, code, reason, message) = match st {
+            Some(s) => (
+                cri_state(s.state),
+                s.created_at,
+                s.started_at,
+                s.finished_at,
+                s.exit_code,
+                s.reason.clone(),
+                s.message.clone(),
+            ),
+            None => (
+                cri::ContainerState::ContainerUnknown as i32,
+                rec.created_at,
+                0,
+                0,
+                0,
+                "Unknown".to_string(),
+                "the container's sandbox lost track of it".to_string(),
+            ),
+        };
+        let mounts = rec
+            .config
+            .mounts
+            .iter()
+            .map(|m| cri::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.readonly,
+                selinux_relabel: m.selinux_relabel,
+                propagation: m.propagation,
+                ..Default::default()
+            })
+            .collect();
+        cri::ContainerStatus {
+            id: rec.id.clone(),
+            metadata: rec.config.metadata.clone(),
+            state,
+            created_at: if created > 0 { created } else { rec.created_at },
+            started_at: started,
+            finished_at: finished,
+            exit_code: code,
+            image: Some(cri::ImageSpec {
+                image: rec.image_ref.clone(),
+                ..Default::default()
+            }),
+            image_ref: if rec.image_digest.is_empty() {
+                rec.image_id.clone()
+            } else {
+                rec.image_digest.clone()
+            },
+            reason,
+            message,
+            labels: rec.config.labels.clone(),
+            annotations: rec.config.annotations.clone(),
+            mounts,
+            log_path: rec.log_path.clone(),
+            resources: rec
+                .config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.clone())
+                .map(|r| cri::ContainerResources {
+                    linux: Some(r),
+                    windows: None,
+                }),
+            image_id: rec.image_id.clone(),
+            user: None,
+        }
+    }
+
+    pub(super) async fn status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<cri::ContainerStatusResponse> {
+        let rec = self.container_record(id)?;
+        let st = self.status_of(&rec).await;
+        let mut info = std::collections::HashMap::new();
+        if verbose {
+            let detail = serde_json::json!({
+                "pid": st.as_ref().map(|s| s.pid),
+                "sandboxID": rec.sandbox_id,
+                "bundle": self.bundle_dir(&rec.id),
+                "cgroupPath": st.as_ref().and_then(|s| s.cgroup_path.clone()),
+            });
+            info.insert("info".to_string(), detail.to_string());
+        }
+        Ok(cri::ContainerStatusResponse {
+            status: Some(self.cri_status(&rec, st.as_ref())),
+            info,
+        })
+    }
+
+    pub(super) async fn list(
+        &self,
+        filter: Option<cri::ContainerFilter>,
+    ) -> Result<Vec<cri::Container>> {
+        let filter = filter.unwrap_or_default();
+        let recs: Vec<ContainerRecord> = self
+            .inner
+            .records
+            .all_containers()
+            .into_iter()
+            .filter(|r| filter.id.is_empty() || r.id.starts_with(&filter.id))
+            .filter(|r| {
+                filter.pod_sandbox_id.is_empty() || r.sandbox_id.starts_with(&filter.pod_sandbox_id)
+            })
+            .filter(|r| pod::labels_match(&r.config.labels, &filter.label_selector))
+            .collect();
+        let mut sandboxes: Vec<String> = recs.iter().map(|r| r.sandbox_id.clone()).collect();
+        sandboxes.sort();
+        sandboxes.dedup();
+        let statuses = self.statuses(&sandboxes).await;
+        Ok(recs
+            .iter()
+            .filter_map(|r| {
+                let s = self.cri_status(r, statuses.get(&r.id));
+                if filter.state.as_ref().is_some_and(|f| f.state != s.state) {
+                    return None;
+                }
+                Some(cri::Container {
+                    id: r.id.clone(),
+                    pod_sandbox_id: r.sandbox_id.clone(),
+                    metadata: r.config.metadata.clone(),
+                    image: s.image.clone(),
+                    image_ref: s.image_ref.clone(),
+                    state: s.state,
+                    created_at: s.created_at,
+                    labels: r.config.labels.clone(),
+                    annotations: r.config.annotations.clone(),
+                    image_id: r.image_id.clone(),
+                })
+            })
+            .collect())
+    }
+
+    pub(super) async fn update_resources(
+        &self,
+        id: &str,
+        linux: Option<cri::LinuxContainerResources>,
+    ) -> Result<()> {
+        let mut rec = self.container_record(id)?;
+        let Some(linux) = linux else {
+            return Ok(());
+        };
+        let resources = spec::linux_resources(&linux);
+        self.client(&rec.sandbox_id)
+            .update_resources(&rec.id, &resources)
+            .await
+            .map_err(sandbox_error)?;
+        if let Some(l) = rec.config.linux.as_mut() {
+            l.resources = Some(linux);
+        }
+        self.inner.records.save_container(&rec)
+    }
+
+    pub(super) async fn reopen_log(&self, id: &str) -> Result<()> {
+        let rec = self.container_record(id)?;
+        self.client(&rec.sandbox_id)
+            .reopen_log(&rec.id)
+            .await
+            .map_err(sandbox_error)
+    }
+
+    pub(super) async fn exec_sync(
+        &self,
+        req: cri::ExecSyncRequest,
+    ) -> Result<cri::ExecSyncResponse> {
+        let rec = self.container_record(&req.container_id)?;
+        if req.cmd.is_empty() {
+            return Err(Error::invalid_argument("ExecSync needs a command"));
+        }
+        let timeout_ms = u64::try_from(req.timeout.max(0))
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        let r = self
+            .client(&rec.sandbox_id)
+            .exec(sandbox::ExecSpec {
+                container_id: rec.id.clone(),
+                args: req.cmd,
+                timeout_ms,
+            })
+            .await
+            .map_err(sandbox_error)?;
+        Ok(cri::ExecSyncResponse {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exit_code: r.exit_code,
+        })
+    }
+}
+
+pub(super) fn cri_state(s: sandbox::State) -> i32 {
+    let state = match s {
+        sandbox::State::Created => cri::ContainerState::ContainerCreated,
+        sandbox::State::Running => cri::ContainerState::ContainerRunning,
+        sandbox::State::Exited => cri::ContainerState::ContainerExited,
+        sandbox::State::Unknown => cri::ContainerState::ContainerUnknown,
+    };
+    state as i32
+}
+
+fn libc_sigterm() -> i32 {
+    15
+}
+
+/// Creates missing source directories of bind mounts, as containerd does for CRI mounts.
+fn create_bind_sources(oci: &oci_spec::runtime::Spec) -> Result<()> {
+    for m in oci.mounts().iter().flatten() {
+        let is_bind = m
+            .options()
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|x| x == "bind" || x == "rbind"));
+        if let (true, Some(src)) = (is_bind, m.source()) {
+            if !src.exists() {
+                std::fs::create_dir_all(src).map_err(|e| {
+                    Error::invalid_argument(format!("creating mount source {}: {e}", src.display()))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_paths_stay_inside_the_log_directory() {
+        assert_eq!(
+            log_path("/var/log/pods/x", "c/0.log").unwrap(),
+            "/var/log/pods/x/c/0.log"
+        );
+        assert_eq!(log_path("", "c/0.log").unwrap(), "");
+        assert!(log_path("/var/log/pods/x", "../../etc/passwd").is_err());
+        assert!(log_path("/var/log/pods/x", "/etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! The built-in runtime: CRI requests carried out by nodelet itself, with no containerd, shims
+//! or CNI binaries. Each pod sandbox is a `sandbox` process (the nodelet binary re-executed);
+//! images come from the `images` store. This module only adapts: it converts CRI messages into
+//! the leaves' own types (an OCI bundle, a `sandbox::Spec`) and their answers back into CRI.
+//!
+//! On disk, under the root dir: `images/` (the image store), `sandboxes/<id>/` (each sandbox
+//! process's state), `containers/<id>/` (each container's OCI bundle and rootfs mount point),
+//! and `cri/` (what CRI asked for, so a restarted agent adopts every sandbox and container).
+
+mod container;
+mod image;
+mod pod;
+mod service;
+pub mod spec;
+mod stats;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+
+use crate::{Code, Error, Result, cri};
+use store::Records;
+
+/// The hidden subcommand under which the nodelet binary runs as a sandbox process.
+pub const SANDBOX_SUBCOMMAND: &str = "__sandbox";
+
+/// Runs the sandbox process for `state_dir`. Call it from `main` before anything starts a
+/// thread (in particular before building a tokio runtime); returns the process exit code.
+pub fn sandbox_main(state_dir: &Path) -> i32 {
+    sandbox::process::main(state_dir)
+}
+
+/// How the built-in runtime is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where everything lives (default /var/lib/nodelet).
+    pub root_dir: PathBuf,
+    /// The binary to re-execute as a sandbox process (normally the running nodelet).
+    pub sandbox_program: PathBuf,
+    /// Arguments before the state dir (normally [`SANDBOX_SUBCOMMAND`]).
+    pub sandbox_args: Vec<String>,
+    /// The cgroup pods go under when CRI gives no cgroup parent.
+    pub cgroup_root: String,
+    /// Registry settings for pulls (insecure registries, mirrors).
+    pub registry: images::RegistryConfig,
+}
+
+impl Config {
+    /// Defaults for `root_dir`, running the current executable as sandbox processes.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Result<Self> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::internal(format!("finding the nodelet binary: {e}")))?;
+        Ok(Config {
+            root_dir: root_dir.into(),
+            sandbox_program: exe,
+            sandbox_args: vec![SANDBOX_SUBCOMMAND.to_string()],
+            cgroup_root: "/nodelet".to_string(),
+            registry: images::RegistryConfig::default(),
+        })
+    }
+}
+
+/// The built-in runtime; implements [`crate::RuntimeService`] and [`crate::ImageService`].
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct BuiltinRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: Config,
+    images: images::Store,
+    records: Records,
+    events: broadcast::Sender<cri::ContainerEventResponse>,
+    /// Serialises creation and removal, so concurrent requests cannot race on names or ids.
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl BuiltinRuntime {
+    /// Opens (or creates) the runtime's state under `cfg.root_dir` and adopts every sandbox and
+    /// container a previous agent left running.
+    pub async fn new(cfg: Config) -> Result<Self> {
+        for dir in ["sandboxes", "containers", "cri"] {
+            let d = cfg.root_dir.join(dir);
+            std::fs::create_dir_all(&d)
+                .map_err(|e| Error::internal(format!("creating {}: {e}", d.display())))?;
+        }
+        let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
+        let records = Records::load(&cfg.root_dir.join("cri"))?;
+        let (events, _) = broadcast::channel(1024);
+        let rt = BuiltinRuntime {
+            inner: Arc::new(Inner {
+                cfg,
+                images,
+                records,
+                events,
+                lifecycle: tokio::sync::Mutex::new(()),
+            }),
+        };
+        rt.adopt().await;
+        Ok(rt)
+    }
+
+    /// The image store (for import and other node-local image commands).
+    pub fn image_store(&self) -> &images::Store {
+        &self.inner.images
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.inner.cfg.root_dir.join("sandboxes").join(id)
+    }
+
+    fn bundle_dir(&self, id: &str) -> PathBuf {
+        self.inner.cfg.root_dir.join("containers").join(id)
+    }
+
+    fn client(&self, sandbox_id: &str) -> sandbox::Client {
+        sandbox::Client::new(self.sandbox_dir(sandbox_id))
+    }
+
+    /// Re-attaches to the sandboxes a previous agent started: live ones get their event
+    /// subscription back; those whose process is gone are marked stopped.
+    async fn adopt(&self) {
+        for rec in self.inner.records.all_sandboxes() {
+            if rec.stopped {
+                continue;
+            }
+            match self.client(&rec.id).state().await {
+                Ok(_) => self.watch_sandbox(&rec.id).await,
+                Err(e) => {
+                    tracing::warn!(sandbox = %rec.id, "sandbox process is gone ({e}); marking it not ready");
+                    let mut rec = rec;
+                    rec.stopped = true;
+                    if let Err(e) = self.inner.records.save_sandbox(&rec) {
+                        tracing::error!("{e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards a sandbox's container events to CRI event subscribers.
+    async fn watch_sandbox(&self, id: &str) {
+        let rx = match self.client(id).subscribe().await {
+            Ok(rx) => rx,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "cannot subscribe to sandbox events: {e}");
+                return;
+            }
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut rx = rx;
+            while let Some(ev) = rx.recv().await {
+                let kind = match ev.status.state {
+                    sandbox::State::Created => cri::ContainerEventType::ContainerCreatedEvent,
+                    sandbox::State::Running => cri::ContainerEventType::ContainerStartedEvent,
+                    _ => cri::ContainerEventType::ContainerStoppedEvent,
+                };
+                this.emit(&ev.status.id, kind);
+            }
+        });
+    }
+
+    /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).
+    fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
+        let ev = cri::ContainerEventResponse {
+            container_id: container_id.to_string(),
+            container_event_type: kind as i32,
+            created_at: sandbox::now_ns(),
+            pod_sandbox_status: None,
+            containers_statuses: Vec::new(),
+        };
+        let _ = self.inner.events.send(ev);
+    }
+}
+
+/// A new random 64-hex-digit id, as CRI runtimes use.
+fn new_id() -> Result<String> {
+    use std::io::Read;
+    let mut buf = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| Error::internal(format!("reading /dev/urandom: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Maps a sandbox error onto the CRI error codes.
+fn sandbox_error(e: sandbox::Error) -> Error {
+    let code = match e.kind() {
+        sandbox::Kind::NotFound => Code::NotFound,
+        sandbox::Kind::AlreadyExists => Code::AlreadyExists,
+        sandbox::Kind::InvalidArgument => Code::InvalidArgument,
+        sandbox::Kind::FailedPrecondition => Code::FailedPrecondition,
+        sandbox::Kind::Unavailable => Code::Unavailable,
+        sandbox::Kind::DeadlineExceeded => Code::DeadlineExceeded,
+        sandbox::Kind::Internal => Code::Internal,
+    };
+    Error::new(code, e.to_string())
+}
+
+/// Maps an image store error onto the CRI error codes.
+fn image_error(e: images::Error) -> Error {
+    let code = match e.kind() {
+        images::Kind::NotFound => Code::NotFound,
+        images::Kind::InvalidArgument => Code::InvalidArgument,
+        images::Kind::InUse => Code::FailedPrecondition,
+        images::Kind::Unavailable => Code::Unavailable,
+        images::Kind::PermissionDenied => Code::PermissionDenied,
+        _ => Code::Internal,
+    };
+    Error::new(code, e.to_string())
+}

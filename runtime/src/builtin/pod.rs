@@ -1,0 +1,332 @@
+//! Pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus,
+//! ListPodSandbox.
+
+use std::collections::BTreeMap;
+
+use super::store::SandboxRecord;
+use super::{BuiltinRuntime, new_id, sandbox_error};
+use crate::{Error, Result, cri};
+
+/// The CRI namespace mode (0 is POD, as in the proto) as the sandbox's own.
+pub(super) fn ns_mode(mode: i32) -> sandbox::NamespaceMode {
+    match cri::NamespaceMode::try_from(mode) {
+        Ok(cri::NamespaceMode::Node) => sandbox::NamespaceMode::Node,
+        Ok(cri::NamespaceMode::Container) | Ok(cri::NamespaceMode::Target) => {
+            sandbox::NamespaceMode::Container
+        }
+        _ => sandbox::NamespaceMode::Pod,
+    }
+}
+
+pub(super) fn namespace_options(config: &cri::PodSandboxConfig) -> cri::NamespaceOption {
+    config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default()
+}
+
+/// Checks a DNS label-ish name from CRI metadata.
+fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid_argument(format!("{what} is required")));
+    }
+    if value.len() > 253 || value.contains('/') || value.contains('\0') {
+        return Err(Error::invalid_argument(format!(
+            "{what} {value:?} is not a valid name"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `labels` carries every key/value of `selector`.
+pub(super) fn labels_match(
+    labels: &std::collections::HashMap<String, String>,
+    selector: &std::collections::HashMap<String, String>,
+) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+impl BuiltinRuntime {
+    pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
+        let config = req
+            .config
+            .ok_or_else(|| Error::invalid_argument("RunPodSandbox needs a config"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Error::invalid_argument("sandbox config needs metadata"))?;
+        check_name("sandbox name", &meta.name)?;
+        check_name("sandbox namespace", &meta.namespace)?;
+        if !req.runtime_handler.is_empty() && req.runtime_handler != "nodelet" {
+            return Err(Error::not_found(format!(
+                "no runtime handler {:?} (the built-in runtime has only the default one)",
+                req.runtime_handler
+            )));
+        }
+        let opts = namespace_options(&config);
+        if opts
+            .userns_options
+            .as_ref()
+            .is_some_and(|u| u.mode == cri::NamespaceMode::Pod as i32)
+        {
+            return Err(Error::invalid_argument(
+                "user namespaces are not supported by the built-in runtime",
+            ));
+        }
+        let _guard = self.inner.lifecycle.lock().await;
+        for other in self.inner.records.all_sandboxes() {
+            if let Some(m) = &other.config.metadata {
+                if m.name == meta.name
+                    && m.namespace == meta.namespace
+                    && m.uid == meta.uid
+                    && m.attempt == meta.attempt
+                {
+                    return Err(Error::already_exists(format!(
+                        "sandbox {}_{}_{}_{} already exists as {}",
+                        meta.name, meta.namespace, meta.uid, meta.attempt, other.id
+                    )));
+                }
+            }
+        }
+        let id = new_id()?;
+        let given_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        if !given_parent.is_empty()
+            && (!given_parent.starts_with('/') || given_parent.contains(".."))
+        {
+            return Err(Error::invalid_argument(format!(
+                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
+            )));
+        }
+        let cgroup_parent = if given_parent.is_empty() {
+            format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
+        } else {
+            given_parent
+        };
+        let security = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref());
+        let spec = sandbox::Spec {
+            id: id.clone(),
+            hostname: config.hostname.clone(),
+            namespaces: sandbox::Namespaces {
+                network: ns_mode(opts.network),
+                ipc: ns_mode(opts.ipc),
+                pid: ns_mode(opts.pid),
+            },
+            owns_cgroup_parent: !sandbox::cgroup::exists(&cgroup_parent),
+            cgroup_parent: cgroup_parent.clone(),
+            dns: config.dns_config.as_ref().map(|d| sandbox::Dns {
+                servers: d.servers.clone(),
+                searches: d.searches.clone(),
+                options: d.options.clone(),
+            }),
+            host_aliases: Vec::new(),
+            sysctls: config
+                .linux
+                .as_ref()
+                .map(|l| {
+                    l.sysctls
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_else(BTreeMap::new),
+        };
+        let _ = security;
+        if !config.log_directory.is_empty() {
+            std::fs::create_dir_all(&config.log_directory).map_err(|e| {
+                Error::invalid_argument(format!(
+                    "creating log directory {}: {e}",
+                    config.log_directory
+                ))
+            })?;
+        }
+        let dir = self.sandbox_dir(&id);
+        let args: Vec<&str> = self
+            .inner
+            .cfg
+            .sandbox_args
+            .iter()
+            .map(String::as_str)
+            .collect();
+        if let Err(e) = sandbox::launch(&self.inner.cfg.sandbox_program, &args, &dir, &spec).await {
+            let _ = std::fs::remove_dir_all(&dir);
+            if spec.owns_cgroup_parent {
+                let _ = sandbox::cgroup::remove(&format!("{cgroup_parent}/sandbox"));
+                let _ = sandbox::cgroup::remove(&cgroup_parent);
+            }
+            return Err(sandbox_error(e));
+        }
+        let rec = SandboxRecord {
+            id: id.clone(),
+            config,
+            runtime_handler: req.runtime_handler,
+            created_at: sandbox::now_ns(),
+            stopped: false,
+            cgroup_parent,
+        };
+        if let Err(e) = self.inner.records.save_sandbox(&rec) {
+            let _ = self.client(&id).shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        self.watch_sandbox(&id).await;
+        self.emit(&id, cri::ContainerEventType::ContainerCreatedEvent);
+        self.emit(&id, cri::ContainerEventType::ContainerStartedEvent);
+        Ok(id)
+    }
+
+    pub(super) async fn stop_sandbox(&self, id: &str) -> Result<()> {
+        let Some(id) = self.inner.records.resolve_sandbox(id)? else {
+            return Ok(());
+        };
+        let Some(mut rec) = self.inner.records.sandbox(&id) else {
+            return Ok(());
+        };
+        if rec.stopped {
+            return Ok(());
+        }
+        let client = self.client(&id);
+        if !client.is_stopped() {
+            match client.shutdown().await {
+                Ok(()) => {}
+                Err(e) if e.kind() == sandbox::Kind::Unavailable => {
+                    tracing::warn!(sandbox = %id, "sandbox process already gone: {e}");
+                }
+                Err(e) => return Err(sandbox_error(e)),
+            }
+        }
+        rec.stopped = true;
+        self.inner.records.save_sandbox(&rec)?;
+        self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
+        Ok(())
+    }
+
+    pub(super) async fn remove_sandbox(&self, id: &str) -> Result<()> {
+        let Some(id) = self.inner.records.resolve_sandbox(id)? else {
+            return Ok(());
+        };
+        self.stop_sandbox(&id).await?;
+        let _guard = self.inner.lifecycle.lock().await;
+        for c in self.inner.records.all_containers() {
+            if c.sandbox_id == id {
+                self.discard_container(&c.id).await;
+            }
+        }
+        if let Some(rec) = self.inner.records.sandbox(&id) {
+            // The sandbox process removes the cgroups it made; a crashed one may have left them.
+            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", rec.cgroup_parent));
+            if rec.cgroup_parent.starts_with(&self.inner.cfg.cgroup_root) {
+                let _ = sandbox::cgroup::remove(&rec.cgroup_parent);
+            }
+        }
+        let dir = self.sandbox_dir(&id);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(Error::internal(format!("removing {}: {e}", dir.display())));
+            }
+        }
+        self.inner.records.remove_sandbox(&id);
+        self.emit(&id, cri::ContainerEventType::ContainerDeletedEvent);
+        Ok(())
+    }
+
+    /// The CRI status of a sandbox.
+    pub(super) async fn sandbox_status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<cri::PodSandboxStatusResponse> {
+        let rec = self
+            .inner
+            .records
+            .resolve_sandbox(id)?
+            .and_then(|id| self.inner.records.sandbox(&id))
+            .ok_or_else(|| Error::not_found(format!("pod sandbox {id} not found")))?;
+        let live = if rec.stopped {
+            None
+        } else {
+            self.client(&rec.id).state().await.ok()
+        };
+        let ready = live.is_some();
+        let mut info = std::collections::HashMap::new();
+        if verbose {
+            let detail = serde_json::json!({
+                "pid": live.as_ref().map(|s| s.pid),
+                "pidNamespaceHolder": live.as_ref().and_then(|s| s.pid_ns_holder),
+                "cgroupParent": rec.cgroup_parent,
+                "stateDir": self.sandbox_dir(&rec.id),
+            });
+            info.insert("info".to_string(), detail.to_string());
+        }
+        Ok(cri::PodSandboxStatusResponse {
+            status: Some(cri::PodSandboxStatus {
+                id: rec.id.clone(),
+                metadata: rec.config.metadata.clone(),
+                state: if ready {
+                    cri::PodSandboxState::SandboxReady as i32
+                } else {
+                    cri::PodSandboxState::SandboxNotready as i32
+                },
+                created_at: rec.created_at,
+                network: Some(cri::PodSandboxNetworkStatus {
+                    ip: String::new(),
+                    additional_ips: Vec::new(),
+                }),
+                linux: Some(cri::LinuxPodSandboxStatus {
+                    namespaces: Some(cri::Namespace {
+                        options: Some(namespace_options(&rec.config)),
+                    }),
+                }),
+                labels: rec.config.labels.clone(),
+                annotations: rec.config.annotations.clone(),
+                runtime_handler: rec.runtime_handler.clone(),
+            }),
+            info,
+            containers_statuses: Vec::new(),
+            timestamp: sandbox::now_ns(),
+        })
+    }
+
+    pub(super) async fn list_sandboxes(
+        &self,
+        filter: Option<cri::PodSandboxFilter>,
+    ) -> Result<Vec<cri::PodSandbox>> {
+        let filter = filter.unwrap_or_default();
+        let mut out = Vec::new();
+        for rec in self.inner.records.all_sandboxes() {
+            if !filter.id.is_empty() && !rec.id.starts_with(&filter.id) {
+                continue;
+            }
+            if !labels_match(&rec.config.labels, &filter.label_selector) {
+                continue;
+            }
+            let ready = !rec.stopped && self.client(&rec.id).state().await.is_ok();
+            let state = if ready {
+                cri::PodSandboxState::SandboxReady as i32
+            } else {
+                cri::PodSandboxState::SandboxNotready as i32
+            };
+            if filter.state.as_ref().is_some_and(|s| s.state != state) {
+                continue;
+            }
+            out.push(cri::PodSandbox {
+                id: rec.id.clone(),
+                metadata: rec.config.metadata.clone(),
+                state,
+                created_at: rec.created_at,
+                labels: rec.config.labels.clone(),
+                annotations: rec.config.annotations.clone(),
+                runtime_handler: rec.runtime_handler.clone(),
+            });
+        }
+        Ok(out)
+    }
+}

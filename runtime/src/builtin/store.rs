@@ -1,0 +1,211 @@
+//! The built-in runtime's CRI-level records: what each sandbox and container was created from.
+//! Live state (PIDs, exit codes) belongs to the sandbox processes; these records hold what CRI
+//! asked for, persisted as one JSON file per object so a restarted agent finds everything again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cri;
+use crate::{Error, Result};
+
+/// A pod sandbox as created.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub config: cri::PodSandboxConfig,
+    pub runtime_handler: String,
+    pub created_at: i64,
+    /// True once StopPodSandbox ran (or the sandbox process was found gone).
+    pub stopped: bool,
+    /// The pod cgroup containers are placed under.
+    pub cgroup_parent: String,
+}
+
+/// A container as created.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    pub id: String,
+    pub sandbox_id: String,
+    pub config: cri::ContainerConfig,
+    /// The image as the request named it.
+    pub image_ref: String,
+    /// The image's id (`sha256:` of its config).
+    pub image_id: String,
+    /// A repo digest of the image, when known.
+    pub image_digest: String,
+    pub created_at: i64,
+    pub log_path: String,
+    /// The image's stop signal, already parsed.
+    pub stop_signal: Option<i32>,
+}
+
+/// Records in memory, mirrored to `dir/{sandboxes,containers}/<id>.json`.
+#[derive(Debug)]
+pub struct Records {
+    dir: PathBuf,
+    pub sandboxes: Mutex<BTreeMap<String, SandboxRecord>>,
+    pub containers: Mutex<BTreeMap<String, ContainerRecord>>,
+}
+
+fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("{what} {}: {e}", path.display()))
+}
+
+impl Records {
+    /// Loads every record under `dir`; unreadable files are skipped with a warning.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let records = Records {
+            dir: dir.to_path_buf(),
+            sandboxes: Mutex::new(load_all(&dir.join("sandboxes"))?),
+            containers: Mutex::new(load_all(&dir.join("containers"))?),
+        };
+        Ok(records)
+    }
+
+    fn path(&self, kind: &str, id: &str) -> PathBuf {
+        self.dir.join(kind).join(format!("{id}.json"))
+    }
+
+    pub fn save_sandbox(&self, r: &SandboxRecord) -> Result<()> {
+        write_atomic(&self.path("sandboxes", &r.id), r)?;
+        lock(&self.sandboxes).insert(r.id.clone(), r.clone());
+        Ok(())
+    }
+
+    pub fn save_container(&self, r: &ContainerRecord) -> Result<()> {
+        write_atomic(&self.path("containers", &r.id), r)?;
+        lock(&self.containers).insert(r.id.clone(), r.clone());
+        Ok(())
+    }
+
+    pub fn remove_sandbox(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path("sandboxes", id));
+        lock(&self.sandboxes).remove(id);
+    }
+
+    pub fn remove_container(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path("containers", id));
+        lock(&self.containers).remove(id);
+    }
+
+    pub fn sandbox(&self, id: &str) -> Option<SandboxRecord> {
+        lock(&self.sandboxes).get(id).cloned()
+    }
+
+    pub fn container(&self, id: &str) -> Option<ContainerRecord> {
+        lock(&self.containers).get(id).cloned()
+    }
+
+    pub fn all_sandboxes(&self) -> Vec<SandboxRecord> {
+        lock(&self.sandboxes).values().cloned().collect()
+    }
+
+    pub fn all_containers(&self) -> Vec<ContainerRecord> {
+        lock(&self.containers).values().cloned().collect()
+    }
+
+    /// Resolves a full id or a unique prefix of one, as containerd does.
+    pub fn resolve_sandbox(&self, id: &str) -> Result<Option<String>> {
+        resolve(lock(&self.sandboxes).keys(), id)
+    }
+
+    pub fn resolve_container(&self, id: &str) -> Result<Option<String>> {
+        resolve(lock(&self.containers).keys(), id)
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn resolve<'a>(ids: impl Iterator<Item = &'a String>, id: &str) -> Result<Option<String>> {
+    if id.is_empty() {
+        return Err(Error::invalid_argument("an id is required"));
+    }
+    let matches: Vec<&String> = ids.filter(|k| k.starts_with(id)).collect();
+    if let Some(exact) = matches.iter().find(|k| k.as_str() == id) {
+        return Ok(Some((*exact).clone()));
+    }
+    match matches.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((*one).clone())),
+        _ => Err(Error::invalid_argument(format!(
+            "id prefix {id:?} is ambiguous"
+        ))),
+    }
+}
+
+fn load_all<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<BTreeMap<String, T>> {
+    std::fs::create_dir_all(dir).map_err(|e| internal("creating", dir, e))?;
+    let mut out = BTreeMap::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| internal("reading", dir, e))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(id) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<T>(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => {
+                out.insert(id.to_string(), r);
+            }
+            Err(e) => tracing::warn!("skipping unreadable record {}: {e}", path.display()),
+        }
+    }
+    Ok(out)
+}
+
+fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(|e| internal("encoding", path, e))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| internal("writing", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| internal("renaming", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_resolve_uniquely() {
+        let ids = ["abc123".to_string(), "abd456".to_string()];
+        assert_eq!(
+            resolve(ids.iter(), "abc").unwrap().as_deref(),
+            Some("abc123")
+        );
+        assert!(resolve(ids.iter(), "ab").is_err());
+        assert_eq!(resolve(ids.iter(), "zzz").unwrap(), None);
+        assert!(resolve(ids.iter(), "").is_err());
+    }
+
+    #[test]
+    fn records_survive_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::load(dir.path()).unwrap();
+        r.save_sandbox(&SandboxRecord {
+            id: "s1".into(),
+            config: cri::PodSandboxConfig::default(),
+            runtime_handler: String::new(),
+            created_at: 1,
+            stopped: false,
+            cgroup_parent: "/x".into(),
+        })
+        .unwrap();
+        std::fs::write(dir.path().join("sandboxes/broken.json"), b"{").unwrap();
+        let again = Records::load(dir.path()).unwrap();
+        assert_eq!(again.sandbox("s1").unwrap().cgroup_parent, "/x");
+        assert!(again.sandbox("broken").is_none());
+        again.remove_sandbox("s1");
+        assert!(Records::load(dir.path()).unwrap().sandbox("s1").is_none());
+    }
+}

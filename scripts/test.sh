@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every check and test of nodelet: formatting, lints, the dependency arrows, then the whole
+# test suite. Installs the system packages it needs first (scripts/setup.sh). Tests that need
+# root (real containers, cgroups, overlayfs mounts) run when this runs as root and skip loudly
+# otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+
+echo "== dependency arrows"
+# sandbox and images know nothing of CRI, gRPC, the runtime crate or each other.
+for leaf in sandbox images; do
+  other=$([ "$leaf" = sandbox ] && echo images || echo sandbox)
+  bad=$(cargo tree -p "$leaf" -e normal --prefix none 2>/dev/null \
+    | grep -E "^(k8s-cri|tonic|runtime|nodelet|$other) v" | sort -u || true)
+  if [ -n "$bad" ]; then
+    echo "FAIL: $leaf depends on: $bad" >&2
+    exit 1
+  fi
+done
+# the kubelet (src/) reaches containers only through the runtime crate.
+if grep -rEn '(^|[^:A-Za-z0-9_])(sandbox|images|libcontainer)::' --include='*.rs' src | grep -vE '^[^:]+:[0-9]+:\s*//'; then
+  echo "FAIL: src/ names sandbox, images or libcontainer directly" >&2
+  exit 1
+fi
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --all-features "$@"

@@ -1,0 +1,69 @@
+//! The command line: global flags and subcommands, parsed with clap, run on a tokio runtime
+//! that is built only here (never in the sandbox process).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+/// A Kubernetes node agent with a built-in container runtime.
+#[derive(Debug, Parser)]
+#[command(name = "nodelet", version, about)]
+pub struct Cli {
+    /// Where nodelet keeps its state: images, sandboxes, containers.
+    #[arg(long, global = true, default_value = "/var/lib/nodelet")]
+    pub root_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Manage the built-in runtime's image store.
+    #[command(subcommand)]
+    Images(commands::images::ImagesCommand),
+    /// Run one container in a new pod sandbox through the built-in runtime, print its output
+    /// and exit with its exit code.
+    Run(commands::run::RunArgs),
+}
+
+/// Parses `args` and runs the command; errors are printed, never panicked.
+pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    crate::logging::init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nodelet: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Images(cmd) => commands::images::run(&cli.root_dir, cmd).await,
+            Command::Run(args) => commands::run::run(&cli.root_dir, args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("nodelet: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

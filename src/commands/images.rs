@@ -1,0 +1,107 @@
+//! `nodelet images`: import, list, pull and remove images of the built-in runtime's store.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use runtime::{ImageService, cri};
+
+#[derive(Debug, Subcommand)]
+pub enum ImagesCommand {
+    /// Import images from OCI layout dirs, OCI archives or `docker save` tarballs (air-gapped nodes).
+    Import {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// List the images in the store.
+    List,
+    /// Pull an image from a registry.
+    Pull {
+        image: String,
+        /// Registries (host[:port]) that may be reached over plain http.
+        #[arg(long = "insecure-registry")]
+        insecure: Vec<String>,
+    },
+    /// Remove an image and all its tags.
+    Remove { image: String },
+}
+
+pub async fn run(root_dir: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ImagesCommand::Import { files } => {
+            let rt = super::builtin(root_dir).await?;
+            for f in files {
+                let imported = rt
+                    .image_store()
+                    .import(&f)
+                    .map_err(|e| anyhow::anyhow!("importing {}: {e}", f.display()))?;
+                for img in imported {
+                    println!("{} {}", short(&img.id), img.repo_tags.join(","));
+                }
+            }
+        }
+        ImagesCommand::List => {
+            let rt = super::builtin(root_dir).await?;
+            let images = rt
+                .list_images(cri::ListImagesRequest { filter: None })
+                .await?
+                .images;
+            println!("{:<14} {:>10}  TAGS", "IMAGE ID", "SIZE");
+            for img in images {
+                println!(
+                    "{:<14} {:>10}  {}",
+                    short(&img.id),
+                    human(img.size),
+                    img.repo_tags.join(",")
+                );
+            }
+        }
+        ImagesCommand::Pull { image, insecure } => {
+            let mut cfg = runtime::builtin::Config::new(root_dir)?;
+            cfg.registry.insecure = insecure;
+            let rt = runtime::builtin::BuiltinRuntime::new(cfg).await?;
+            let r = rt
+                .pull_image(cri::PullImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image,
+                        ..Default::default()
+                    }),
+                    auth: None,
+                    sandbox_config: None,
+                })
+                .await?;
+            println!("{}", r.image_ref);
+        }
+        ImagesCommand::Remove { image } => {
+            let rt = super::builtin(root_dir).await?;
+            // RemoveImage is idempotent in CRI; the command says when there was nothing to remove.
+            if rt.image_store().resolve(&image)?.is_none() {
+                anyhow::bail!("no image {image:?}");
+            }
+            rt.remove_image(cri::RemoveImageRequest {
+                image: Some(cri::ImageSpec {
+                    image,
+                    ..Default::default()
+                }),
+            })
+            .await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn short(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    &hex[..hex.len().min(12)]
+}
+
+fn human(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "kB", "MB", "GB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{v:.1}{}", UNITS[u])
+}

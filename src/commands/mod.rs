@@ -1,0 +1,12 @@
+//! Node-local commands of the nodelet binary.
+
+pub mod images;
+pub mod run;
+
+/// Opens the built-in runtime under `root_dir`.
+pub async fn builtin(
+    root_dir: &std::path::Path,
+) -> anyhow::Result<runtime::builtin::BuiltinRuntime> {
+    let cfg = runtime::builtin::Config::new(root_dir)?;
+    Ok(runtime::builtin::BuiltinRuntime::new(cfg).await?)
+}

@@ -1,0 +1,22 @@
+//! Logging set-up for the agent and for sandbox processes (whose stderr is their log file).
+
+use tracing_subscriber::EnvFilter;
+
+/// Logs to stderr, filtered by `NODELET_LOG` (default `info`).
+pub fn init() {
+    let filter = EnvFilter::try_from_env("NODELET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Logging for a sandbox process: plain lines to stderr (its `sandbox.log`), no colours.
+pub fn init_sandbox() {
+    let filter = EnvFilter::try_from_env("NODELET_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,160 @@
+//! The agent dies, the containers do not: an agent (`nodelet run --keep`) is killed with
+//! SIGKILL while its containers run; a new agent over the same root dir adopts them with the same
+//! PIDs, their logs keep growing, and a container that exited during the downtime is reported
+//! with its real exit code.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use runtime::{RuntimeService, cri};
+
+fn spawn_agent(
+    root: &std::path::Path,
+    cgroup: &str,
+    name: &str,
+    script: &str,
+) -> std::process::Child {
+    let _ = cgroup;
+    Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(root)
+        .args([
+            "run", "--keep", "--name", name, BUSYBOX, "--", "sh", "-c", script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn nodelet run")
+}
+
+async fn find(rt: &runtime::builtin::BuiltinRuntime, name: &str) -> Option<cri::Container> {
+    rt.list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .ok()?
+        .containers
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkilled_agent_leaves_containers_running_and_they_are_adopted() {
+    if !root_or_skip("sigkilled_agent_leaves_containers_running_and_they_are_adopted") {
+        return;
+    }
+    let node = Node::new("adopt").await;
+    let root = node.root.path().to_path_buf();
+    let mut counter = spawn_agent(
+        &root,
+        &node.cgroup_root,
+        "counter",
+        "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.1; done",
+    );
+    let mut quitter = spawn_agent(
+        &root,
+        &node.cgroup_root,
+        "quitter",
+        "sleep 3; echo done; exit 42",
+    );
+
+    // Wait until both containers run, as seen by an observer runtime (opened afresh each time:
+    // a runtime reads the records on disk when it starts).
+    let mut ids = (None, None);
+    for _ in 0..100 {
+        let observer = node.reopen().await;
+        ids = (
+            find(&observer, "counter").await,
+            find(&observer, "quitter").await,
+        );
+        if let (Some(a), Some(b)) = &ids {
+            if a.state == cri::ContainerState::ContainerRunning as i32
+                && b.state == cri::ContainerState::ContainerRunning as i32
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (Some(counter_c), Some(quitter_c)) = ids else {
+        panic!("containers did not start")
+    };
+    let pid_of = |rt: runtime::builtin::BuiltinRuntime, id: String| async move {
+        let st = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id,
+                verbose: true,
+            })
+            .await
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+        (info["pid"].as_i64().unwrap(), st.status.unwrap())
+    };
+    let (pid_before, st) = pid_of(node.reopen().await, counter_c.id.clone()).await;
+    let log = std::path::PathBuf::from(&st.log_path);
+
+    // Kill both agents outright.
+    counter.kill().expect("kill agent");
+    quitter.kill().expect("kill agent");
+    let _ = counter.wait();
+    let _ = quitter.wait();
+    let lines_at_kill = log_records(&log).len();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    // A new agent adopts everything.
+    let agent = node.reopen().await;
+    let (pid_after, st) = pid_of(agent.clone(), counter_c.id.clone()).await;
+    assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    assert_eq!(pid_after, pid_before, "the same process, not a restart");
+    let recs = log_records(&log);
+    assert!(
+        recs.len() > lines_at_kill + 10,
+        "the log kept growing: {} -> {}",
+        lines_at_kill,
+        recs.len()
+    );
+    // No line was lost: the counter's lines are consecutive.
+    let nums: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r.2.strip_prefix("line ")?.parse().ok())
+        .collect();
+    assert!(
+        nums.windows(2).all(|w| w[1] == w[0] + 1),
+        "lines lost: {nums:?}"
+    );
+
+    let (_, q) = pid_of(agent.clone(), quitter_c.id.clone()).await;
+    assert_eq!(q.state, cri::ContainerState::ContainerExited as i32);
+    assert_eq!(q.exit_code, 42);
+    assert!(
+        q.finished_at > q.started_at + 2_000_000_000,
+        "finished ~3s after start"
+    );
+
+    // The adopted runtime controls them as before.
+    agent
+        .stop_container(cri::StopContainerRequest {
+            container_id: counter_c.id.clone(),
+            timeout: 1,
+        })
+        .await
+        .unwrap();
+    let s = agent
+        .container_status(cri::ContainerStatusRequest {
+            container_id: counter_c.id,
+            verbose: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        s.status.unwrap().state,
+        cri::ContainerState::ContainerExited as i32
+    );
+    let n = Node {
+        rt: agent,
+        root: node.root,
+        cgroup_root: node.cgroup_root,
+    };
+    n.teardown().await;
+}

@@ -1,0 +1,630 @@
+//! The built-in runtime end to end, as root: every CRI RPC driven through the `RuntimeService`
+//! and `ImageService` traits against real containers, sandbox processes started from the real
+//! nodelet binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use runtime::{Code, ImageService, RuntimeService, cri};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn container_lifecycle_logs_and_exit_codes() {
+    if !root_or_skip("container_lifecycle_logs_and_exit_codes") {
+        return;
+    }
+    let node = Node::new("life").await;
+    let v = node
+        .rt
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.runtime_name.as_str(), v.runtime_api_version.as_str()),
+        ("nodelet", "v1")
+    );
+    let sb = node.sandbox("life").await;
+    let st = node
+        .rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb.0.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        st.status.as_ref().unwrap().state,
+        cri::PodSandboxState::SandboxReady as i32
+    );
+    assert!(st.info.contains_key("info"));
+
+    let id = node
+        .container(&sb, "c", &["sh", "-c", "echo hello; echo oops >&2; exit 3"])
+        .await;
+    let s = node.wait_exited(&id).await;
+    assert_eq!(s.exit_code, 3);
+    assert_eq!(s.reason, "Error");
+    assert!(s.started_at > 0 && s.finished_at >= s.started_at);
+    assert_eq!(s.image.as_ref().unwrap().image, BUSYBOX);
+    assert!(s.image_id.starts_with("sha256:"));
+    let recs = log_records(std::path::Path::new(&s.log_path));
+    assert!(
+        recs.contains(&("stdout".into(), "F".into(), "hello".into())),
+        "{recs:?}"
+    );
+    assert!(
+        recs.contains(&("stderr".into(), "F".into(), "oops".into())),
+        "{recs:?}"
+    );
+
+    let ok = node.container(&sb, "ok", &["true"]).await;
+    let s = node.wait_exited(&ok).await;
+    assert_eq!((s.exit_code, s.reason.as_str()), (0, "Completed"));
+
+    // List with filters.
+    let all = node
+        .rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(all.containers.len(), 2);
+    let by_label = node
+        .rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                label_selector: [("container".to_string(), "ok".to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_label.containers.len(), 1);
+    assert_eq!(by_label.containers[0].id, ok);
+    let by_prefix = node
+        .rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                id: ok[..12].to_string(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_prefix.containers.len(), 1);
+    let running = node
+        .rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                state: Some(cri::ContainerStateValue {
+                    state: cri::ContainerState::ContainerRunning as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    assert!(running.containers.is_empty());
+
+    // Stop and remove are idempotent.
+    for _ in 0..2 {
+        node.rt
+            .stop_container(cri::StopContainerRequest {
+                container_id: id.clone(),
+                timeout: 1,
+            })
+            .await
+            .unwrap();
+        node.rt
+            .remove_container(cri::RemoveContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    let err = node
+        .rt
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    for _ in 0..2 {
+        node.rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: sb.0.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    let st = node
+        .rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        st.status.unwrap().state,
+        cri::PodSandboxState::SandboxNotready as i32
+    );
+    // A stopped sandbox still reports its containers' last state.
+    let s = node.status(&ok).await;
+    assert_eq!(s.state, cri::ContainerState::ContainerExited as i32);
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_stop_then_sigkill() {
+    if !root_or_skip("graceful_stop_then_sigkill") {
+        return;
+    }
+    let node = Node::new("stop").await;
+    let sb = node.sandbox("stop").await;
+    let trap = node
+        .container(
+            &sb,
+            "trap",
+            &[
+                "sh",
+                "-c",
+                "trap 'echo bye; exit 0' TERM; while true; do sleep 0.1; done",
+            ],
+        )
+        .await;
+    let stubborn = node.container(&sb, "stubborn", &["sleep", "1000"]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: trap.clone(),
+            timeout: 10,
+        })
+        .await
+        .unwrap();
+    let s = node.status(&trap).await;
+    assert_eq!(
+        (s.state, s.exit_code),
+        (cri::ContainerState::ContainerExited as i32, 0)
+    );
+    let recs = log_records(std::path::Path::new(&s.log_path));
+    assert!(
+        recs.iter().any(|r| r.2 == "bye"),
+        "the TERM handler ran: {recs:?}"
+    );
+    let t0 = std::time::Instant::now();
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: stubborn.clone(),
+            timeout: 1,
+        })
+        .await
+        .unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "SIGKILL only after the grace period"
+    );
+    let s = node.status(&stubborn).await;
+    assert_eq!(s.exit_code, 137);
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cgroup_limits_oom_stats_and_updates() {
+    if !root_or_skip("cgroup_limits_oom_stats_and_updates") {
+        return;
+    }
+    let node = Node::new("cg").await;
+    let sb = node.sandbox("cg").await;
+    let mut cfg = container_config("limited", &["sleep", "600"]);
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        resources: Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 64 << 20,
+            cpu_shares: 512,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = node.container_with(&sb, cfg).await;
+    let r = node
+        .exec(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.shares",
+            ],
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout),
+        "67108864\n512\n",
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+
+    node.rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 96 << 20,
+                cpu_shares: 512,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = node
+        .exec(&id, &["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"])
+        .await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "100663296\n");
+
+    let stats = node
+        .rt
+        .container_stats(cri::ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    let mem = stats.stats.unwrap().memory.unwrap();
+    assert!(mem.usage_bytes.unwrap().value > 0);
+    let list = node
+        .rt
+        .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(list.stats.len(), 1);
+    let pod = node
+        .rt
+        .pod_sandbox_stats(cri::PodSandboxStatsRequest {
+            pod_sandbox_id: sb.0.clone(),
+        })
+        .await
+        .unwrap();
+    let linux = pod.stats.unwrap().linux.unwrap();
+    assert!(
+        linux.process.unwrap().process_count.unwrap().value >= 2,
+        "sandbox process and sleep"
+    );
+
+    let mut oom = container_config("oom", &["sh", "-c", "x=a; while true; do x=$x$x; done"]);
+    oom.linux = Some(cri::LinuxContainerConfig {
+        resources: Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 16 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let oom = node.container_with(&sb, oom).await;
+    let s = node.wait_exited(&oom).await;
+    assert_eq!((s.reason.as_str(), s.exit_code), ("OOMKilled", 137));
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_namespaces_exec_and_files() {
+    if !root_or_skip("pod_namespaces_exec_and_files") {
+        return;
+    }
+    let node = Node::new("ns").await;
+    let sb = node.sandbox("nspod").await;
+    let a = node.container(&sb, "a", &["sleep", "600"]).await;
+    let b = node.container(&sb, "b", &["sleep", "600"]).await;
+    let probe = "readlink /proc/self/ns/net /proc/self/ns/ipc /proc/self/ns/uts; hostname";
+    let (ra, rb) = (
+        node.exec(&a, &["sh", "-c", probe]).await,
+        node.exec(&b, &["sh", "-c", probe]).await,
+    );
+    assert_eq!(ra.stdout, rb.stdout, "one pod, one set of namespaces");
+    assert!(String::from_utf8_lossy(&ra.stdout).ends_with("nspod\n"));
+    let r = node
+        .exec(
+            &a,
+            &[
+                "sh",
+                "-c",
+                "grep -c localhost /etc/hosts; cat /etc/hostname; echo $$",
+            ],
+        )
+        .await;
+    let out = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        out.starts_with("2\nnspod\n") || out.starts_with("1\nnspod\n"),
+        "{out}"
+    );
+    let r = node.exec(&a, &["sh", "-c", "exit 9"]).await;
+    assert_eq!(r.exit_code, 9);
+    let err = node
+        .rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: a.clone(),
+            cmd: vec!["sleep".into(), "10".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    // A second pod has its own network namespace.
+    let other = node.sandbox("other").await;
+    let c = node.container(&other, "c", &["sleep", "600"]).await;
+    let rc = node.exec(&c, &["readlink", "/proc/self/ns/net"]).await;
+    assert!(
+        !String::from_utf8_lossy(&ra.stdout).contains(String::from_utf8_lossy(&rc.stdout).trim())
+    );
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_rejected_and_changes_nothing() {
+    if !root_or_skip("bad_input_is_rejected_and_changes_nothing") {
+        return;
+    }
+    let node = Node::new("bad").await;
+    let sb = node.sandbox("bad").await;
+    let good = node.container(&sb, "good", &["sleep", "600"]).await;
+
+    let err = node
+        .rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: None,
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = node
+        .rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.1.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    let mut missing = container_config("missing", &["true"]);
+    missing.image = Some(cri::ImageSpec {
+        image: "no/such:image".into(),
+        ..Default::default()
+    });
+    let err = node
+        .rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb.0.clone(),
+            config: Some(missing),
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    let mut escape = container_config("escape", &["true"]);
+    escape.log_path = "../../../etc/evil".into();
+    let err = node
+        .rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb.0.clone(),
+            config: Some(escape),
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    let err = node
+        .rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: "nope".into(),
+            config: Some(container_config("x", &["true"])),
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = node
+        .rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb.0.clone(),
+            config: Some(cri::ContainerConfig::default()),
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = node
+        .rt
+        .start_container(cri::StartContainerRequest {
+            container_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = node
+        .rt
+        .start_container(cri::StartContainerRequest {
+            container_id: good.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::FailedPrecondition,
+        "starting a running container: {err}"
+    );
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: "nope".into(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    node.rt
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: "nope".into(),
+        })
+        .await
+        .unwrap();
+    node.rt
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: "nope".into(),
+        })
+        .await
+        .unwrap();
+    node.rt
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: "nope".into(),
+        })
+        .await
+        .unwrap();
+    let err = node
+        .rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: "nope".into(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    // Nothing else changed: one sandbox, one running container, no stray rootfs.
+    let list = node
+        .rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(list.containers.len(), 1);
+    assert_eq!(
+        list.containers[0].state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    assert_eq!(
+        node.rt.image_store().rootfs_keys().unwrap(),
+        vec![good.clone()]
+    );
+    let sbs = node
+        .rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(sbs.items.len(), 1);
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn images_through_the_image_service() {
+    if !root_or_skip("images_through_the_image_service") {
+        return;
+    }
+    let node = Node::new("img").await;
+    let list = node
+        .rt
+        .list_images(cri::ListImagesRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(list.images.len(), 1);
+    assert!(list.images[0].repo_tags.contains(&BUSYBOX.to_string()));
+    let spec = |s: &str| {
+        Some(cri::ImageSpec {
+            image: s.into(),
+            ..Default::default()
+        })
+    };
+    let st = node
+        .rt
+        .image_status(cri::ImageStatusRequest {
+            image: spec("busybox"),
+            verbose: true,
+        })
+        .await
+        .unwrap();
+    let img = st.image.expect("short name resolves like containerd");
+    assert_eq!(img.uid.map(|u| u.value), Some(0));
+    let none = node
+        .rt
+        .image_status(cri::ImageStatusRequest {
+            image: spec("nothere"),
+            verbose: false,
+        })
+        .await
+        .unwrap();
+    assert!(none.image.is_none());
+    let fs = node
+        .rt
+        .image_fs_info(cri::ImageFsInfoRequest {})
+        .await
+        .unwrap();
+    assert!(fs.image_filesystems[0].used_bytes.as_ref().unwrap().value > 0);
+
+    // Refused while a container uses it; removed with all tags once none does.
+    let sb = node.sandbox("img").await;
+    let c = node.container(&sb, "c", &["sleep", "600"]).await;
+    let err = node
+        .rt
+        .remove_image(cri::RemoveImageRequest {
+            image: spec(BUSYBOX),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    node.rt
+        .remove_container(cri::RemoveContainerRequest { container_id: c })
+        .await
+        .unwrap();
+    node.rt
+        .remove_image(cri::RemoveImageRequest {
+            image: spec(&img.id),
+        })
+        .await
+        .unwrap();
+    let list = node
+        .rt
+        .list_images(cri::ListImagesRequest { filter: None })
+        .await
+        .unwrap();
+    assert!(list.images.is_empty());
+    node.rt
+        .remove_image(cri::RemoveImageRequest {
+            image: spec(&img.id),
+        })
+        .await
+        .unwrap();
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn container_events_are_streamed() {
+    if !root_or_skip("container_events_are_streamed") {
+        return;
+    }
+    use futures::StreamExt;
+    let node = Node::new("ev").await;
+    let mut events = node
+        .rt
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .unwrap();
+    let sb = node.sandbox("ev").await;
+    let id = node.container(&sb, "c", &["true"]).await;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !seen.contains(&(
+        id.clone(),
+        cri::ContainerEventType::ContainerStoppedEvent as i32,
+    )) {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("event in time")
+            .expect("stream open")
+            .unwrap();
+        seen.push((ev.container_id, ev.container_event_type));
+    }
+    assert!(seen.contains(&(
+        id.clone(),
+        cri::ContainerEventType::ContainerCreatedEvent as i32
+    )));
+    assert!(seen.contains(&(
+        id.clone(),
+        cri::ContainerEventType::ContainerStartedEvent as i32
+    )));
+    node.teardown().await;
+}

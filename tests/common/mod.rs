@@ -1,0 +1,292 @@
+//! Shared helpers of the end-to-end tests: the root check, a busybox image built from Debian's
+//! packages, a built-in runtime in a temp root dir, and CRI request builders.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use runtime::builtin::{BuiltinRuntime, Config};
+use runtime::{RuntimeService, cri};
+
+pub const BUSYBOX: &str = "docker.io/library/busybox:latest";
+
+/// True when running as root; otherwise prints a loud SKIP line for `test`.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix_is_root() {
+        return true;
+    }
+    eprintln!("SKIP (needs root): {test} runs real containers");
+    false
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The busybox OCI archive, built once per test binary.
+pub fn busybox_archive() -> PathBuf {
+    static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
+    ARCHIVE
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("nodelet-e2e-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let out = dir.join("busybox.tar");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
+            let st = std::process::Command::new("bash")
+                .arg(script)
+                .arg(&out)
+                .status()
+                .expect("running build-busybox-image.sh");
+            assert!(st.success(), "building the busybox image failed");
+            out
+        })
+        .clone()
+}
+
+/// A built-in runtime in its own root dir and cgroup root, with busybox imported.
+pub struct Node {
+    pub rt: BuiltinRuntime,
+    pub root: tempfile::TempDir,
+    pub cgroup_root: String,
+}
+
+pub fn nodelet_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_nodelet"))
+}
+
+pub fn config(root: &Path, cgroup_root: &str) -> Config {
+    let mut cfg = Config::new(root).expect("config");
+    cfg.sandbox_program = nodelet_bin();
+    cfg.cgroup_root = cgroup_root.to_string();
+    cfg
+}
+
+impl Node {
+    pub async fn new(name: &str) -> Node {
+        let root = tempfile::Builder::new()
+            .prefix("nl")
+            .tempdir()
+            .expect("tempdir");
+        let cgroup_root = format!("/nodelet-e2e-{name}-{}", std::process::id());
+        let rt = BuiltinRuntime::new(config(root.path(), &cgroup_root))
+            .await
+            .expect("runtime");
+        rt.image_store()
+            .import(&busybox_archive())
+            .expect("import busybox");
+        Node {
+            rt,
+            root,
+            cgroup_root,
+        }
+    }
+
+    /// A fresh runtime over the same root dir, as a restarted agent would open it.
+    pub async fn reopen(&self) -> BuiltinRuntime {
+        BuiltinRuntime::new(config(self.root.path(), &self.cgroup_root))
+            .await
+            .expect("reopen runtime")
+    }
+
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.path().join("logs")
+    }
+
+    pub async fn sandbox(&self, name: &str) -> (String, cri::PodSandboxConfig) {
+        let cfg = sandbox_config(name, &self.log_dir());
+        let id = self
+            .rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .pod_sandbox_id;
+        (id, cfg)
+    }
+
+    pub async fn container(
+        &self,
+        sandbox: &(String, cri::PodSandboxConfig),
+        name: &str,
+        cmd: &[&str],
+    ) -> String {
+        self.container_with(sandbox, container_config(name, cmd))
+            .await
+    }
+
+    pub async fn container_with(
+        &self,
+        sandbox: &(String, cri::PodSandboxConfig),
+        config: cri::ContainerConfig,
+    ) -> String {
+        let id = self
+            .rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(sandbox.1.clone()),
+            })
+            .await
+            .expect("CreateContainer")
+            .container_id;
+        self.rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect("StartContainer");
+        id
+    }
+
+    pub async fn status(&self, id: &str) -> cri::ContainerStatus {
+        self.rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .status
+            .expect("status")
+    }
+
+    pub async fn wait_exited(&self, id: &str) -> cri::ContainerStatus {
+        for _ in 0..300 {
+            let s = self.status(id).await;
+            if s.state == cri::ContainerState::ContainerExited as i32 {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("container {id} did not exit");
+    }
+
+    pub async fn exec(&self, id: &str, cmd: &[&str]) -> cri::ExecSyncResponse {
+        self.rt
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout: 20,
+            })
+            .await
+            .expect("ExecSync")
+    }
+
+    /// Stops and removes every sandbox, then checks nothing is left: no mount under the root dir,
+    /// no cgroup under the cgroup root, no process of ours.
+    pub async fn teardown(self) {
+        let list = self
+            .rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .expect("list");
+        for sb in list.items {
+            self.rt
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: sb.id,
+                })
+                .await
+                .expect("RemovePodSandbox");
+        }
+        let _ = runtime_cgroup_remove(&self.cgroup_root);
+        assert_no_leaks(self.root.path(), &self.cgroup_root);
+    }
+}
+
+fn runtime_cgroup_remove(path: &str) -> std::io::Result<()> {
+    for ctrl in [
+        "memory", "cpu", "cpuacct", "cpuset", "pids", "blkio", "devices", "freezer", "systemd",
+        "unified",
+    ] {
+        let p = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join(path.trim_start_matches('/'));
+        let _ = std::fs::remove_dir(p);
+    }
+    Ok(())
+}
+
+pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let root_s = root.to_string_lossy().to_string();
+    let leaked: Vec<&str> = mounts.lines().filter(|l| l.contains(&root_s)).collect();
+    assert!(leaked.is_empty(), "mounts left behind: {leaked:?}");
+    for ctrl in ["memory", "pids", "cpu"] {
+        let p = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join(cgroup_root.trim_start_matches('/'));
+        assert!(!p.exists(), "cgroup {} left behind", p.display());
+    }
+    let mut procs = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&root_s) {
+            procs.push(entry.file_name());
+        }
+    }
+    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
+
+pub fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "e2e".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: log_dir.join(name).to_string_lossy().into_owned(),
+        labels: [("app".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+pub fn container_config(name: &str, cmd: &[&str]) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: BUSYBOX.into(),
+            ..Default::default()
+        }),
+        command: cmd.iter().map(|s| s.to_string()).collect(),
+        log_path: format!("{name}/0.log"),
+        labels: [("container".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+/// The (stream, tag, content) of each CRI log record in a file.
+pub fn log_records(path: &Path) -> Vec<(String, String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let mut it = l.splitn(4, ' ');
+            let ts = it.next().unwrap_or("");
+            assert!(
+                ts.ends_with('Z') && ts.contains('T'),
+                "bad timestamp in {l:?}"
+            );
+            (
+                it.next().unwrap_or("").into(),
+                it.next().unwrap_or("").into(),
+                it.next().unwrap_or("").into(),
+            )
+        })
+        .collect()
+}
