@@ -100,11 +100,17 @@ async fn a_thousand_create_start_remove_cycles_leak_nothing() {
         .unwrap()
         .count();
     assert!(sandbox_fds < 16, "sandbox process fds: {sandbox_fds}");
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    assert!(
-        children.trim().is_empty(),
-        "sandbox has leftover children: {children}"
+    // Its only child is the pod's PID-namespace holder (CRI's default PID mode is POD).
+    let holder = info["pidNamespaceHolder"].as_i64().map(|p| p.to_string());
+    let children: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        children,
+        holder.into_iter().collect::<Vec<_>>(),
+        "sandbox has leftover children"
     );
     node.teardown().await;
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Developer aid: stops sandbox processes, unmounts rootfs mounts and removes cgroups that an
+# interrupted test run left under /tmp (test roots are /tmp/nl*, /tmp/sbx*). Never touches
+# /var/lib/nodelet.
+set -u
+pkill -9 -f "nodelet --root-dir /tmp/nl" 2>/dev/null
+for s in /tmp/nl*/sandboxes/*/sandbox.sock /tmp/sbx*/sb/sandbox.sock; do
+  [ -S "$s" ] || continue
+  python3 - "$s" <<'PY' 2>/dev/null
+import socket, sys
+c = socket.socket(socket.AF_UNIX); c.settimeout(10); c.connect(sys.argv[1])
+c.sendall(b'"Shutdown"\n'); c.recv(100)
+PY
+done
+pkill -9 -f "__sandbox /tmp/(nl|sbx)" 2>/dev/null
+grep -oE " /tmp/(nl|sbx)[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+rm -rf /tmp/nl* /tmp/sbx* /tmp/nodelet-e2e-*
+for c in /sys/fs/cgroup/*/; do
+  for d in "$c"nodelet-e2e-* "$c"nodelet-test "$c"nodelet; do
+    [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+  done
+done
+exit 0
