@@ -628,3 +628,66 @@ async fn container_events_are_streamed() {
     )));
     node.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reopen_container_log_after_rotation() {
+    if !root_or_skip("reopen_container_log_after_rotation") {
+        return;
+    }
+    let node = Node::new("rot").await;
+    let sb = node.sandbox("rot").await;
+    let id = node
+        .container(
+            &sb,
+            "c",
+            &[
+                "sh",
+                "-c",
+                "i=0; while true; do echo n$i; i=$((i+1)); sleep 0.05; done",
+            ],
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let log = std::path::PathBuf::from(node.status(&id).await.log_path);
+    let rotated = log.with_extension("log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    node.rt
+        .reopen_container_log(cri::ReopenContainerLogRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    let old: Vec<u64> = log_records(&rotated)
+        .iter()
+        .filter_map(|r| r.2.strip_prefix('n')?.parse().ok())
+        .collect();
+    let new: Vec<u64> = log_records(&log)
+        .iter()
+        .filter_map(|r| r.2.strip_prefix('n')?.parse().ok())
+        .collect();
+    assert!(
+        !old.is_empty() && !new.is_empty(),
+        "both files have lines: {old:?} {new:?}"
+    );
+    let all: Vec<u64> = old.iter().chain(new.iter()).copied().collect();
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1),
+        "no line lost or repeated across the rotation: {all:?}"
+    );
+    // Reopening the log of an exited container is refused.
+    let err = node
+        .rt
+        .reopen_container_log(cri::ReopenContainerLogRequest { container_id: id })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    node.teardown().await;
+}

@@ -81,7 +81,17 @@ struct Inner {
 impl BuiltinRuntime {
     /// Opens (or creates) the runtime's state under `cfg.root_dir` and adopts every sandbox and
     /// container a previous agent left running.
-    pub async fn new(cfg: Config) -> Result<Self> {
+    pub async fn new(mut cfg: Config) -> Result<Self> {
+        if cfg.root_dir.as_os_str().is_empty() {
+            return Err(Error::invalid_argument("the root dir must not be empty"));
+        }
+        std::fs::create_dir_all(&cfg.root_dir)
+            .map_err(|e| Error::internal(format!("creating {}: {e}", cfg.root_dir.display())))?;
+        // Sandbox processes and sockets are addressed by path: make it absolute once.
+        cfg.root_dir = cfg
+            .root_dir
+            .canonicalize()
+            .map_err(|e| Error::internal(format!("resolving {}: {e}", cfg.root_dir.display())))?;
         for dir in ["sandboxes", "containers", "cri"] {
             let d = cfg.root_dir.join(dir);
             std::fs::create_dir_all(&d)
