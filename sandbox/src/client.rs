@@ -57,11 +57,24 @@ pub async fn launch(program: &Path, args: &[&str], state_dir: &Path, spec: &Spec
             .parse()
             .map_err(|_| Error::new(Kind::Internal, format!("sandbox reported {out:?}")));
     }
-    let msg = out.strip_prefix("err ").unwrap_or(out);
+    let (kind, msg) = setup_failure(out.strip_prefix("err ").unwrap_or(out));
     Err(Error::new(
-        Kind::Internal,
+        kind,
         format!("starting sandbox {}: {msg}", spec.id),
     ))
+}
+
+/// The kind and message of a failed sandbox set-up, reported as `<Kind> <message>` (or, from
+/// the launcher side, a bare message). Only `InvalidArgument` is passed on: a sandbox that could
+/// not be set up is an internal failure unless its spec was at fault.
+fn setup_failure(reported: &str) -> (Kind, &str) {
+    match reported.split_once(' ') {
+        Some(("InvalidArgument", msg)) => (Kind::InvalidArgument, msg),
+        Some((k, msg)) if serde_json::from_str::<Kind>(&format!("{k:?}")).is_ok() => {
+            (Kind::Internal, msg)
+        }
+        _ => (Kind::Internal, reported),
+    }
 }
 
 /// A handle on one sandbox process, addressed by its state directory. Cheap to clone.
@@ -245,5 +258,26 @@ impl Client {
     /// Whether the sandbox has been shut down (its process ended after cleaning up).
     pub fn is_stopped(&self) -> bool {
         self.layout.stopped_marker().exists()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setup_failures_keep_invalid_argument_only() {
+        assert_eq!(
+            setup_failure("InvalidArgument setting sysctl a.b=1: No such file"),
+            (Kind::InvalidArgument, "setting sysctl a.b=1: No such file")
+        );
+        assert_eq!(
+            setup_failure("NotFound reading spec.json: gone"),
+            (Kind::Internal, "reading spec.json: gone")
+        );
+        assert_eq!(
+            setup_failure("the sandbox process died during set-up"),
+            (Kind::Internal, "the sandbox process died during set-up")
+        );
     }
 }

@@ -290,3 +290,77 @@ pub fn log_records(path: &Path) -> Vec<(String, String, String)> {
         })
         .collect()
 }
+
+impl Node {
+    /// Runs a pod sandbox from `sandbox_config(name)` after `tweak` changed it.
+    pub async fn sandbox_with(
+        &self,
+        name: &str,
+        tweak: impl FnOnce(&mut cri::PodSandboxConfig),
+    ) -> (String, cri::PodSandboxConfig) {
+        let mut cfg = sandbox_config(name, &self.log_dir());
+        tweak(&mut cfg);
+        let id = self
+            .try_sandbox(cfg.clone())
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}"));
+        (id, cfg)
+    }
+
+    /// RunPodSandbox, returning its error.
+    pub async fn try_sandbox(&self, cfg: cri::PodSandboxConfig) -> runtime::Result<String> {
+        self.rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg),
+                runtime_handler: String::new(),
+            })
+            .await
+            .map(|r| r.pod_sandbox_id)
+    }
+
+    /// CreateContainer only, returning its error.
+    pub async fn try_create(
+        &self,
+        sandbox: &(String, cri::PodSandboxConfig),
+        config: cri::ContainerConfig,
+    ) -> runtime::Result<String> {
+        self.rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(sandbox.1.clone()),
+            })
+            .await
+            .map(|r| r.container_id)
+    }
+
+    /// Creates and starts a container, waits for it to exit and returns its exit code and what
+    /// it wrote to stdout and stderr (from its CRI log).
+    pub async fn run_to_exit(
+        &self,
+        sandbox: &(String, cri::PodSandboxConfig),
+        config: cri::ContainerConfig,
+    ) -> (i32, String, String) {
+        let id = self.container_with(sandbox, config).await;
+        let s = self.wait_exited(&id).await;
+        let (out, err) = log_output(Path::new(&s.log_path));
+        (s.exit_code, out, err)
+    }
+}
+
+/// The stdout and stderr text of a CRI log file (partial lines joined, full lines ended by `\n`).
+pub fn log_output(path: &Path) -> (String, String) {
+    let (mut out, mut err) = (String::new(), String::new());
+    for (stream, tag, content) in log_records(path) {
+        let s = if stream == "stderr" {
+            &mut err
+        } else {
+            &mut out
+        };
+        s.push_str(&content);
+        if tag == "F" {
+            s.push('\n');
+        }
+    }
+    (out, err)
+}

@@ -178,6 +178,9 @@ impl BuiltinRuntime {
             })?;
             spec::annotate_sandbox_id(&mut oci, &sandbox_id);
             create_bind_sources(&oci)?;
+            if let Some(process) = oci.process() {
+                create_working_dir(&rootfs, process.cwd())?;
+            }
             oci.save(bundle.join("config.json"))
                 .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
             self.client(&sandbox_id)
@@ -514,9 +517,47 @@ fn create_bind_sources(oci: &oci_spec::runtime::Spec) -> Result<()> {
     Ok(())
 }
 
+/// Creates the working directory in the rootfs when the image lacks it, as runc does (root's,
+/// 0755) and containerd counts on; libcontainer would fail the start instead. The path is
+/// resolved inside the rootfs, its symlinks included.
+fn create_working_dir(rootfs: &Path, cwd: &Path) -> Result<()> {
+    let dir = spec::resolve_in_root(rootfs, cwd).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "working directory {}: cannot be resolved in the image",
+            cwd.display()
+        ))
+    })?;
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            Error::invalid_argument(format!("creating working directory {}: {e}", cwd.display()))
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn working_dir_is_created_inside_the_rootfs() {
+        let rootfs = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        create_working_dir(rootfs.path(), Path::new("/work/dir")).unwrap();
+        assert!(rootfs.path().join("work/dir").is_dir());
+        // An absolute symlink in the image points into the rootfs, not at the host.
+        std::os::unix::fs::symlink(outside.path(), rootfs.path().join("link")).unwrap();
+        create_working_dir(rootfs.path(), Path::new("/link/sub")).unwrap();
+        let inside = rootfs
+            .path()
+            .join(outside.path().strip_prefix("/").unwrap());
+        assert!(inside.join("sub").is_dir());
+        assert!(!outside.path().join("sub").exists());
+        // A file in the way is the request's fault.
+        std::fs::write(rootfs.path().join("file"), "").unwrap();
+        let err = create_working_dir(rootfs.path(), Path::new("/file/sub")).unwrap_err();
+        assert_eq!(err.code(), crate::Code::InvalidArgument);
+    }
 
     #[test]
     fn log_paths_stay_inside_the_log_directory() {

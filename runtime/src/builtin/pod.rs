@@ -40,6 +40,68 @@ fn check_name(what: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// IPC-namespaced sysctls besides `fs.mqueue.*` (the list runc validates against).
+const IPC_SYSCTLS: &[&str] = &[
+    "kernel.msgmax",
+    "kernel.msgmnb",
+    "kernel.msgmni",
+    "kernel.sem",
+    "kernel.shmall",
+    "kernel.shmmax",
+    "kernel.shmmni",
+    "kernel.shm_rmid_forced",
+];
+
+/// Checks the pod's sysctls as runc checks a spec's: the sandbox process writes each one in
+/// the pod's namespaces, so it must be a namespaced sysctl whose namespace the pod has its own
+/// of (IPC ones need a pod IPC namespace; `net.*`, `kernel.hostname` and `kernel.domainname` a
+/// pod network namespace, which the UTS namespace follows). Anything else would change the
+/// node. Names may use `/` as separator, as in Kubernetes.
+fn check_sysctls(
+    sysctls: &std::collections::HashMap<String, String>,
+    opts: &cri::NamespaceOption,
+) -> Result<()> {
+    let own = |mode: i32| ns_mode(mode) != sandbox::NamespaceMode::Node;
+    for (key, value) in sysctls {
+        let bad_name = key.is_empty()
+            || key.starts_with(['.', '/'])
+            || key.contains("..")
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '/' | '_' | '-'));
+        if bad_name {
+            return Err(Error::invalid_argument(format!(
+                "invalid sysctl name {key:?}"
+            )));
+        }
+        if value.contains(['\0', '\n']) {
+            return Err(Error::invalid_argument(format!(
+                "sysctl {key}: invalid value {value:?}"
+            )));
+        }
+        let name = key.replace('/', ".");
+        let (namespace, ok) =
+            if IPC_SYSCTLS.contains(&name.as_str()) || name.starts_with("fs.mqueue.") {
+                ("IPC", own(opts.ipc))
+            } else if name.starts_with("net.") {
+                ("network", own(opts.network))
+            } else if name == "kernel.hostname" || name == "kernel.domainname" {
+                ("UTS", own(opts.network))
+            } else {
+                return Err(Error::invalid_argument(format!(
+                    "sysctl {key} is not namespaced: setting it would change the node"
+                )));
+            };
+        if !ok {
+            return Err(Error::invalid_argument(format!(
+                "sysctl {key} needs the pod's own {namespace} namespace, and the pod uses the \
+                 node's"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `labels` carries every key/value of `selector`.
 pub(super) fn labels_match(
     labels: &std::collections::HashMap<String, String>,
@@ -74,6 +136,9 @@ impl BuiltinRuntime {
             return Err(Error::invalid_argument(
                 "user namespaces are not supported by the built-in runtime",
             ));
+        }
+        if let Some(linux) = &config.linux {
+            check_sysctls(&linux.sysctls, &opts)?;
         }
         let _guard = self.inner.lifecycle.lock().await;
         for other in self.inner.records.all_sandboxes() {
@@ -328,5 +393,73 @@ impl BuiltinRuntime {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sysctls(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn opts(network: cri::NamespaceMode, ipc: cri::NamespaceMode) -> cri::NamespaceOption {
+        cri::NamespaceOption {
+            network: network as i32,
+            ipc: ipc as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_sysctls_of_the_pods_own_namespaces_are_accepted() {
+        use cri::NamespaceMode::{Node, Pod};
+        let pod = opts(Pod, Pod);
+        let good = sysctls(&[
+            ("kernel.shm_rmid_forced", "1"),
+            ("kernel.sem", "250 32000 100 128"),
+            ("fs.mqueue.msg_max", "20"),
+            ("net.ipv4.ip_unprivileged_port_start", "80"),
+            ("net/ipv4/conf/lo.100/forwarding", "1"),
+            ("kernel.domainname", "example.org"),
+        ]);
+        check_sysctls(&good, &pod).unwrap();
+        let cases = [
+            (("vm.swappiness", "10"), pod.clone(), "not namespaced"),
+            (("kernel.panic", "1"), pod.clone(), "not namespaced"),
+            (
+                ("net.ipv4.ip_forward", "1"),
+                opts(Node, Pod),
+                "own network namespace",
+            ),
+            (
+                ("kernel.hostname", "x"),
+                opts(Node, Pod),
+                "own UTS namespace",
+            ),
+            (("kernel.shmmax", "1"), opts(Pod, Node), "own IPC namespace"),
+            (("net.ipv4.../x", "1"), pod.clone(), "invalid sysctl name"),
+            (
+                ("/net/ipv4/ip_forward", "1"),
+                pod.clone(),
+                "invalid sysctl name",
+            ),
+            (
+                ("net.ipv4.ip forward", "1"),
+                pod.clone(),
+                "invalid sysctl name",
+            ),
+            (("", "1"), pod.clone(), "invalid sysctl name"),
+            (("net.core.somaxconn", "1\n2"), pod.clone(), "invalid value"),
+        ];
+        for ((k, v), o, msg) in cases {
+            let err = check_sysctls(&sysctls(&[(k, v)]), &o).unwrap_err();
+            assert_eq!(err.code(), crate::Code::InvalidArgument, "{k}");
+            assert!(err.message().contains(msg), "{k}: {err}");
+        }
     }
 }

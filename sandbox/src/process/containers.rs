@@ -1,16 +1,23 @@
 //! The sandbox's containers: creating, starting, killing, exec'ing and deleting them through
 //! libcontainer, and keeping each one's status on disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
+use libcontainer::capabilities::drop_privileges;
 use libcontainer::container::Container;
 use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::seccomp::initialize_seccomp;
+use libcontainer::syscall::syscall::{SyscallType, create_syscall};
+use libcontainer::workload::default::DefaultExecutor;
+use libcontainer::workload::{
+    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
+};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, pipe2};
+use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
 
 use super::ns::pidfd_open;
 use crate::logs::{LogWriter, Stream};
@@ -228,6 +235,11 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
 }
 
 /// Starts a process in a running container; its output is collected by the server.
+///
+/// The process is the container's own OCI process with the exec's arguments, as containerd
+/// execs it: same user and groups, working directory, environment, capabilities,
+/// no_new_privs and rlimits. The container's seccomp filter is loaded too ([`ExecSeccomp`]):
+/// libcontainer's exec builds a `linux` section of its own without it.
 pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
     if c.status.state != State::Running {
         return Err(Error::new(
@@ -238,23 +250,42 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
     if spec.args.is_empty() {
         return Err(Error::new(Kind::InvalidArgument, "exec needs a command"));
     }
+    let state_dir = layout.container_root().join(&c.status.id);
+    let container =
+        Container::load(state_dir.clone()).map_err(|e| lc_error("loading", &c.status.id, e))?;
+    let config = container.bundle().join("config.json");
+    let oci = Spec::load(&config).map_err(|e| {
+        internal(
+            &format!("loading the OCI spec of container {}", c.status.id),
+            e,
+        )
+    })?;
+    let (process, executor) = exec_process(&oci, &spec.args)?;
+    let process_file = state_dir.join("exec-process.json");
+    let text = serde_json::to_vec(&process)?;
+    std::fs::write(&process_file, text).map_err(|e| Error::io("writing", &process_file, e))?;
     let (out_r, out_w) = output_pipe()?;
     let (err_r, err_w) = output_pipe()?;
-    let pid = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
+    let built = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
-        .map_err(|e| lc_error("exec in", &c.status.id, e))?
-        .with_stdout(out_w)
-        .with_stderr(err_w)
-        .as_tenant()
-        .with_container_args(spec.args.clone())
-        .with_detach(true)
-        .build()
-        .map_err(|e| {
-            Error::new(
-                Kind::Internal,
-                format!("exec {:?} in container {}: {e}", spec.args, c.status.id),
-            )
-        })?;
+        .map_err(|e| lc_error("exec in", &c.status.id, e))
+        .and_then(|b| {
+            b.with_stdout(out_w)
+                .with_stderr(err_w)
+                .with_executor(executor)
+                .as_tenant()
+                .with_process(Some(&process_file))
+                .with_detach(true)
+                .build()
+                .map_err(|e| {
+                    Error::new(
+                        Kind::Internal,
+                        format!("exec {:?} in container {}: {e}", spec.args, c.status.id),
+                    )
+                })
+        });
+    let _ = std::fs::remove_file(&process_file);
+    let pid = built?;
     let deadline = (spec.timeout_ms > 0)
         .then(|| std::time::Instant::now() + std::time::Duration::from_millis(spec.timeout_ms));
     Ok(Exec {
@@ -267,6 +298,103 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
         exit_code: None,
         timed_out: false,
     })
+}
+
+/// The process of an exec in a container whose OCI spec is `oci`, and the executor that
+/// confines it with the container's seccomp filter.
+///
+/// The kernel loads a filter only for a process with no_new_privs or CAP_SYS_ADMIN, and the
+/// executor runs after libcontainer dropped the capabilities. runc loads the filter before
+/// dropping them; to do the same here, a container process without no_new_privs and without
+/// CAP_SYS_ADMIN gets CAP_SYS_ADMIN in its permitted set only (never bounding or effective),
+/// and the executor raises it, loads the filter and restores the container's exact sets before
+/// exec'ing the command.
+fn exec_process(oci: &Spec, args: &[String]) -> Result<(Process, ExecSeccomp)> {
+    let mut process = oci.process().clone().ok_or_else(|| {
+        Error::new(
+            Kind::InvalidArgument,
+            "the container's OCI spec has no process",
+        )
+    })?;
+    process.set_args(Some(args.to_vec()));
+    process.set_terminal(Some(false));
+    process.set_console_size(None);
+    let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
+    let caps = process.capabilities().clone();
+    let lend_sys_admin = seccomp.is_some()
+        && process.no_new_privileges() != Some(true)
+        && !caps
+            .as_ref()
+            .and_then(|c| c.effective().as_ref())
+            .is_some_and(|e| e.contains(&Capability::SysAdmin));
+    let restore = if lend_sys_admin {
+        let original = caps.clone().unwrap_or_default();
+        let mut lent = original.clone();
+        let mut permitted = lent.permitted().clone().unwrap_or_default();
+        permitted.insert(Capability::SysAdmin);
+        lent.set_permitted(Some(permitted));
+        process.set_capabilities(Some(lent));
+        Some(original)
+    } else {
+        None
+    };
+    Ok((process, ExecSeccomp { seccomp, restore }))
+}
+
+/// Runs an exec'd command under its container's seccomp filter (see [`exec_process`]).
+#[derive(Clone)]
+struct ExecSeccomp {
+    seccomp: Option<LinuxSeccomp>,
+    /// The container's capabilities, restored after loading the filter with a lent
+    /// CAP_SYS_ADMIN; `None` when nothing was lent.
+    restore: Option<LinuxCapabilities>,
+}
+
+impl Executor for ExecSeccomp {
+    fn exec(&self, spec: &Spec) -> std::result::Result<(), ExecutorError> {
+        if let Some(filter) = &self.seccomp {
+            let syscall = create_syscall();
+            let failed = |what: &str, e: &dyn std::fmt::Display| {
+                ExecutorError::Other(format!("{what} for the exec's seccomp filter: {e}"))
+            };
+            if let Some(original) = &self.restore {
+                let mut raised = LinuxCapabilities::default();
+                let with_admin = |set: &Option<HashSet<Capability>>| {
+                    let mut set = set.clone().unwrap_or_default();
+                    set.insert(Capability::SysAdmin);
+                    Some(set)
+                };
+                raised.set_bounding(original.bounding().clone());
+                raised.set_effective(with_admin(original.effective()));
+                raised.set_permitted(with_admin(original.permitted()));
+                raised.set_inheritable(None);
+                raised.set_ambient(None);
+                drop_privileges(&raised, &*syscall)
+                    .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))?;
+            }
+            let notify = initialize_seccomp(filter).map_err(|e| failed("loading", &e))?;
+            if let Some(fd) = notify {
+                // Nobody listens for an exec's notifications; the kernel answers ENOSYS.
+                let _ = nix::unistd::close(fd);
+            }
+            if let Some(original) = &self.restore {
+                drop_privileges(original, &*syscall)
+                    .map_err(|e| failed("restoring the capabilities", &e))?;
+            }
+        }
+        DefaultExecutor {}.exec(spec)
+    }
+
+    fn validate(&self, spec: &Spec) -> std::result::Result<(), ExecutorValidationError> {
+        DefaultExecutor {}.validate(spec)
+    }
+
+    fn setup_envs(
+        &self,
+        envs: std::collections::HashMap<String, String>,
+    ) -> std::result::Result<(), ExecutorSetEnvsError> {
+        DefaultExecutor {}.setup_envs(envs)
+    }
 }
 
 /// Deletes a container: kills it if it still runs, then removes its libcontainer state and cgroup.
@@ -334,4 +462,113 @@ pub fn read_persisted(layout: &Layout) -> BTreeMap<String, ContainerStatus> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use oci_spec::runtime::{LinuxBuilder, LinuxCapabilitiesBuilder, ProcessBuilder, UserBuilder};
+
+    use super::*;
+
+    fn spec(nnp: Option<bool>, effective: &[Capability], seccomp: bool) -> Spec {
+        let set: HashSet<Capability> = effective.iter().copied().collect();
+        let mut process = ProcessBuilder::default()
+            .args(vec!["sleep".to_string(), "600".to_string()])
+            .cwd("/work")
+            .env(vec!["A=b".to_string()])
+            .user(
+                UserBuilder::default()
+                    .uid(65534u32)
+                    .gid(65534u32)
+                    .additional_gids(vec![1234u32])
+                    .build()
+                    .unwrap(),
+            )
+            .capabilities(
+                LinuxCapabilitiesBuilder::default()
+                    .bounding(set.clone())
+                    .effective(set.clone())
+                    .permitted(set)
+                    .inheritable(HashSet::new())
+                    .ambient(HashSet::new())
+                    .build()
+                    .unwrap(),
+            )
+            .terminal(true)
+            .build()
+            .unwrap();
+        process.set_no_new_privileges(nnp);
+        let mut linux = LinuxBuilder::default().build().unwrap();
+        linux.set_seccomp(seccomp.then(LinuxSeccomp::default));
+        let mut spec = Spec::default();
+        spec.set_process(Some(process)).set_linux(Some(linux));
+        spec
+    }
+
+    fn args() -> Vec<String> {
+        vec!["id".to_string(), "-u".to_string()]
+    }
+
+    #[test]
+    fn exec_runs_the_containers_process_with_other_args() {
+        let oci = spec(None, &[Capability::Chown], false);
+        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        assert_eq!(p.args().as_deref(), Some(&args()[..]));
+        assert_eq!(p.terminal(), Some(false));
+        assert_eq!((p.user().uid(), p.user().gid()), (65534, 65534));
+        assert_eq!(p.user().additional_gids().as_deref(), Some(&[1234u32][..]));
+        assert_eq!(p.cwd(), Path::new("/work"));
+        assert_eq!(p.env().as_deref(), Some(&["A=b".to_string()][..]));
+        assert_eq!(
+            p.capabilities(),
+            oci.process().as_ref().unwrap().capabilities()
+        );
+        assert!(executor.seccomp.is_none() && executor.restore.is_none());
+    }
+
+    #[test]
+    fn exec_seccomp_lends_sys_admin_only_when_needed() {
+        // A filter, no no_new_privs, no CAP_SYS_ADMIN: lent in permitted, never effective or
+        // bounding, and the original sets are restored.
+        let oci = spec(None, &[Capability::Chown], true);
+        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        assert!(executor.seccomp.is_some());
+        let caps = p.capabilities().clone().unwrap();
+        assert!(
+            caps.permitted()
+                .as_ref()
+                .unwrap()
+                .contains(&Capability::SysAdmin)
+        );
+        assert!(
+            !caps
+                .effective()
+                .as_ref()
+                .unwrap()
+                .contains(&Capability::SysAdmin)
+        );
+        assert!(
+            !caps
+                .bounding()
+                .as_ref()
+                .unwrap()
+                .contains(&Capability::SysAdmin)
+        );
+        assert_eq!(
+            executor.restore.as_ref(),
+            oci.process().as_ref().unwrap().capabilities().as_ref()
+        );
+        // With no_new_privs, or CAP_SYS_ADMIN already, nothing is lent.
+        for oci in [
+            spec(Some(true), &[Capability::Chown], true),
+            spec(None, &[Capability::SysAdmin], true),
+        ] {
+            let (p, executor) = exec_process(&oci, &args()).unwrap();
+            assert!(executor.seccomp.is_some() && executor.restore.is_none());
+            assert_eq!(
+                p.capabilities(),
+                oci.process().as_ref().unwrap().capabilities()
+            );
+        }
+    }
 }

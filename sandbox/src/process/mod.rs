@@ -71,7 +71,9 @@ pub fn main(state_dir: &Path) -> i32 {
                 }
                 Err(e) => {
                     tracing::error!("sandbox set-up failed: {e}");
-                    let _ = writeln!(ready, "err {e}");
+                    // The kind goes first, so that the launcher can tell a bad spec (e.g. a
+                    // sysctl the kernel does not have) from a failure (see `client::launch`).
+                    let _ = writeln!(ready, "err {:?} {e}", e.kind());
                     1
                 }
             };

@@ -144,13 +144,32 @@ fn is_all(name: &str) -> bool {
     name.trim().eq_ignore_ascii_case("ALL")
 }
 
-/// The capabilities for a container with these CRI settings.
-pub(super) fn capabilities(capability: Option<&cri::Capability>, privileged: bool) -> Result<Caps> {
+/// The known capabilities whose bit is set in `available` (bit n is capability n, as in
+/// /proc/self/status), or every known one when `available` is `None`.
+fn all_capabilities(available: Option<u64>) -> BTreeSet<&'static str> {
+    ALL_CAPABILITIES
+        .into_iter()
+        .enumerate()
+        .filter(|&(bit, _)| available.is_none_or(|mask| mask & (1u64 << bit) != 0))
+        .map(|(_, name)| name)
+        .collect()
+}
+
+/// The capabilities for a container with these CRI settings. `available` is the mask of the
+/// capabilities nodelet itself holds (`CapEff`; `None`: all known ones): "ALL" and privileged
+/// mean those, like containerd's `WithAllCurrentCapabilities` (a process cannot grant a
+/// capability outside its own bounding set, and the runtime would fail to start the container).
+/// Capabilities named one by one are passed on as asked.
+pub(super) fn capabilities(
+    capability: Option<&cri::Capability>,
+    privileged: bool,
+    available: Option<u64>,
+) -> Result<Caps> {
     let empty = cri::Capability::default();
     let c = capability.unwrap_or(&empty);
     let mut set: BTreeSet<&'static str> = DEFAULT_CAPABILITIES.into_iter().collect();
     if c.add_capabilities.iter().any(|n| is_all(n)) {
-        set = ALL_CAPABILITIES.into_iter().collect();
+        set = all_capabilities(available);
     }
     if c.drop_capabilities.iter().any(|n| is_all(n)) {
         set.clear();
@@ -164,13 +183,13 @@ pub(super) fn capabilities(capability: Option<&cri::Capability>, privileged: boo
     let mut ambient = BTreeSet::new();
     for n in &c.add_ambient_capabilities {
         if is_all(n) {
-            ambient.extend(ALL_CAPABILITIES);
+            ambient.extend(all_capabilities(available));
         } else {
             ambient.insert(normalize(n, "add_ambient_capabilities")?);
         }
     }
     if privileged {
-        set = ALL_CAPABILITIES.into_iter().collect();
+        set = all_capabilities(available);
     }
     set.extend(ambient.iter().copied());
     Ok(Caps { set, ambient })
@@ -194,7 +213,7 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let got = capabilities(None, false).unwrap();
+        let got = capabilities(None, false, None).unwrap();
         let mut want = DEFAULT_CAPABILITIES.to_vec();
         want.sort_unstable();
         assert_eq!(names(&got), want);
@@ -208,32 +227,34 @@ mod tests {
         let got = capabilities(
             Some(&cap(&["NET_ADMIN", "cap_sys_time"], &["NET_RAW"])),
             false,
+            None,
         )
         .unwrap();
         assert!(got.has("CAP_NET_ADMIN") && got.has("CAP_SYS_TIME") && got.has("CAP_CHOWN"));
         assert!(!got.has("CAP_NET_RAW"));
         assert_eq!(got.set.len(), 15);
         // Dropping wins over adding the same one.
-        let got = capabilities(Some(&cap(&["NET_ADMIN"], &["CAP_NET_ADMIN"])), false).unwrap();
+        let got =
+            capabilities(Some(&cap(&["NET_ADMIN"], &["CAP_NET_ADMIN"])), false, None).unwrap();
         assert!(!got.has("CAP_NET_ADMIN"));
     }
 
     #[test]
     fn all_keyword() {
-        let got = capabilities(Some(&cap(&["ALL"], &[])), false).unwrap();
+        let got = capabilities(Some(&cap(&["ALL"], &[])), false, None).unwrap();
         assert_eq!(got.set.len(), ALL_CAPABILITIES.len());
-        let got = capabilities(Some(&cap(&["all"], &["CHOWN"])), false).unwrap();
+        let got = capabilities(Some(&cap(&["all"], &["CHOWN"])), false, None).unwrap();
         assert_eq!(got.set.len(), ALL_CAPABILITIES.len() - 1);
         assert!(!got.has("CAP_CHOWN"));
-        let got = capabilities(Some(&cap(&[], &["ALL"])), false).unwrap();
+        let got = capabilities(Some(&cap(&[], &["ALL"])), false, None).unwrap();
         assert!(got.set.is_empty());
-        let got = capabilities(Some(&cap(&["NET_ADMIN", "KILL"], &["ALL"])), false).unwrap();
+        let got = capabilities(Some(&cap(&["NET_ADMIN", "KILL"], &["ALL"])), false, None).unwrap();
         assert_eq!(names(&got), ["CAP_KILL", "CAP_NET_ADMIN"]);
     }
 
     #[test]
     fn privileged_gets_everything() {
-        let got = capabilities(Some(&cap(&[], &["ALL"])), true).unwrap();
+        let got = capabilities(Some(&cap(&[], &["ALL"])), true, None).unwrap();
         assert_eq!(got.set.len(), ALL_CAPABILITIES.len());
         let oci = got.to_oci().unwrap();
         assert_eq!(oci.bounding().as_ref().map(|s| s.len()), Some(41));
@@ -241,10 +262,33 @@ mod tests {
     }
 
     #[test]
+    fn all_means_what_the_host_has() {
+        // A host whose bounding set lacks CAP_SYS_RESOURCE (24), as in some VMs and nested
+        // containers: privileged and "ALL" get the other 40, a named one is passed on.
+        let host = ((1u64 << 41) - 1) & !(1u64 << 24);
+        for got in [
+            capabilities(None, true, Some(host)).unwrap(),
+            capabilities(Some(&cap(&["ALL"], &[])), false, Some(host)).unwrap(),
+        ] {
+            assert_eq!(got.set.len(), 40);
+            assert!(!got.has("CAP_SYS_RESOURCE") && got.has("CAP_SYS_TIME"));
+        }
+        let mut c = cap(&[], &[]);
+        c.add_ambient_capabilities = vec!["ALL".into()];
+        let got = capabilities(Some(&c), false, Some(host)).unwrap();
+        assert!(got.ambient.len() == 40 && !got.ambient.contains("CAP_SYS_RESOURCE"));
+        let got = capabilities(Some(&cap(&["SYS_RESOURCE"], &[])), false, Some(host)).unwrap();
+        assert!(got.has("CAP_SYS_RESOURCE"));
+        // The default set is not limited by the mask either.
+        let got = capabilities(None, false, Some(0)).unwrap();
+        assert_eq!(got.set.len(), 14);
+    }
+
+    #[test]
     fn ambient_lands_in_every_set() {
         let mut c = cap(&[], &["ALL"]);
         c.add_ambient_capabilities = vec!["NET_BIND_SERVICE".into()];
-        let got = capabilities(Some(&c), false).unwrap();
+        let got = capabilities(Some(&c), false, None).unwrap();
         assert_eq!(names(&got), ["CAP_NET_BIND_SERVICE"]);
         let oci = got.to_oci().unwrap();
         for set in [
@@ -265,7 +309,7 @@ mod tests {
     #[test]
     fn unknown_names_are_invalid() {
         for c in [cap(&["NET_FOO"], &[]), cap(&[], &["CAP_"]), cap(&[""], &[])] {
-            let err = capabilities(Some(&c), false).unwrap_err();
+            let err = capabilities(Some(&c), false, None).unwrap_err();
             assert_eq!(err.code(), crate::Code::InvalidArgument);
             assert!(err.message().contains("unknown capability"), "{err}");
         }
@@ -273,7 +317,7 @@ mod tests {
 
     #[test]
     fn every_known_name_converts() {
-        let all = capabilities(Some(&cap(&["ALL"], &[])), false).unwrap();
+        let all = capabilities(Some(&cap(&["ALL"], &[])), false, None).unwrap();
         assert_eq!(
             all.to_oci().unwrap().effective().as_ref().map(|s| s.len()),
             Some(41)

@@ -46,6 +46,7 @@ pub use mounts::{DEFAULT_MASKED_PATHS, DEFAULT_READONLY_PATHS};
 pub use process::parse_signal;
 pub use resources::linux_resources;
 pub use seccomp::runtime_default_seccomp;
+pub(crate) use user::resolve_in_root;
 
 /// Annotation: `"container"` for application containers (`"sandbox"` would be the pause one).
 pub const ANNOTATION_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
@@ -114,6 +115,9 @@ pub(crate) struct Host {
     pub hostname: String,
     /// Where the host's device nodes are (privileged containers get all of them).
     pub dev_dir: PathBuf,
+    /// Our own effective capabilities (`CapEff`, bit n = capability n): what "ALL" and
+    /// privileged grant. `None` when unreadable: every capability known.
+    pub capabilities: Option<u64>,
 }
 
 impl Host {
@@ -126,6 +130,11 @@ impl Host {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
             dev_dir: PathBuf::from("/dev"),
+            capabilities: read("/proc/self/status").and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("CapEff:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            }),
         }
     }
 }
@@ -250,7 +259,7 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
         user.home.as_deref(),
     )?;
     let cwd = process::cwd(config, input.image)?;
-    let capabilities = caps::capabilities(sc.capabilities.as_ref(), privileged)?;
+    let capabilities = caps::capabilities(sc.capabilities.as_ref(), privileged, host.capabilities)?;
     let seccomp = seccomp::seccomp(sc.seccomp.as_ref(), privileged, &capabilities)?;
     let (mounts, rootfs_propagation) = mounts::mounts(input, &sc)?;
     let (devices, device_rules) = devices::devices(&config.devices, privileged, &host.dev_dir)?;
@@ -279,9 +288,13 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
         .env(env)
         .cwd(cwd)
         .capabilities(capabilities.to_oci()?)
-        .no_new_privileges(sc.no_new_privs)
         .build()
         .map_err(oci_error("process"))?;
+    // `noNewPrivileges: false` is left out rather than written: libcontainer loads the seccomp
+    // filter early (while the init still has CAP_SYS_ADMIN) only when the field is absent, and
+    // after dropping capabilities whenever it is present, even false, where loading a filter
+    // without no_new_privs fails with EACCES. Absent and false mean the same to the kernel.
+    process.set_no_new_privileges(sc.no_new_privs.then_some(true));
     // Whatever the builder's defaults, CRI containers get no default rlimits (containerd's
     // WithoutDefaultSecuritySettings) and no AppArmor/SELinux.
     process.set_rlimits(None);

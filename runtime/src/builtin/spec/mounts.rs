@@ -208,8 +208,16 @@ fn cri_mount(m: &cri::Mount) -> Result<(Bind, Option<&'static str>)> {
     Ok((Bind { dest, mount }, root))
 }
 
-/// All mounts of the container and the root propagation they need (`None`: the runtime's
-/// default, which is `slave` in libcontainer).
+/// All mounts of the container and the root propagation they need: `shared` for a
+/// bidirectional mount, else `slave` for a host-to-container one, else `private`.
+///
+/// libcontainer ignores the propagation options of bind mounts (it attaches each one with
+/// `open_tree`/`move_mount` and sets no propagation): a bind mount keeps what its source has
+/// in the container's mount namespace, which is what the root propagation made of the host's
+/// mounts. So the root is `private` unless a mount needs more (runc, which containerd drives,
+/// keeps the root `rslave` and makes each private bind mount `rprivate` itself); otherwise a
+/// private mount of a directory on a shared host mount would still receive the host's mounts.
+/// The rest of the host's mount tree is detached after `pivot_root` either way.
 pub(super) fn mounts(
     input: &SpecInput,
     sc: &cri::LinuxContainerSecurityContext,
@@ -255,7 +263,7 @@ pub(super) fn mounts(
         })
         .collect();
     out.extend(binds.into_iter().map(|b| b.mount));
-    Ok((out, root_propagation.map(String::from)))
+    Ok((out, Some(root_propagation.unwrap_or("private").to_string())))
 }
 
 #[cfg(test)]
@@ -362,6 +370,56 @@ mod tests {
                 Some(std::path::Path::new("/srv/data"))
             );
             assert_eq!(got_root, root);
+        }
+    }
+
+    #[test]
+    fn root_propagation_is_private_unless_a_mount_needs_more() {
+        use cri::MountPropagation as P;
+        let cases: [(&[P], &str); 5] = [
+            (&[], "private"),
+            (&[P::PropagationPrivate], "private"),
+            (
+                &[P::PropagationPrivate, P::PropagationHostToContainer],
+                "slave",
+            ),
+            (
+                &[P::PropagationBidirectional, P::PropagationHostToContainer],
+                "shared",
+            ),
+            (
+                &[P::PropagationHostToContainer, P::PropagationBidirectional],
+                "shared",
+            ),
+        ];
+        for (props, want) in cases {
+            let config = cri::ContainerConfig {
+                mounts: props
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| cri::Mount {
+                        propagation: *p as i32,
+                        ..cri(&format!("/m{i}"), "/srv")
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let input = SpecInput {
+                container_id: "c",
+                config: &config,
+                sandbox: &Default::default(),
+                image: &Default::default(),
+                rootfs: std::path::Path::new("/rootfs"),
+                sandbox_pid: 1,
+                pid_ns_holder: None,
+                target_pid: None,
+                cgroup_parent: "",
+                etc_hosts: std::path::Path::new(""),
+                etc_hostname: std::path::Path::new(""),
+                etc_resolv_conf: std::path::Path::new(""),
+            };
+            let (_, root) = mounts(&input, &Default::default()).unwrap();
+            assert_eq!(root.as_deref(), Some(want), "{props:?}");
         }
     }
 

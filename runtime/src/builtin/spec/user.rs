@@ -80,7 +80,7 @@ fn parse_group(text: &str) -> Vec<Group> {
 
 /// Resolves `path` (absolute, inside the container) to a host path under `root`, following
 /// symlinks as if `root` were `/`: nothing in the image can point us at a host file.
-pub(super) fn resolve_in_root(root: &Path, path: &Path) -> Option<PathBuf> {
+pub(crate) fn resolve_in_root(root: &Path, path: &Path) -> Option<PathBuf> {
     let mut pending: Vec<PathBuf> = path
         .components()
         .rev()

@@ -62,6 +62,7 @@ impl Fixture {
                 oom_score_adj: Some(0),
                 hostname: "node".into(),
                 dev_dir: PathBuf::from("/dev"),
+                capabilities: None,
             },
         }
     }
@@ -149,7 +150,8 @@ fn default_container_spec() {
     assert!(env.contains(&"HOSTNAME=pod-host".to_string()), "{env:?}");
     assert!(env.contains(&"HOME=/root".to_string()), "{env:?}");
     assert_eq!(process.terminal(), Some(false));
-    assert_eq!(process.no_new_privileges(), Some(false));
+    // false is left out, not written (see `build`): libcontainer treats the two differently.
+    assert_eq!(process.no_new_privileges(), None);
     assert_eq!(process.oom_score_adj(), None);
     assert!(process.rlimits().is_none());
     assert!(spec.hostname().is_none());
@@ -366,12 +368,14 @@ fn mount_order_and_overrides() {
             .unwrap(),
         "ro"
     );
-    assert!(
+    // Private (not left to libcontainer's slave default): bind mounts inherit it.
+    assert_eq!(
         spec.linux()
             .as_ref()
             .unwrap()
             .rootfs_propagation()
-            .is_none()
+            .as_deref(),
+        Some("private")
     );
 
     // Mounting /dev drops every default mount below it.

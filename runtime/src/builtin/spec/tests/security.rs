@@ -96,6 +96,50 @@ fn capabilities_reach_the_process() {
     assert!(caps.ambient().clone().unwrap_or_default().is_empty());
 }
 
+#[test]
+fn no_new_privs_false_is_absent_not_false() {
+    // libcontainer loads a seccomp filter after dropping capabilities when the field is
+    // present at all, which fails without no_new_privs: false must be written as absent.
+    let mut f = Fixture::new();
+    f.sc().seccomp = Some(cri::SecurityProfile {
+        profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
+        localhost_ref: String::new(),
+    });
+    let nnp = |f: &Fixture| {
+        f.spec()
+            .unwrap()
+            .process()
+            .as_ref()
+            .unwrap()
+            .no_new_privileges()
+    };
+    assert_eq!(nnp(&f), None);
+    let json = serde_json::to_string(f.spec().unwrap().process()).unwrap();
+    assert!(!json.contains("noNewPrivileges"), "{json}");
+    f.sc().no_new_privs = true;
+    assert_eq!(nnp(&f), Some(true));
+}
+
+#[test]
+fn privileged_gets_the_hosts_capabilities() {
+    let mut f = Fixture::new();
+    f.pod_sc().privileged = true;
+    f.sc().privileged = true;
+    f.host.capabilities = Some(((1u64 << 41) - 1) & !(1u64 << 24));
+    let spec = f.spec().unwrap();
+    let caps = spec
+        .process()
+        .as_ref()
+        .unwrap()
+        .capabilities()
+        .clone()
+        .unwrap();
+    let bounding = caps.bounding().clone().unwrap();
+    assert_eq!(bounding.len(), 40);
+    assert!(!bounding.contains(&oci_spec::runtime::Capability::SysResource));
+    assert_eq!(caps.effective().clone().unwrap(), bounding);
+}
+
 fn seccomp_of(f: &Fixture) -> Option<oci_spec::runtime::LinuxSeccomp> {
     f.spec()
         .unwrap()
