@@ -8,6 +8,7 @@ PKGS=(
   pkg-config
   busybox             # the dynamic busybox with hard-linked applets: our test image
   runc                # the benchmark's baseline runtime
+  containerd          # a real CRI v1 runtime for the remote backend test (tests/remote_containerd.rs)
   docker-registry     # a local OCI registry on 127.0.0.1 for pull tests
   iproute2
   e2fsprogs

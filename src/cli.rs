@@ -27,6 +27,9 @@ pub enum Command {
     /// Run one container in a new pod sandbox through the built-in runtime, print its output
     /// and exit with its exit code.
     Run(commands::run::RunArgs),
+    /// Serve the built-in runtime over CRI v1 gRPC (for crictl, a kubelet, another nodelet).
+    #[command(subcommand)]
+    Cri(commands::cri::CriCommand),
 }
 
 /// Parses `args` and runs the command; errors are printed, never panicked.
@@ -57,6 +60,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
         match cli.command {
             Command::Images(cmd) => commands::images::run(&cli.root_dir, cmd).await,
             Command::Run(args) => commands::run::run(&cli.root_dir, args).await,
+            Command::Cri(cmd) => commands::cri::run(&cli.root_dir, cmd).await,
         }
     });
     match result {

@@ -8,7 +8,12 @@
 //!
 //! * the built-in runtime ([`builtin::BuiltinRuntime`], feature `builtin`): sandboxes and
 //!   containers run by nodelet itself through the `sandbox` and `images` crates,
-//! * an in-memory fake for tests ([`fake::FakeRuntime`], feature `fake`).
+//! * an in-memory fake for tests ([`fake::FakeRuntime`], feature `fake`),
+//! * a remote CRI v1 runtime reached over a unix socket ([`remote::RemoteRuntime`], feature
+//!   `remote`): containerd, CRI-O or another nodelet.
+//!
+//! [`server`] (feature `server`) goes the other way: it exposes any implementation as a CRI v1
+//! gRPC server on a unix socket, for crictl or a kubelet.
 //!
 //! Errors cross the seam as [`Error`], which carries a gRPC-style [`Code`]
 //! and converts losslessly to and from [`tonic::Status`], so a remote CRI
@@ -25,6 +30,15 @@ pub mod fake;
 
 #[cfg(feature = "builtin")]
 pub mod builtin;
+
+#[cfg(any(feature = "server", feature = "remote"))]
+pub mod endpoint;
+
+#[cfg(feature = "server")]
+pub mod server;
+
+#[cfg(feature = "remote")]
+pub mod remote;
 
 pub use error::{Code, Error, Result};
 pub use service::{EventStream, ImageService, RuntimeService};

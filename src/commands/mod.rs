@@ -1,5 +1,6 @@
 //! Node-local commands of the nodelet binary.
 
+pub mod cri;
 pub mod images;
 pub mod run;
 

@@ -1,0 +1,70 @@
+//! `nodelet cri serve`: the built-in runtime as a CRI v1 gRPC server on a unix socket, so
+//! crictl, a kubelet or another nodelet (through the remote backend) can drive it. Serves until
+//! SIGINT or SIGTERM; the pods and containers outlive the server and are adopted by the next one.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Debug, Subcommand)]
+pub enum CriCommand {
+    /// Serve the built-in runtime's CRI v1 RuntimeService and ImageService until SIGINT/SIGTERM.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The socket to serve on: unix:///path or a plain path.
+    #[arg(long, default_value = "unix:///run/nodelet/cri.sock")]
+    pub listen: String,
+    /// Deadline of each CRI call but PullImage, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub request_timeout: u64,
+    /// Deadline of PullImage, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub pull_image_timeout: u64,
+    /// The cgroup pods go under when CRI gives no cgroup parent.
+    #[arg(long, default_value = "/nodelet")]
+    pub cgroup_root: String,
+    /// Registries (host[:port]) that PullImage may reach over plain http.
+    #[arg(long = "insecure-registry")]
+    pub insecure: Vec<String>,
+}
+
+pub async fn run(root_dir: &Path, cmd: CriCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        CriCommand::Serve(args) => serve(root_dir, args).await,
+    }
+}
+
+async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let socket: PathBuf = runtime::endpoint::unix_socket_path(&args.listen)?;
+    // Set up the signal handlers before serving, so an early SIGTERM is not lost.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let shutdown = async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!("{which}: stopping the CRI server");
+    };
+
+    // Bind first: a second server on a live socket fails before opening (adopting) anything.
+    let bound = runtime::server::bind_unix(&socket)?;
+    let mut cfg = runtime::builtin::Config::new(root_dir)?;
+    cfg.cgroup_root = args.cgroup_root;
+    cfg.registry.insecure = args.insecure;
+    let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
+    let server_cfg = runtime::server::ServerConfig {
+        request_timeout: Duration::from_secs(args.request_timeout),
+        pull_image_timeout: Duration::from_secs(args.pull_image_timeout),
+        ..Default::default()
+    };
+    runtime::server::serve(bound, rt.clone(), rt, server_cfg, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,500 @@
+//! `nodelet cri serve` end to end: the real binary serves the built-in runtime on a unix socket
+//! and the remote backend drives a pod through it: containers run, exit with their code, exec,
+//! list with filters, stream events; bad requests get the right gRPC code and change nothing;
+//! the server is SIGKILLed and restarted on the same socket, and the same client finds the
+//! running container again (adopted by the new server). Needs root.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use runtime::remote::{self, RemoteRuntime};
+use runtime::{Code, ImageService, RuntimeService, cri};
+
+/// A `nodelet cri serve` child process, SIGKILLed when dropped.
+struct Server {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(root: &Path, endpoint: &str, cgroup_root: &str, log: PathBuf) -> Server {
+        let err = std::fs::File::create(&log).expect("server log");
+        let child = Command::new(nodelet_bin())
+            .arg("--root-dir")
+            .arg(root)
+            .args(["cri", "serve", "--listen", endpoint])
+            .args(["--cgroup-root", cgroup_root])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn nodelet cri serve");
+        Server { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the socket accepts connections.
+    async fn wait_listening(&mut self, socket: &Path) {
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("nodelet cri serve exited with {st}:\n{}", self.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not listening after 30s:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    async fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(st.success());
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "exit after SIGTERM: {st}\n{}", self.log());
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no exit after SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn nodelet(root: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("running nodelet")
+}
+
+fn remove_cgroup_root(cgroup_root: &str) {
+    for ctrl in [
+        "memory", "cpu", "cpuacct", "cpuset", "pids", "blkio", "devices", "freezer",
+    ] {
+        let p = Path::new("/sys/fs/cgroup").join(ctrl);
+        let _ = std::fs::remove_dir(p.join(cgroup_root.trim_start_matches('/')));
+    }
+    let _ =
+        std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/')));
+}
+
+async fn status(rt: &RemoteRuntime, id: &str) -> runtime::Result<cri::ContainerStatus> {
+    rt.container_status(cri::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: false,
+    })
+    .await
+    .map(|r| r.status.expect("status"))
+}
+
+async fn wait_exited(rt: &RemoteRuntime, id: &str) -> cri::ContainerStatus {
+    for _ in 0..300 {
+        let s = status(rt, id).await.expect("ContainerStatus");
+        if s.state == cri::ContainerState::ContainerExited as i32 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("container {id} did not exit");
+}
+
+async fn run_container(
+    rt: &RemoteRuntime,
+    sandbox: &(String, cri::PodSandboxConfig),
+    name: &str,
+    cmd: &[&str],
+) -> String {
+    let id = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.0.clone(),
+            config: Some(container_config(name, cmd)),
+            sandbox_config: Some(sandbox.1.clone()),
+        })
+        .await
+        .expect("CreateContainer")
+        .container_id;
+    rt.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .expect("StartContainer");
+    id
+}
+
+async fn exec(rt: &RemoteRuntime, id: &str, cmd: &[&str]) -> cri::ExecSyncResponse {
+    rt.exec_sync(cri::ExecSyncRequest {
+        container_id: id.into(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout: 20,
+    })
+    .await
+    .expect("ExecSync")
+}
+
+/// Ids and states of every sandbox and container, to check that bad requests change nothing.
+async fn snapshot(rt: &RemoteRuntime) -> Vec<(String, i32)> {
+    let mut all: Vec<(String, i32)> = rt
+        .list_pod_sandbox(Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| (s.id, s.state))
+        .collect();
+    let containers = rt.list_containers(Default::default()).await.unwrap();
+    all.extend(containers.containers.into_iter().map(|c| (c.id, c.state)));
+    all.sort();
+    all
+}
+
+fn container_filter(f: cri::ContainerFilter) -> cri::ListContainersRequest {
+    cri::ListContainersRequest { filter: Some(f) }
+}
+
+async fn list_names(rt: &RemoteRuntime, f: cri::ContainerFilter) -> Vec<String> {
+    let mut names: Vec<String> = rt
+        .list_containers(container_filter(f))
+        .await
+        .expect("ListContainers")
+        .containers
+        .into_iter()
+        .map(|c| c.metadata.unwrap_or_default().name)
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
+    if !root_or_skip("cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart") {
+        return;
+    }
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let cgroup_root = format!("/nodelet-e2e-cri-{}", std::process::id());
+    let socket = root.path().join("cri.sock");
+    let endpoint = format!("unix://{}", socket.display());
+    let archive = busybox_archive();
+    let out = nodelet(
+        root.path(),
+        &["images", "import", archive.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut server = Server::start(
+        root.path(),
+        &endpoint,
+        &cgroup_root,
+        logs.path().join("1.log"),
+    );
+    server.wait_listening(&socket).await;
+    let rt = remote::connect(&endpoint, Duration::from_secs(30))
+        .await
+        .expect("connect");
+    let v = rt.version_info();
+    assert_eq!(
+        (v.runtime_name.as_str(), v.runtime_api_version.as_str()),
+        ("nodelet", "v1")
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660);
+
+    // Images.
+    let busybox = cri::ImageSpec {
+        image: BUSYBOX.into(),
+        ..Default::default()
+    };
+    let img = rt
+        .image_status(cri::ImageStatusRequest {
+            image: Some(busybox.clone()),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .image
+        .expect("busybox is imported");
+    let images = rt.list_images(Default::default()).await.unwrap().images;
+    assert!(
+        images
+            .iter()
+            .any(|i| i.id == img.id && i.repo_tags.contains(&BUSYBOX.to_string()))
+    );
+    let unknown = cri::ImageStatusRequest {
+        image: Some(cri::ImageSpec {
+            image: "example.com/none:1".into(),
+            ..Default::default()
+        }),
+        verbose: false,
+    };
+    assert!(rt.image_status(unknown).await.unwrap().image.is_none());
+    assert!(
+        !rt.image_fs_info(Default::default())
+            .await
+            .unwrap()
+            .image_filesystems
+            .is_empty()
+    );
+
+    // A pod: one container exits with 3, one sleeps and runs execs.
+    let mut events = rt.get_container_events(Default::default()).await.unwrap();
+    let log_dir = root.path().join("logs");
+    let cfg = sandbox_config("crisrv", &log_dir);
+    let sb_id = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox")
+        .pod_sandbox_id;
+    let sb = (sb_id.clone(), cfg);
+    let exiter = run_container(&rt, &sb, "exiter", &["sh", "-c", "echo hi; exit 3"]).await;
+    let s = wait_exited(&rt, &exiter).await;
+    assert_eq!(s.exit_code, 3);
+    assert_eq!(log_output(Path::new(&s.log_path)).0, "hi\n");
+    let sleeper = run_container(&rt, &sb, "sleeper", &["sleep", "3600"]).await;
+    let r = exec(
+        &rt,
+        &sleeper,
+        &["sh", "-c", "echo hello; echo oops >&2; exit 7"],
+    )
+    .await;
+    assert_eq!(
+        (r.stdout.as_slice(), r.stderr.as_slice(), r.exit_code),
+        (&b"hello\n"[..], &b"oops\n"[..], 7)
+    );
+    let r = exec(
+        &rt,
+        &sleeper,
+        &["sh", "-c", "echo before-restart > /tmp/marker"],
+    )
+    .await;
+    assert_eq!(r.exit_code, 0);
+
+    // The events of both containers arrived through the stream.
+    let mut seen = Vec::new();
+    let started = cri::ContainerEventType::ContainerStartedEvent as i32;
+    while !seen.contains(&(sleeper.clone(), started)) {
+        let ev = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("no sleeper start event; got {seen:?}"))
+            .expect("stream open")
+            .expect("event");
+        seen.push((ev.container_id, ev.container_event_type));
+    }
+    for kind in [
+        cri::ContainerEventType::ContainerCreatedEvent,
+        cri::ContainerEventType::ContainerStartedEvent,
+    ] {
+        assert!(
+            seen.contains(&(exiter.clone(), kind as i32)),
+            "{kind:?} of exiter: {seen:?}"
+        );
+    }
+
+    // Filters.
+    let running = cri::ContainerStateValue {
+        state: cri::ContainerState::ContainerRunning as i32,
+    };
+    let by_state = cri::ContainerFilter {
+        state: Some(running),
+        ..Default::default()
+    };
+    assert_eq!(list_names(&rt, by_state).await, ["sleeper"]);
+    let by_pod = cri::ContainerFilter {
+        pod_sandbox_id: sb_id.clone(),
+        ..Default::default()
+    };
+    assert_eq!(list_names(&rt, by_pod).await, ["exiter", "sleeper"]);
+    let by_label = cri::ContainerFilter {
+        label_selector: [("container".to_string(), "exiter".to_string())].into(),
+        ..Default::default()
+    };
+    assert_eq!(list_names(&rt, by_label).await, ["exiter"]);
+    let pods = |f: cri::PodSandboxFilter| {
+        let rt = rt.clone();
+        async move {
+            let req = cri::ListPodSandboxRequest { filter: Some(f) };
+            rt.list_pod_sandbox(req).await.unwrap().items.len()
+        }
+    };
+    let app = |v: &str| [("app".to_string(), v.to_string())].into();
+    assert_eq!(
+        pods(cri::PodSandboxFilter {
+            label_selector: app("crisrv"),
+            ..Default::default()
+        })
+        .await,
+        1
+    );
+    assert_eq!(
+        pods(cri::PodSandboxFilter {
+            label_selector: app("other"),
+            ..Default::default()
+        })
+        .await,
+        0
+    );
+    let not_ready = cri::PodSandboxStateValue {
+        state: cri::PodSandboxState::SandboxNotready as i32,
+    };
+    assert_eq!(
+        pods(cri::PodSandboxFilter {
+            state: Some(not_ready),
+            ..Default::default()
+        })
+        .await,
+        0
+    );
+
+    // Bad requests: the right code, and nothing changes.
+    let before = snapshot(&rt).await;
+    let no_config = rt.run_pod_sandbox(Default::default()).await.unwrap_err();
+    assert_eq!(no_config.code(), Code::InvalidArgument, "{no_config}");
+    let no_config = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb_id.clone(),
+            config: None,
+            sandbox_config: Some(sb.1.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(no_config.code(), Code::InvalidArgument, "{no_config}");
+    let mut evil = container_config("evil", &["true"]);
+    evil.log_path = "../../etc/x".into();
+    let traversal = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb_id.clone(),
+            config: Some(evil),
+            sandbox_config: Some(sb.1.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(traversal.code(), Code::InvalidArgument, "{traversal}");
+    assert!(!root.path().join("etc/x").exists() && !Path::new("/etc/x").exists());
+    for err in [
+        status(&rt, "does-not-exist").await.unwrap_err(),
+        rt.start_container(cri::StartContainerRequest {
+            container_id: "does-not-exist".into(),
+        })
+        .await
+        .unwrap_err(),
+        rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: "does-not-exist".into(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err(),
+    ] {
+        assert_eq!(err.code(), Code::NotFound, "{err}");
+    }
+    assert_eq!(
+        snapshot(&rt).await,
+        before,
+        "bad requests changed the runtime"
+    );
+
+    // SIGKILL the server: calls fail while it is down; a new server on the same socket adopts
+    // the running container and the same client reaches it.
+    let started_at = status(&rt, &sleeper).await.unwrap().started_at;
+    drop(server);
+    let down = rt.status(Default::default()).await.unwrap_err();
+    assert_eq!(down.code(), Code::Unavailable, "{down}");
+    let restarted = Instant::now();
+    let mut server = Server::start(
+        root.path(),
+        &endpoint,
+        &cgroup_root,
+        logs.path().join("2.log"),
+    );
+    server.wait_listening(&socket).await;
+    let s = loop {
+        match status(&rt, &sleeper).await {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(
+                    restarted.elapsed() < Duration::from_secs(30),
+                    "no reconnect: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    eprintln!(
+        "client reached the restarted server {:?} after it was started",
+        restarted.elapsed()
+    );
+    assert_eq!(s.state, cri::ContainerState::ContainerRunning as i32);
+    assert_eq!(
+        s.started_at, started_at,
+        "the same container, not a new one"
+    );
+    let r = exec(&rt, &sleeper, &["cat", "/tmp/marker"]).await;
+    assert_eq!(r.stdout, b"before-restart\n");
+    assert_eq!(status(&rt, &exiter).await.unwrap().exit_code, 3);
+
+    // Tear down through the server, then stop it with SIGTERM: it removes its socket.
+    rt.stop_container(cri::StopContainerRequest {
+        container_id: sleeper.clone(),
+        timeout: 2,
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status(&rt, &sleeper).await.unwrap().state,
+        cri::ContainerState::ContainerExited as i32
+    );
+    for id in [&exiter, &sleeper] {
+        rt.remove_container(cri::RemoveContainerRequest {
+            container_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    }
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: sb_id.clone(),
+    })
+    .await
+    .unwrap();
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb_id.clone(),
+    })
+    .await
+    .unwrap();
+    assert!(snapshot(&rt).await.is_empty());
+    server.terminate().await;
+    assert!(!socket.exists(), "the server left its socket behind");
+    remove_cgroup_root(&cgroup_root);
+    assert_no_leaks(root.path(), &cgroup_root);
+}
