@@ -5,4 +5,6 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod logging;
+pub mod sources;

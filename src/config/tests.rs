@@ -1,0 +1,299 @@
+//! Unit tests for the configuration loader and the Go duration parser.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::*;
+
+const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+fn ok(body: &str) -> (KubeletConfig, Vec<String>) {
+    match parse(&format!("{HEAD}{body}")) {
+        Ok(r) => r,
+        Err(e) => panic!("{body:?}: unexpected error {e}"),
+    }
+}
+
+fn err(text: &str) -> String {
+    match parse(text) {
+        Ok(_) => panic!("{text:?}: expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn durations() {
+    let ms = Duration::from_millis;
+    let cases: &[(&str, Option<Duration>)] = &[
+        ("0", Some(Duration::ZERO)),
+        ("-0", Some(Duration::ZERO)),
+        ("10s", Some(ms(10_000))),
+        ("1m30s", Some(ms(90_000))),
+        ("500ms", Some(ms(500))),
+        ("2h", Some(ms(7_200_000))),
+        ("1.5s", Some(ms(1500))),
+        (".5m", Some(ms(30_000))),
+        ("1h2m3s4ms", Some(ms(3_723_004))),
+        ("+5s", Some(ms(5000))),
+        ("3us", Some(Duration::from_nanos(3000))),
+        ("3µs", Some(Duration::from_nanos(3000))),
+        ("7ns", Some(Duration::from_nanos(7))),
+        ("1.0000000001s", Some(ms(1000))),
+        ("", None),
+        ("abc", None),
+        ("10", None),
+        ("s", None),
+        ("1.2.3s", None),
+        ("5d", None),
+        ("-5s", None),
+        ("1m-5s", None),
+        ("99999999999999999999h", None),
+    ];
+    for (input, want) in cases {
+        assert_eq!(parse_duration(input).ok(), *want, "{input:?}");
+    }
+    assert_eq!(
+        parse_duration("-5s").unwrap_err(),
+        "invalid duration \"-5s\": must not be negative"
+    );
+}
+
+#[test]
+fn defaults_match_upstream() {
+    let (c, w) = ok("");
+    assert!(w.is_empty());
+    assert_eq!(c, KubeletConfig::default());
+    assert_eq!(c.static_pod_path, PathBuf::new());
+    assert_eq!(c.sync_frequency, Duration::from_secs(60));
+    assert_eq!(c.file_check_frequency, Duration::from_secs(20));
+    assert_eq!(c.http_check_frequency, Duration::from_secs(20));
+    assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(300));
+    assert_eq!(c.node_lease_duration_seconds, 40);
+    assert_eq!(c.max_pods, 110);
+    assert_eq!(c.pod_pids_limit, -1);
+    assert_eq!(c.pod_logs_dir, PathBuf::from("/var/log/pods"));
+    assert_eq!(c.cgroup_root, "/");
+    assert!(c.cgroups_per_qos && c.register_node);
+    assert_eq!(c.eviction_hard.len(), 4);
+    assert_eq!(c.eviction_hard["memory.available"], "100Mi");
+    assert_eq!(
+        c.testing.crash_loop_back_off_initial,
+        Duration::from_secs(10)
+    );
+    assert_eq!(c.testing.crash_loop_back_off_max, Duration::from_secs(300));
+    assert!(!c.node_name.is_empty());
+    assert_eq!(c.node_name, c.node_name.to_lowercase());
+}
+
+#[test]
+fn every_field_yaml() {
+    let (c, w) = ok(r#"
+staticPodPath: /etc/kubernetes/manifests
+staticPodURL: http://127.0.0.1:8080/pods
+syncFrequency: 30s
+fileCheckFrequency: 5s
+httpCheckFrequency: 1m
+nodeStatusUpdateFrequency: 2s
+nodeStatusReportFrequency: 1m30s
+nodeLeaseDurationSeconds: 20
+maxPods: 50
+podPidsLimit: 1024
+podLogsDir: /tmp/pods
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+imageServiceEndpoint: unix:///run/img.sock
+cgroupRoot: /nodelet
+cgroupsPerQOS: false
+clusterDNS: [10.96.0.10, "fd00::a"]
+clusterDomain: cluster.local
+registerNode: false
+evictionHard:
+  memory.available: 200Mi
+  nodefs.available: "5%"
+nodeletTesting:
+  crashLoopBackOffInitial: 100ms
+  crashLoopBackOffMax: 2s
+"#);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        c.static_pod_path,
+        PathBuf::from("/etc/kubernetes/manifests")
+    );
+    assert_eq!(c.static_pod_url, "http://127.0.0.1:8080/pods");
+    assert_eq!(c.sync_frequency, Duration::from_secs(30));
+    assert_eq!(c.file_check_frequency, Duration::from_secs(5));
+    assert_eq!(c.http_check_frequency, Duration::from_secs(60));
+    assert_eq!(c.node_status_update_frequency, Duration::from_secs(2));
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(90));
+    assert_eq!(c.node_lease_duration_seconds, 20);
+    assert_eq!(c.max_pods, 50);
+    assert_eq!(c.pod_pids_limit, 1024);
+    assert_eq!(c.pod_logs_dir, PathBuf::from("/tmp/pods"));
+    assert_eq!(
+        c.container_runtime_endpoint,
+        "unix:///run/containerd/containerd.sock"
+    );
+    assert_eq!(c.image_service_endpoint, "unix:///run/img.sock");
+    assert_eq!(c.cgroup_root, "/nodelet");
+    assert!(!c.cgroups_per_qos && !c.register_node);
+    let dns: Vec<IpAddr> = vec!["10.96.0.10".parse().unwrap(), "fd00::a".parse().unwrap()];
+    assert_eq!(c.cluster_dns, dns);
+    assert_eq!(c.cluster_domain, "cluster.local");
+    assert_eq!(
+        c.eviction_hard.len(),
+        2,
+        "a set evictionHard replaces the defaults"
+    );
+    assert_eq!(c.eviction_hard["nodefs.available"], "5%");
+    assert_eq!(
+        c.testing.crash_loop_back_off_initial,
+        Duration::from_millis(100)
+    );
+    assert_eq!(c.testing.crash_loop_back_off_max, Duration::from_secs(2));
+}
+
+#[test]
+fn json_and_unknown_fields_warn() {
+    let text = r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "maxPods": 7, "fooBar": 1, "authentication": {"anonymous": {"enabled": false}},
+        "nodeletTesting": {"other": 1}}"#;
+    let (c, w) = parse(text).unwrap();
+    assert_eq!(c.max_pods, 7);
+    assert_eq!(
+        w,
+        vec![
+            "unknown field \"authentication\" ignored".to_string(),
+            "unknown field \"fooBar\" ignored".to_string(),
+            "unknown field \"nodeletTesting.other\" ignored".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn invalid_values_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "syncFrequency: abc",
+            "syncFrequency: invalid duration \"abc\"",
+        ),
+        (
+            "syncFrequency: 0s",
+            "syncFrequency: must be greater than zero",
+        ),
+        (
+            "fileCheckFrequency: 10",
+            "fileCheckFrequency: must be a duration string",
+        ),
+        (
+            "httpCheckFrequency: -1s",
+            "httpCheckFrequency: invalid duration \"-1s\": must not be negative",
+        ),
+        (
+            "nodeStatusUpdateFrequency: 1x",
+            "nodeStatusUpdateFrequency: invalid duration",
+        ),
+        (
+            "nodeStatusReportFrequency: ''",
+            "nodeStatusReportFrequency: invalid duration",
+        ),
+        ("maxPods: 0", "maxPods: must be >= 1"),
+        ("maxPods: many", "maxPods: must be an integer"),
+        ("maxPods: 99999999999", "maxPods: 99999999999 is too large"),
+        (
+            "nodeLeaseDurationSeconds: 0",
+            "nodeLeaseDurationSeconds: must be >= 1",
+        ),
+        (
+            "podPidsLimit: 0",
+            "podPidsLimit: must be -1 (unlimited) or >= 1",
+        ),
+        (
+            "podLogsDir: logs",
+            "podLogsDir: \"logs\" is not an absolute path",
+        ),
+        (
+            "cgroupsPerQOS: yes please",
+            "cgroupsPerQOS: must be true or false",
+        ),
+        (
+            "clusterDNS: [10.0.0.1, nope]",
+            "clusterDNS[1]: invalid IP address \"nope\"",
+        ),
+        ("clusterDNS: 10.0.0.1", "clusterDNS: must be a list"),
+        ("staticPodPath: [a]", "staticPodPath: must be a string"),
+        (
+            "evictionHard: {memory.free: 1Gi}",
+            "evictionHard.memory.free: unknown eviction signal",
+        ),
+        (
+            "evictionHard: {nodefs.available: 120%}",
+            "evictionHard.nodefs.available: invalid percentage",
+        ),
+        (
+            "evictionHard: {memory.available: lots}",
+            "evictionHard.memory.available: invalid quantity",
+        ),
+        (
+            "nodeletTesting: {crashLoopBackOffInitial: 1y}",
+            "nodeletTesting.crashLoopBackOffInitial: invalid duration",
+        ),
+        (
+            "nodeletTesting: {crashLoopBackOffInitial: 1m, crashLoopBackOffMax: 1s}",
+            "nodeletTesting.crashLoopBackOffMax: must be >= crashLoopBackOffInitial",
+        ),
+    ];
+    for (body, want) in cases {
+        let got = err(&format!("{HEAD}{body}\n"));
+        assert!(
+            got.starts_with(want),
+            "{body:?}: got {got:?}, want {want:?}"
+        );
+    }
+}
+
+#[test]
+fn api_version_and_kind_are_checked() {
+    let cases: &[(&str, &str)] = &[
+        ("kind: KubeletConfiguration\n", "apiVersion: missing"),
+        (
+            "apiVersion: v1\nkind: KubeletConfiguration\n",
+            "apiVersion: \"v1\" is not",
+        ),
+        (
+            "apiVersion: kubelet.config.k8s.io/v1beta1\n",
+            "kind: missing",
+        ),
+        (
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n",
+            "kind: \"Pod\" is not",
+        ),
+        ("- a\n- b\n", "the configuration must be a mapping"),
+        ("a: [\n", "parsing"),
+    ];
+    for (text, want) in cases {
+        let got = err(text);
+        assert!(
+            got.starts_with(want),
+            "{text:?}: got {got:?}, want {want:?}"
+        );
+    }
+}
+
+#[test]
+fn load_reads_files_and_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubelet.yaml");
+    std::fs::write(&path, format!("{HEAD}maxPods: 3\nbogus: true\n")).unwrap();
+    let (c, w) = load(&path).unwrap();
+    assert_eq!(c.max_pods, 3);
+    assert_eq!(w.len(), 1);
+
+    std::fs::write(&path, "{ not yaml").unwrap();
+    let e = load(&path).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("parsing {}", path.display())), "{e}");
+
+    let e = load(&dir.path().join("missing.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("reading "), "{e}");
+}

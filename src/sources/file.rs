@@ -1,0 +1,205 @@
+//! The static pod directory (`staticPodPath`): every `*.yaml`, `*.yml` and `*.json` file
+//! directly in it (hidden files and subdirectories are skipped, other files ignored) holds one
+//! Pod. The directory is scanned at start and every `fileCheckFrequency`, and each scan is
+//! sent as a complete snapshot ([`PodOp::Set`]); the merger works out what changed. As
+//! upstream, a manifest that fails to decode or validate is reported and left out of the
+//! snapshot, so a pod whose file became invalid is removed; the other pods are untouched. The
+//! path may also name a single manifest file.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc::Sender;
+
+use super::{FILE_SOURCE, PodOp, PodUpdate, pod};
+
+/// One scan of the directory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScanResult {
+    /// The valid, defaulted pods, in file name order.
+    pub pods: Vec<Pod>,
+    /// One line per skipped manifest: `file <path>: <what is wrong>`.
+    pub errors: Vec<String>,
+    /// False when the directory could not be listed (other than not existing): the pods are
+    /// then unknown and no snapshot should be sent.
+    pub listed: bool,
+}
+
+/// The static pod directory source.
+#[derive(Debug)]
+pub struct FileSource {
+    dir: PathBuf,
+    node_name: String,
+    check_every: Duration,
+    /// Per file: its content and the pod it gave, so an unchanged file keeps its pod (and its
+    /// seen time) without being decoded again.
+    cache: HashMap<PathBuf, (String, Pod)>,
+    /// Errors of the previous scan, to warn only about new ones.
+    last_errors: HashSet<String>,
+}
+
+impl FileSource {
+    pub fn new(
+        dir: impl Into<PathBuf>,
+        node_name: impl Into<String>,
+        check_every: Duration,
+    ) -> Self {
+        FileSource {
+            dir: dir.into(),
+            node_name: node_name.into(),
+            check_every,
+            cache: HashMap::new(),
+            last_errors: HashSet::new(),
+        }
+    }
+
+    /// Reads the directory once. Logs each new error with `tracing::warn!`.
+    pub fn scan(&mut self) -> ScanResult {
+        let mut result = ScanResult {
+            listed: true,
+            ..Default::default()
+        };
+        let files = match self.manifest_files() {
+            Ok(files) => files,
+            Err(e) => {
+                result.errors.push(e);
+                result.listed = false;
+                self.report(&result.errors);
+                return result;
+            }
+        };
+        let mut cache = HashMap::new();
+        let mut names = HashSet::new();
+        for path in files {
+            match self.load(&path) {
+                Ok((text, pod)) => {
+                    let key = (pod.metadata.namespace.clone(), pod.metadata.name.clone());
+                    if !names.insert(key) {
+                        result.errors.push(format!(
+                            "file {}: duplicate pod {}, already defined by another manifest",
+                            path.display(),
+                            super::pod_full_name(&pod)
+                        ));
+                        continue;
+                    }
+                    result.pods.push(pod.clone());
+                    cache.insert(path, (text, pod));
+                }
+                Err(e) => result.errors.push(format!("file {}: {e}", path.display())),
+            }
+        }
+        self.cache = cache;
+        self.report(&result.errors);
+        result
+    }
+
+    /// Scans now and every `check_every`, sending each snapshot that differs from the last
+    /// one sent (the first always) as a [`PodOp::Set`] from source `file`. Returns when the
+    /// receiver is gone.
+    pub async fn run(self, tx: Sender<PodUpdate>) {
+        let mut interval = tokio::time::interval(self.check_every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut source = Some(self);
+        let mut last: Option<Vec<Pod>> = None;
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = tx.closed() => return,
+            }
+            let Some(mut s) = source.take() else { return };
+            let joined = tokio::task::spawn_blocking(move || {
+                let r = s.scan();
+                (s, r)
+            })
+            .await;
+            let Ok((s, result)) = joined else {
+                tracing::error!("static pod directory scan panicked");
+                return;
+            };
+            source = Some(s);
+            if !result.listed || last.as_ref() == Some(&result.pods) {
+                continue;
+            }
+            last = Some(result.pods.clone());
+            let update = PodUpdate {
+                op: PodOp::Set,
+                pods: result.pods,
+                source: FILE_SOURCE,
+            };
+            if tx.send(update).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The manifest files to read, sorted; an absent directory has none.
+    fn manifest_files(&self) -> Result<Vec<PathBuf>, String> {
+        let meta = match std::fs::metadata(&self.dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(format!("static pod path {}: {e}", self.dir.display())),
+        };
+        if meta.is_file() {
+            return Ok(vec![self.dir.clone()]);
+        }
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| format!("static pod path {}: {e}", self.dir.display()))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| format!("static pod path {}: {e}", self.dir.display()))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !is_manifest_name(&name) {
+                continue;
+            }
+            // Follows symlinks (as upstream); subdirectories are not recursed into.
+            let path = entry.path();
+            if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Reads, decodes, validates and defaults one manifest (or reuses the cached pod).
+    fn load(&self, path: &Path) -> Result<(String, Pod), String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading: {e}"))?;
+        if let Some((cached, pod)) = self.cache.get(path) {
+            if *cached == text {
+                return Ok((text, pod.clone()));
+            }
+        }
+        let mut p = pod::decode(&text)?;
+        pod::validate(&p)?;
+        let seen = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        let origin = path.to_string_lossy();
+        pod::apply_defaults(&mut p, &origin, &self.node_name, FILE_SOURCE, &seen);
+        pod::validate(&p)?;
+        Ok((text, p))
+    }
+
+    fn report(&mut self, errors: &[String]) {
+        let now: HashSet<String> = errors.iter().cloned().collect();
+        for e in errors {
+            if !self.last_errors.contains(e) {
+                tracing::warn!("static pod manifest skipped: {e}");
+            }
+        }
+        self.last_errors = now;
+    }
+}
+
+/// `*.yaml`, `*.yml` or `*.json`.
+fn is_manifest_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    [".yaml", ".yml", ".json"]
+        .iter()
+        .any(|ext| lower.len() > ext.len() && lower.ends_with(ext))
+}
+
+#[cfg(test)]
+mod tests;

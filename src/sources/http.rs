@@ -1,0 +1,1 @@
+//! The static pod URL (`staticPodURL`): not implemented yet.

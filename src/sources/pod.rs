@@ -1,0 +1,184 @@
+//! Static pod manifests: decoding (YAML or JSON, one `v1` `Pod`), validation of what the
+//! kubelet relies on, and the defaulting the upstream kubelet applies to static pods
+//! (`applyDefaults` in pkg/kubelet/config/common.go, plus the API server's field defaults a
+//! pod read from disk never went through).
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Toleration};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{CONFIG_HASH_ANNOTATION, CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+
+/// Decodes one manifest: YAML (or JSON, which YAML includes) holding a single `v1` `Pod`.
+pub fn decode(text: &str) -> Result<Pod, String> {
+    let value: Value = serde_norway::from_str(text).map_err(|e| format!("not YAML/JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("not a Pod: the manifest is not a mapping".to_string());
+    }
+    match value.get("kind").and_then(Value::as_str) {
+        Some("Pod") => {}
+        Some(kind) => return Err(format!("kind is {kind:?}, want \"Pod\"")),
+        None => return Err("kind is missing, want \"Pod\"".to_string()),
+    }
+    match value.get("apiVersion").and_then(Value::as_str) {
+        Some("v1") => {}
+        Some(v) => return Err(format!("apiVersion is {v:?}, want \"v1\"")),
+        None => return Err("apiVersion is missing, want \"v1\"".to_string()),
+    }
+    serde_json::from_value(value).map_err(|e| format!("invalid Pod: {e}"))
+}
+
+/// Checks what the kubelet relies on: a DNS-1123 subdomain name, a DNS-1123 label namespace,
+/// at least one container, unique DNS-1123 label container names, non-empty images.
+pub fn validate(pod: &Pod) -> Result<(), String> {
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    if name.is_empty() {
+        return Err("metadata.name is required".to_string());
+    }
+    if !is_dns1123_subdomain(name) {
+        return Err(format!(
+            "metadata.name {name:?} is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)"
+        ));
+    }
+    if let Some(ns) = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|ns| !ns.is_empty())
+    {
+        if !is_dns1123_label(ns) {
+            return Err(format!("metadata.namespace {ns:?} is not a DNS-1123 label"));
+        }
+    }
+    let Some(spec) = &pod.spec else {
+        return Err("spec is required".to_string());
+    };
+    if spec.containers.is_empty() {
+        return Err("spec.containers: at least one container is required".to_string());
+    }
+    let mut names = HashSet::new();
+    let init = spec.init_containers.iter().flatten();
+    let all = init
+        .map(|c| ("spec.initContainers", c))
+        .chain(spec.containers.iter().map(|c| ("spec.containers", c)));
+    for (i, (field, c)) in all.enumerate() {
+        let n = c.name.as_str();
+        if n.is_empty() {
+            return Err(format!("{field}: container #{i} has no name"));
+        }
+        if !is_dns1123_label(n) {
+            return Err(format!(
+                "{field}: container name {n:?} is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)"
+            ));
+        }
+        if !names.insert(n) {
+            return Err(format!("{field}: duplicate container name {n:?}"));
+        }
+        if c.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
+            return Err(format!("{field}: container {n:?} has no image"));
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain: at most 253 characters of dot-separated DNS-1123 labels.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Applies the static pod defaults, as the upstream kubelet does for file and HTTP pods:
+/// - UID, if unset: hex SHA-256 (first 32 digits) of the node name, `origin` (the file path
+///   or URL) and the pod as decoded; the `kubernetes.io/config.hash` annotation repeats it;
+/// - name `<name>-<node name>`, namespace `default` if unset, `spec.nodeName` the node;
+/// - annotations `kubernetes.io/config.source` = `source` and `kubernetes.io/config.seen` =
+///   `seen` (RFC 3339; the merger ignores it when comparing);
+/// - a toleration of every `NoExecute` taint, `status.phase` `Pending`;
+/// - the API server's defaults the kubelet relies on: restartPolicy `Always`,
+///   terminationGracePeriodSeconds 30, dnsPolicy `ClusterFirst`, and per container
+///   imagePullPolicy (`Always` for `:latest` or untagged images, else `IfNotPresent`),
+///   terminationMessagePath `/dev/termination-log`, terminationMessagePolicy `File`.
+pub fn apply_defaults(pod: &mut Pod, origin: &str, node_name: &str, source: &str, seen: &str) {
+    if pod.metadata.uid.as_deref().is_none_or(str::is_empty) {
+        let mut h = Sha256::new();
+        h.update(format!("host:{node_name}\n"));
+        h.update(format!("file:{origin}\n"));
+        // serde_json output of the decoded pod: stable for the same content, whatever the
+        // file's formatting or comments.
+        h.update(serde_json::to_vec(pod).unwrap_or_default());
+        let mut uid = hex::encode(h.finalize());
+        uid.truncate(32);
+        pod.metadata.uid = Some(uid);
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    pod.metadata.name = Some(format!("{name}-{node_name}"));
+    if pod.metadata.namespace.as_deref().is_none_or(str::is_empty) {
+        pod.metadata.namespace = Some("default".to_string());
+    }
+    pod.metadata.self_link = None;
+    let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), uid);
+    annotations.insert(CONFIG_SOURCE_ANNOTATION.to_string(), source.to_string());
+    annotations.insert(CONFIG_SEEN_ANNOTATION.to_string(), seen.to_string());
+
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.node_name = Some(node_name.to_string());
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    let all_no_execute = Toleration {
+        operator: Some("Exists".to_string()),
+        effect: Some("NoExecute".to_string()),
+        ..Default::default()
+    };
+    if !tolerations.contains(&all_no_execute) {
+        tolerations.push(all_no_execute);
+    }
+    spec.restart_policy
+        .get_or_insert_with(|| "Always".to_string());
+    spec.termination_grace_period_seconds.get_or_insert(30);
+    spec.dns_policy
+        .get_or_insert_with(|| "ClusterFirst".to_string());
+    let init = spec.init_containers.iter_mut().flatten();
+    for c in init.chain(spec.containers.iter_mut()) {
+        default_container(c);
+    }
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    status.phase.get_or_insert_with(|| "Pending".to_string());
+}
+
+fn default_container(c: &mut Container) {
+    if c.image_pull_policy.as_deref().is_none_or(str::is_empty) {
+        let policy = default_pull_policy(c.image.as_deref().unwrap_or(""));
+        c.image_pull_policy = Some(policy.to_string());
+    }
+    c.termination_message_path
+        .get_or_insert_with(|| "/dev/termination-log".to_string());
+    c.termination_message_policy
+        .get_or_insert_with(|| "File".to_string());
+}
+
+/// `Always` for an image without a tag or tagged `latest` (and no digest), else `IfNotPresent`.
+pub fn default_pull_policy(image: &str) -> &'static str {
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.split_once(':') {
+        Some((_, tag)) if tag != "latest" => "IfNotPresent",
+        _ => "Always",
+    }
+}
+
+#[cfg(test)]
+mod tests;
