@@ -14,6 +14,11 @@ use super::{CONFIG_HASH_ANNOTATION, CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTA
 /// Decodes one manifest: YAML (or JSON, which YAML includes) holding a single `v1` `Pod`.
 pub fn decode(text: &str) -> Result<Pod, String> {
     let value: Value = serde_norway::from_str(text).map_err(|e| format!("not YAML/JSON: {e}"))?;
+    decode_value(value)
+}
+
+/// Like [`decode`], from an already parsed document.
+pub fn decode_value(value: Value) -> Result<Pod, String> {
     if !value.is_object() {
         return Err("not a Pod: the manifest is not a mapping".to_string());
     }
