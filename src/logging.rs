@@ -2,9 +2,11 @@
 
 use tracing_subscriber::EnvFilter;
 
-/// Logs to stderr, filtered by `NODELET_LOG` (default `info`).
+/// Logs to stderr, filtered by `NODELET_LOG` (default `info`, with libcgroups' per-call
+/// notices about absent v1 controllers left out).
 pub fn init() {
-    let filter = EnvFilter::try_from_env("NODELET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("NODELET_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,libcgroups=error,libcontainer=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -13,7 +15,8 @@ pub fn init() {
 
 /// Logging for a sandbox process: plain lines to stderr (its `sandbox.log`), no colours.
 pub fn init_sandbox() {
-    let filter = EnvFilter::try_from_env("NODELET_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env("NODELET_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("warn,libcgroups=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false)
