@@ -7,4 +7,5 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod logging;
+pub mod pod_workers;
 pub mod sources;
