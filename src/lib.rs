@@ -7,5 +7,6 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod logging;
+pub mod pod;
 pub mod pod_workers;
 pub mod sources;

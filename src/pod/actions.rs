@@ -1,0 +1,330 @@
+//! What to do to bring a pod's containers in line with its spec (upstream `computePodActions`).
+//!
+//! [`RuntimePodStatus`] is what the runtime reports for one pod (its sandboxes and containers,
+//! built from CRI `PodSandboxStatus`/`ContainerStatus`); [`compute_pod_actions`] compares it with
+//! the pod spec and returns [`PodActions`]: kill and recreate the sandbox when none is ready, more
+//! than one is, or its network mode changed (then every container is started again per the
+//! restart policy); otherwise run the init containers one at a time, in order, to completion;
+//! then start the app containers that should run, restart those whose spec hash changed, kill
+//! those not in the spec, and hold back containers in CrashLoopBackOff (`wait`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use runtime::cri;
+
+use super::backoff::{self, Backoff};
+use super::{
+    ANNOTATION_CONTAINER_HASH, container_hash, host_network, pod_identity, restart_policy,
+};
+
+/// A container's state as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+/// One sandbox of the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SandboxInfo {
+    /// Runtime id.
+    pub id: String,
+    /// Metadata attempt.
+    pub attempt: u32,
+    /// `SANDBOX_READY`.
+    pub ready: bool,
+    /// Creation time, ns since the epoch.
+    pub created_at: i64,
+    /// Whether it uses the node's network namespace.
+    pub host_network: bool,
+    /// Its primary IP (empty with host network or none).
+    pub ip: String,
+}
+
+/// One container of the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// Runtime id.
+    pub id: String,
+    /// Container name (metadata).
+    pub name: String,
+    /// Metadata attempt (= restart count).
+    pub attempt: u32,
+    /// State.
+    pub state: RunState,
+    /// Exit code when exited.
+    pub exit_code: i32,
+    /// Creation time, ns since the epoch.
+    pub created_at: i64,
+    /// When it finished, if it did.
+    pub finished_at: Option<SystemTime>,
+    /// The `io.kubernetes.container.hash` annotation.
+    pub hash: String,
+}
+
+/// What the runtime reports for one pod; sandboxes and containers newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimePodStatus {
+    /// The pod's sandboxes, newest first.
+    pub sandboxes: Vec<SandboxInfo>,
+    /// The pod's containers (every attempt), newest first.
+    pub containers: Vec<ContainerInfo>,
+}
+
+fn nanos_to_time(ns: i64) -> Option<SystemTime> {
+    (ns > 0).then(|| UNIX_EPOCH + Duration::from_nanos(ns.unsigned_abs()))
+}
+
+impl RuntimePodStatus {
+    /// Builds the status from the CRI statuses of the pod's sandboxes and containers.
+    pub fn from_cri(
+        sandboxes: &[cri::PodSandboxStatus],
+        containers: &[cri::ContainerStatus],
+    ) -> Self {
+        let mut s = RuntimePodStatus {
+            sandboxes: sandboxes
+                .iter()
+                .map(|sb| SandboxInfo {
+                    id: sb.id.clone(),
+                    attempt: sb.metadata.as_ref().map_or(0, |m| m.attempt),
+                    ready: sb.state == cri::PodSandboxState::SandboxReady as i32,
+                    created_at: sb.created_at,
+                    host_network: sb
+                        .linux
+                        .as_ref()
+                        .and_then(|l| l.namespaces.as_ref())
+                        .and_then(|n| n.options.as_ref())
+                        .is_some_and(|o| o.network == cri::NamespaceMode::Node as i32),
+                    ip: sb
+                        .network
+                        .as_ref()
+                        .map(|n| n.ip.clone())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+            containers: containers
+                .iter()
+                .map(|c| ContainerInfo {
+                    id: c.id.clone(),
+                    name: c
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default(),
+                    attempt: c.metadata.as_ref().map_or(0, |m| m.attempt),
+                    state: match cri::ContainerState::try_from(c.state) {
+                        Ok(cri::ContainerState::ContainerCreated) => RunState::Created,
+                        Ok(cri::ContainerState::ContainerRunning) => RunState::Running,
+                        Ok(cri::ContainerState::ContainerExited) => RunState::Exited,
+                        _ => RunState::Unknown,
+                    },
+                    exit_code: c.exit_code,
+                    created_at: c.created_at,
+                    finished_at: nanos_to_time(c.finished_at),
+                    hash: c
+                        .annotations
+                        .get(ANNOTATION_CONTAINER_HASH)
+                        .cloned()
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        };
+        s.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        s.containers
+            .sort_by_key(|c| std::cmp::Reverse((c.created_at, c.attempt)));
+        s
+    }
+
+    /// The newest container named `name`.
+    pub fn latest(&self, name: &str) -> Option<&ContainerInfo> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+}
+
+/// The decisions of one sync of a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodActions {
+    /// Stop every container and the sandbox(es) first.
+    pub kill_pod: bool,
+    /// Create a new sandbox (after `kill_pod`).
+    pub create_sandbox: bool,
+    /// The attempt of the new sandbox.
+    pub sandbox_attempt: u32,
+    /// The ready sandbox to use when none is created.
+    pub sandbox_id: Option<String>,
+    /// Containers to stop, by runtime id, with the reason.
+    pub kill_containers: Vec<(String, String)>,
+    /// The init container to start next.
+    pub start_init: Option<String>,
+    /// App containers to start, in spec order.
+    pub start_containers: Vec<String>,
+    /// Sync again after this long (a container is in CrashLoopBackOff).
+    pub wait: Option<Duration>,
+}
+
+/// Whether a container whose newest instance is `latest` should be (re)started under `policy`
+/// (upstream `ShouldContainerBeRestarted`).
+fn should_start(latest: Option<&ContainerInfo>, policy: &str) -> bool {
+    let Some(c) = latest else { return true };
+    match c.state {
+        RunState::Running => false,
+        RunState::Created | RunState::Unknown => true,
+        RunState::Exited => match policy {
+            "Never" => false,
+            "OnFailure" => c.exit_code != 0,
+            _ => true,
+        },
+    }
+}
+
+fn succeeded(c: &ContainerInfo) -> bool {
+    c.state == RunState::Exited && c.exit_code == 0
+}
+
+/// `None` when `c` (whose latest instance is `latest`) may start now, else how long to wait.
+fn backoff_wait(
+    pod_uid: &str,
+    c: &Container,
+    latest: Option<&ContainerInfo>,
+    backoff: &Backoff,
+    now: SystemTime,
+) -> Option<Duration> {
+    let finished = latest
+        .filter(|l| l.state == RunState::Exited)?
+        .finished_at?;
+    backoff.next_start(&backoff::key(pod_uid, &c.name), finished, now)
+}
+
+fn min_wait(a: Option<Duration>, b: Duration) -> Option<Duration> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+/// Computes what to do for `pod` given what the runtime reports.
+pub fn compute_pod_actions(
+    pod: &Pod,
+    status: &RuntimePodStatus,
+    backoff: &Backoff,
+    now: SystemTime,
+) -> PodActions {
+    let mut a = PodActions::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return a;
+    };
+    let policy = restart_policy(pod);
+    let uid = pod_identity(pod).0;
+    let init: &[Container] = spec.init_containers.as_deref().unwrap_or(&[]);
+
+    // Sandbox: exactly one ready sandbox, newest, in the right network mode, with an IP.
+    let newest = status.sandboxes.first();
+    let ready_count = status.sandboxes.iter().filter(|s| s.ready).count();
+    let sandbox_changed = match newest {
+        None => true,
+        Some(s) => {
+            // Unlike upstream, a sandbox without an IP is kept: the built-in runtime may run
+            // pods with loopback networking only.
+            ready_count != 1 || !s.ready || s.host_network != host_network(pod)
+        }
+    };
+    if sandbox_changed {
+        a.kill_pod = !status.sandboxes.is_empty() || !status.containers.is_empty();
+        a.create_sandbox = true;
+        a.sandbox_attempt = newest.map_or(0, |s| s.attempt + 1);
+        if policy == "Never" && a.sandbox_attempt != 0 && !status.containers.is_empty() {
+            // The pod ran and must not be restarted.
+            a.create_sandbox = false;
+            return a;
+        }
+        if let Some(first) = init.first() {
+            a.start_init = Some(first.name.clone());
+            return a;
+        }
+        a.start_containers = spec
+            .containers
+            .iter()
+            .filter(|c| !(policy == "OnFailure" && status.latest(&c.name).is_some_and(succeeded)))
+            .map(|c| c.name.clone())
+            .collect();
+        if a.start_containers.is_empty() {
+            a.create_sandbox = false;
+        }
+        return a;
+    }
+    a.sandbox_id = newest.map(|s| s.id.clone());
+
+    // Containers the spec does not know.
+    for c in &status.containers {
+        let known = init
+            .iter()
+            .chain(spec.containers.iter())
+            .any(|s| s.name == c.name);
+        if !known && c.state == RunState::Running {
+            a.kill_containers
+                .push((c.id.clone(), "Container is not in the pod spec".into()));
+        }
+    }
+
+    // Init containers, in order, each to completion.
+    for c in init {
+        let latest = status.latest(&c.name);
+        match latest {
+            Some(l) if succeeded(l) => continue,
+            Some(l) if l.state == RunState::Running => return a,
+            Some(l) if l.state == RunState::Exited && policy == "Never" => {
+                // A failed init container fails the pod.
+                a.kill_pod = true;
+                return a;
+            }
+            _ => {}
+        }
+        match backoff_wait(uid, c, latest, backoff, now) {
+            Some(w) => a.wait = Some(w),
+            None => a.start_init = Some(c.name.clone()),
+        }
+        return a;
+    }
+
+    // App containers.
+    let mut keep = 0;
+    for c in &spec.containers {
+        let latest = status.latest(&c.name);
+        if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
+            if !l.hash.is_empty() && l.hash != container_hash(c) {
+                a.kill_containers.push((
+                    l.id.clone(),
+                    format!("Container {} definition changed", c.name),
+                ));
+                if policy != "Never" {
+                    a.start_containers.push(c.name.clone());
+                }
+            } else {
+                keep += 1;
+            }
+            continue;
+        }
+        if !should_start(latest, policy) {
+            continue;
+        }
+        match backoff_wait(uid, c, latest, backoff, now) {
+            Some(w) => {
+                a.wait = min_wait(a.wait, w);
+                keep += 1; // it will be started later: keep the sandbox
+            }
+            None => a.start_containers.push(c.name.clone()),
+        }
+    }
+    if keep == 0 && a.start_containers.is_empty() {
+        a.kill_pod = true;
+    }
+    a
+}
+
+#[cfg(test)]
+#[path = "actions_tests.rs"]
+mod tests;

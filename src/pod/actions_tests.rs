@@ -1,0 +1,311 @@
+//! Table tests of [`super`] (`pod::actions`).
+
+use super::*;
+use crate::pod::spec::tests::pod;
+use serde_json::json;
+
+fn t(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+}
+
+fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxInfo {
+    SandboxInfo {
+        id: id.into(),
+        attempt,
+        ready,
+        created_at: i64::from(attempt) + 1,
+        host_network: false,
+        ip: "10.0.0.2".into(),
+    }
+}
+
+struct Setup {
+    pod: Pod,
+}
+
+impl Setup {
+    fn new(policy: &str, init: &[&str], apps: &[&str]) -> Self {
+        let c = |n: &&str| json!({"name": n, "image": "busybox"});
+        Setup {
+            pod: pod(json!({"restartPolicy": policy,
+                "initContainers": init.iter().map(c).collect::<Vec<_>>(),
+                "containers": apps.iter().map(c).collect::<Vec<_>>()})),
+        }
+    }
+
+    fn hash(&self, name: &str) -> String {
+        let spec = self.pod.spec.as_ref().expect("spec");
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .find(|c| c.name == name)
+            .map(container_hash)
+            .unwrap_or_default()
+    }
+
+    /// A container: (name, attempt, state, exit code), finished at t(10 * attempt + 5).
+    fn c(&self, name: &str, attempt: u32, state: RunState, exit_code: i32) -> ContainerInfo {
+        ContainerInfo {
+            id: format!("{name}-{attempt}"),
+            name: name.into(),
+            attempt,
+            state,
+            exit_code,
+            created_at: i64::from(attempt) * 10 + 100,
+            finished_at: (state == RunState::Exited).then(|| t(u64::from(attempt) * 10 + 5)),
+            hash: self.hash(name),
+        }
+    }
+
+    fn actions(&self, sandboxes: Vec<SandboxInfo>, containers: Vec<ContainerInfo>) -> PodActions {
+        let mut status = RuntimePodStatus {
+            sandboxes,
+            containers,
+        };
+        status
+            .containers
+            .sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        compute_pod_actions(&self.pod, &status, &Backoff::default(), t(1000))
+    }
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn new_pod_creates_sandbox_and_starts_everything() {
+    let s = Setup::new("Always", &[], &["a", "b"]);
+    let a = s.actions(vec![], vec![]);
+    assert_eq!(
+        a,
+        PodActions {
+            create_sandbox: true,
+            sandbox_attempt: 0,
+            start_containers: names(&["a", "b"]),
+            ..Default::default()
+        }
+    );
+    let s = Setup::new("Always", &["i1", "i2"], &["a"]);
+    let a = s.actions(vec![], vec![]);
+    assert_eq!(
+        (
+            a.create_sandbox,
+            a.start_init.as_deref(),
+            a.start_containers.len()
+        ),
+        (true, Some("i1"), 0)
+    );
+}
+
+#[test]
+fn dead_sandbox_is_recreated_with_next_attempt() {
+    let s = Setup::new("Always", &[], &["a"]);
+    let a = s.actions(
+        vec![sandbox("sb1", 1, false)],
+        vec![s.c("a", 0, RunState::Exited, 137)],
+    );
+    assert!(a.kill_pod && a.create_sandbox);
+    assert_eq!(a.sandbox_attempt, 2);
+    assert_eq!(a.start_containers, names(&["a"]));
+
+    // OnFailure: containers that succeeded are not started again in the new sandbox.
+    let s = Setup::new("OnFailure", &[], &["ok", "bad"]);
+    let a = s.actions(
+        vec![sandbox("sb1", 0, false)],
+        vec![
+            s.c("ok", 0, RunState::Exited, 0),
+            s.c("bad", 0, RunState::Exited, 1),
+        ],
+    );
+    assert_eq!(
+        (a.create_sandbox, a.start_containers.clone()),
+        (true, names(&["bad"]))
+    );
+
+    // Never: a pod that ran is not restarted.
+    let s = Setup::new("Never", &[], &["a"]);
+    let a = s.actions(
+        vec![sandbox("sb1", 0, false)],
+        vec![s.c("a", 0, RunState::Exited, 1)],
+    );
+    assert!(a.kill_pod && !a.create_sandbox && a.start_containers.is_empty());
+
+    // Two ready sandboxes, or a network mode change: start over.
+    let s = Setup::new("Always", &[], &["a"]);
+    let a = s.actions(
+        vec![sandbox("sb2", 1, true), sandbox("sb1", 0, true)],
+        vec![],
+    );
+    assert!(a.kill_pod && a.create_sandbox && a.sandbox_attempt == 2);
+    let mut host = sandbox("sb1", 0, true);
+    host.host_network = true;
+    let a = s.actions(vec![host], vec![s.c("a", 0, RunState::Running, 0)]);
+    assert!(a.kill_pod && a.create_sandbox && a.sandbox_attempt == 1);
+}
+
+#[test]
+fn app_containers_by_restart_policy() {
+    // (policy, state, exit, want started)
+    let cases = [
+        ("Always", RunState::Exited, 0, true),
+        ("Always", RunState::Exited, 1, true),
+        ("OnFailure", RunState::Exited, 0, false),
+        ("OnFailure", RunState::Exited, 2, true),
+        ("Never", RunState::Exited, 1, false),
+        ("Never", RunState::Created, 0, true),
+        ("Always", RunState::Running, 0, false),
+        ("Always", RunState::Unknown, 0, true),
+    ];
+    for (policy, state, exit, want) in cases {
+        let s = Setup::new(policy, &[], &["a", "b"]);
+        let a = s.actions(
+            vec![sandbox("sb", 0, true)],
+            vec![s.c("a", 0, state, exit), s.c("b", 0, RunState::Running, 0)],
+        );
+        assert_eq!(
+            a.start_containers.contains(&"a".to_string()),
+            want,
+            "{policy} {state:?} {exit}"
+        );
+        assert!(!a.create_sandbox && !a.kill_pod);
+        assert_eq!(a.sandbox_id.as_deref(), Some("sb"));
+    }
+}
+
+#[test]
+fn pod_done_kills_sandbox() {
+    let s = Setup::new("Never", &[], &["a"]);
+    let a = s.actions(
+        vec![sandbox("sb", 0, true)],
+        vec![s.c("a", 0, RunState::Exited, 0)],
+    );
+    assert!(a.kill_pod && !a.create_sandbox);
+}
+
+#[test]
+fn hash_change_and_unknown_containers() {
+    let s = Setup::new("Always", &[], &["a"]);
+    let mut stale = s.c("a", 0, RunState::Running, 0);
+    stale.hash = "0000000000000000".into();
+    let mut extra = s.c("gone", 0, RunState::Running, 0);
+    extra.hash = String::new();
+    let a = s.actions(vec![sandbox("sb", 0, true)], vec![stale, extra]);
+    let killed: Vec<&str> = a
+        .kill_containers
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assert_eq!(killed, ["gone-0", "a-0"]);
+    assert_eq!(a.start_containers, names(&["a"]));
+    assert!(!a.kill_pod);
+    let s = Setup::new("Never", &[], &["a"]);
+    let mut stale = s.c("a", 0, RunState::Running, 0);
+    stale.hash = "x".into();
+    let a = s.actions(vec![sandbox("sb", 0, true)], vec![stale]);
+    assert_eq!((a.kill_containers.len(), a.start_containers.len()), (1, 0));
+}
+
+#[test]
+fn init_containers_in_order() {
+    let s = Setup::new("Always", &["i1", "i2"], &["a"]);
+    let sb = || vec![sandbox("sb", 0, true)];
+    // i1 running: wait.
+    let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Running, 0)]);
+    assert_eq!(
+        (a.start_init.clone(), a.start_containers.len(), a.kill_pod),
+        (None, 0, false)
+    );
+    // i1 done: start i2.
+    let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 0)]);
+    assert_eq!(a.start_init.as_deref(), Some("i2"));
+    // i1 failed: restart it.
+    let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 1)]);
+    assert_eq!(a.start_init.as_deref(), Some("i1"));
+    // all done: app containers.
+    let a = s.actions(
+        sb(),
+        vec![
+            s.c("i1", 0, RunState::Exited, 0),
+            s.c("i2", 0, RunState::Exited, 0),
+        ],
+    );
+    assert_eq!(
+        (a.start_init.clone(), a.start_containers.clone()),
+        (None, names(&["a"]))
+    );
+    // Never + failed init: the pod fails.
+    let s = Setup::new("Never", &["i1"], &["a"]);
+    let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 1)]);
+    assert!(a.kill_pod && !a.create_sandbox && a.start_init.is_none());
+}
+
+#[test]
+fn crash_loop_backoff_delays_start() {
+    let s = Setup::new("Always", &[], &["a", "b"]);
+    let mut backoff = Backoff::default();
+    let key = backoff::key("u-1", "a");
+    backoff.record_restart(&key, t(0));
+    backoff.record_restart(&key, t(1)); // delay 20s
+    let mut status = RuntimePodStatus {
+        sandboxes: vec![sandbox("sb", 0, true)],
+        containers: vec![
+            s.c("a", 1, RunState::Exited, 1),
+            s.c("b", 0, RunState::Exited, 1),
+        ],
+    };
+    status.containers[0].finished_at = Some(t(100));
+    let a = compute_pod_actions(&s.pod, &status, &backoff, t(105));
+    assert_eq!(a.start_containers, names(&["b"]));
+    assert_eq!(a.wait, Some(Duration::from_secs(15)));
+    assert!(!a.kill_pod);
+    let a = compute_pod_actions(&s.pod, &status, &backoff, t(120));
+    assert_eq!((a.start_containers, a.wait), (names(&["a", "b"]), None));
+}
+
+#[test]
+fn from_cri_sorts_and_reads_annotations() {
+    let sb = |id: &str, created_at: i64, state: cri::PodSandboxState| cri::PodSandboxStatus {
+        id: id.into(),
+        created_at,
+        state: state as i32,
+        metadata: Some(cri::PodSandboxMetadata {
+            attempt: u32::try_from(created_at).unwrap_or(0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let ct = cri::ContainerStatus {
+        id: "c1".into(),
+        metadata: Some(cri::ContainerMetadata {
+            name: "a".into(),
+            attempt: 2,
+        }),
+        state: cri::ContainerState::ContainerExited as i32,
+        exit_code: 3,
+        finished_at: 5_000_000_000,
+        annotations: [(ANNOTATION_CONTAINER_HASH.to_string(), "abc".to_string())].into(),
+        ..Default::default()
+    };
+    let s = RuntimePodStatus::from_cri(
+        &[
+            sb("old", 1, cri::PodSandboxState::SandboxNotready),
+            sb("new", 2, cri::PodSandboxState::SandboxReady),
+        ],
+        &[ct],
+    );
+    assert_eq!(
+        s.sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), s.ready))
+            .collect::<Vec<_>>(),
+        [("new", true), ("old", false)]
+    );
+    let c = s.latest("a").expect("a");
+    assert_eq!(
+        (c.attempt, c.state, c.exit_code, c.hash.as_str()),
+        (2, RunState::Exited, 3, "abc")
+    );
+    assert_eq!(c.finished_at, Some(UNIX_EPOCH + Duration::from_secs(5)));
+}

@@ -1,0 +1,452 @@
+//! Pod container → CRI `ContainerConfig` (upstream `generateContainerConfig`).
+//!
+//! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
+//! both with `$(VAR)` references expanded from the container's env), the environment (values,
+//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath,
+//! emptyDir and the kubelet-prepared configMap/secret/projected/downwardAPI directories under
+//! `<pods dir>/<uid>/volumes/`), the log path `<name>/<restart count>.log`, labels, annotations
+//! (spec hash, restart count), Linux resources (CPU shares/quota, memory limit, OOM score by QoS)
+//! and the security context (pod settings overridden by the container's).
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use runtime::cri;
+use runtime::{Error, Result};
+
+use super::spec::{
+    SandboxOptions, all_containers, container_resources, namespace_options, pod_spec, qos_class,
+    seccomp_profile,
+};
+use super::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
+    pod_identity,
+};
+
+/// Node facts a container config needs.
+#[derive(Debug, Clone)]
+pub struct ContainerOptions {
+    /// Pod-level options (seccomp root and default).
+    pub sandbox: SandboxOptions,
+    /// `<root>/pods`: volumes live in `<pods dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>`.
+    pub pods_dir: PathBuf,
+    /// The node name (`spec.nodeName` when the pod does not say).
+    pub node_name: String,
+    /// The pod IPs, first the primary (for `status.podIP`/`status.podIPs`).
+    pub pod_ips: Vec<String>,
+    /// The node IPs (for `status.hostIP`/`status.hostIPs`).
+    pub host_ips: Vec<String>,
+    /// The node's memory capacity in bytes (Burstable OOM score).
+    pub node_memory_bytes: i64,
+}
+
+impl Default for ContainerOptions {
+    fn default() -> Self {
+        ContainerOptions {
+            sandbox: SandboxOptions::default(),
+            pods_dir: PathBuf::from("/var/lib/nodelet/pods"),
+            node_name: String::new(),
+            pod_ips: Vec::new(),
+            host_ips: Vec::new(),
+            node_memory_bytes: 0,
+        }
+    }
+}
+
+/// Expands `$(VAR)` references from `vars`; `$$` is a literal `$`, unknown references stay as
+/// they are (upstream `expansion.Expand`).
+pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(end) => {
+                    let name = &inner[..end];
+                    match vars.get(name) {
+                        Some(v) => out.push_str(v),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &inner[end + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = inner;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn field_ref(pod: &Pod, path: &str, opts: &ContainerOptions, field: &str) -> Result<String> {
+    let (uid, name, namespace) = pod_identity(pod);
+    let spec = pod.spec.as_ref();
+    let keyed = |prefix: &str, map: Option<&std::collections::BTreeMap<String, String>>| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix("']"))
+            .map(|k| map.and_then(|m| m.get(k)).cloned().unwrap_or_default())
+    };
+    if let Some(v) = keyed("metadata.labels['", pod.metadata.labels.as_ref()) {
+        return Ok(v);
+    }
+    if let Some(v) = keyed("metadata.annotations['", pod.metadata.annotations.as_ref()) {
+        return Ok(v);
+    }
+    Ok(match path {
+        "metadata.name" => name.into(),
+        "metadata.namespace" => namespace.into(),
+        "metadata.uid" => uid.into(),
+        "spec.nodeName" => spec
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_else(|| opts.node_name.clone()),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
+        "status.podIP" => opts.pod_ips.first().cloned().unwrap_or_default(),
+        "status.podIPs" => opts.pod_ips.join(","),
+        "status.hostIP" => opts.host_ips.first().cloned().unwrap_or_default(),
+        "status.hostIPs" => opts.host_ips.join(","),
+        other => {
+            return Err(Error::invalid_argument(format!(
+                "{field}: unsupported fieldPath {other:?}"
+            )));
+        }
+    })
+}
+
+fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String, String)>> {
+    let mut order: Vec<String> = Vec::new();
+    let mut vars: HashMap<String, String> = HashMap::new();
+    for (i, e) in c.env.iter().flatten().enumerate() {
+        let field = format!("spec.containers[{}].env[{i}]", c.name);
+        let value = match (&e.value, &e.value_from) {
+            (_, Some(from)) => {
+                if let Some(f) = &from.field_ref {
+                    field_ref(
+                        pod,
+                        &f.field_path,
+                        opts,
+                        &format!("{field}.valueFrom.fieldRef"),
+                    )?
+                } else if from
+                    .config_map_key_ref
+                    .as_ref()
+                    .is_some_and(|r| r.optional == Some(true))
+                    || from
+                        .secret_key_ref
+                        .as_ref()
+                        .is_some_and(|r| r.optional == Some(true))
+                {
+                    continue;
+                } else {
+                    return Err(Error::unimplemented(format!(
+                        "{field}.valueFrom: only fieldRef is supported"
+                    )));
+                }
+            }
+            (Some(v), None) => expand(v, &vars),
+            (None, None) => String::new(),
+        };
+        if !vars.contains_key(&e.name) {
+            order.push(e.name.clone());
+        }
+        vars.insert(e.name.clone(), value);
+    }
+    if c.env_from.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(Error::unimplemented(format!(
+            "spec.containers[{}].envFrom is not supported",
+            c.name
+        )));
+    }
+    Ok(order
+        .into_iter()
+        .map(|k| {
+            let v = vars.get(&k).cloned().unwrap_or_default();
+            (k, v)
+        })
+        .collect())
+}
+
+fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
+    if let Some(h) = &v.host_path {
+        return Ok(PathBuf::from(&h.path));
+    }
+    let plugin = if v.empty_dir.is_some() {
+        "empty-dir"
+    } else if v.config_map.is_some() {
+        "configmap"
+    } else if v.secret.is_some() {
+        "secret"
+    } else if v.projected.is_some() {
+        "projected"
+    } else if v.downward_api.is_some() {
+        "downward-api"
+    } else {
+        return Err(Error::unimplemented(format!(
+            "spec.volumes[{}]: volume type not supported",
+            v.name
+        )));
+    };
+    let uid = pod_identity(pod).0;
+    Ok(opts
+        .pods_dir
+        .join(uid)
+        .join("volumes")
+        .join(format!("kubernetes.io~{plugin}"))
+        .join(&v.name))
+}
+
+fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::Mount>> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let privileged = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    let mut out = Vec::new();
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        let field = format!("spec.containers[{}].volumeMounts[{i}]", c.name);
+        let v = volumes
+            .and_then(|vs| vs.iter().find(|v| v.name == m.name))
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("{field}.name: no volume {:?}", m.name))
+            })?;
+        let mut host_path = volume_host_path(pod, v, opts)?;
+        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            let p = Path::new(sub);
+            if p.components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+            {
+                return Err(Error::invalid_argument(format!(
+                    "{field}.subPath: {sub:?} must be a relative path without '..'"
+                )));
+            }
+            host_path = host_path.join(p);
+        }
+        if !m.mount_path.starts_with('/') {
+            return Err(Error::invalid_argument(format!(
+                "{field}.mountPath: must be absolute"
+            )));
+        }
+        let propagation = match m.mount_propagation.as_deref() {
+            None | Some("None") => cri::MountPropagation::PropagationPrivate,
+            Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+            Some("Bidirectional") if privileged => cri::MountPropagation::PropagationBidirectional,
+            Some("Bidirectional") => {
+                return Err(Error::invalid_argument(format!(
+                    "{field}.mountPropagation: Bidirectional needs a privileged container"
+                )));
+            }
+            Some(other) => {
+                return Err(Error::invalid_argument(format!(
+                    "{field}.mountPropagation: unknown {other:?}"
+                )));
+            }
+        };
+        out.push(cri::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host_path.to_string_lossy().into_owned(),
+            readonly: m.read_only.unwrap_or(false),
+            propagation: propagation as i32,
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
+/// OOM score adjustment by QoS (upstream `GetContainerOOMScoreAdjust`).
+fn oom_score_adj(qos: &str, mem_request: i64, capacity: i64) -> i64 {
+    match qos {
+        "Guaranteed" => -997,
+        "BestEffort" => 1000,
+        _ => {
+            if capacity <= 0 {
+                return 999;
+            }
+            let adj = 1000 - (1000 * i128::from(mem_request) / i128::from(capacity)) as i64;
+            adj.clamp(3, 999)
+        }
+    }
+}
+
+fn resources(
+    pod: &Pod,
+    c: &Container,
+    opts: &ContainerOptions,
+) -> Result<cri::LinuxContainerResources> {
+    let r = container_resources(c)?;
+    let shares = r.cpu_request.map_or(2, |m| (m * 1024 / 1000).max(2));
+    let (cpu_period, cpu_quota) = match r.cpu_limit {
+        Some(m) if m > 0 => (100_000, (m * 100_000 / 1000).max(1000)),
+        _ => (0, 0),
+    };
+    Ok(cri::LinuxContainerResources {
+        cpu_shares: shares,
+        cpu_period,
+        cpu_quota,
+        memory_limit_in_bytes: r.mem_limit.unwrap_or(0),
+        oom_score_adj: oom_score_adj(
+            qos_class(pod),
+            r.mem_request.unwrap_or(0),
+            opts.node_memory_bytes,
+        ),
+        ..Default::default()
+    })
+}
+
+fn security(
+    pod: &Pod,
+    c: &Container,
+    opts: &ContainerOptions,
+) -> Result<cri::LinuxContainerSecurityContext> {
+    let spec = pod_spec(pod)?;
+    let psc = spec.security_context.clone().unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let field = format!("spec.containers[{}].securityContext", c.name);
+    let run_as_user = sc.run_as_user.or(psc.run_as_user);
+    if sc.run_as_non_root.or(psc.run_as_non_root) == Some(true) && run_as_user == Some(0) {
+        return Err(Error::invalid_argument(format!(
+            "{field}: runAsUser 0 breaks runAsNonRoot"
+        )));
+    }
+    let privileged = sc.privileged.unwrap_or(false);
+    let mut supplemental_groups = psc.supplemental_groups.clone().unwrap_or_default();
+    if let Some(fs) = psc.fs_group {
+        supplemental_groups.push(fs);
+    }
+    let caps = sc.capabilities.as_ref();
+    let seccomp = if privileged {
+        None
+    } else {
+        let p = sc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref());
+        Some(seccomp_profile(
+            p,
+            &opts.sandbox,
+            &format!("{field}.seccompProfile"),
+        )?)
+    };
+    Ok(cri::LinuxContainerSecurityContext {
+        capabilities: caps.map(|c| cri::Capability {
+            add_capabilities: c.add.clone().unwrap_or_default(),
+            drop_capabilities: c.drop.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        privileged,
+        namespace_options: Some(namespace_options(spec)),
+        run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
+        run_as_group: sc
+            .run_as_group
+            .or(psc.run_as_group)
+            .map(|value| cri::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        supplemental_groups,
+        no_new_privs: !privileged && sc.allow_privilege_escalation == Some(false),
+        seccomp,
+        ..Default::default()
+    })
+}
+
+/// The CRI config to create `container` of `pod` for its `restart_count`-th restart.
+pub fn container_config(
+    pod: &Pod,
+    container: &Container,
+    restart_count: u32,
+    opts: &ContainerOptions,
+) -> Result<cri::ContainerConfig> {
+    let spec = pod_spec(pod)?;
+    if !all_containers(spec).any(|c| c.name == container.name) {
+        return Err(Error::invalid_argument(format!(
+            "container {:?} is not in the pod spec",
+            container.name
+        )));
+    }
+    let image = container
+        .image
+        .clone()
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "spec.containers[{}].image is required",
+                container.name
+            ))
+        })?;
+    let (uid, name, namespace) = pod_identity(pod);
+    let env = envs(pod, container, opts)?;
+    let vars: HashMap<String, String> = env.iter().cloned().collect();
+    let expand_all =
+        |v: &Option<Vec<String>>| v.iter().flatten().map(|s| expand(s, &vars)).collect();
+    let labels = HashMap::from([
+        (LABEL_CONTAINER_NAME.to_string(), container.name.clone()),
+        (LABEL_POD_NAME.to_string(), name.to_string()),
+        (LABEL_POD_NAMESPACE.to_string(), namespace.to_string()),
+        (LABEL_POD_UID.to_string(), uid.to_string()),
+    ]);
+    let termination_path = container
+        .termination_message_path
+        .clone()
+        .unwrap_or_else(|| "/dev/termination-log".into());
+    let annotations = HashMap::from([
+        (
+            ANNOTATION_CONTAINER_HASH.to_string(),
+            container_hash(container),
+        ),
+        (
+            ANNOTATION_RESTART_COUNT.to_string(),
+            restart_count.to_string(),
+        ),
+        (
+            ANNOTATION_TERMINATION_MESSAGE_PATH.to_string(),
+            termination_path,
+        ),
+    ]);
+    Ok(cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: container.name.clone(),
+            attempt: restart_count,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.clone(),
+            user_specified_image: image,
+            ..Default::default()
+        }),
+        command: expand_all(&container.command),
+        args: expand_all(&container.args),
+        working_dir: container.working_dir.clone().unwrap_or_default(),
+        envs: env
+            .into_iter()
+            .map(|(key, value)| cri::KeyValue { key, value })
+            .collect(),
+        mounts: mounts(pod, container, opts)?,
+        labels,
+        annotations,
+        log_path: format!("{}/{restart_count}.log", container.name),
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(resources(pod, container, opts)?),
+            security_context: Some(security(pod, container, opts)?),
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+#[path = "container_tests.rs"]
+mod tests;

@@ -1,0 +1,340 @@
+//! Table tests of [`super`] (`pod::container`).
+
+use super::*;
+use crate::pod::spec::tests::pod;
+use serde_json::json;
+
+fn config(spec: serde_json::Value, restart: u32) -> Result<cri::ContainerConfig> {
+    let p = pod(spec);
+    let c = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .cloned()
+        .expect("a container");
+    let opts = ContainerOptions {
+        pods_dir: PathBuf::from("/root/pods"),
+        node_name: "node-1".into(),
+        pod_ips: vec!["10.1.0.5".into()],
+        host_ips: vec!["192.168.1.2".into()],
+        node_memory_bytes: 8 << 30,
+        ..Default::default()
+    };
+    container_config(&p, &c, restart, &opts)
+}
+
+fn env(c: &cri::ContainerConfig) -> Vec<(String, String)> {
+    c.envs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect()
+}
+
+#[test]
+fn expansion_table() {
+    let vars: HashMap<String, String> = [("A", "1"), ("B", "two")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let cases = [
+        ("$(A)", "1"),
+        ("x$(A)y$(B)", "x1ytwo"),
+        ("$$(A)", "$(A)"),
+        ("$(C)", "$(C)"),
+        ("$(A", "$(A"),
+        ("$A", "$A"),
+        ("cost $5", "cost $5"),
+        ("end$", "end$"),
+    ];
+    for (input, want) in cases {
+        assert_eq!(expand(input, &vars), want, "{input}");
+    }
+}
+
+#[test]
+fn basics() {
+    let c = config(
+        json!({"containers": [{"name": "app", "image": "busybox", "command": ["sh", "-c"], "args": ["echo $(GREETING) $(POD)"],
+            "workingDir": "/w", "tty": true, "stdin": true,
+            "env": [
+                {"name": "GREETING", "value": "hi"},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                {"name": "LABEL", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                {"name": "MSG", "value": "$(GREETING) from $(POD) $(MISSING) $$(GREETING)"}
+            ]}]}),
+        3,
+    )
+    .expect("config");
+    assert_eq!(
+        c.metadata,
+        Some(cri::ContainerMetadata {
+            name: "app".into(),
+            attempt: 3
+        })
+    );
+    assert_eq!(c.image.as_ref().map(|i| i.image.as_str()), Some("busybox"));
+    assert_eq!(c.command, ["sh", "-c"]);
+    assert_eq!(c.args, ["echo hi web"]);
+    assert_eq!(c.working_dir, "/w");
+    assert!(c.tty && c.stdin && !c.stdin_once);
+    assert_eq!(c.log_path, "app/3.log");
+    let want = [
+        ("GREETING", "hi"),
+        ("POD", "web"),
+        ("NS", "prod"),
+        ("UID", "u-1"),
+        ("NODE", "node-1"),
+        ("IP", "10.1.0.5"),
+        ("HOST", "192.168.1.2"),
+        ("LABEL", "web"),
+        ("MSG", "hi from web $(MISSING) $(GREETING)"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    assert_eq!(env(&c), want);
+    assert_eq!(
+        c.labels.get(LABEL_CONTAINER_NAME).map(String::as_str),
+        Some("app")
+    );
+    assert_eq!(
+        c.labels.get(LABEL_POD_NAMESPACE).map(String::as_str),
+        Some("prod")
+    );
+    assert_eq!(
+        c.annotations
+            .get(ANNOTATION_RESTART_COUNT)
+            .map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        c.annotations
+            .get(ANNOTATION_CONTAINER_HASH)
+            .map(String::len),
+        Some(16)
+    );
+    assert_eq!(
+        c.annotations
+            .get(ANNOTATION_TERMINATION_MESSAGE_PATH)
+            .map(String::as_str),
+        Some("/dev/termination-log")
+    );
+}
+
+#[test]
+fn mounts_table() {
+    let volumes = json!([
+        {"name": "data", "hostPath": {"path": "/srv/data"}},
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "cfg", "configMap": {"name": "c"}},
+        {"name": "pvc", "persistentVolumeClaim": {"claimName": "x"}}
+    ]);
+    let with = |mounts: serde_json::Value, privileged: bool| {
+        config(
+            json!({"volumes": volumes, "containers": [{"name": "app", "image": "x", "volumeMounts": mounts,
+                "securityContext": {"privileged": privileged}}]}),
+            0,
+        )
+    };
+    let c = with(
+        json!([
+            {"name": "data", "mountPath": "/data", "readOnly": true, "subPath": "a/b"},
+            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"},
+            {"name": "cfg", "mountPath": "/etc/cfg"}
+        ]),
+        false,
+    )
+    .expect("config");
+    let got: Vec<_> = c
+        .mounts
+        .iter()
+        .map(|m| {
+            (
+                m.container_path.as_str(),
+                m.host_path.as_str(),
+                m.readonly,
+                m.propagation,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "/data",
+                "/srv/data/a/b",
+                true,
+                cri::MountPropagation::PropagationPrivate as i32
+            ),
+            (
+                "/tmp/s",
+                "/root/pods/u-1/volumes/kubernetes.io~empty-dir/scratch",
+                false,
+                cri::MountPropagation::PropagationHostToContainer as i32
+            ),
+            (
+                "/etc/cfg",
+                "/root/pods/u-1/volumes/kubernetes.io~configmap/cfg",
+                false,
+                cri::MountPropagation::PropagationPrivate as i32
+            ),
+        ]
+    );
+    let bidi = with(
+        json!([{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}]),
+        true,
+    )
+    .expect("privileged");
+    assert_eq!(
+        bidi.mounts[0].propagation,
+        cri::MountPropagation::PropagationBidirectional as i32
+    );
+    let errors = [
+        (
+            json!([{"name": "data", "mountPath": "/d", "subPath": "../etc"}]),
+            runtime::Code::InvalidArgument,
+            "subPath",
+        ),
+        (
+            json!([{"name": "data", "mountPath": "/d", "subPath": "/etc"}]),
+            runtime::Code::InvalidArgument,
+            "subPath",
+        ),
+        (
+            json!([{"name": "nope", "mountPath": "/d"}]),
+            runtime::Code::InvalidArgument,
+            "volumeMounts[0].name",
+        ),
+        (
+            json!([{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}]),
+            runtime::Code::InvalidArgument,
+            "mountPropagation",
+        ),
+        (
+            json!([{"name": "pvc", "mountPath": "/d"}]),
+            runtime::Code::Unimplemented,
+            "volumes[pvc]",
+        ),
+    ];
+    for (mounts, code, field) in errors {
+        let err = with(mounts.clone(), false).expect_err("invalid");
+        assert_eq!(err.code(), code, "{mounts}");
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+}
+
+#[test]
+fn resources_table() {
+    let res = |r: serde_json::Value| {
+        let c = config(
+            json!({"containers": [{"name": "a", "image": "x", "resources": r}]}),
+            0,
+        )
+        .expect("config");
+        c.linux.and_then(|l| l.resources).expect("resources")
+    };
+    // (resources, shares, quota, period, memory, oom)
+    let cases = [
+        (json!({}), 2, 0, 0, 0, 1000),
+        (
+            json!({"limits": {"cpu": "500m", "memory": "128Mi"}}),
+            512,
+            50_000,
+            100_000,
+            128 << 20,
+            -997,
+        ),
+        (json!({"requests": {"cpu": "1m"}}), 2, 0, 0, 0, 999),
+        (
+            json!({"requests": {"cpu": "250m", "memory": "4Gi"}}),
+            256,
+            0,
+            0,
+            0,
+            500,
+        ),
+        (
+            json!({"requests": {"memory": "8Gi"}, "limits": {"cpu": "5m"}}),
+            5,
+            1000,
+            100_000,
+            0,
+            3,
+        ),
+    ];
+    for (r, shares, quota, period, mem, oom) in cases {
+        let got = res(r.clone());
+        assert_eq!(
+            (
+                got.cpu_shares,
+                got.cpu_quota,
+                got.cpu_period,
+                got.memory_limit_in_bytes,
+                got.oom_score_adj
+            ),
+            (shares, quota, period, mem, oom),
+            "{r}"
+        );
+    }
+    let err = config(json!({"containers": [{"name": "a", "image": "x", "resources": {"limits": {"memory": "12Q"}}}]}), 0).expect_err("bad");
+    assert_eq!(err.code(), runtime::Code::InvalidArgument);
+    assert!(
+        err.message().contains("resources.limits.memory"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
+fn security_context() {
+    let c = config(
+        json!({"securityContext": {"runAsUser": 1000, "runAsGroup": 10, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "a", "image": "x", "securityContext": {
+                "runAsUser": 2000, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}, "seccompProfile": {"type": "Unconfined"}}}]}),
+        0,
+    )
+    .expect("config");
+    let sc = c.linux.and_then(|l| l.security_context).expect("sc");
+    assert_eq!(sc.run_as_user, Some(cri::Int64Value { value: 2000 }));
+    assert_eq!(sc.run_as_group, Some(cri::Int64Value { value: 10 }));
+    assert!(sc.readonly_rootfs && sc.no_new_privs && !sc.privileged);
+    let caps = sc.capabilities.expect("caps");
+    assert_eq!(
+        (caps.add_capabilities, caps.drop_capabilities),
+        (vec!["NET_ADMIN".to_string()], vec!["ALL".to_string()])
+    );
+    assert_eq!(
+        sc.seccomp.map(|s| s.profile_type),
+        Some(cri::security_profile::ProfileType::Unconfined as i32)
+    );
+
+    let c = config(json!({"containers": [{"name": "a", "image": "x", "securityContext": {"privileged": true, "allowPrivilegeEscalation": false}}]}), 0).expect("config");
+    let sc = c.linux.and_then(|l| l.security_context).expect("sc");
+    assert!(sc.privileged && !sc.no_new_privs);
+
+    let err = config(json!({"securityContext": {"runAsNonRoot": true}, "containers": [{"name": "a", "image": "x", "securityContext": {"runAsUser": 0}}]}), 0).expect_err("root");
+    assert_eq!(err.code(), runtime::Code::InvalidArgument);
+}
+
+#[test]
+fn rejects_bad_input() {
+    let err = config(json!({"containers": [{"name": "a"}]}), 0).expect_err("no image");
+    assert!(err.message().contains("image"));
+    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]}]}), 0).expect_err("bad fieldPath");
+    assert_eq!(err.code(), runtime::Code::InvalidArgument);
+    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}), 0).expect_err("secret");
+    assert_eq!(err.code(), runtime::Code::Unimplemented);
+    let ok = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]}]}), 0).expect("optional");
+    assert!(ok.envs.is_empty());
+    let p = pod(json!({"containers": [{"name": "a", "image": "x"}]}));
+    let other = Container {
+        name: "zzz".into(),
+        image: Some("x".into()),
+        ..Default::default()
+    };
+    assert!(container_config(&p, &other, 0, &ContainerOptions::default()).is_err());
+}
