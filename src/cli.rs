@@ -30,6 +30,10 @@ pub enum Command {
     /// Serve the built-in runtime over CRI v1 gRPC (for crictl, a kubelet, another nodelet).
     #[command(subcommand)]
     Cri(commands::cri::CriCommand),
+    /// Run the node agent (standalone: the static pods of the configuration).
+    RunNode(commands::node::NodeArgs),
+    /// List the pods the built-in runtime runs, with their containers.
+    Pods,
 }
 
 /// Parses `args` and runs the command; errors are printed, never panicked.
@@ -60,6 +64,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
         match cli.command {
             Command::Images(cmd) => commands::images::run(&cli.root_dir, cmd).await,
             Command::Run(args) => commands::run::run(&cli.root_dir, args).await,
+            Command::RunNode(args) => commands::node::run(&cli.root_dir, args).await,
+            Command::Pods => commands::pods::run(&cli.root_dir).await,
             Command::Cri(cmd) => commands::cri::run(&cli.root_dir, cmd).await,
         }
     });

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod kubelet;
 pub mod logging;
 pub mod pod;
 pub mod pod_workers;

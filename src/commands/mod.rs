@@ -2,6 +2,8 @@
 
 pub mod cri;
 pub mod images;
+pub mod node;
+pub mod pods;
 pub mod run;
 
 /// Opens the built-in runtime under `root_dir`.

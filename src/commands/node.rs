@@ -1,0 +1,81 @@
+//! `nodelet run-node`: the kubelet. Standalone for now: it runs the static pods of the
+//! configuration's `staticPodPath` (and `staticPodURL`) with the built-in runtime, or with a
+//! remote CRI runtime when `containerRuntimeEndpoint` is set.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+
+use crate::config;
+use crate::kubelet;
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The node's name (default: the host name).
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// The node's IP address.
+    #[arg(long)]
+    pub node_ip: Option<IpAddr>,
+    /// A kubeconfig for the API server (not supported yet: standalone only).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = match &args.config {
+        Some(path) => {
+            let (cfg, warnings) = config::load(path)?;
+            for w in warnings {
+                tracing::warn!("{}: {w}", path.display());
+            }
+            cfg
+        }
+        None => config::KubeletConfig::default(),
+    };
+    cfg.root_dir = root_dir.to_path_buf();
+    if let Some(name) = args.hostname_override {
+        cfg.node_name = name.to_lowercase();
+    }
+    cfg.node_ip = args.node_ip.or(cfg.node_ip);
+    if args.kubeconfig.is_some() {
+        anyhow::bail!("--kubeconfig: the API server source is not implemented yet; run standalone");
+    }
+    let rt = if cfg.container_runtime_endpoint.is_empty() {
+        let rt = super::builtin(root_dir).await?;
+        kubelet::Runtime {
+            runtime: Arc::new(rt.clone()),
+            images: Arc::new(rt),
+        }
+    } else {
+        let remote = runtime::remote::connect(
+            &cfg.container_runtime_endpoint,
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+        kubelet::Runtime {
+            runtime: Arc::new(remote.clone()),
+            images: Arc::new(remote),
+        }
+    };
+    kubelet::run(cfg, rt, shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

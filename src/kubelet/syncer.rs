@@ -1,0 +1,179 @@
+//! The kubelet's [`PodSyncer`]: each pod worker's sync, terminating and terminated steps carried
+//! out over the runtime traits with the decision functions of [`crate::pod`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use runtime::{ImageService, RuntimeService, cri};
+
+use crate::pod::{self, Backoff, ContainerOptions, StatusContext};
+use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+
+/// Syncs pods against a runtime and keeps the last computed status of each.
+pub struct Syncer {
+    pub rt: Arc<dyn RuntimeService>,
+    pub images: Arc<dyn ImageService>,
+    pub opts: ContainerOptions,
+    pub runtime_name: String,
+    backoff: tokio::sync::Mutex<Backoff>,
+    statuses: Mutex<HashMap<String, PodStatus>>,
+}
+
+fn err(e: impl std::fmt::Display) -> SyncError {
+    SyncError(e.to_string())
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+impl Syncer {
+    pub fn new(
+        rt: Arc<dyn RuntimeService>,
+        images: Arc<dyn ImageService>,
+        opts: ContainerOptions,
+        runtime_name: String,
+        backoff: Backoff,
+    ) -> Self {
+        Syncer {
+            rt,
+            images,
+            opts,
+            runtime_name,
+            backoff: tokio::sync::Mutex::new(backoff),
+            statuses: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The last status computed for each pod, by UID.
+    pub fn statuses(&self) -> HashMap<String, PodStatus> {
+        self.statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn record_status(
+        &self,
+        pod: &Pod,
+        snapshot: &pod::sync::RuntimeSnapshot,
+        waiting: HashMap<String, (String, String)>,
+    ) -> PodStatus {
+        let mut statuses = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
+        let ctx = StatusContext {
+            now: SystemTime::now(),
+            previous: statuses.get(&uid(pod)).cloned(),
+            host_ips: self.opts.host_ips.clone(),
+            runtime_name: self.runtime_name.clone(),
+            waiting,
+            ..Default::default()
+        };
+        let sandbox = snapshot.sandboxes.first();
+        let status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
+        statuses.insert(uid(pod), status.clone());
+        status
+    }
+
+    async fn stop_all(
+        &self,
+        pod: &Pod,
+        grace: Duration,
+    ) -> Result<pod::sync::RuntimeSnapshot, SyncError> {
+        let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
+            .await
+            .map_err(err)?;
+        let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+        for c in &snapshot.containers {
+            if c.state == cri::ContainerState::ContainerRunning as i32
+                || c.state == cri::ContainerState::ContainerCreated as i32
+            {
+                self.rt
+                    .stop_container(cri::StopContainerRequest {
+                        container_id: c.id.clone(),
+                        timeout,
+                    })
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        for sb in &snapshot.sandboxes {
+            self.rt
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: sb.id.clone(),
+                })
+                .await
+                .map_err(err)?;
+        }
+        Ok(snapshot)
+    }
+}
+
+#[async_trait::async_trait]
+impl PodSyncer for Syncer {
+    async fn sync_pod(&self, _update: UpdateType, pod: &Pod) -> Result<bool, SyncError> {
+        let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
+            .await
+            .map_err(err)?;
+        let now = SystemTime::now();
+        let mut backoff = self.backoff.lock().await;
+        let actions = pod::compute_pod_actions(pod, &snapshot.status, &backoff, now);
+        let result = pod::sync::sync_pod(
+            self.rt.as_ref(),
+            self.images.as_ref(),
+            pod,
+            &snapshot,
+            &actions,
+            &mut backoff,
+            &self.opts,
+            now,
+        )
+        .await
+        .map_err(err)?;
+        drop(backoff);
+        // Status from what the runtime shows after the actions.
+        let after = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
+            .await
+            .map_err(err)?;
+        let status = self.record_status(pod, &after, result.waiting.clone());
+        if !result.errors.is_empty() {
+            return Err(SyncError(result.errors.join("; ")));
+        }
+        let phase = status.phase.as_deref().unwrap_or("Pending");
+        Ok(matches!(phase, "Succeeded" | "Failed"))
+    }
+
+    async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError> {
+        let snapshot = self.stop_all(pod, grace).await?;
+        self.record_status(pod, &snapshot, HashMap::new());
+        Ok(())
+    }
+
+    async fn sync_terminated_pod(&self, pod: &Pod) -> Result<(), SyncError> {
+        let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
+            .await
+            .map_err(err)?;
+        for c in &snapshot.containers {
+            self.rt
+                .remove_container(cri::RemoveContainerRequest {
+                    container_id: c.id.clone(),
+                })
+                .await
+                .map_err(err)?;
+        }
+        for sb in &snapshot.sandboxes {
+            self.rt
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: sb.id.clone(),
+                })
+                .await
+                .map_err(err)?;
+        }
+        self.statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid(pod));
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! The kubelet in standalone mode with the built-in runtime, driving the real binary: static
+//! pods from a manifest directory are started, survive a SIGKILL of the kubelet (adopted, not
+//! restarted), are replaced when their manifest changes, restarted per restartPolicy with
+//! CrashLoopBackOff, stopped and removed when their manifest goes; a broken manifest beside
+//! good ones is skipped without disturbing them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use runtime::builtin::BuiltinRuntime;
+use runtime::{RuntimeService, cri};
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(root: &Path, config: &Path) -> Agent {
+    Agent(
+        Command::new(nodelet_bin())
+            .arg("--root-dir")
+            .arg(root)
+            .args(["run-node", "--hostname-override", "e2e-node", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nodelet run-node"),
+    )
+}
+
+fn manifest(name: &str, policy: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: docker.io/library/busybox:latest\n    imagePullPolicy: Never\n    command: [\"sh\", \"-c\", {script:?}]\n"
+    )
+}
+
+/// (pod name label, container id, state, attempt) of every container, read afresh from disk.
+async fn containers(root: &Path) -> Vec<(String, String, i32, u32)> {
+    let rt = BuiltinRuntime::new(config(root, "/nodelet-e2e-unused"))
+        .await
+        .expect("open runtime");
+    let list = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("list");
+    list.containers
+        .into_iter()
+        .map(|c| {
+            (
+                c.labels
+                    .get("io.kubernetes.pod.name")
+                    .cloned()
+                    .unwrap_or_default(),
+                c.id,
+                c.state,
+                c.metadata.map(|m| m.attempt).unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn running(list: &[(String, String, i32, u32)], pod: &str) -> Option<String> {
+    list.iter()
+        .find(|c| c.0 == pod && c.2 == cri::ContainerState::ContainerRunning as i32)
+        .map(|c| c.1.clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn static_pods_lifecycle() {
+    if !root_or_skip("static_pods_lifecycle") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let root = dir.path().join("root");
+    let manifests = dir.path().join("manifests");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let out = Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(&root)
+        .args(["images", "import"])
+        .arg(busybox_archive())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+            manifests.display(),
+            logs.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.join("ticker.yaml"),
+        manifest(
+            "ticker",
+            "Always",
+            "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.join("broken.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: [oops\n",
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.join("crasher.yaml"),
+        manifest("crasher", "Always", "echo run; exit 1"),
+    )
+    .unwrap();
+    let mut agent = start_agent(&root, &config_file);
+
+    let ticker = wait_for("ticker running", async || {
+        running(&containers(&root).await, "ticker-e2e-node")
+    })
+    .await;
+    // Logs live where the upstream kubelet puts them.
+    let pod_dirs: Vec<PathBuf> = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let ticker_log_dir = pod_dirs
+        .iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("default_ticker-e2e-node_")
+        })
+        .expect("pod log dir <ns>_<name>_<uid>");
+    assert!(ticker_log_dir.join("main/0.log").exists());
+
+    // restartPolicy Always: the crasher is restarted (attempt 1 and more), with back-off.
+    wait_for("crasher restarted", async || {
+        containers(&root)
+            .await
+            .iter()
+            .any(|c| c.0 == "crasher-e2e-node" && c.3 >= 1)
+            .then_some(())
+    })
+    .await;
+
+    // SIGKILL the kubelet and start it again: the ticker is adopted, not restarted.
+    agent.0.kill().unwrap();
+    let _ = agent.0.wait();
+    drop(agent);
+    let agent = start_agent(&root, &config_file);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let list = containers(&root).await;
+    assert_eq!(
+        running(&list, "ticker-e2e-node"),
+        Some(ticker.clone()),
+        "same container after the restart"
+    );
+    assert_eq!(
+        list.iter().filter(|c| c.0 == "ticker-e2e-node").count(),
+        1,
+        "no second ticker container"
+    );
+
+    // Editing the manifest replaces the pod.
+    std::fs::write(
+        manifests.join("ticker.yaml"),
+        manifest(
+            "ticker",
+            "Always",
+            "while true; do echo edited; sleep 0.2; done",
+        ),
+    )
+    .unwrap();
+    let edited = wait_for("edited ticker running", async || {
+        running(&containers(&root).await, "ticker-e2e-node").filter(|id| *id != ticker)
+    })
+    .await;
+    assert_ne!(edited, ticker);
+
+    // Deleting the manifest stops and removes the pod; the crasher is untouched by it.
+    std::fs::remove_file(manifests.join("ticker.yaml")).unwrap();
+    wait_for("ticker removed", async || {
+        (!containers(&root)
+            .await
+            .iter()
+            .any(|c| c.0 == "ticker-e2e-node"))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        containers(&root)
+            .await
+            .iter()
+            .any(|c| c.0 == "crasher-e2e-node")
+    );
+    std::fs::remove_file(manifests.join("crasher.yaml")).unwrap();
+    wait_for("crasher removed", async || {
+        containers(&root).await.is_empty().then_some(())
+    })
+    .await;
+    drop(agent);
+    let rt = BuiltinRuntime::new(config(&root, "/nodelet-e2e-unused"))
+        .await
+        .unwrap();
+    let sandboxes = rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap();
+    assert!(sandboxes.items.is_empty(), "no sandbox left");
+    assert_no_leaks(&root, "/nodelet-e2e-unused");
+}
