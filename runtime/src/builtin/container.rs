@@ -48,6 +48,29 @@ impl BuiltinRuntime {
         out
     }
 
+    /// The records matching a CRI container filter (id and sandbox id by prefix, labels), with
+    /// the statuses of their sandboxes' containers.
+    pub(super) async fn matching(
+        &self,
+        id: &str,
+        sandbox_id: &str,
+        labels: &std::collections::HashMap<String, String>,
+    ) -> (Vec<ContainerRecord>, Statuses) {
+        let recs: Vec<ContainerRecord> = self
+            .inner
+            .records
+            .all_containers()
+            .into_iter()
+            .filter(|r| r.id.starts_with(id) && r.sandbox_id.starts_with(sandbox_id))
+            .filter(|r| pod::labels_match(&r.config.labels, labels))
+            .collect();
+        let mut sandboxes: Vec<String> = recs.iter().map(|r| r.sandbox_id.clone()).collect();
+        sandboxes.sort();
+        sandboxes.dedup();
+        let statuses = self.statuses(&sandboxes).await;
+        (recs, statuses)
+    }
+
     async fn status_of(&self, rec: &ContainerRecord) -> Option<sandbox::ContainerStatus> {
         self.statuses(std::slice::from_ref(&rec.sandbox_id))
             .await
@@ -391,21 +414,9 @@ impl BuiltinRuntime {
         filter: Option<cri::ContainerFilter>,
     ) -> Result<Vec<cri::Container>> {
         let filter = filter.unwrap_or_default();
-        let recs: Vec<ContainerRecord> = self
-            .inner
-            .records
-            .all_containers()
-            .into_iter()
-            .filter(|r| filter.id.is_empty() || r.id.starts_with(&filter.id))
-            .filter(|r| {
-                filter.pod_sandbox_id.is_empty() || r.sandbox_id.starts_with(&filter.pod_sandbox_id)
-            })
-            .filter(|r| pod::labels_match(&r.config.labels, &filter.label_selector))
-            .collect();
-        let mut sandboxes: Vec<String> = recs.iter().map(|r| r.sandbox_id.clone()).collect();
-        sandboxes.sort();
-        sandboxes.dedup();
-        let statuses = self.statuses(&sandboxes).await;
+        let (recs, statuses) = self
+            .matching(&filter.id, &filter.pod_sandbox_id, &filter.label_selector)
+            .await;
         Ok(recs
             .iter()
             .filter_map(|r| {

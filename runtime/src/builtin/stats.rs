@@ -75,19 +75,9 @@ impl BuiltinRuntime {
         filter: Option<cri::ContainerStatsFilter>,
     ) -> Result<Vec<cri::ContainerStats>> {
         let f = filter.unwrap_or_default();
-        let recs: Vec<ContainerRecord> = self
-            .inner
-            .records
-            .all_containers()
-            .into_iter()
-            .filter(|r| f.id.is_empty() || r.id.starts_with(&f.id))
-            .filter(|r| f.pod_sandbox_id.is_empty() || r.sandbox_id.starts_with(&f.pod_sandbox_id))
-            .filter(|r| super::pod::labels_match(&r.config.labels, &f.label_selector))
-            .collect();
-        let mut sandboxes: Vec<String> = recs.iter().map(|r| r.sandbox_id.clone()).collect();
-        sandboxes.sort();
-        sandboxes.dedup();
-        let statuses = self.statuses(&sandboxes).await;
+        let (recs, statuses) = self
+            .matching(&f.id, &f.pod_sandbox_id, &f.label_selector)
+            .await;
         Ok(recs
             .iter()
             .filter_map(|r| {
