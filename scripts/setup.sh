@@ -10,6 +10,7 @@ PKGS=(
   runc                # the benchmark's baseline runtime
   containerd          # a real CRI v1 runtime for the remote backend test (tests/remote_containerd.rs)
   docker-registry     # a local OCI registry on 127.0.0.1 for pull tests
+  apache2-utils       # htpasswd, for the registry basic-auth pull test
   iproute2
   e2fsprogs
   curl

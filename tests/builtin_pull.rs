@@ -149,3 +149,168 @@ async fn pull_run_mirror_and_errors() {
     assert!(st.image.is_some());
     node.teardown().await;
 }
+
+/// A registry behind basic auth (htpasswd): the CRI AuthConfig's username/password, or its
+/// base64 `auth` field, let the pull through; wrong or missing credentials are refused with
+/// PermissionDenied and leave nothing in the store.
+#[tokio::test(flavor = "multi_thread")]
+async fn pull_with_basic_auth() {
+    if !root_or_skip("pull_with_basic_auth") {
+        return;
+    }
+    if !std::path::Path::new("/usr/bin/htpasswd").exists()
+        || !std::path::Path::new("/usr/bin/docker-registry").exists()
+    {
+        eprintln!(
+            "SKIP (needs htpasswd from apache2-utils and docker-registry; run scripts/setup.sh): pull_with_basic_auth"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let htpasswd = dir.path().join("htpasswd");
+    let st = std::process::Command::new("/usr/bin/htpasswd")
+        .args(["-Bbc"])
+        .arg(&htpasswd)
+        .args(["alice", "s3cret"])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let port = registry::free_port();
+    let host = format!("127.0.0.1:{port}");
+    let registry_config = dir.path().join("config.yml");
+    std::fs::write(
+        &registry_config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\nauth:\n  htpasswd:\n    realm: nodelet-test\n    path: {}\n",
+            dir.path().join("data").display(),
+            htpasswd.display()
+        ),
+    )
+    .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _reg = Kill(
+        std::process::Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(&registry_config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(&host).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Push with credentials.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = oci_client::Client::new(oci_client::client::ClientConfig {
+        protocol: oci_client::client::ClientProtocol::HttpsExcept(vec![host.clone()]),
+        ..Default::default()
+    });
+    let reference =
+        oci_client::Reference::with_tag(host.clone(), "private/busybox".into(), "1".into());
+    let auth = oci_client::secrets::RegistryAuth::Basic("alice".into(), "s3cret".into());
+    client
+        .auth(&reference, &auth, oci_client::RegistryOperation::Push)
+        .await
+        .expect("push auth");
+    let unpacked = tempfile::tempdir().unwrap();
+    tar::Archive::new(std::fs::File::open(busybox_archive()).unwrap())
+        .unpack(unpacked.path())
+        .unwrap();
+    let blob = |d: &str| {
+        std::fs::read(
+            unpacked
+                .path()
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
+        )
+        .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(unpacked.path().join("index.json")).unwrap())
+            .unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    let mut digests = vec![manifest["config"]["digest"].as_str().unwrap().to_string()];
+    for l in manifest["layers"].as_array().unwrap() {
+        digests.push(l["digest"].as_str().unwrap().to_string());
+    }
+    for d in &digests {
+        client
+            .push_blob(&reference, blob(d), d)
+            .await
+            .expect("push blob");
+    }
+    let parsed: oci_client::manifest::OciImageManifest = serde_json::from_value(manifest).unwrap();
+    client
+        .push_manifest(&reference, &parsed.into())
+        .await
+        .expect("push manifest");
+
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let mut cfg = config(root.path(), "/nodelet-e2e-unused");
+    cfg.registry.insecure = vec![host.clone()];
+    let rt = BuiltinRuntime::new(cfg).await.unwrap();
+    let image = format!("{host}/private/busybox:1");
+    let pull = |auth: Option<cri::AuthConfig>| {
+        let rt = rt.clone();
+        let image = image.clone();
+        async move {
+            rt.pull_image(cri::PullImageRequest {
+                image: spec(&image),
+                auth,
+                sandbox_config: None,
+            })
+            .await
+        }
+    };
+    let err = pull(None).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "anonymous: {err}");
+    let err = pull(Some(cri::AuthConfig {
+        username: "alice".into(),
+        password: "wrong".into(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "wrong password: {err}");
+    assert!(
+        rt.list_images(cri::ListImagesRequest { filter: None })
+            .await
+            .unwrap()
+            .images
+            .is_empty()
+    );
+    let id = pull(Some(cri::AuthConfig {
+        username: "alice".into(),
+        password: "s3cret".into(),
+        ..Default::default()
+    }))
+    .await
+    .expect("pull with username/password")
+    .image_ref;
+    assert_eq!(id, digests[0]);
+    rt.remove_image(cri::RemoveImageRequest {
+        image: spec(&image),
+    })
+    .await
+    .unwrap();
+    // base64("alice:s3cret") in the `auth` field, as a kubelet sends from an imagePullSecret.
+    let id = pull(Some(cri::AuthConfig {
+        auth: "YWxpY2U6czNjcmV0".into(),
+        ..Default::default()
+    }))
+    .await
+    .expect("pull with auth field")
+    .image_ref;
+    assert_eq!(id, digests[0]);
+}

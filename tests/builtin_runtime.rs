@@ -313,12 +313,17 @@ async fn pod_namespaces_exec_and_files() {
     let sb = node.sandbox("nspod").await;
     let a = node.container(&sb, "a", &["sleep", "600"]).await;
     let b = node.container(&sb, "b", &["sleep", "600"]).await;
-    let probe = "readlink /proc/self/ns/net /proc/self/ns/ipc /proc/self/ns/uts; hostname";
+    let probe = "readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; readlink /proc/self/ns/uts; hostname";
     let (ra, rb) = (
         node.exec(&a, &["sh", "-c", probe]).await,
         node.exec(&b, &["sh", "-c", probe]).await,
     );
     assert_eq!(ra.stdout, rb.stdout, "one pod, one set of namespaces");
+    let text = String::from_utf8_lossy(&ra.stdout).into_owned();
+    assert!(
+        text.starts_with("net:[") && text.contains("\nipc:[") && text.contains("\nuts:["),
+        "the probe read the namespaces: {text}"
+    );
     assert!(String::from_utf8_lossy(&ra.stdout).ends_with("nspod\n"));
     let r = node
         .exec(
@@ -689,5 +694,75 @@ async fn reopen_container_log_after_rotation() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_pid_and_host_ipc_pods_share_the_nodes_namespaces() {
+    if !root_or_skip("host_pid_and_host_ipc_pods_share_the_nodes_namespaces") {
+        return;
+    }
+    let node = Node::new("hostns").await;
+    let host = |ns: &str| {
+        std::fs::read_link(format!("/proc/self/ns/{ns}"))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let sb = node
+        .sandbox_with("hostns", |cfg| {
+            cfg.linux = Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        pid: cri::NamespaceMode::Node as i32,
+                        ipc: cri::NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        })
+        .await;
+    let id = node.container(&sb, "c", &["sleep", "600"]).await;
+    let probe =
+        "readlink /proc/self/ns/pid; readlink /proc/self/ns/ipc; readlink /proc/self/ns/net";
+    let r = node.exec(&id, &["sh", "-c", probe]).await;
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(host("pid").as_str()),
+        "hostPID: {out}"
+    );
+    assert_eq!(
+        lines.get(1).copied(),
+        Some(host("ipc").as_str()),
+        "hostIPC: {out}"
+    );
+    assert_ne!(
+        lines.get(2).copied(),
+        Some(host("net").as_str()),
+        "the network stays the pod's own"
+    );
+    // With the node's PID namespace the test process is visible from inside the container.
+    let me = std::process::id().to_string();
+    let r = node
+        .exec(
+            &id,
+            &["sh", "-c", &format!("test -d /proc/{me} && echo visible")],
+        )
+        .await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "visible\n");
+
+    let other = node.sandbox("own").await;
+    let c = node.container(&other, "c", &["sleep", "600"]).await;
+    let r = node.exec(&c, &["sh", "-c", probe]).await;
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(
+        !out.contains(&host("pid")) && !out.contains(&host("ipc")),
+        "a normal pod has its own: {out}"
+    );
     node.teardown().await;
 }

@@ -315,7 +315,7 @@ fn pod_namespaces_are_shared(env: &Env) {
         let r = env
             .block(client.exec(ExecSpec {
                 container_id: id.into(),
-                args: vec!["sh".into(), "-c".into(), "readlink /proc/self/ns/net /proc/self/ns/ipc /proc/self/ns/uts; hostname; ip link show lo 2>/dev/null | head -1; cat /proc/net/if_inet6 2>/dev/null | wc -l".into()],
+                args: vec!["sh".into(), "-c".into(), "readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; readlink /proc/self/ns/uts; hostname; ip link show lo 2>/dev/null | head -1; cat /proc/net/if_inet6 2>/dev/null | wc -l".into()],
                 timeout_ms: 10_000,
             }))
             .expect("exec");
@@ -324,6 +324,10 @@ fn pod_namespaces_are_shared(env: &Env) {
     };
     let (a, b) = (ns_of("a"), ns_of("b"));
     assert_eq!(a, b, "containers of one pod share net, ipc and uts");
+    assert!(
+        a.starts_with("net:[") && a.contains("\nipc:[") && a.contains("\nuts:["),
+        "the probe read the namespaces: {a}"
+    );
     assert!(a.contains("testpod"), "hostname is the pod's: {a}");
     assert!(
         a.contains("UP") || a.contains("LOOPBACK"),
