@@ -71,18 +71,13 @@ impl BuiltinRuntime {
         (recs, statuses)
     }
 
-    async fn status_of(&self, rec: &ContainerRecord) -> Option<sandbox::ContainerStatus> {
+    pub(super) async fn status_of(
+        &self,
+        rec: &ContainerRecord,
+    ) -> Option<sandbox::ContainerStatus> {
         self.statuses(std::slice::from_ref(&rec.sandbox_id))
             .await
             .remove(&rec.id)
-    }
-
-    fn container_record(&self, id: &str) -> Result<ContainerRecord> {
-        self.inner
-            .records
-            .resolve_container(id)?
-            .and_then(|id| self.inner.records.container(&id))
-            .ok_or_else(|| Error::not_found(format!("container {id} not found")))
     }
 
     pub(super) async fn create(&self, req: cri::CreateContainerRequest) -> Result<String> {
@@ -99,18 +94,8 @@ impl BuiltinRuntime {
                 meta.name
             )));
         }
-        let sandbox_id = self
-            .inner
-            .records
-            .resolve_sandbox(&req.pod_sandbox_id)?
-            .ok_or_else(|| {
-                Error::not_found(format!("pod sandbox {} not found", req.pod_sandbox_id))
-            })?;
-        let sandbox_rec = self
-            .inner
-            .records
-            .sandbox(&sandbox_id)
-            .ok_or_else(|| Error::not_found(format!("pod sandbox {sandbox_id} not found")))?;
+        let sandbox_rec = self.inner.records.need_sandbox(&req.pod_sandbox_id)?;
+        let sandbox_id = sandbox_rec.id.clone();
         // The kubelet sends the sandbox config again; the one it was created with is the truth.
         let sandbox_config = sandbox_rec.config.clone();
         let image_name = config
@@ -267,7 +252,7 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn start(&self, id: &str) -> Result<()> {
-        let rec = self.container_record(id)?;
+        let rec = self.inner.records.need_container(id)?;
         self.client(&rec.sandbox_id)
             .start(&rec.id)
             .await
@@ -276,10 +261,7 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn stop(&self, id: &str, timeout: i64) -> Result<()> {
-        let Some(id) = self.inner.records.resolve_container(id)? else {
-            return Ok(());
-        };
-        let Some(rec) = self.inner.records.container(&id) else {
+        let Some(rec) = self.inner.records.find_container(id)? else {
             return Ok(());
         };
         let client = self.client(&rec.sandbox_id);
@@ -391,7 +373,7 @@ impl BuiltinRuntime {
         id: &str,
         verbose: bool,
     ) -> Result<cri::ContainerStatusResponse> {
-        let rec = self.container_record(id)?;
+        let rec = self.inner.records.need_container(id)?;
         let st = self.status_of(&rec).await;
         let mut info = std::collections::HashMap::new();
         if verbose {
@@ -445,7 +427,7 @@ impl BuiltinRuntime {
         id: &str,
         linux: Option<cri::LinuxContainerResources>,
     ) -> Result<()> {
-        let mut rec = self.container_record(id)?;
+        let mut rec = self.inner.records.need_container(id)?;
         let Some(linux) = linux else {
             return Ok(());
         };
@@ -461,7 +443,7 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn reopen_log(&self, id: &str) -> Result<()> {
-        let rec = self.container_record(id)?;
+        let rec = self.inner.records.need_container(id)?;
         self.client(&rec.sandbox_id)
             .reopen_log(&rec.id)
             .await
@@ -472,7 +454,7 @@ impl BuiltinRuntime {
         &self,
         req: cri::ExecSyncRequest,
     ) -> Result<cri::ExecSyncResponse> {
-        let rec = self.container_record(&req.container_id)?;
+        let rec = self.inner.records.need_container(&req.container_id)?;
         if req.cmd.is_empty() {
             return Err(Error::invalid_argument("ExecSync needs a command"));
         }

@@ -249,12 +249,10 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn stop_sandbox(&self, id: &str) -> Result<()> {
-        let Some(id) = self.inner.records.resolve_sandbox(id)? else {
+        let Some(mut rec) = self.inner.records.find_sandbox(id)? else {
             return Ok(());
         };
-        let Some(mut rec) = self.inner.records.sandbox(&id) else {
-            return Ok(());
-        };
+        let id = rec.id.clone();
         if rec.stopped {
             return Ok(());
         }
@@ -309,12 +307,7 @@ impl BuiltinRuntime {
         id: &str,
         verbose: bool,
     ) -> Result<cri::PodSandboxStatusResponse> {
-        let rec = self
-            .inner
-            .records
-            .resolve_sandbox(id)?
-            .and_then(|id| self.inner.records.sandbox(&id))
-            .ok_or_else(|| Error::not_found(format!("pod sandbox {id} not found")))?;
+        let rec = self.inner.records.need_sandbox(id)?;
         let live = if rec.stopped {
             None
         } else {

@@ -3,7 +3,7 @@
 
 use super::BuiltinRuntime;
 use super::store::ContainerRecord;
-use crate::{Error, Result, cri};
+use crate::{Result, cri};
 
 fn u64v(value: u64) -> Option<cri::UInt64Value> {
     Some(cri::UInt64Value { value })
@@ -57,16 +57,8 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn container_stats(&self, id: &str) -> Result<cri::ContainerStats> {
-        let rec = self
-            .inner
-            .records
-            .resolve_container(id)?
-            .and_then(|id| self.inner.records.container(&id))
-            .ok_or_else(|| Error::not_found(format!("container {id} not found")))?;
-        let st = self
-            .statuses(std::slice::from_ref(&rec.sandbox_id))
-            .await
-            .remove(&rec.id);
+        let rec = self.inner.records.need_container(id)?;
+        let st = self.status_of(&rec).await;
         Ok(self.stats_of(&rec, st.as_ref().and_then(|s| s.cgroup_path.as_deref())))
     }
 
@@ -89,12 +81,7 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn sandbox_stats(&self, id: &str) -> Result<cri::PodSandboxStats> {
-        let rec = self
-            .inner
-            .records
-            .resolve_sandbox(id)?
-            .and_then(|id| self.inner.records.sandbox(&id))
-            .ok_or_else(|| Error::not_found(format!("pod sandbox {id} not found")))?;
+        let rec = self.inner.records.need_sandbox(id)?;
         let ts = sandbox::now_ns();
         let usage = sandbox::cgroup::stats(&rec.cgroup_parent).unwrap_or_default();
         let (cpu, memory) = cpu_memory(&usage, ts);

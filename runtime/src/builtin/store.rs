@@ -115,6 +115,30 @@ impl Records {
     pub fn resolve_container(&self, id: &str) -> Result<Option<String>> {
         resolve(lock(&self.containers).keys(), id)
     }
+
+    /// The sandbox with this id or unique id prefix, if any.
+    pub fn find_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>> {
+        Ok(self.resolve_sandbox(id)?.and_then(|id| self.sandbox(&id)))
+    }
+
+    /// The container with this id or unique id prefix, if any.
+    pub fn find_container(&self, id: &str) -> Result<Option<ContainerRecord>> {
+        Ok(self
+            .resolve_container(id)?
+            .and_then(|id| self.container(&id)))
+    }
+
+    /// Like [`Records::find_sandbox`], with NotFound for an unknown id.
+    pub fn need_sandbox(&self, id: &str) -> Result<SandboxRecord> {
+        self.find_sandbox(id)?
+            .ok_or_else(|| Error::not_found(format!("pod sandbox {id} not found")))
+    }
+
+    /// Like [`Records::find_container`], with NotFound for an unknown id.
+    pub fn need_container(&self, id: &str) -> Result<ContainerRecord> {
+        self.find_container(id)?
+            .ok_or_else(|| Error::not_found(format!("container {id} not found")))
+    }
 }
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it.
