@@ -9,6 +9,7 @@ pub mod commands;
 pub mod config;
 pub mod kubelet;
 pub mod logging;
+pub mod node;
 pub mod pod;
 pub mod pod_workers;
 pub mod sources;
