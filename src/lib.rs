@@ -3,6 +3,7 @@
 //! The kubelet logic talks to containers only through `runtime`'s CRI-shaped traits; the
 //! built-in runtime and the remote CRI backend are interchangeable behind them.
 
+pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod commands;
