@@ -37,10 +37,18 @@ impl std::fmt::Display for Rejection {
 }
 
 impl Rejection {
+    /// A failed predicate, in upstream's words: `Predicate NodeAffinity failed: node(s) didn't
+    /// match Pod's node affinity/selector` (the scheduler plugin's reason after the name).
     fn predicate(name: &str) -> Rejection {
+        let why = match name {
+            "NodeAffinity" => "node(s) didn't match Pod's node affinity/selector",
+            "NodeName" => "node(s) didn't match the requested node name",
+            "NodePorts" => "node(s) didn't have free ports for the requested pod ports",
+            _ => "node(s) had taints that the pod didn't tolerate",
+        };
         Rejection {
             reason: name.to_string(),
-            message: format!("Predicate {name} failed"),
+            message: format!("Predicate {name} failed: {why}"),
         }
     }
 }

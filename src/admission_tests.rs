@@ -296,11 +296,38 @@ fn messages_as_upstream() {
         &node(),
     )
     .unwrap_err();
-    assert_eq!(err.message, "Predicate NodeAffinity failed");
+    assert_eq!(
+        err.message,
+        "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+    );
     let err = admit(&pod("p", json!({"nodeName": "x"})), &[], &node()).unwrap_err();
     assert_eq!(
         (err.reason.as_str(), err.message.as_str()),
-        ("NodeName", "Predicate NodeName failed")
+        (
+            "NodeName",
+            "Predicate NodeName failed: node(s) didn't match the requested node name"
+        )
+    );
+    let mut tainted = node();
+    tainted.spec.as_mut().unwrap().taints = Some(vec![
+        serde_json::from_value(json!({"key": "k", "effect": "NoExecute"})).unwrap(),
+    ]);
+    let err = admit(&pod("p", json!({})), &[], &tainted).unwrap_err();
+    assert_eq!(
+        err.message,
+        "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+    );
+    let port = |name: &str| {
+        pod(
+            name,
+            json!({"containers": [{"name": "c", "image": "i",
+            "ports": [{"containerPort": 1, "hostPort": 9000, "hostIP": "10.0.0.1"}]}]}),
+        )
+    };
+    let err = admit(&port("p"), &[port("q")], &node()).unwrap_err();
+    assert_eq!(
+        err.message,
+        "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
     );
 }
 
