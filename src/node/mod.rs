@@ -5,18 +5,21 @@
 //! ([`facts`]), [`build_node`] turns them into the Node the kubelet registers,
 //! [`conditions`] derives the node conditions from a [`Health`] report and the previous
 //! conditions, [`status`] decides when a status write is due and runs the
-//! [`NodeStatusManager`], and [`lease`] keeps `kube-node-lease/<node>` renewed. This module
+//! [`NodeStatusManager`], [`lease`] keeps `kube-node-lease/<node>` renewed, and
+//! [`runtime_state`] turns the runtime's `Status` answers into Ready problems. This module
 //! never touches pods: admission (`crate::admission`) only reads the Node it publishes.
 
 pub mod conditions;
 pub mod facts;
 pub mod lease;
+pub mod runtime_state;
 pub mod status;
 
 pub use conditions::{Health, node_conditions, pleg_unhealthy};
 pub use facts::{NodeFacts, kubelet_version};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE, build_lease};
-pub use status::{NodeStatusManager, should_write, status_changed};
+pub use runtime_state::RuntimeState;
+pub use status::{HealthCheck, NodeStatusManager, should_write, status_changed};
 
 use std::collections::BTreeMap;
 
