@@ -6,15 +6,18 @@
 //! [`conditions`] derives the node conditions from a [`Health`] report and the previous
 //! conditions, [`status`] decides when a status write is due and runs the
 //! [`NodeStatusManager`], [`lease`] keeps `kube-node-lease/<node>` renewed, and
-//! [`runtime_state`] turns the runtime's `Status` answers into Ready problems. This module
+//! [`runtime_state`] turns the runtime's `Status` answers into Ready problems; [`agent`]
+//! runs all of it for the kubelet. This module
 //! never touches pods: admission (`crate::admission`) only reads the Node it publishes.
 
+pub mod agent;
 pub mod conditions;
 pub mod facts;
 pub mod lease;
 pub mod runtime_state;
 pub mod status;
 
+pub use agent::{NodeAgent, ProblemsFn};
 pub use conditions::{Health, node_conditions, pleg_unhealthy};
 pub use facts::{NodeFacts, kubelet_version};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE, build_lease};
