@@ -5,8 +5,9 @@
 //! health check, images) and patches `nodes/<name>/status` with a strategic merge patch only
 //! when something other than heartbeat times changed, or when `nodeStatusReportFrequency`
 //! has passed since the last write (the Lease is the frequent heartbeat). A failed write is
-//! retried up to five times per tick, the retries reading the Node from the API server. The
-//! latest Node it saw is published on a watch channel for admission and the Lease.
+//! retried up to five times per tick. Each try reads the Node first (nodelet has no Node
+//! informer; one GET per tick), so a Node deleted behind the kubelet's back is registered
+//! again. The latest Node it saw is published on a watch channel for admission and the Lease.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -305,8 +306,8 @@ impl NodeStatusManager {
     pub async fn update(&self) -> Result<bool, kube::Error> {
         let images = self.list_images().await;
         let mut last_err = None;
-        for attempt in 0..UPDATE_RETRIES {
-            match self.try_update(attempt, images.clone()).await {
+        for _ in 0..UPDATE_RETRIES {
+            match self.try_update(images.clone()).await {
                 Ok(wrote) => return Ok(wrote),
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     tracing::warn!(node = %self.name(), "the node is gone; registering it again");
@@ -324,22 +325,12 @@ impl NodeStatusManager {
         }
     }
 
-    async fn try_update(
-        &self,
-        attempt: usize,
-        images: Option<Vec<ContainerImage>>,
-    ) -> Result<bool, kube::Error> {
-        // The first attempt starts from the Node last seen (upstream: the informer cache),
-        // retries from the API server.
-        let cached = if attempt == 0 { self.node() } else { None };
-        let current = match cached {
-            Some(n) => n,
-            None => {
-                let n = self.api.get(self.name()).await?;
-                self.node.send_replace(Some(n.clone()));
-                n
-            }
-        };
+    async fn try_update(&self, images: Option<Vec<ContainerImage>>) -> Result<bool, kube::Error> {
+        // Each attempt starts from the Node as the API server has it (upstream reads its
+        // informer cache): changes by others are seen, and a deleted Node is noticed even
+        // when there is nothing to write.
+        let current = self.api.get(self.name()).await?;
+        self.node.send_replace(Some(current.clone()));
         let base = build_node(&self.facts, &self.cfg)
             .status
             .unwrap_or_default();
