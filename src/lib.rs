@@ -12,3 +12,4 @@ pub mod logging;
 pub mod pod;
 pub mod pod_workers;
 pub mod sources;
+pub mod status_manager;
