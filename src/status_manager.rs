@@ -124,7 +124,8 @@ impl StatusManager {
         let Some(entry) = entries.get_mut(uid) else {
             return;
         };
-        if entry.written == entry.version && !same_owned_status(api_pod.status.as_ref(), &entry.status)
+        if entry.written == entry.version
+            && !same_owned_status(api_pod.status.as_ref(), &entry.status)
         {
             entry.written = 0;
             drop(entries);
@@ -188,7 +189,11 @@ impl StatusManager {
                 "status": entry.status,
             });
             match api
-                .patch_status(&entry.name, &PatchParams::default(), &Patch::Strategic(patch))
+                .patch_status(
+                    &entry.name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(patch),
+                )
                 .await
             {
                 Ok(_) => {

@@ -47,7 +47,11 @@ fn a_write_is_due_only_when_the_status_changes() {
     m.set_status(&p, status("Pending"));
     assert_eq!(versions(&m, "a"), (1, 0));
     m.set_status(&p, status("Pending"));
-    assert_eq!(versions(&m, "a"), (1, 0), "the same status again is no change");
+    assert_eq!(
+        versions(&m, "a"),
+        (1, 0),
+        "the same status again is no change"
+    );
     m.set_status(&p, status("Running"));
     assert_eq!(versions(&m, "a"), (2, 0));
     assert_eq!(m.status("a").unwrap().phase.as_deref(), Some("Running"));

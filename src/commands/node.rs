@@ -1,6 +1,7 @@
-//! `nodelet run-node`: the kubelet. Standalone for now: it runs the static pods of the
-//! configuration's `staticPodPath` (and `staticPodURL`) with the built-in runtime, or with a
-//! remote CRI runtime when `containerRuntimeEndpoint` is set.
+//! `nodelet run-node`: the kubelet. It runs the static pods of the configuration's
+//! `staticPodPath` (and `staticPodURL`) and, given `--kubeconfig`, the pods the API server binds
+//! to the node, with the built-in runtime, or with a remote CRI runtime when
+//! `containerRuntimeEndpoint` is set.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ pub struct NodeArgs {
     /// The node's IP address.
     #[arg(long)]
     pub node_ip: Option<IpAddr>,
-    /// A kubeconfig for the API server (not supported yet: standalone only).
+    /// A kubeconfig for the API server; without one the node runs standalone (static pods only).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 }
@@ -45,8 +46,12 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.node_ip = args.node_ip.or(cfg.node_ip);
     if args.kubeconfig.is_some() {
-        anyhow::bail!("--kubeconfig: the API server source is not implemented yet; run standalone");
+        cfg.kubeconfig = args.kubeconfig;
     }
+    let client = match &cfg.kubeconfig {
+        Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
+        None => None,
+    };
     let rt = if cfg.container_runtime_endpoint.is_empty() {
         let rt = super::builtin(root_dir).await?;
         kubelet::Runtime {
@@ -64,7 +69,7 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
             images: Arc::new(remote),
         }
     };
-    kubelet::run(cfg, rt, shutdown_signal()).await?;
+    kubelet::run(cfg, rt, client, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
 
