@@ -85,13 +85,18 @@ pub async fn run(
     );
 
     let (tx, mut rx) = mpsc::channel::<PodUpdate>(64);
+    let (problems_tx, mut problems) = mpsc::unbounded_channel::<String>();
+    let recorder = client
+        .as_ref()
+        .map(|c| crate::api::events::Recorder::new(c.clone(), cfg.node_name.clone()));
     let mut expected_sources = Vec::new();
     if !cfg.static_pod_path.as_os_str().is_empty() {
         let src = sources::file::FileSource::new(
             cfg.static_pod_path.clone(),
             cfg.node_name.clone(),
             cfg.file_check_frequency,
-        );
+        )
+        .report_to(problems_tx.clone());
         tokio::spawn(src.run(tx.clone()));
         expected_sources.push(sources::FILE_SOURCE);
     }
@@ -100,7 +105,8 @@ pub async fn run(
             cfg.static_pod_url.clone(),
             cfg.node_name.clone(),
             cfg.http_check_frequency,
-        );
+        )
+        .report_to(problems_tx.clone());
         tokio::spawn(src.run(tx.clone()));
         expected_sources.push(sources::HTTP_SOURCE);
     }
@@ -112,6 +118,7 @@ pub async fn run(
         mirror::MirrorManager::new(c.clone(), cfg.node_name.clone())
     });
     drop(tx);
+    drop(problems_tx);
 
     let mut events = match rt
         .runtime
@@ -137,6 +144,14 @@ pub async fn run(
             Some(update) = rx.recv() => {
                 for change in merger.merge(update) {
                     dispatch(&workers, &status, change);
+                }
+            }
+            Some(problem) = problems.recv() => {
+                if let Some(r) = recorder.clone() {
+                    // Off the loop: the API server may be slow or away.
+                    tokio::spawn(async move {
+                        r.warning(r.node_ref(), crate::api::events::FAILED_VALIDATION, &problem).await;
+                    });
                 }
             }
             Some(ev) = next_event(&mut events) => {

@@ -38,6 +38,8 @@ pub struct FileSource {
     cache: HashMap<PathBuf, (String, Pod)>,
     /// Errors of the previous scan, to warn only about new ones.
     last_errors: HashSet<String>,
+    /// Where new errors are also sent (the kubelet records them as events).
+    problems: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl FileSource {
@@ -52,7 +54,14 @@ impl FileSource {
             check_every,
             cache: HashMap::new(),
             last_errors: HashSet::new(),
+            problems: None,
         }
+    }
+
+    /// Also sends each new error to `tx`.
+    pub fn report_to(mut self, tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        self.problems = Some(tx);
+        self
     }
 
     /// Reads the directory once. Logs each new error with `tracing::warn!`.
@@ -187,6 +196,9 @@ impl FileSource {
         for e in errors {
             if !self.last_errors.contains(e) {
                 tracing::warn!("static pod manifest skipped: {e}");
+                if let Some(tx) = &self.problems {
+                    let _ = tx.send(format!("static pod manifest skipped: {e}"));
+                }
             }
         }
         self.last_errors = now;
