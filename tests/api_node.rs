@@ -88,6 +88,8 @@ fn start(node: &Node) -> Agent {
             .arg(&node.config)
             .arg("--kubeconfig")
             .arg(&node.kubeconfig)
+            .arg("--cri-listen")
+            .arg(node.root.with_extension("sock"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -264,6 +266,27 @@ async fn api_pods_lifecycle() {
             .iter()
             .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/web/status")),
         "status was patched through the status subresource"
+    );
+
+    // The agent serves its runtime over CRI for crictl: the same containers are seen there.
+    let cri = runtime::remote::connect(
+        &format!("unix://{}", node.root.with_extension("sock").display()),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let listed = runtime::RuntimeService::list_containers(
+        &cri,
+        runtime::cri::ListContainersRequest { filter: None },
+    )
+    .await
+    .unwrap();
+    assert!(
+        listed
+            .containers
+            .iter()
+            .any(|c| main_id.ends_with(&c.id)),
+        "the CRI socket lists web's main container {main_id}"
     );
 
     // bad: reported as waiting with a reason; web unaffected.

@@ -27,6 +27,10 @@ pub struct NodeArgs {
     /// A kubeconfig for the API server; without one the node runs standalone (static pods only).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Also serve the kubelet's runtime as CRI v1 on this socket (unix:///path), so crictl can
+    /// look at what the node runs. Off by default.
+    #[arg(long)]
+    pub cri_listen: Option<String>,
 }
 
 pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
@@ -69,6 +73,17 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
             images: Arc::new(remote),
         }
     };
+    if let Some(listen) = &args.cri_listen {
+        let socket = runtime::endpoint::unix_socket_path(listen)?;
+        let bound = runtime::server::bind_unix(&socket)?;
+        let (r, i) = (rt.runtime.clone(), rt.images.clone());
+        tokio::spawn(async move {
+            let cfg = runtime::server::ServerConfig::default();
+            if let Err(e) = runtime::server::serve(bound, r, i, cfg, std::future::pending()).await {
+                tracing::error!("CRI server: {e}");
+            }
+        });
+    }
     kubelet::run(cfg, rt, client, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
