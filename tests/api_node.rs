@@ -197,23 +197,20 @@ async fn api_pods_lifecycle() {
         ),
     )
     .unwrap();
-    let web = pod(
-        "web",
-        &format!(
-            "  terminationGracePeriodSeconds: 20\n  initContainers:\n{}{}  containers:\n{}",
-            busybox("init-a", "echo a >> /shared/order"),
-            busybox("init-b", "echo b >> /shared/order"),
-            busybox(
-                "main",
-                "cat /shared/order; trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"
-            )
+    let web_spec = format!(
+        "  terminationGracePeriodSeconds: 20\n  initContainers:\n{}{}  containers:\n{}",
+        busybox("init-a", "echo a >> /shared/order"),
+        busybox("init-b", "echo b >> /shared/order"),
+        busybox(
+            "main",
+            "cat /shared/order; trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"
         )
-        .replace(
-            "    command:",
-            "    volumeMounts: [{name: shared, mountPath: /shared}]\n    command:",
-        )
-            + "  volumes: [{name: shared, emptyDir: {}}]\n",
-    );
+    )
+    .replace(
+        "    command:",
+        "    volumeMounts: [{name: shared, mountPath: /shared}]\n    command:",
+    ) + "  volumes: [{name: shared, emptyDir: {}}]\n";
+    let web = pod("web", &web_spec);
     pods.create(&PostParams::default(), &web).await.unwrap();
     let bad = pod(
         "bad",
@@ -230,12 +227,18 @@ async fn api_pods_lifecycle() {
 
     // The broken manifest is reported as a Warning event about the node.
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
-    let ev = wait_for("a Warning event about the broken manifest", 60, async || {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.message.as_deref().is_some_and(|m| m.contains("broken.yaml"))
-        })
-    })
+    let ev = wait_for(
+        "a Warning event about the broken manifest",
+        60,
+        async || {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("broken.yaml"))
+            })
+        },
+    )
     .await;
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
@@ -243,7 +246,7 @@ async fn api_pods_lifecycle() {
 
     // web: init containers in order, then Running and Ready, written to pods/status.
     let st = wait_for("web running and ready", 90, async || {
-        status(&pods, "web").await.filter(|s| ready(s))
+        status(&pods, "web").await.filter(ready)
     })
     .await;
     assert_eq!(st.phase.as_deref(), Some("Running"));
@@ -282,10 +285,7 @@ async fn api_pods_lifecycle() {
     .await
     .unwrap();
     assert!(
-        listed
-            .containers
-            .iter()
-            .any(|c| main_id.ends_with(&c.id)),
+        listed.containers.iter().any(|c| main_id.ends_with(&c.id)),
         "the CRI socket lists web's main container {main_id}"
     );
 
@@ -330,7 +330,11 @@ async fn api_pods_lifecycle() {
             .filter(|s| container_id(s, "main").is_some())
     })
     .await;
-    assert_eq!(container_id(&st, "main").unwrap(), static_id, "static pod kept running");
+    assert_eq!(
+        container_id(&st, "main").unwrap(),
+        static_id,
+        "static pod kept running"
+    );
 
     // SIGKILL the kubelet and start it again: the pods are adopted, nothing restarts.
     agent.0.kill().unwrap();
@@ -357,7 +361,9 @@ async fn api_pods_lifecycle() {
     let out = read_log(&node.logs, "web", "main");
     assert!(out.contains("got TERM"), "graceful stop: {out}");
     assert!(
-        api.requests().iter().any(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web")),
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web")),
     );
     drop(agent);
 }
@@ -384,11 +390,13 @@ async fn api_server_outage() {
     pods.create(&PostParams::default(), &steady).await.unwrap();
     let _agent = start(&node);
     let st = wait_for("steady running", 90, async || {
-        status(&pods, "steady").await.filter(|s| ready(s))
+        status(&pods, "steady").await.filter(ready)
     })
     .await;
     let steady_id = container_id(&st, "main").unwrap();
-    pods.create(&PostParams::default(), &finisher).await.unwrap();
+    pods.create(&PostParams::default(), &finisher)
+        .await
+        .unwrap();
     wait_for("finisher running", 60, async || {
         status(&pods, "finisher")
             .await
@@ -419,4 +427,3 @@ async fn api_server_outage() {
     assert_eq!(container_id(&st, "main").unwrap(), steady_id, "no restart");
     assert_eq!(restarts(&st, "main"), Some(0));
 }
-
