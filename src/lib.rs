@@ -3,12 +3,14 @@
 //! The kubelet logic talks to containers only through `runtime`'s CRI-shaped traits; the
 //! built-in runtime and the remote CRI backend are interchangeable behind them.
 
+pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod kubelet;
 pub mod logging;
+pub mod node;
 pub mod pod;
 pub mod pod_workers;
 pub mod sources;

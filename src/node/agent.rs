@@ -1,0 +1,108 @@
+//! The node side of the kubelet in one piece, for the kubelet's wiring: a [`NodeStatusManager`]
+//! whose health is the runtime's `Status` (checked every [`RUNTIME_CHECK_PERIOD`] through a
+//! [`RuntimeState`]) plus the kubelet's own checks (e.g. PLEG), reporting the runtime's images,
+//! and the [`LeaseController`]. [`NodeAgent::stop`] ends all three tasks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use runtime::{ImageService, RuntimeService};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{Health, LeaseController, NodeFacts, NodeStatusManager, RuntimeState};
+use crate::config::KubeletConfig;
+
+/// How often the runtime's `Status` is asked (upstream's `updateRuntimeUp` period).
+pub const RUNTIME_CHECK_PERIOD: Duration = Duration::from_secs(5);
+
+/// Extra Ready problems from the kubelet itself, e.g. `|| pleg.problem().into_iter().collect()`.
+pub type ProblemsFn = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// The running node status manager, Lease controller and runtime check.
+pub struct NodeAgent {
+    manager: Arc<NodeStatusManager>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl NodeAgent {
+    /// Starts registering and reporting the node described by `facts` (and, when
+    /// `cfg.node_lease_duration_seconds` > 0, renewing its Lease).
+    pub fn spawn(
+        client: kube::Client,
+        cfg: &KubeletConfig,
+        facts: NodeFacts,
+        runtime: Arc<dyn RuntimeService>,
+        images: Arc<dyn ImageService>,
+        extra: ProblemsFn,
+    ) -> NodeAgent {
+        let state = Arc::new(RuntimeState::default());
+        let health_state = state.clone();
+        let health = Arc::new(move || {
+            let mut problems = health_state.problems(Instant::now());
+            problems.extend(extra());
+            Health {
+                problems,
+                ..Default::default()
+            }
+        });
+        let manager = Arc::new(
+            NodeStatusManager::new(client.clone(), cfg, facts, health).with_images(images),
+        );
+        let (stop, stopped) = watch::channel(false);
+        let until_stopped = move || {
+            let mut rx = stopped.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut tasks = Vec::new();
+        let shutdown = until_stopped();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RUNTIME_CHECK_PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tick.tick() => state.check(runtime.as_ref()).await,
+                }
+            }
+        }));
+        let m = manager.clone();
+        let shutdown = until_stopped();
+        tasks.push(tokio::spawn(async move { m.run(shutdown).await }));
+        if cfg.node_lease_duration_seconds > 0 {
+            let lease = LeaseController::new(client, cfg, manager.subscribe());
+            let shutdown = until_stopped();
+            tasks.push(tokio::spawn(async move { lease.run(shutdown).await }));
+        }
+        NodeAgent {
+            manager,
+            stop,
+            tasks,
+        }
+    }
+
+    /// The status manager (for [`NodeStatusManager::node`] and `subscribe`).
+    pub fn manager(&self) -> &Arc<NodeStatusManager> {
+        &self.manager
+    }
+
+    /// The latest Node, for admission.
+    pub fn node(&self) -> Option<Node> {
+        self.manager.node()
+    }
+
+    /// Stops the tasks and waits for them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                tracing::warn!("node agent task: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Tests of [`super::build_node`], capacity and allocatable.
+
+use super::*;
+use serde_json::json;
+
+pub(crate) fn facts() -> NodeFacts {
+    NodeFacts {
+        hostname: "node-a".into(),
+        node_ip: "10.0.0.7".parse().unwrap(),
+        cpus: 4,
+        memory_bytes: 16_318_428 * 1024,
+        ephemeral_storage_bytes: 100 * 1024 * 1024 * 1024,
+        max_pods: 110,
+        machine_id: "mid".into(),
+        system_uuid: "uuid".into(),
+        boot_id: "boot".into(),
+        kernel_version: "6.1.0".into(),
+        os_image: "Debian GNU/Linux 13 (trixie)".into(),
+        operating_system: "linux".into(),
+        architecture: "amd64".into(),
+        container_runtime_version: "nodelet://0.1.0".into(),
+        kubelet_version: "v1.37.0+nodelet.0.1.0".into(),
+    }
+}
+
+#[test]
+fn node_from_fixed_facts() {
+    let node = build_node(&facts(), &KubeletConfig::default());
+    let got = serde_json::to_value(&node).unwrap();
+    let want = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "node-a",
+            "labels": {
+                "kubernetes.io/hostname": "node-a",
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": "amd64",
+            },
+            "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+        },
+        "status": {
+            "capacity": {
+                "cpu": "4",
+                "memory": "16318428Ki",
+                "ephemeral-storage": "100Gi",
+                "pods": "110",
+            },
+            "allocatable": {
+                "cpu": "4",
+                // 100Mi reserved for memory.available.
+                "memory": "16216028Ki",
+                // 10% (nodefs.available) of 100Gi.
+                "ephemeral-storage": "90Gi",
+                "pods": "110",
+            },
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.7"},
+                {"type": "Hostname", "address": "node-a"},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "boot",
+                "containerRuntimeVersion": "nodelet://0.1.0",
+                "kernelVersion": "6.1.0",
+                "kubeProxyVersion": "",
+                "kubeletVersion": "v1.37.0+nodelet.0.1.0",
+                "machineID": "mid",
+                "operatingSystem": "linux",
+                "osImage": "Debian GNU/Linux 13 (trixie)",
+                "systemUUID": "uuid",
+            },
+        },
+    });
+    assert_eq!(got, want, "{}", serde_json::to_string_pretty(&got).unwrap());
+}
+
+#[test]
+fn quantities_in_canonical_form() {
+    let cases = [
+        (Amount::Millicores(4000), "4"),
+        (Amount::Millicores(1500), "1500m"),
+        (Amount::Bytes(0), "0"),
+        (Amount::Bytes(1000), "1000"),
+        (Amount::Bytes(1024), "1Ki"),
+        (Amount::Bytes(1536 * 1024 * 1024), "1536Mi"),
+        (Amount::Bytes(2 * 1024 * 1024 * 1024), "2Gi"),
+        (Amount::Bytes(16_710_070_273), "16710070273"),
+        (Amount::Count(110), "110"),
+    ];
+    for (amount, want) in cases {
+        assert_eq!(amount.to_quantity().0, want, "{amount:?}");
+    }
+}
+
+#[test]
+fn allocatable_minus_hard_eviction() {
+    let gi = 1024 * 1024 * 1024;
+    let cap = BTreeMap::from([
+        ("cpu".to_string(), Amount::Millicores(2000)),
+        ("memory".to_string(), Amount::Bytes(4 * gi)),
+        ("ephemeral-storage".to_string(), Amount::Bytes(10 * gi)),
+        ("pods".to_string(), Amount::Count(110)),
+    ]);
+    let ev = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // (thresholds, memory, ephemeral-storage)
+    let cases = [
+        (ev(&[]), 4 * gi, 10 * gi),
+        (
+            ev(&[("memory.available", "100Mi")]),
+            4 * gi - 100 * 1024 * 1024,
+            10 * gi,
+        ),
+        (ev(&[("memory.available", "25%")]), 3 * gi, 10 * gi),
+        (ev(&[("nodefs.available", "1Gi")]), 4 * gi, 9 * gi),
+        (
+            ev(&[("nodefs.available", "50%"), ("memory.available", "1G")]),
+            4 * gi - 1_000_000_000,
+            5 * gi,
+        ),
+        // More than there is: zero, never negative.
+        (ev(&[("memory.available", "8Gi")]), 0, 10 * gi),
+        // Other signals reserve nothing.
+        (
+            ev(&[("imagefs.available", "15%"), ("nodefs.inodesFree", "5%")]),
+            4 * gi,
+            10 * gi,
+        ),
+        // Unparsable: nothing reserved.
+        (ev(&[("memory.available", "lots")]), 4 * gi, 10 * gi),
+    ];
+    for (thresholds, memory, storage) in cases {
+        let a = allocatable(&cap, &thresholds);
+        assert_eq!(a["memory"], Amount::Bytes(memory), "{thresholds:?}");
+        assert_eq!(
+            a["ephemeral-storage"],
+            Amount::Bytes(storage),
+            "{thresholds:?}"
+        );
+        assert_eq!(a["cpu"], Amount::Millicores(2000));
+        assert_eq!(a["pods"], Amount::Count(110));
+    }
+}
+
+#[test]
+fn max_pods_and_eviction_come_from_the_config() {
+    let mut f = facts();
+    f.max_pods = 7;
+    let cfg = KubeletConfig {
+        eviction_hard: BTreeMap::new(),
+        ..Default::default()
+    };
+    let status = build_node(&f, &cfg).status.unwrap();
+    let alloc = status.allocatable.unwrap();
+    assert_eq!(alloc["pods"].0, "7");
+    assert_eq!(alloc["memory"].0, "16318428Ki");
+    assert_eq!(alloc["ephemeral-storage"].0, "100Gi");
+}

@@ -1,0 +1,253 @@
+//! What the Node object is built from, read from the machine once at start: CPUs, memory,
+//! the root directory's filesystem, addresses and the identity files. Gathering is the only
+//! I/O of the node module's pure core; [`super::build_node`] turns the facts into a `Node`.
+
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::config::KubeletConfig;
+
+/// The Kubernetes version nodelet implements (the API types it is built against: k8s-openapi's
+/// `latest`, v1.37).
+pub const KUBERNETES_VERSION: &str = "1.37.0";
+
+/// The `kubeletVersion` the node reports: the Kubernetes version with nodelet's own version as
+/// semver build metadata, e.g. `v1.37.0+nodelet.0.1.0` (like k3s's `v1.30.2+k3s1`), so version
+/// checks that parse it as semver see 1.37.0.
+pub fn kubelet_version() -> String {
+    format!(
+        "v{KUBERNETES_VERSION}+nodelet.{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The machine as the node reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The node's name (`cfg.node_name`), also its `kubernetes.io/hostname` label.
+    pub hostname: String,
+    /// The InternalIP address.
+    pub node_ip: IpAddr,
+    /// CPUs this process may run on (like Go's `runtime.NumCPU`).
+    pub cpus: u32,
+    /// `MemTotal` in bytes.
+    pub memory_bytes: u64,
+    /// Size in bytes of the filesystem holding the root directory.
+    pub ephemeral_storage_bytes: u64,
+    /// `maxPods`.
+    pub max_pods: u32,
+    pub machine_id: String,
+    pub system_uuid: String,
+    pub boot_id: String,
+    pub kernel_version: String,
+    pub os_image: String,
+    /// Always `linux`.
+    pub operating_system: String,
+    /// In Go's GOARCH names (`amd64`, `arm64`, ...).
+    pub architecture: String,
+    /// `<runtime name>://<runtime version>`.
+    pub container_runtime_version: String,
+    pub kubelet_version: String,
+}
+
+impl NodeFacts {
+    /// Reads the facts from this machine. Missing identity files give empty strings (as
+    /// upstream reports them); unreadable CPU, memory or root filesystem are errors.
+    pub fn gather(
+        cfg: &KubeletConfig,
+        runtime_name: &str,
+        runtime_version: &str,
+    ) -> anyhow::Result<NodeFacts> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+        let memory_bytes = mem_total(&meminfo).context("no MemTotal in /proc/meminfo")?;
+        let os_release = std::fs::read_to_string("/etc/os-release")
+            .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
+            .unwrap_or_default();
+        Ok(NodeFacts {
+            hostname: cfg.node_name.clone(),
+            node_ip: cfg.node_ip.unwrap_or_else(|| host_ip(&cfg.node_name)),
+            cpus: cpu_count()?,
+            memory_bytes,
+            ephemeral_storage_bytes: fs_capacity(&cfg.root_dir)?,
+            max_pods: cfg.max_pods,
+            machine_id: read_trimmed("/etc/machine-id"),
+            system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
+            os_image: pretty_name(&os_release),
+            operating_system: "linux".to_string(),
+            architecture: goarch(std::env::consts::ARCH).to_string(),
+            container_runtime_version: format!("{runtime_name}://{runtime_version}"),
+            kubelet_version: kubelet_version(),
+        })
+    }
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// CPUs in this process's affinity mask, as Go's `runtime.NumCPU` counts them.
+fn cpu_count() -> anyhow::Result<u32> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    use nix::unistd::Pid;
+    let set = sched_getaffinity(Pid::from_raw(0)).context("sched_getaffinity")?;
+    let n = (0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .count();
+    if n == 0 {
+        // An empty mask cannot happen for a running process; fall back to what std sees.
+        return Ok(std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+    }
+    Ok(u32::try_from(n)?)
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+pub fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+/// `PRETTY_NAME` of an os-release text (quotes removed); `Linux` when absent, as upstream.
+pub fn pretty_name(os_release: &str) -> String {
+    os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim().trim_matches(['"', '\'']).to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "Linux".to_string())
+}
+
+/// Rust's `std::env::consts::ARCH` in Go's GOARCH names.
+pub fn goarch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "x86" => "386",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64",
+        "loongarch64" => "loong64",
+        "mips64" => "mips64",
+        other => other,
+    }
+}
+
+/// Size of the filesystem holding `dir` (or its nearest existing ancestor, so the root
+/// directory need not exist yet).
+fn fs_capacity(dir: &Path) -> anyhow::Result<u64> {
+    let mut path = dir;
+    while !path.exists() {
+        path = path.parent().unwrap_or(Path::new("/"));
+    }
+    let st =
+        nix::sys::statvfs::statvfs(path).with_context(|| format!("statvfs {}", path.display()))?;
+    Ok(st.blocks().saturating_mul(st.fragment_size()))
+}
+
+/// The node's address when `--node-ip` is not given, as upstream looks for it: the first
+/// non-loopback IPv4 address the node name resolves to, else the address of the interface
+/// holding the default route, else 127.0.0.1.
+fn host_ip(node_name: &str) -> IpAddr {
+    let resolved = (node_name, 0u16)
+        .to_socket_addrs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .map(|a| a.ip())
+        .find(|ip| ip.is_ipv4() && !ip.is_loopback() && !ip.is_unspecified());
+    resolved
+        .or_else(default_route_ip)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// The source address the kernel picks for a packet to a public address: connecting a UDP
+/// socket sends nothing, it only routes.
+fn default_route_ip() -> Option<IpAddr> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    socket.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       16318428 kB\nMemFree:         1000 kB\n";
+        assert_eq!(mem_total(text), Some(16318428 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(mem_total("MemTotal: x kB\n"), None);
+    }
+
+    #[test]
+    fn os_release() {
+        let text = "NAME=\"Debian GNU/Linux\"\nPRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\n";
+        assert_eq!(pretty_name(text), "Debian GNU/Linux 13 (trixie)");
+        assert_eq!(pretty_name("NAME=x\n"), "Linux");
+    }
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(goarch("x86_64"), "amd64");
+        assert_eq!(goarch("aarch64"), "arm64");
+        assert_eq!(goarch("s390x"), "s390x");
+        assert_eq!(goarch("riscv64"), "riscv64");
+    }
+
+    #[test]
+    fn version_is_semver_with_nodelet_build() {
+        let v = kubelet_version();
+        assert!(v.starts_with("v1.37.0+nodelet."), "{v}");
+    }
+
+    #[test]
+    fn gather_reads_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = KubeletConfig {
+            node_name: "node-a".into(),
+            node_ip: Some("10.1.2.3".parse().unwrap()),
+            root_dir: dir.path().join("not/yet/created"),
+            max_pods: 7,
+            ..Default::default()
+        };
+        let f = NodeFacts::gather(&cfg, "nodelet", "0.1.0").unwrap();
+        assert_eq!(f.hostname, "node-a");
+        assert_eq!(f.node_ip, "10.1.2.3".parse::<IpAddr>().unwrap());
+        assert!(f.cpus >= 1);
+        // std's count also honours cgroup CPU quotas, so it can only be lower.
+        assert!(f.cpus as usize >= std::thread::available_parallelism().unwrap().get());
+        assert!(f.memory_bytes > 64 * 1024 * 1024);
+        assert!(f.ephemeral_storage_bytes > 0);
+        assert_eq!(f.max_pods, 7);
+        assert_eq!(f.operating_system, "linux");
+        assert_eq!(f.container_runtime_version, "nodelet://0.1.0");
+        assert!(!f.kernel_version.is_empty());
+        assert_eq!(f.boot_id.len(), 36, "{}", f.boot_id);
+    }
+
+    #[test]
+    fn gather_without_node_ip_finds_one() {
+        let cfg = KubeletConfig {
+            node_name: "localhost".into(),
+            node_ip: None,
+            root_dir: "/".into(),
+            ..Default::default()
+        };
+        let f = NodeFacts::gather(&cfg, "r", "1").unwrap();
+        // "localhost" resolves only to loopback, so this is the default-route address, or
+        // 127.0.0.1 on a machine without one; never unspecified.
+        assert!(f.node_ip.is_ipv4());
+        assert!(!f.node_ip.is_unspecified());
+    }
+}

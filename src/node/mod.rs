@@ -1,0 +1,243 @@
+//! The kubelet's Node: registration, status and the node Lease (upstream's
+//! `kubelet_node_status.go`, `nodestatus/setters.go` and `nodelease`).
+//!
+//! The core is pure and table-tested: [`NodeFacts`] are read from the machine once
+//! ([`facts`]), [`build_node`] turns them into the Node the kubelet registers,
+//! [`conditions`] derives the node conditions from a [`Health`] report and the previous
+//! conditions, [`status`] decides when a status write is due and runs the
+//! [`NodeStatusManager`], [`lease`] keeps `kube-node-lease/<node>` renewed, and
+//! [`runtime_state`] turns the runtime's `Status` answers into Ready problems; [`agent`]
+//! runs all of it for the kubelet. This module
+//! never touches pods: admission (`crate::admission`) only reads the Node it publishes.
+
+pub mod agent;
+pub mod conditions;
+pub mod facts;
+pub mod lease;
+pub mod runtime_state;
+pub mod status;
+
+pub use agent::{NodeAgent, ProblemsFn};
+pub use conditions::{Health, node_conditions, pleg_unhealthy};
+pub use facts::{NodeFacts, kubelet_version};
+pub use lease::{LeaseController, NODE_LEASE_NAMESPACE, build_lease};
+pub use runtime_state::RuntimeState;
+pub use status::{HealthCheck, NodeStatusManager, should_write, status_changed};
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::config::KubeletConfig;
+use crate::pod::quantity;
+
+/// `kubernetes.io/hostname`.
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+/// `kubernetes.io/os`.
+pub const LABEL_OS: &str = "kubernetes.io/os";
+/// `kubernetes.io/arch`.
+pub const LABEL_ARCH: &str = "kubernetes.io/arch";
+/// The deprecated `beta.kubernetes.io/os`, still set by upstream.
+pub const LABEL_OS_BETA: &str = "beta.kubernetes.io/os";
+/// The deprecated `beta.kubernetes.io/arch`, still set by upstream.
+pub const LABEL_ARCH_BETA: &str = "beta.kubernetes.io/arch";
+/// Tells the attach/detach controller that it, not the kubelet, attaches volumes here.
+pub const ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH: &str =
+    "volumes.kubernetes.io/controller-managed-attach-detach";
+/// The kubelet's port, reported in `daemonEndpoints`.
+pub const KUBELET_PORT: i32 = 10250;
+
+/// The Node nodelet registers: metadata (name, default labels, the attach/detach annotation)
+/// and the status that follows from the facts alone (capacity, allocatable, addresses,
+/// nodeInfo, daemon endpoints). Conditions and images are added by [`status`].
+pub fn build_node(facts: &NodeFacts, cfg: &KubeletConfig) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(facts.hostname.clone()),
+            labels: Some(default_labels(facts)),
+            annotations: Some(BTreeMap::from([(
+                ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(facts_status(facts, cfg)),
+    }
+}
+
+/// The labels the kubelet owns on its Node.
+pub fn default_labels(facts: &NodeFacts) -> BTreeMap<String, String> {
+    [
+        (LABEL_HOSTNAME, facts.hostname.as_str()),
+        (LABEL_OS, facts.operating_system.as_str()),
+        (LABEL_ARCH, facts.architecture.as_str()),
+        (LABEL_OS_BETA, facts.operating_system.as_str()),
+        (LABEL_ARCH_BETA, facts.architecture.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
+    let capacity = capacity(facts);
+    let allocatable = allocatable(&capacity, &cfg.eviction_hard);
+    NodeStatus {
+        capacity: Some(to_quantities(&capacity)),
+        allocatable: Some(to_quantities(&allocatable)),
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".to_string(),
+                address: facts.node_ip.to_string(),
+            },
+            NodeAddress {
+                type_: "Hostname".to_string(),
+                address: facts.hostname.clone(),
+            },
+        ]),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint { port: KUBELET_PORT }),
+        }),
+        node_info: Some(NodeSystemInfo {
+            architecture: facts.architecture.clone(),
+            boot_id: facts.boot_id.clone(),
+            container_runtime_version: facts.container_runtime_version.clone(),
+            kernel_version: facts.kernel_version.clone(),
+            kubelet_version: facts.kubelet_version.clone(),
+            machine_id: facts.machine_id.clone(),
+            operating_system: facts.operating_system.clone(),
+            os_image: facts.os_image.clone(),
+            system_uuid: facts.system_uuid.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A resource amount: CPU in millicores, everything else in units (bytes, pods).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amount {
+    Millicores(i64),
+    Bytes(i64),
+    Count(i64),
+}
+
+impl Amount {
+    fn value(self) -> i64 {
+        match self {
+            Amount::Millicores(v) | Amount::Bytes(v) | Amount::Count(v) => v,
+        }
+    }
+
+    fn with_value(self, v: i64) -> Amount {
+        match self {
+            Amount::Millicores(_) => Amount::Millicores(v),
+            Amount::Bytes(_) => Amount::Bytes(v),
+            Amount::Count(_) => Amount::Count(v),
+        }
+    }
+
+    /// The canonical text upstream's `resource.Quantity` gives: CPU as cores or `m`, bytes
+    /// with the largest exact binary suffix (`16318428Ki`), counts as plain integers.
+    pub fn to_quantity(self) -> Quantity {
+        Quantity(match self {
+            Amount::Millicores(m) if m % 1000 == 0 => (m / 1000).to_string(),
+            Amount::Millicores(m) => format!("{m}m"),
+            Amount::Bytes(b) => format_binary(b),
+            Amount::Count(n) => n.to_string(),
+        })
+    }
+}
+
+fn format_binary(bytes: i64) -> String {
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes == 0 {
+        return "0".to_string();
+    }
+    let mut n = bytes;
+    let mut suffix = "";
+    for s in SUFFIXES {
+        if n % 1024 != 0 {
+            break;
+        }
+        n /= 1024;
+        suffix = s;
+    }
+    format!("{n}{suffix}")
+}
+
+/// The node's capacity: cpu, memory, ephemeral-storage and pods.
+pub fn capacity(facts: &NodeFacts) -> BTreeMap<String, Amount> {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    BTreeMap::from([
+        (
+            "cpu".to_string(),
+            Amount::Millicores(i64::from(facts.cpus) * 1000),
+        ),
+        (
+            "memory".to_string(),
+            Amount::Bytes(clamp(facts.memory_bytes)),
+        ),
+        (
+            "ephemeral-storage".to_string(),
+            Amount::Bytes(clamp(facts.ephemeral_storage_bytes)),
+        ),
+        ("pods".to_string(), Amount::Count(i64::from(facts.max_pods))),
+    ])
+}
+
+/// Allocatable = capacity minus the hard eviction thresholds, as upstream reserves them:
+/// `memory.available` from memory and `nodefs.available` from ephemeral-storage (a quantity,
+/// or a percentage of the capacity), never below zero. nodelet has no kube/system reserved.
+/// A threshold that does not parse reserves nothing (the config loader has checked them).
+pub fn allocatable(
+    capacity: &BTreeMap<String, Amount>,
+    eviction_hard: &BTreeMap<String, String>,
+) -> BTreeMap<String, Amount> {
+    let mut out = capacity.clone();
+    for (signal, resource) in [
+        ("memory.available", "memory"),
+        ("nodefs.available", "ephemeral-storage"),
+    ] {
+        let (Some(threshold), Some(cap)) = (eviction_hard.get(signal), capacity.get(resource))
+        else {
+            continue;
+        };
+        let Some(reserved) = threshold_bytes(threshold, cap.value()) else {
+            continue;
+        };
+        out.insert(
+            resource.to_string(),
+            cap.with_value((cap.value() - reserved).max(0)),
+        );
+    }
+    out
+}
+
+/// A threshold (`100Mi`, `10%`) in bytes of `capacity`.
+fn threshold_bytes(threshold: &str, capacity: i64) -> Option<i64> {
+    if let Some(pct) = threshold.trim().strip_suffix('%') {
+        let pct: f64 = pct.trim().parse().ok()?;
+        if !(0.0..=100.0).contains(&pct) {
+            return None;
+        }
+        // Upstream multiplies in float64 and truncates.
+        return Some((capacity as f64 * pct / 100.0) as i64);
+    }
+    quantity::parse_bytes(threshold).ok().filter(|v| *v >= 0)
+}
+
+fn to_quantities(m: &BTreeMap<String, Amount>) -> BTreeMap<String, Quantity> {
+    m.iter()
+        .map(|(k, v)| (k.clone(), v.to_quantity()))
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "build_tests.rs"]
+mod tests;
