@@ -14,3 +14,4 @@ pub mod node;
 pub mod pod;
 pub mod pod_workers;
 pub mod sources;
+pub mod status_manager;

@@ -1,6 +1,8 @@
 //! The kubelet's side of the API server: the client (kube-rs over rustls with the ring
 //! provider) and the names the kubelet writes under.
 
+pub mod events;
+
 use std::path::Path;
 
 use anyhow::Context;

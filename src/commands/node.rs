@@ -1,6 +1,7 @@
-//! `nodelet run-node`: the kubelet. Standalone for now: it runs the static pods of the
-//! configuration's `staticPodPath` (and `staticPodURL`) with the built-in runtime, or with a
-//! remote CRI runtime when `containerRuntimeEndpoint` is set.
+//! `nodelet run-node`: the kubelet. It runs the static pods of the configuration's
+//! `staticPodPath` (and `staticPodURL`) and, given `--kubeconfig`, the pods the API server binds
+//! to the node, with the built-in runtime, or with a remote CRI runtime when
+//! `containerRuntimeEndpoint` is set.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -23,9 +24,13 @@ pub struct NodeArgs {
     /// The node's IP address.
     #[arg(long)]
     pub node_ip: Option<IpAddr>,
-    /// A kubeconfig for the API server (not supported yet: standalone only).
+    /// A kubeconfig for the API server; without one the node runs standalone (static pods only).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Also serve the kubelet's runtime as CRI v1 on this socket (unix:///path), so crictl can
+    /// look at what the node runs. Off by default.
+    #[arg(long)]
+    pub cri_listen: Option<String>,
 }
 
 pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
@@ -45,8 +50,12 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.node_ip = args.node_ip.or(cfg.node_ip);
     if args.kubeconfig.is_some() {
-        anyhow::bail!("--kubeconfig: the API server source is not implemented yet; run standalone");
+        cfg.kubeconfig = args.kubeconfig;
     }
+    let client = match &cfg.kubeconfig {
+        Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
+        None => None,
+    };
     let rt = if cfg.container_runtime_endpoint.is_empty() {
         let rt = super::builtin(root_dir).await?;
         kubelet::Runtime {
@@ -64,7 +73,18 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
             images: Arc::new(remote),
         }
     };
-    kubelet::run(cfg, rt, shutdown_signal()).await?;
+    if let Some(listen) = &args.cri_listen {
+        let socket = runtime::endpoint::unix_socket_path(listen)?;
+        let bound = runtime::server::bind_unix(&socket)?;
+        let (r, i) = (rt.runtime.clone(), rt.images.clone());
+        tokio::spawn(async move {
+            let cfg = runtime::server::ServerConfig::default();
+            if let Err(e) = runtime::server::serve(bound, r, i, cfg, std::future::pending()).await {
+                tracing::error!("CRI server: {e}");
+            }
+        });
+    }
+    kubelet::run(cfg, rt, client, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
 

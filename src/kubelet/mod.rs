@@ -1,8 +1,11 @@
 //! The kubelet's wiring: pod sources feed a merger; the sync loop hands every change, runtime
 //! event and housekeeping tick to the pod workers; the workers sync pods through [`Syncer`]
-//! over the runtime traits. Standalone mode (no API server) today: static pods from
-//! `staticPodPath` and `staticPodURL`.
+//! over the runtime traits and hand the statuses to the [`StatusManager`]. Static pods come
+//! from `staticPodPath` and `staticPodURL`; with an API server (a kubeconfig), the pods bound
+//! to the node come from it too, static pods get mirror pods, and statuses are written back.
 
+pub mod mirror;
+pub mod pleg;
 mod syncer;
 
 use std::collections::HashSet;
@@ -10,13 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use runtime::{ImageService, RuntimeService, cri};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::KubeletConfig;
 use crate::pod::{self, Backoff, ContainerOptions, SandboxOptions};
 use crate::pod_workers::{PodWorkers, Timing, UpdateType};
 use crate::sources::{self, PodOp, PodUpdate, merge::Merger};
+use crate::status_manager::{self, StatusManager};
 
 pub use syncer::Syncer;
 
@@ -34,13 +39,15 @@ pub struct Runtime {
 pub async fn run(
     cfg: KubeletConfig,
     rt: Runtime,
+    client: Option<kube::Client>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let version = rt.runtime.version(cri::VersionRequest::default()).await?;
     tracing::info!(
         node = %cfg.node_name,
         runtime = %version.runtime_name,
-        "kubelet starting (standalone: static pods only)"
+        mode = if client.is_some() { "API server" } else { "standalone" },
+        "kubelet starting"
     );
     let opts = ContainerOptions {
         sandbox: SandboxOptions {
@@ -59,12 +66,15 @@ pub async fn run(
         cfg.testing.crash_loop_back_off_initial,
         cfg.testing.crash_loop_back_off_max,
     );
+    let status = StatusManager::new(client.clone());
+    tokio::spawn(status.clone().run());
     let syncer = Arc::new(Syncer::new(
         rt.runtime.clone(),
         rt.images.clone(),
         opts,
         version.runtime_name.clone(),
         backoff,
+        status.clone(),
     ));
     let workers = PodWorkers::new(
         syncer.clone(),
@@ -75,13 +85,18 @@ pub async fn run(
     );
 
     let (tx, mut rx) = mpsc::channel::<PodUpdate>(64);
+    let (problems_tx, mut problems) = mpsc::unbounded_channel::<String>();
+    let recorder = client
+        .as_ref()
+        .map(|c| crate::api::events::Recorder::new(c.clone(), cfg.node_name.clone()));
     let mut expected_sources = Vec::new();
     if !cfg.static_pod_path.as_os_str().is_empty() {
         let src = sources::file::FileSource::new(
             cfg.static_pod_path.clone(),
             cfg.node_name.clone(),
             cfg.file_check_frequency,
-        );
+        )
+        .report_to(problems_tx.clone());
         tokio::spawn(src.run(tx.clone()));
         expected_sources.push(sources::FILE_SOURCE);
     }
@@ -90,11 +105,20 @@ pub async fn run(
             cfg.static_pod_url.clone(),
             cfg.node_name.clone(),
             cfg.http_check_frequency,
-        );
+        )
+        .report_to(problems_tx.clone());
         tokio::spawn(src.run(tx.clone()));
         expected_sources.push(sources::HTTP_SOURCE);
     }
+    let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
+    let mirror_manager = client.as_ref().map(|c| {
+        let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
+        tokio::spawn(src.run(tx.clone()));
+        expected_sources.push(sources::API_SOURCE);
+        mirror::MirrorManager::new(c.clone(), cfg.node_name.clone())
+    });
     drop(tx);
+    drop(problems_tx);
 
     let mut events = match rt
         .runtime
@@ -107,6 +131,10 @@ pub async fn run(
             None
         }
     };
+    let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
+    let mut relister = pleg::Relister::new();
+    let mut relist = tokio::time::interval(pleg::RELIST_PERIOD);
+    relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut merger = Merger::new();
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
     tokio::pin!(shutdown);
@@ -115,21 +143,50 @@ pub async fn run(
             _ = &mut shutdown => break,
             Some(update) = rx.recv() => {
                 for change in merger.merge(update) {
-                    dispatch(&workers, change);
+                    dispatch(&workers, &status, change);
+                }
+            }
+            Some(problem) = problems.recv() => {
+                if let Some(r) = recorder.clone() {
+                    // Off the loop: the API server may be slow or away.
+                    tokio::spawn(async move {
+                        r.warning(r.node_ref(), crate::api::events::FAILED_VALIDATION, &problem).await;
+                    });
                 }
             }
             Some(ev) = next_event(&mut events) => {
+                pleg_health.mark_active();
                 if let Some(uid) = pod_of_container(rt.runtime.as_ref(), &ev.container_id).await {
-                    if let Some(p) = merger.pods().into_iter().find(|p| p.metadata.uid.as_deref() == Some(uid.as_str())) {
-                        workers.update_pod(p, UpdateType::Sync, None);
+                    sync_pod_by_uid(&workers, &merger, &uid);
+                }
+            }
+            _ = relist.tick(), if events.is_none() => {
+                match relister.relist(rt.runtime.as_ref()).await {
+                    Ok(changed) => {
+                        pleg_health.mark_active();
+                        for uid in changed {
+                            sync_pod_by_uid(&workers, &merger, &uid);
+                        }
                     }
+                    Err(e) => tracing::warn!("PLEG relist: {e}"),
                 }
             }
             _ = housekeeping.tick() => {
+                if events.is_some() {
+                    // A live event stream is a working PLEG.
+                    pleg_health.mark_active();
+                }
                 let desired: Vec<String> = merger.pods().iter().filter_map(|p| p.metadata.uid.clone()).collect();
                 workers.forget_terminated(&desired);
                 if expected_sources.iter().all(|s| merger.seen_source(s)) {
                     remove_orphans(rt.runtime.as_ref(), &desired, &workers).await;
+                }
+                if let Some(mm) = &mirror_manager {
+                    if merger.seen_source(sources::API_SOURCE) {
+                        let static_pods: Vec<Pod> = merger.pods().into_iter().filter(|p| !status_manager::is_api_pod(p)).collect();
+                        let current = mirrors.borrow().clone();
+                        mm.sync(&static_pods, &current, None).await;
+                    }
                 }
             }
         }
@@ -153,16 +210,45 @@ async fn next_event(
     }
 }
 
-/// Hands one merged change to the pod workers.
-fn dispatch(workers: &PodWorkers, change: PodUpdate) {
+/// Hands one merged change to the pod workers (and the status manager).
+fn dispatch(workers: &PodWorkers, status: &StatusManager, change: PodUpdate) {
     for p in change.pods {
+        let mut grace = None;
         let update = match change.op {
+            PodOp::Remove => {
+                status.forget(sources::pod_uid(&p));
+                UpdateType::Kill
+            }
+            // A pod being deleted gracefully stops within its deletion grace period, whatever
+            // the change that brought it (a kubelet restarted mid-deletion sees an Add).
+            _ if p.metadata.deletion_timestamp.is_some() => {
+                grace = p
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(0)));
+                UpdateType::Kill
+            }
             PodOp::Add => UpdateType::Create,
-            PodOp::Update | PodOp::Reconcile | PodOp::Set => UpdateType::Update,
-            PodOp::Delete | PodOp::Remove => UpdateType::Kill,
+            PodOp::Reconcile => {
+                status.reconcile(&p);
+                UpdateType::Update
+            }
+            PodOp::Update | PodOp::Set => UpdateType::Update,
+            PodOp::Delete => UpdateType::Kill,
         };
         tracing::info!(pod = %sources::pod_full_name(&p), op = ?change.op, "pod update");
-        workers.update_pod(p, update, None);
+        workers.update_pod(p, update, grace);
+    }
+}
+
+/// Syncs the pod with this UID now, if a source still wants it.
+fn sync_pod_by_uid(workers: &PodWorkers, merger: &Merger, uid: &str) {
+    if let Some(p) = merger
+        .pods()
+        .into_iter()
+        .find(|p| p.metadata.uid.as_deref() == Some(uid))
+    {
+        workers.update_pod(p, UpdateType::Sync, None);
     }
 }
 

@@ -2,7 +2,7 @@
 //! out over the runtime traits with the decision functions of [`crate::pod`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
@@ -10,15 +10,16 @@ use runtime::{ImageService, RuntimeService, cri};
 
 use crate::pod::{self, Backoff, ContainerOptions, StatusContext};
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+use crate::status_manager::StatusManager;
 
-/// Syncs pods against a runtime and keeps the last computed status of each.
+/// Syncs pods against a runtime and hands each computed status to the status manager.
 pub struct Syncer {
     pub rt: Arc<dyn RuntimeService>,
     pub images: Arc<dyn ImageService>,
     pub opts: ContainerOptions,
     pub runtime_name: String,
     backoff: tokio::sync::Mutex<Backoff>,
-    statuses: Mutex<HashMap<String, PodStatus>>,
+    status: Arc<StatusManager>,
 }
 
 fn err(e: impl std::fmt::Display) -> SyncError {
@@ -36,6 +37,7 @@ impl Syncer {
         opts: ContainerOptions,
         runtime_name: String,
         backoff: Backoff,
+        status: Arc<StatusManager>,
     ) -> Self {
         Syncer {
             rt,
@@ -43,16 +45,8 @@ impl Syncer {
             opts,
             runtime_name,
             backoff: tokio::sync::Mutex::new(backoff),
-            statuses: Mutex::new(HashMap::new()),
+            status,
         }
-    }
-
-    /// The last status computed for each pod, by UID.
-    pub fn statuses(&self) -> HashMap<String, PodStatus> {
-        self.statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     fn record_status(
@@ -61,10 +55,9 @@ impl Syncer {
         snapshot: &pod::sync::RuntimeSnapshot,
         waiting: HashMap<String, (String, String)>,
     ) -> PodStatus {
-        let mut statuses = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
         let ctx = StatusContext {
             now: SystemTime::now(),
-            previous: statuses.get(&uid(pod)).cloned(),
+            previous: self.status.status(&uid(pod)),
             host_ips: self.opts.host_ips.clone(),
             runtime_name: self.runtime_name.clone(),
             waiting,
@@ -72,7 +65,7 @@ impl Syncer {
         };
         let sandbox = snapshot.sandboxes.first();
         let status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
-        statuses.insert(uid(pod), status.clone());
+        self.status.set_status(pod, status.clone());
         status
     }
 
@@ -170,10 +163,7 @@ impl PodSyncer for Syncer {
                 .await
                 .map_err(err)?;
         }
-        self.statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&uid(pod));
+        self.status.terminated(pod);
         Ok(())
     }
 }

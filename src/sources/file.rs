@@ -38,6 +38,8 @@ pub struct FileSource {
     cache: HashMap<PathBuf, (String, Pod)>,
     /// Errors of the previous scan, to warn only about new ones.
     last_errors: HashSet<String>,
+    /// Where new errors are also sent (the kubelet records them as events).
+    problems: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl FileSource {
@@ -52,7 +54,14 @@ impl FileSource {
             check_every,
             cache: HashMap::new(),
             last_errors: HashSet::new(),
+            problems: None,
         }
+    }
+
+    /// Also sends each new error to `tx`.
+    pub fn report_to(mut self, tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        self.problems = Some(tx);
+        self
     }
 
     /// Reads the directory once. Logs each new error with `tracing::warn!`.
@@ -95,17 +104,23 @@ impl FileSource {
         result
     }
 
-    /// Scans now and every `check_every`, sending each snapshot that differs from the last
-    /// one sent (the first always) as a [`PodOp::Set`] from source `file`. Returns when the
-    /// receiver is gone.
+    /// Scans now, every `check_every` and whenever inotify reports a change in the directory,
+    /// sending each snapshot that differs from the last one sent (the first always) as a
+    /// [`PodOp::Set`] from source `file`. Returns when the receiver is gone.
     pub async fn run(self, tx: Sender<PodUpdate>) {
         let mut interval = tokio::time::interval(self.check_every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut changes = DirWatch::new(self.dir.clone());
         let mut source = Some(self);
         let mut last: Option<Vec<Pod>> = None;
         loop {
             tokio::select! {
-                _ = interval.tick() => {}
+                _ = interval.tick() => changes.ensure(),
+                _ = changes.next() => {
+                    // Let a burst of events (an editor's save) settle into one scan.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    changes.drain();
+                }
                 _ = tx.closed() => return,
             }
             let Some(mut s) = source.take() else { return };
@@ -187,10 +202,91 @@ impl FileSource {
         for e in errors {
             if !self.last_errors.contains(e) {
                 tracing::warn!("static pod manifest skipped: {e}");
+                if let Some(tx) = &self.problems {
+                    let _ = tx.send(format!("static pod manifest skipped: {e}"));
+                }
             }
         }
         self.last_errors = now;
     }
+}
+
+/// Change notifications for the static pod directory (inotify). Best effort: where the
+/// directory does not exist yet or inotify is unavailable, polling alone finds the changes,
+/// and each poll tries to set up the watch again.
+struct DirWatch {
+    dir: PathBuf,
+    stream: Option<inotify::EventStream<Vec<u8>>>,
+}
+
+impl DirWatch {
+    fn new(dir: PathBuf) -> Self {
+        let mut w = DirWatch { dir, stream: None };
+        w.ensure();
+        w
+    }
+
+    /// Sets up the watch if there is none.
+    fn ensure(&mut self) {
+        if self.stream.is_some() || !self.dir.is_dir() {
+            return;
+        }
+        use inotify::{Inotify, WatchMask};
+        let mask = WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::MODIFY
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_FROM
+            | WatchMask::MOVED_TO
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF;
+        let watched = Inotify::init().and_then(|ino| {
+            ino.watches().add(&self.dir, mask)?;
+            ino.into_event_stream(vec![0u8; 4096])
+        });
+        match watched {
+            Ok(stream) => self.stream = Some(stream),
+            Err(e) => {
+                tracing::debug!(dir = %self.dir.display(), "no inotify watch, polling only: {e}")
+            }
+        }
+    }
+
+    /// Waits for the next change; never returns while there is no watch.
+    async fn next(&mut self) {
+        use futures::StreamExt;
+        let Some(stream) = self.stream.as_mut() else {
+            return std::future::pending().await;
+        };
+        match stream.next().await {
+            Some(Ok(ev)) if !gone(&ev) => {}
+            // The directory itself went away (the next poll watches its successor), or
+            // inotify failed.
+            _ => self.stream = None,
+        }
+    }
+
+    /// Discards events already queued (the scan that follows sees their effect).
+    fn drain(&mut self) {
+        use futures::FutureExt;
+        while let Some(stream) = self.stream.as_mut() {
+            match futures::StreamExt::next(stream).now_or_never() {
+                Some(Some(Ok(ev))) if !gone(&ev) => continue,
+                Some(_) => self.stream = None,
+                None => break,
+            }
+        }
+    }
+}
+
+/// True for the events saying the watched directory itself is gone.
+fn gone(ev: &inotify::Event<std::ffi::OsString>) -> bool {
+    ev.mask.intersects(
+        inotify::EventMask::DELETE_SELF
+            | inotify::EventMask::MOVE_SELF
+            | inotify::EventMask::IGNORED,
+    )
 }
 
 /// `*.yaml`, `*.yml` or `*.json`.

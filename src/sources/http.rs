@@ -27,6 +27,8 @@ pub struct HttpSource {
     check_every: Duration,
     /// The last body and the pods it gave, so an unchanged body keeps its pods' seen times.
     last: Option<(Vec<u8>, Vec<Pod>)>,
+    /// Where new errors are also sent (the kubelet records them as events).
+    problems: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl HttpSource {
@@ -40,7 +42,14 @@ impl HttpSource {
             node_name: node_name.into(),
             check_every,
             last: None,
+            problems: None,
         }
+    }
+
+    /// Also sends each new error to `tx`.
+    pub fn report_to(mut self, tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        self.problems = Some(tx);
+        self
     }
 
     /// Fetches and decodes the URL once: the defaulted, valid pods, or why not.
@@ -65,6 +74,7 @@ impl HttpSource {
         let mut interval = tokio::time::interval(self.check_every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sent: Option<Vec<Pod>> = None;
+        let mut last_error = String::new();
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -74,9 +84,14 @@ impl HttpSource {
                 Ok(pods) => pods,
                 Err(e) => {
                     tracing::warn!("static pod URL: {e}");
+                    if let Some(tx) = self.problems.as_ref().filter(|_| e != last_error) {
+                        let _ = tx.send(format!("static pod URL: {e}"));
+                    }
+                    last_error = e;
                     continue;
                 }
             };
+            last_error.clear();
             if sent.as_ref() == Some(&pods) {
                 continue;
             }

@@ -158,7 +158,8 @@ fn seen_annotation(pod: &Pod) -> Option<String> {
         .cloned()
 }
 
-/// Equal but for the status and the first-seen annotation.
+/// Equal but for the status, the first-seen annotation and the bookkeeping the API server
+/// changes on every write (resourceVersion, managedFields).
 fn same_desired_state(a: &Pod, b: &Pod) -> bool {
     comparable(a) == comparable(b)
 }
@@ -166,6 +167,8 @@ fn same_desired_state(a: &Pod, b: &Pod) -> bool {
 fn comparable(pod: &Pod) -> Pod {
     let mut p = pod.clone();
     p.status = None;
+    p.metadata.resource_version = None;
+    p.metadata.managed_fields = None;
     if let Some(a) = p.metadata.annotations.as_mut() {
         a.remove(CONFIG_SEEN_ANNOTATION);
         if a.is_empty() {

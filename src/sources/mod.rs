@@ -5,6 +5,7 @@
 //! [`PodOp::Add`], [`PodOp::Update`], [`PodOp::Delete`], [`PodOp::Remove`] and
 //! [`PodOp::Reconcile`]. Static pods are decoded, checked and defaulted in [`pod`].
 
+pub mod api;
 pub mod file;
 pub mod http;
 pub mod merge;

@@ -238,3 +238,40 @@ async fn run_polls_and_sends_snapshots() {
         .expect("run returns")
         .unwrap();
 }
+
+#[tokio::test]
+async fn inotify_reports_changes_long_before_the_next_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let (problems_tx, mut problems) = tokio::sync::mpsc::unbounded_channel();
+    // Polling once an hour: only inotify can bring the changes within the test.
+    let src = FileSource::new(&d, "n", Duration::from_secs(3600)).report_to(problems_tx);
+    let _task = tokio::spawn(src.run(tx));
+    let recv = async |rx: &mut tokio::sync::mpsc::Receiver<PodUpdate>| {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an update before the next poll")
+            .expect("the source is running")
+    };
+    assert!(recv(&mut rx).await.pods.is_empty());
+    fs::write(d.join("a.yaml"), manifest("a", "i:1")).unwrap();
+    assert_eq!(names(&recv(&mut rx).await.pods), v(&["a-n"]));
+    fs::write(d.join("a.yaml"), manifest("a", "i:2")).unwrap();
+    let edited = recv(&mut rx).await;
+    assert_eq!(
+        edited.pods[0].spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("i:2")
+    );
+    // A broken manifest is reported on the problems channel; the good pod stays.
+    fs::write(d.join("b.yaml"), "kind: Pod\nmetadata: {name: [x\n").unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), problems.recv())
+        .await
+        .expect("a problem report")
+        .unwrap();
+    assert!(problem.contains("b.yaml"), "{problem}");
+    fs::remove_file(d.join("a.yaml")).unwrap();
+    assert!(recv(&mut rx).await.pods.is_empty());
+}

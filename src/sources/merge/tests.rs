@@ -122,6 +122,8 @@ fn status_only_is_reconcile_and_deletion_is_delete() {
         phase: Some("Running".into()),
         ..Default::default()
     });
+    // A status write through the API server also moves the resourceVersion.
+    a.metadata.resource_version = Some("42".into());
     let mut b = pod("b", "i:1");
     b.metadata.deletion_timestamp = Some(Time(Default::default()));
     let c = m.merge(set(vec![a, b.clone()]));

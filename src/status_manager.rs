@@ -1,0 +1,277 @@
+//! The status manager: the only writer of pod status to the API server, like the upstream
+//! kubelet's `status.Manager`. The pod workers hand it each status they compute
+//! ([`StatusManager::set_status`]); it keeps the latest per pod, and a background task PATCHes
+//! the `pods/status` subresource of the pods whose status changed since the last successful
+//! write (a strategic merge patch carrying `metadata.uid` as a precondition, so a recreated pod
+//! of the same name is never written). A failed write stays due and is retried every
+//! [`RESYNC_INTERVAL`], so status catches up after the API server was unreachable.
+//!
+//! Static pods have no object of their own in the API: their status goes to their mirror pod,
+//! once it exists. When a pod that was deleted in the API has stopped
+//! ([`StatusManager::terminated`]), the manager writes its final status and then deletes the
+//! pod object with grace period 0, which completes the graceful deletion.
+//!
+//! Without an API server (standalone mode) the manager only keeps the statuses.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+use crate::sources::{self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+
+/// How often writes that failed, or were not possible yet, are retried.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+struct Entry {
+    namespace: String,
+    name: String,
+    uid: String,
+    /// The static pod's hash (its mirror's `kubernetes.io/config.mirror`), for static pods.
+    mirror_hash: Option<String>,
+    status: PodStatus,
+    version: u64,
+    written: u64,
+    /// Delete the pod object (grace 0) once the final status is written.
+    delete: bool,
+}
+
+/// Keeps the latest status of every pod and writes it to the API server.
+pub struct StatusManager {
+    client: Option<Client>,
+    entries: Mutex<HashMap<String, Entry>>,
+    wake: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// True when the pod came from the API server (not a static pod).
+pub fn is_api_pod(pod: &Pod) -> bool {
+    annotation(pod, CONFIG_SOURCE_ANNOTATION).is_none_or(|s| s == API_SOURCE)
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+impl StatusManager {
+    /// A manager writing through `client`; `None` keeps statuses only (standalone).
+    pub fn new(client: Option<Client>) -> Arc<Self> {
+        Arc::new(StatusManager {
+            client,
+            entries: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        })
+    }
+
+    /// Records the pod's latest status; a change makes a write due.
+    pub fn set_status(&self, pod: &Pod, status: PodStatus) {
+        let uid = sources::pod_uid(pod).to_string();
+        if uid.is_empty() {
+            return;
+        }
+        let mut entries = lock(&self.entries);
+        let entry = entries.entry(uid.clone()).or_insert_with(|| Entry {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid,
+            mirror_hash: (!is_api_pod(pod))
+                .then(|| annotation(pod, CONFIG_HASH_ANNOTATION).map(str::to_string))
+                .flatten(),
+            status: PodStatus::default(),
+            version: 0,
+            written: 0,
+            delete: false,
+        });
+        if entry.version > 0 && entry.status == status {
+            return;
+        }
+        entry.status = status;
+        entry.version += 1;
+        drop(entries);
+        self.wake.notify_one();
+    }
+
+    /// The latest status recorded for a pod.
+    pub fn status(&self, uid: &str) -> Option<PodStatus> {
+        lock(&self.entries).get(uid).map(|e| e.status.clone())
+    }
+
+    /// The latest status of every pod, by UID.
+    pub fn statuses(&self) -> HashMap<String, PodStatus> {
+        lock(&self.entries)
+            .iter()
+            .map(|(uid, e)| (uid.clone(), e.status.clone()))
+            .collect()
+    }
+
+    /// Compares the status the API server holds for a pod with ours, and writes ours again
+    /// when they differ (another writer, or a write lost while the API server was away).
+    pub fn reconcile(&self, api_pod: &Pod) {
+        let uid = sources::pod_uid(api_pod);
+        let mut entries = lock(&self.entries);
+        let Some(entry) = entries.get_mut(uid) else {
+            return;
+        };
+        if entry.written == entry.version
+            && !same_owned_status(api_pod.status.as_ref(), &entry.status)
+        {
+            entry.written = 0;
+            drop(entries);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The pod's containers are gone: once its final status is written, a pod deleted in the
+    /// API (it has a `deletionTimestamp`) is deleted for good; otherwise it is forgotten.
+    pub fn terminated(&self, pod: &Pod) {
+        let uid = sources::pod_uid(pod);
+        let deleted = pod.metadata.deletion_timestamp.is_some() && is_api_pod(pod);
+        let mut entries = lock(&self.entries);
+        if self.client.is_none() {
+            entries.remove(uid);
+        } else if let Some(e) = entries.get_mut(uid).filter(|_| deleted) {
+            e.delete = true;
+            drop(entries);
+            self.wake.notify_one();
+        }
+        // Otherwise the final status stays due until written; `forget` drops it.
+    }
+
+    /// Drops a pod the kubelet no longer knows.
+    pub fn forget(&self, uid: &str) {
+        lock(&self.entries).remove(uid);
+    }
+
+    /// Writes due statuses until the process ends: at once after a change, and every
+    /// [`RESYNC_INTERVAL`] for writes that failed.
+    pub async fn run(self: Arc<Self>) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        loop {
+            let _ = tokio::time::timeout(RESYNC_INTERVAL, self.wake.notified()).await;
+            let due: Vec<Entry> = lock(&self.entries)
+                .values()
+                .filter(|e| e.written < e.version || e.delete)
+                .cloned()
+                .collect();
+            for entry in due {
+                self.write(&client, entry).await;
+            }
+        }
+    }
+
+    async fn write(&self, client: &Client, entry: Entry) {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &entry.namespace);
+        let target_uid = match &entry.mirror_hash {
+            None => entry.uid.clone(),
+            Some(hash) => match mirror_uid(&api, &entry.name, hash).await {
+                Some(uid) => uid,
+                // No mirror pod yet: try again later.
+                None => return,
+            },
+        };
+        if entry.written < entry.version {
+            let patch = serde_json::json!({
+                "metadata": { "uid": target_uid },
+                "status": entry.status,
+            });
+            match api
+                .patch_status(
+                    &entry.name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    tracing::debug!(pod = %format!("{}/{}", entry.namespace, entry.name), "status written");
+                    let mut entries = lock(&self.entries);
+                    if let Some(e) = entries.get_mut(&entry.uid) {
+                        e.written = e.written.max(entry.version);
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    // The pod is gone, or a different pod now has the name: nothing to write.
+                    tracing::info!(pod = %format!("{}/{}", entry.namespace, entry.name),
+                        "pod status not written: {}", s.message);
+                    let mut entries = lock(&self.entries);
+                    if let Some(e) = entries.get_mut(&entry.uid) {
+                        e.written = e.version;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", entry.namespace, entry.name),
+                        "writing pod status (retrying): {e}");
+                    return;
+                }
+            }
+        }
+        if entry.delete && entry.mirror_hash.is_none() {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(entry.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&entry.name, &params).await {
+                Ok(_) => {
+                    tracing::info!(pod = %format!("{}/{}", entry.namespace, entry.name), "pod deleted");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", entry.namespace, entry.name),
+                        "deleting the pod (retrying): {e}");
+                    return;
+                }
+            }
+            lock(&self.entries).remove(&entry.uid);
+        }
+    }
+}
+
+/// The UID of the mirror pod of the static pod with `hash`, if the API server holds it.
+async fn mirror_uid(api: &Api<Pod>, name: &str, hash: &str) -> Option<String> {
+    let mirror = api.get_opt(name).await.ok().flatten()?;
+    if annotation(&mirror, sources::api::CONFIG_MIRROR_ANNOTATION) != Some(hash) {
+        return None;
+    }
+    mirror.metadata.uid
+}
+
+/// True when the parts of the status the kubelet owns are the same in both.
+fn same_owned_status(api: Option<&PodStatus>, ours: &PodStatus) -> bool {
+    let Some(api) = api else {
+        return false;
+    };
+    api.phase == ours.phase
+        && api.container_statuses == ours.container_statuses
+        && api.init_container_statuses == ours.init_container_statuses
+        && api.host_ip == ours.host_ip
+        && api.pod_ip == ours.pod_ip
+        && api.reason == ours.reason
+        && ours.conditions.iter().flatten().all(|c| {
+            api.conditions
+                .iter()
+                .flatten()
+                .any(|a| a.type_ == c.type_ && a.status == c.status)
+        })
+}
+
+#[cfg(test)]
+#[path = "status_manager_tests.rs"]
+mod tests;

@@ -1,0 +1,120 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+
+fn pod(uid: &str, source: &str) -> Pod {
+    let annotations = BTreeMap::from([
+        (CONFIG_SOURCE_ANNOTATION.to_string(), source.to_string()),
+        (CONFIG_HASH_ANNOTATION.to_string(), uid.to_string()),
+    ]);
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("p-{uid}")),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn status(phase: &str) -> PodStatus {
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+fn versions(m: &StatusManager, uid: &str) -> (u64, u64) {
+    let e = lock(&m.entries);
+    let e = &e[uid];
+    (e.version, e.written)
+}
+
+#[test]
+fn a_write_is_due_only_when_the_status_changes() {
+    let m = StatusManager::new(None);
+    let p = pod("a", API_SOURCE);
+    m.set_status(&p, status("Pending"));
+    assert_eq!(versions(&m, "a"), (1, 0));
+    m.set_status(&p, status("Pending"));
+    assert_eq!(
+        versions(&m, "a"),
+        (1, 0),
+        "the same status again is no change"
+    );
+    m.set_status(&p, status("Running"));
+    assert_eq!(versions(&m, "a"), (2, 0));
+    assert_eq!(m.status("a").unwrap().phase.as_deref(), Some("Running"));
+    assert_eq!(m.statuses().len(), 1);
+}
+
+#[test]
+fn static_pods_write_to_their_mirror_and_api_pods_to_themselves() {
+    let m = StatusManager::new(None);
+    m.set_status(&pod("s", "file"), status("Running"));
+    m.set_status(&pod("a", API_SOURCE), status("Running"));
+    let entries = lock(&m.entries);
+    assert_eq!(entries["s"].mirror_hash.as_deref(), Some("s"));
+    assert_eq!(entries["a"].mirror_hash, None);
+}
+
+#[test]
+fn pods_without_a_uid_are_ignored() {
+    let m = StatusManager::new(None);
+    let mut p = pod("a", API_SOURCE);
+    p.metadata.uid = None;
+    m.set_status(&p, status("Running"));
+    assert!(m.statuses().is_empty());
+}
+
+#[test]
+fn a_written_status_that_the_api_lost_is_written_again() {
+    let m = StatusManager::new(None);
+    let p = pod("a", API_SOURCE);
+    m.set_status(&p, status("Running"));
+    lock(&m.entries).get_mut("a").unwrap().written = 1;
+    let mut api = p.clone();
+    api.status = Some(status("Running"));
+    m.reconcile(&api);
+    assert_eq!(versions(&m, "a"), (1, 1), "same status: nothing to do");
+    api.status = Some(status("Pending"));
+    m.reconcile(&api);
+    assert_eq!(versions(&m, "a"), (1, 0), "different status: due again");
+}
+
+#[test]
+fn owned_status_comparison_ignores_conditions_of_other_writers() {
+    let ours = status("Running");
+    let mut api = status("Running");
+    api.conditions.as_mut().unwrap().push(PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        ..Default::default()
+    });
+    assert!(same_owned_status(Some(&api), &ours));
+    assert!(!same_owned_status(None, &ours));
+    api.conditions.as_mut().unwrap()[0].status = "True".into();
+    assert!(!same_owned_status(Some(&api), &ours));
+}
+
+#[test]
+fn standalone_forgets_terminated_pods() {
+    let m = StatusManager::new(None);
+    let p = pod("a", API_SOURCE);
+    m.set_status(&p, status("Running"));
+    m.terminated(&p);
+    assert!(m.status("a").is_none());
+
+    assert!(is_api_pod(&p));
+    assert!(!is_api_pod(&pod("s", "file")));
+}

@@ -1,0 +1,429 @@
+//! The kubelet with an API server (the project's test API server) and the built-in runtime,
+//! driving the real binary: pods bound to the node run and report Running and ready; init
+//! containers run in order; a SIGKILLed kubelet adopts its pods without restarting them; a
+//! deleted pod is stopped within its grace period and then deleted for good; a static pod gets
+//! a mirror pod that comes back when deleted; an invalid pod is reported and the others keep
+//! running; with the API server away for a minute, pods keep running and their status catches
+//! up afterwards.
+
+mod apiserver;
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use apiserver::ApiServer;
+use common::*;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+const NODE: &str = "api-node";
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Node {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+    kubeconfig: PathBuf,
+    manifests: PathBuf,
+    logs: PathBuf,
+}
+
+fn prepare(api: &ApiServer) -> Node {
+    let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let root = dir.path().join("root");
+    let manifests = dir.path().join("manifests");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let out = Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(&root)
+        .args(["images", "import"])
+        .arg(busybox_archive())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+            manifests.display(),
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path());
+    Node {
+        root,
+        config,
+        kubeconfig,
+        manifests,
+        logs,
+        _dir: dir,
+    }
+}
+
+fn start(node: &Node) -> Agent {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(node.root.with_extension("log"))
+        .unwrap();
+    Agent(
+        Command::new(nodelet_bin())
+            .arg("--root-dir")
+            .arg(&node.root)
+            .args(["run-node", "--hostname-override", NODE, "--config"])
+            .arg(&node.config)
+            .arg("--kubeconfig")
+            .arg(&node.kubeconfig)
+            .arg("--cri-listen")
+            .arg(node.root.with_extension("sock"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nodelet run-node"),
+    )
+}
+
+fn pod(name: &str, yaml_spec: &str) -> Pod {
+    let text = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {NODE}\n{yaml_spec}"
+    );
+    serde_norway::from_str(&text).unwrap()
+}
+
+fn busybox(name: &str, script: &str) -> String {
+    format!(
+        "  - name: {name}\n    image: docker.io/library/busybox:latest\n    imagePullPolicy: Never\n    command: [\"sh\", \"-c\", {script:?}]\n"
+    )
+}
+
+async fn wait_for<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out after {secs}s waiting for {what}");
+}
+
+async fn status(pods: &Api<Pod>, name: &str) -> Option<PodStatus> {
+    pods.get_opt(name).await.ok().flatten()?.status
+}
+
+fn ready(s: &PodStatus) -> bool {
+    s.conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn container_id(s: &PodStatus, name: &str) -> Option<String> {
+    s.container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == name)?
+        .container_id
+        .clone()
+}
+
+fn restarts(s: &PodStatus, name: &str) -> Option<i32> {
+    Some(
+        s.container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == name)?
+            .restart_count,
+    )
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.root.with_extension("log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- nodelet log (last lines) ---");
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+fn read_log(logs: &Path, pod: &str, container: &str) -> String {
+    let Ok(dirs) = std::fs::read_dir(logs) else {
+        return String::new();
+    };
+    for d in dirs.flatten() {
+        let name = d.file_name().to_string_lossy().to_string();
+        if name.starts_with(&format!("default_{pod}_")) {
+            return std::fs::read_to_string(d.path().join(container).join("0.log"))
+                .unwrap_or_default();
+        }
+    }
+    String::new()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_pods_lifecycle() {
+    if !root_or_skip("api_pods_lifecycle") {
+        return;
+    }
+    let api = ApiServer::start().await;
+    let node = prepare(&api);
+    let client = api.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // A static pod beside the API pods.
+    std::fs::write(
+        node.manifests.join("static.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+            busybox("main", "sleep 1000")
+        ),
+    )
+    .unwrap();
+    let web_spec = format!(
+        "  terminationGracePeriodSeconds: 20\n  initContainers:\n{}{}  containers:\n{}",
+        busybox("init-a", "echo a >> /shared/order"),
+        busybox("init-b", "echo b >> /shared/order"),
+        busybox(
+            "main",
+            "cat /shared/order; trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"
+        )
+    )
+    .replace(
+        "    command:",
+        "    volumeMounts: [{name: shared, mountPath: /shared}]\n    command:",
+    ) + "  volumes: [{name: shared, emptyDir: {}}]\n";
+    let web = pod("web", &web_spec);
+    pods.create(&PostParams::default(), &web).await.unwrap();
+    let bad = pod(
+        "bad",
+        "  containers:\n  - name: main\n    image: docker.io/library/no-such-image:1\n    imagePullPolicy: Never\n",
+    );
+    pods.create(&PostParams::default(), &bad).await.unwrap();
+
+    std::fs::write(
+        node.manifests.join("broken.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: [oops\n",
+    )
+    .unwrap();
+    let mut agent = start(&node);
+
+    // The broken manifest is reported as a Warning event about the node.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let ev = wait_for(
+        "a Warning event about the broken manifest",
+        60,
+        async || {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("broken.yaml"))
+            })
+        },
+    )
+    .await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
+
+    // web: init containers in order, then Running and Ready, written to pods/status.
+    let st = wait_for("web running and ready", 90, async || {
+        status(&pods, "web").await.filter(ready)
+    })
+    .await;
+    assert_eq!(st.phase.as_deref(), Some("Running"));
+    let inits = st.init_container_statuses.clone().unwrap();
+    assert_eq!(inits.len(), 2);
+    for c in &inits {
+        let t = c.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    }
+    assert!(st.host_ip.is_some());
+    let main_id = container_id(&st, "main").unwrap();
+    let out = wait_for("web main log", 20, async || {
+        Some(read_log(&node.logs, "web", "main")).filter(|l| l.contains(" b"))
+    })
+    .await;
+    let order: Vec<&str> = out.lines().filter_map(|l| l.split(' ').nth(3)).collect();
+    assert_eq!(order, ["a", "b"], "init containers ran in order: {out}");
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/web/status")),
+        "status was patched through the status subresource"
+    );
+
+    // The agent serves its runtime over CRI for crictl: the same containers are seen there.
+    let cri = runtime::remote::connect(
+        &format!("unix://{}", node.root.with_extension("sock").display()),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let listed = runtime::RuntimeService::list_containers(
+        &cri,
+        runtime::cri::ListContainersRequest { filter: None },
+    )
+    .await
+    .unwrap();
+    assert!(
+        listed.containers.iter().any(|c| main_id.ends_with(&c.id)),
+        "the CRI socket lists web's main container {main_id}"
+    );
+
+    // bad: reported as waiting with a reason; web unaffected.
+    let bad_st = wait_for("bad pod reports its error", 60, async || {
+        status(&pods, "bad").await.filter(|s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.state
+                    .as_ref()
+                    .and_then(|s| s.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    .is_some_and(|r| r == "ErrImageNeverPull")
+            })
+        })
+    })
+    .await;
+    assert_eq!(bad_st.phase.as_deref(), Some("Pending"));
+
+    // The static pod has a mirror pod with its status; deleting the mirror brings it back
+    // without restarting the static pod.
+    let mirror = wait_for("mirror pod running", 60, async || {
+        let m = pods.get_opt("static-api-node").await.ok().flatten()?;
+        let st = m.status.clone()?;
+        (st.phase.as_deref() == Some("Running")).then_some(m)
+    })
+    .await;
+    let ann = mirror.metadata.annotations.clone().unwrap();
+    assert!(ann.contains_key("kubernetes.io/config.mirror"));
+    let static_id = container_id(mirror.status.as_ref().unwrap(), "main").unwrap();
+    pods.delete("static-api-node", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let again = wait_for("mirror pod recreated", 60, async || {
+        let m = pods.get_opt("static-api-node").await.ok().flatten()?;
+        (m.metadata.uid != mirror.metadata.uid).then_some(m)
+    })
+    .await;
+    assert!(again.metadata.uid.is_some());
+    let st = wait_for("recreated mirror has status", 60, async || {
+        status(&pods, "static-api-node")
+            .await
+            .filter(|s| container_id(s, "main").is_some())
+    })
+    .await;
+    assert_eq!(
+        container_id(&st, "main").unwrap(),
+        static_id,
+        "static pod kept running"
+    );
+
+    // SIGKILL the kubelet and start it again: the pods are adopted, nothing restarts.
+    agent.0.kill().unwrap();
+    agent.0.wait().unwrap();
+    drop(agent);
+    let agent = start(&node);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let st = status(&pods, "web").await.unwrap();
+    assert!(ready(&st));
+    assert_eq!(container_id(&st, "main").unwrap(), main_id);
+    assert_eq!(restarts(&st, "main"), Some(0));
+
+    // Graceful deletion: the container gets SIGTERM, the kubelet deletes the pod object.
+    pods.delete("web", &DeleteParams::default().grace_period(10))
+        .await
+        .unwrap();
+    wait_for("web deleted from the API", 60, async || {
+        pods.get_opt("web")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await;
+    let out = read_log(&node.logs, "web", "main");
+    assert!(out.contains("got TERM"), "graceful stop: {out}");
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web")),
+    );
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_server_outage() {
+    if !root_or_skip("api_server_outage") {
+        return;
+    }
+    let api = ApiServer::start().await;
+    let node = prepare(&api);
+    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    let steady = pod(
+        "steady",
+        &format!("  containers:\n{}", busybox("main", "sleep 1000")),
+    );
+    let finisher = pod(
+        "finisher",
+        &format!(
+            "  restartPolicy: Never\n  containers:\n{}",
+            busybox("main", "sleep 20; exit 3")
+        ),
+    );
+    pods.create(&PostParams::default(), &steady).await.unwrap();
+    let _agent = start(&node);
+    let st = wait_for("steady running", 90, async || {
+        status(&pods, "steady").await.filter(ready)
+    })
+    .await;
+    let steady_id = container_id(&st, "main").unwrap();
+    pods.create(&PostParams::default(), &finisher)
+        .await
+        .unwrap();
+    wait_for("finisher running", 60, async || {
+        status(&pods, "finisher")
+            .await
+            .filter(|s| s.phase.as_deref() == Some("Running"))
+    })
+    .await;
+
+    // The API server goes away for a minute; the finisher exits meanwhile.
+    api.stop().await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    api.restart().await;
+
+    let st = wait_for("finisher's status caught up", 60, async || {
+        status(&pods, "finisher")
+            .await
+            .filter(|s| s.phase.as_deref() == Some("Failed"))
+    })
+    .await;
+    let term = st.container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(term.exit_code, 3);
+    let st = status(&pods, "steady").await.unwrap();
+    assert!(ready(&st));
+    assert_eq!(container_id(&st, "main").unwrap(), steady_id, "no restart");
+    assert_eq!(restarts(&st, "main"), Some(0));
+}

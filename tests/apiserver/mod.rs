@@ -1,0 +1,564 @@
+//! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases and
+//! events over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
+//! resourceVersions, conflicts, the status subresource, patches, selectors, pagination,
+//! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion.
+//! Include it from a test file with `mod apiserver;`.
+#![allow(dead_code)]
+
+mod patch;
+mod select;
+mod store;
+mod watch;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+
+use store::{ApiError, DeleteOptions, Store};
+pub use store::{RESOURCES, Resource};
+
+/// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
+
+struct App {
+    store: Mutex<Store>,
+    requests: Mutex<Vec<String>>,
+    addr: SocketAddr,
+}
+
+impl App {
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The running accept loop: a signal to stop it and its task.
+struct Serving {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+pub struct ApiServer {
+    app: Arc<App>,
+    serving: Mutex<Option<Serving>>,
+}
+
+impl ApiServer {
+    /// Starts serving on 127.0.0.1 on a free port.
+    pub async fn start() -> ApiServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding 127.0.0.1:0");
+        let addr = listener
+            .local_addr()
+            .expect("local address of the listener");
+        let app = Arc::new(App {
+            store: Mutex::new(Store::new()),
+            requests: Mutex::new(Vec::new()),
+            addr,
+        });
+        let server = ApiServer {
+            app,
+            serving: Mutex::new(None),
+        };
+        server.serve(listener);
+        server
+    }
+
+    fn serve(&self, listener: TcpListener) {
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_loop(listener, self.app.clone(), stopped));
+        *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(Serving { stop, task });
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.app.addr)
+    }
+
+    /// Writes `kubeconfig` into `dir` (a cluster at `url()`, no credentials, namespace
+    /// `default`) and returns its path.
+    pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\n\
+             current-context: test\nusers:\n- name: test\n  user: {{}}\n",
+            self.url()
+        );
+        std::fs::write(&path, text).expect("writing the kubeconfig");
+        path
+    }
+
+    /// A kube client for this server (default namespace `default`).
+    pub fn client(&self) -> kube::Client {
+        nodelet::api::install_crypto_provider();
+        let uri = self.url().parse().expect("server url is a valid URI");
+        kube::Client::try_from(kube::Config::new(uri)).expect("kube client for the test API server")
+    }
+
+    /// Stops listening and drops every open connection (watch streams end); state is kept.
+    pub async fn stop(&self) {
+        let serving = self
+            .serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(Serving { stop, task }) = serving {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Listens again on the same port, with the same objects and resourceVersions.
+    pub async fn restart(&self) {
+        if self
+            .serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return;
+        }
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(self.app.addr).await {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    eprintln!("apiserver: rebinding {}: {e}; retrying", self.app.addr);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("rebinding {}: {e}", self.app.addr),
+            }
+        };
+        self.serve(listener);
+    }
+
+    /// Forgets the watch history: a watch from any older resourceVersion now gets 410 Expired.
+    pub fn compact(&self) {
+        self.app.store().compact();
+    }
+
+    /// Every request seen, as "METHOD path?query".
+    pub fn requests(&self) -> Vec<String> {
+        self.app
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The stored object at an API path (`/api/v1/namespaces/default/pods/web`), if any.
+    pub fn get(&self, path: &str) -> Option<Value> {
+        let t = parse_target(path).ok()?;
+        self.app
+            .store()
+            .get(t.res, t.ns.as_deref().unwrap_or(""), t.name.as_deref()?)
+            .ok()
+    }
+
+    /// The current (latest written) resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.app.store().rv
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(s) = self
+            .serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            s.task.abort();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot::Receiver<()>) {
+    let router = Router::new().fallback(handle).with_state(app);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                conns.spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    conns.shutdown().await;
+}
+
+/// What a resource path names.
+struct Target {
+    res: &'static Resource,
+    ns: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn parse_target(path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(ApiError::path_not_found()),
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(*s)),
+        _ => return Err(ApiError::path_not_found()),
+    };
+    let res = store::find_resource(group, version, plural).ok_or_else(ApiError::path_not_found)?;
+    if (!res.namespaced && ns.is_some()) || (res.namespaced && name.is_some() && ns.is_none()) {
+        return Err(ApiError::path_not_found());
+    }
+    let status = match sub {
+        None => false,
+        Some("status") if res.has_status => true,
+        Some(_) => return Err(ApiError::path_not_found()),
+    };
+    Ok(Target {
+        res,
+        ns,
+        name,
+        status,
+    })
+}
+
+fn respond(code: u16, body: &Value) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn handle(
+    State(app): State<Arc<App>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let target = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+    app.requests
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(format!("{method} {target}"));
+    let query: HashMap<String, String> = Query::try_from_uri(&uri)
+        .map(|Query(q)| q)
+        .unwrap_or_default();
+    if method == Method::GET
+        && let Some(doc) = discovery(uri.path(), app.addr)
+    {
+        return respond(200, &doc);
+    }
+    match dispatch(&app, &method, uri.path(), &query, &headers, &body) {
+        Ok(r) => r,
+        Err(e) => respond(e.code, &e.status()),
+    }
+}
+
+fn parse_body(body: &[u8], res: &Resource) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {}): couldn't get version/kind; json parse error: {e}",
+            res.kind
+        ))
+    })
+}
+
+fn dispatch(
+    app: &App,
+    method: &Method,
+    path: &str,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let t = parse_target(path)?;
+    let (res, ns) = (t.res, t.ns.clone().unwrap_or_default());
+    let flag = |k: &str| q.get(k).is_some_and(|v| v == "1" || v == "true");
+    let not_allowed = || {
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+    };
+    match (method, t.name.as_deref()) {
+        (&Method::GET, _) if flag("watch") => watch(app, &t, q),
+        (&Method::GET, None) => Ok(respond(200, &list(&app.store(), &t, q)?)),
+        (&Method::GET, Some(name)) => Ok(respond(200, &app.store().get(res, &ns, name)?)),
+        (&Method::POST, None) if !t.status && (t.ns.is_some() || !res.namespaced) => {
+            let obj = app.store().create(res, &ns, parse_body(body, res)?)?;
+            Ok(respond(201, &obj))
+        }
+        (&Method::PUT, Some(name)) => {
+            let (created, obj) =
+                app.store()
+                    .update(res, &ns, name, parse_body(body, res)?, t.status)?;
+            Ok(respond(if created { 201 } else { 200 }, &obj))
+        }
+        (&Method::PATCH, Some(name)) => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            Ok(respond(
+                200,
+                &app.store().patch(res, &ns, name, ct, body, t.status)?,
+            ))
+        }
+        (&Method::DELETE, Some(name)) if !t.status => {
+            let opts = delete_options(q, body)?;
+            let (code, obj) = app.store().delete(res, &ns, name, &opts)?;
+            Ok(respond(code, &obj))
+        }
+        _ => Err(not_allowed()),
+    }
+}
+
+fn delete_options(q: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions::default();
+    if let Some(g) = q.get("gracePeriodSeconds") {
+        let g = g
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds: {g}")))?;
+        opts.grace_period_seconds = Some(g);
+    }
+    if body.iter().any(|b| !b.is_ascii_whitespace()) {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            opts.grace_period_seconds = Some(g);
+        }
+        let pre = |f: &str| {
+            v.pointer(&format!("/preconditions/{f}"))
+                .and_then(Value::as_str)
+                .map(String::from)
+        };
+        opts.uid = pre("uid");
+        opts.resource_version = pre("resourceVersion");
+    }
+    Ok(opts)
+}
+
+fn selector(t: &Target, q: &HashMap<String, String>) -> Result<select::Selector, ApiError> {
+    let sel = select::Selector::parse(
+        t.res,
+        q.get("fieldSelector").map(String::as_str),
+        q.get("labelSelector").map(String::as_str),
+    )?;
+    Ok(match &t.name {
+        Some(n) => sel.with_name(n),
+        None => sel,
+    })
+}
+
+/// A list: `kind: <Kind>List`, items in key order without their kind/apiVersion (as
+/// kube-apiserver encodes them), `limit`/`continue` pagination.
+fn list(store: &Store, t: &Target, q: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let sel = selector(t, q)?;
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let (list_rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+        None => (store.rv, None),
+        Some(token) => {
+            let bad = || ApiError::bad_request("invalid continue token");
+            let raw = hex::decode(token).map_err(|_| bad())?;
+            let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+            let rv = v["rv"].as_u64().ok_or_else(bad)?;
+            if rv < store.floor {
+                return Err(ApiError::expired(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                ));
+            }
+            let start = (
+                v["ns"].as_str().unwrap_or("").to_string(),
+                v["name"].as_str().unwrap_or("").to_string(),
+            );
+            (rv, Some(start))
+        }
+    };
+    let mut items: Vec<_> = store
+        .select(t.res, t.ns.as_deref(), &sel)
+        .into_iter()
+        .filter(|((_, ns, name), _)| after.as_ref().is_none_or(|a| (ns, name) > (&a.0, &a.1)))
+        .collect();
+    let mut meta = json!({"resourceVersion": list_rv.to_string()});
+    if limit > 0 && items.len() > limit {
+        let rest = items.len() - limit;
+        items.truncate(limit);
+        if let Some(((_, ns, name), _)) = items.last() {
+            let token = json!({"rv": list_rv, "ns": ns, "name": name});
+            meta["continue"] = json!(hex::encode(token.to_string()));
+        }
+        if !q.contains_key("fieldSelector") && !q.contains_key("labelSelector") {
+            meta["remainingItemCount"] = json!(rest);
+        }
+    }
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|(_, mut o)| {
+            if let Some(m) = o.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            o
+        })
+        .collect();
+    Ok(
+        json!({"kind": format!("{}List", t.res.kind), "apiVersion": t.res.api_version(),
+        "metadata": meta, "items": items}),
+    )
+}
+
+fn watch(app: &App, t: &Target, q: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let invalid = |m: &str| {
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {m}"),
+        )
+    };
+    let rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv_match = q
+        .get("resourceVersionMatch")
+        .map(String::as_str)
+        .unwrap_or("");
+    let bookmarks = q
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true" || v == "1");
+    let start = if q.get("sendInitialEvents").is_some_and(|v| v == "true") {
+        if rv_match != "NotOlderThan" {
+            return Err(invalid(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        if !bookmarks {
+            return Err(invalid(
+                "allowWatchBookmarks: Forbidden: sendInitialEvents requires setting allowWatchBookmarks to true",
+            ));
+        }
+        watch::Start::InitialEvents
+    } else if !rv_match.is_empty() {
+        return Err(invalid(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        ));
+    } else if rv.is_empty() || rv == "0" {
+        watch::Start::Current
+    } else {
+        let n = rv
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion: {rv}")))?;
+        watch::Start::After(n)
+    };
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs);
+    let w = watch::Watch {
+        res: t.res,
+        namespace: t.ns.clone(),
+        selector: selector(t, q)?,
+        start,
+        bookmarks,
+        timeout,
+    };
+    let body: Body = w.serve(&app.store, BOOKMARK_INTERVAL);
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+/// The discovery documents kubectl and kube clients read.
+fn discovery(path: &str, addr: SocketAddr) -> Option<Value> {
+    let group_doc = |group: &str| {
+        json!({"name": group, "versions": [{"groupVersion": format!("{group}/v1"), "version": "v1"}],
+            "preferredVersion": {"groupVersion": format!("{group}/v1"), "version": "v1"}})
+    };
+    let mut groups: Vec<&str> = RESOURCES
+        .iter()
+        .map(|r| r.group)
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.dedup();
+    let path = path.trim_end_matches('/');
+    match path {
+        "/version" => Some(json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0",
+            "gitCommit": "", "gitTreeState": "clean", "buildDate": "2024-12-11T00:00:00Z",
+            "goVersion": "go1.23.4", "compiler": "gc", "platform": "linux/amd64"})),
+        "/api" => Some(json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": addr.to_string()}]})),
+        "/apis" => Some(json!({"kind": "APIGroupList", "apiVersion": "v1",
+            "groups": groups.iter().map(|g| group_doc(g)).collect::<Vec<_>>()})),
+        "/api/v1" => Some(resource_list("")),
+        _ => {
+            let rest = path.strip_prefix("/apis/")?;
+            match rest.split_once('/') {
+                None if groups.contains(&rest) => {
+                    let mut doc = group_doc(rest);
+                    doc["kind"] = json!("APIGroup");
+                    doc["apiVersion"] = json!("v1");
+                    Some(doc)
+                }
+                Some((g, "v1")) if groups.contains(&g) => Some(resource_list(g)),
+                _ => None,
+            }
+        }
+    }
+}
+
+fn resource_list(group: &str) -> Value {
+    let verbs = json!([
+        "create", "delete", "get", "list", "patch", "update", "watch"
+    ]);
+    let mut resources = Vec::new();
+    for r in RESOURCES.iter().filter(|r| r.group == group) {
+        resources.push(json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
+            "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs, "shortNames": r.short_names}));
+        if r.has_status {
+            resources.push(
+                json!({"name": format!("{}/status", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}),
+            );
+        }
+    }
+    let gv = if group.is_empty() {
+        "v1".to_string()
+    } else {
+        format!("{group}/v1")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}

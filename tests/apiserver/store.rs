@@ -1,0 +1,816 @@
+//! The objects, the resourceVersion counter and the watch history, with kube-apiserver's
+//! create / update / patch / delete semantics and its `Status` errors.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::patch;
+use super::select::Selector;
+
+/// One served resource.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resource {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    /// Has a `/status` subresource; the main resource then ignores `.status`.
+    pub has_status: bool,
+    /// PUT of a missing object creates it (events do).
+    pub create_on_update: bool,
+    /// DELETE answers with the object instead of a `Status` (pods do).
+    pub return_deleted: bool,
+    pub short_names: &'static [&'static str],
+}
+
+impl Resource {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `pods`, `leases.coordination.k8s.io`: the name in error messages and store keys.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+/// Flags of [`Resource`] beyond its names: status subresource, create on PUT, return the deleted object.
+const STATUS: u8 = 1;
+const CREATE_ON_UPDATE: u8 = 2;
+const RETURN_DELETED: u8 = 4;
+
+const fn res(
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    flags: u8,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        group,
+        version: "v1",
+        plural,
+        kind,
+        namespaced,
+        has_status: flags & STATUS != 0,
+        create_on_update: flags & CREATE_ON_UPDATE != 0,
+        return_deleted: flags & RETURN_DELETED != 0,
+        short_names,
+    }
+}
+
+pub const RESOURCES: &[Resource] = &[
+    res("", "pods", "Pod", true, STATUS | RETURN_DELETED, &["po"]),
+    res("", "nodes", "Node", false, STATUS, &["no"]),
+    res("", "events", "Event", true, CREATE_ON_UPDATE, &["ev"]),
+    res("coordination.k8s.io", "leases", "Lease", true, 0, &[]),
+    res(
+        "events.k8s.io",
+        "events",
+        "Event",
+        true,
+        CREATE_ON_UPDATE,
+        &["ev"],
+    ),
+];
+
+pub fn find_resource(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// A failed request, answered as a `Status` object.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn with_details(mut self, res: &Resource, name: &str) -> Self {
+        let mut d = Map::new();
+        d.insert("name".into(), json!(name));
+        if !res.group.is_empty() {
+            d.insert("group".into(), json!(res.group));
+        }
+        d.insert("kind".into(), json!(res.plural));
+        self.details = Some(Value::Object(d));
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub fn not_found(res: &Resource, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.qualified()),
+        )
+        .with_details(res, name)
+    }
+
+    pub fn path_not_found() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    pub fn already_exists(res: &Resource, name: &str) -> Self {
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", res.qualified()),
+        )
+        .with_details(res, name)
+    }
+
+    pub fn conflict(res: &Resource, name: &str, why: &str) -> Self {
+        let message = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            res.qualified()
+        );
+        Self::new(409, "Conflict", message).with_details(res, name)
+    }
+
+    fn stale(res: &Resource, name: &str) -> Self {
+        Self::conflict(
+            res,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    /// 422 with one field cause, shaped like apimachinery's `NewInvalid`.
+    pub fn invalid(res: &Resource, name: &str, field: &str, cause: &str, detail: &str) -> Self {
+        let mut d = json!({"name": name, "kind": res.kind, "causes": [
+            {"reason": cause, "message": detail, "field": field}]});
+        if !res.group.is_empty() {
+            d["group"] = json!(res.group);
+        }
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {field}: {detail}", res.kind),
+        );
+        e.details = Some(d);
+        e
+    }
+
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    pub fn status(&self) -> Value {
+        let mut s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code});
+        if let Some(d) = &self.details {
+            s["details"] = d.clone();
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One write, as the watch history keeps it.
+#[derive(Debug)]
+pub struct Change {
+    pub rv: u64,
+    pub res: &'static Resource,
+    pub kind: ChangeKind,
+    /// The object after the write (for a delete: its last state carrying the delete's rv).
+    pub object: Value,
+    /// The object before the write.
+    pub old: Option<Value>,
+}
+
+/// Store key: qualified resource, namespace ("" when cluster-scoped), name. Ordered as etcd keys.
+type Key = (String, String, String);
+
+fn key(res: &Resource, ns: &str, name: &str) -> Key {
+    (res.qualified(), ns.to_string(), name.to_string())
+}
+
+/// What a DELETE asked for.
+#[derive(Debug, Default)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Store {
+    pub rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// Changes with rv > `floor`; older ones are forgotten.
+    pub history: Vec<Arc<Change>>,
+    pub floor: u64,
+    pub watchers: Vec<UnboundedSender<Arc<Change>>>,
+    seq: u64,
+    seed: u64,
+}
+
+pub fn now() -> String {
+    rfc3339(chrono::Utc::now())
+}
+
+fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj.pointer(&format!("/metadata/{field}"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+fn meta(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("metadata was just made an object"),
+    }
+}
+
+/// A DNS-1123 subdomain, the rule for pod, node, lease and event names.
+fn valid_name(name: &str) -> bool {
+    let ok_label = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    name.len() <= 253 && name.split('.').all(ok_label)
+}
+
+impl Store {
+    pub fn new() -> Self {
+        let seed = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0) as u64;
+        Self {
+            seed,
+            ..Default::default()
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.seq += 1;
+        let mut x = self.seed ^ self.seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^ (x >> 29)
+    }
+
+    fn new_uid(&mut self) -> String {
+        let (a, b) = (self.next(), self.next());
+        format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            b >> 52,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    pub fn get(&self, res: &Resource, ns: &str, name: &str) -> Result<Value, ApiError> {
+        self.objects
+            .get(&key(res, ns, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(res, name))
+    }
+
+    /// The objects of `res` (in `ns` when given) matching `sel`, in key order.
+    pub fn select(&self, res: &Resource, ns: Option<&str>, sel: &Selector) -> Vec<(Key, Value)> {
+        let q = res.qualified();
+        self.objects
+            .iter()
+            .filter(|((r, n, _), o)| *r == q && ns.is_none_or(|ns| ns == n) && sel.matches(res, o))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Records a write: bumps nothing itself; `object` already carries `rv`.
+    fn emit(
+        &mut self,
+        res: &'static Resource,
+        kind: ChangeKind,
+        object: Value,
+        old: Option<Value>,
+    ) {
+        let change = Arc::new(Change {
+            rv: self.rv,
+            res,
+            kind,
+            object,
+            old,
+        });
+        self.history.push(change.clone());
+        self.watchers.retain(|w| w.send(change.clone()).is_ok());
+    }
+
+    /// Forgets the history: watches from any older resourceVersion now get 410.
+    pub fn compact(&mut self) {
+        self.floor = self.rv;
+        self.history.clear();
+    }
+
+    /// Checks `apiVersion`/`kind` and the namespace of a body against the request.
+    fn check_body(&self, res: &Resource, ns: &str, body: &mut Value) -> Result<(), ApiError> {
+        if !body.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {})",
+                res.kind
+            )));
+        }
+        let av = body.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = body.get("kind").and_then(Value::as_str).unwrap_or("");
+        if (!kind.is_empty() && kind != res.kind) || (!av.is_empty() && av != res.api_version()) {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): {av}, Kind={kind}",
+                res.kind
+            )));
+        }
+        let body_ns = meta_str(body, "namespace").to_string();
+        if res.namespaced {
+            if !body_ns.is_empty() && body_ns != ns {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            meta(body).insert("namespace".into(), json!(ns));
+        } else {
+            meta(body).remove("namespace");
+        }
+        body["apiVersion"] = json!(res.api_version());
+        body["kind"] = json!(res.kind);
+        Ok(())
+    }
+
+    pub fn create(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        mut body: Value,
+    ) -> Result<Value, ApiError> {
+        self.check_body(res, ns, &mut body)?;
+        if !meta_str(&body, "resourceVersion").is_empty() {
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "Internal error occurred: resourceVersion should not be set on objects to be created",
+            ));
+        }
+        let mut name = meta_str(&body, "name").to_string();
+        let generate = meta_str(&body, "generateName").to_string();
+        if name.is_empty() && !generate.is_empty() {
+            const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            loop {
+                let mut x = self.next();
+                let suffix: String = (0..5)
+                    .map(|_| {
+                        let c = ALPHABET[(x % ALPHABET.len() as u64) as usize] as char;
+                        x /= ALPHABET.len() as u64;
+                        c
+                    })
+                    .collect();
+                name = format!("{generate}{suffix}");
+                if !self.objects.contains_key(&key(res, ns, &name)) {
+                    break;
+                }
+            }
+            meta(&mut body).insert("name".into(), json!(name));
+        }
+        if name.is_empty() {
+            let msg = "Required value: name or generateName is required";
+            return Err(ApiError::invalid(
+                res,
+                "",
+                "metadata.name",
+                "FieldValueRequired",
+                msg,
+            ));
+        }
+        if !valid_name(&name) {
+            let msg = format!(
+                "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            );
+            return Err(ApiError::invalid(
+                res,
+                &name,
+                "metadata.name",
+                "FieldValueInvalid",
+                &msg,
+            ));
+        }
+        if res.kind == "Pod" {
+            prepare_pod(res, &name, &mut body)?;
+        }
+        if self.objects.contains_key(&key(res, ns, &name)) {
+            return Err(ApiError::already_exists(res, &name));
+        }
+        let uid = self.new_uid();
+        self.rv += 1;
+        let m = meta(&mut body);
+        m.insert("uid".into(), json!(uid));
+        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
+        m.insert("creationTimestamp".into(), json!(now()));
+        m.insert("generation".into(), json!(1));
+        m.remove("deletionTimestamp");
+        m.remove("deletionGracePeriodSeconds");
+        self.objects.insert(key(res, ns, &name), body.clone());
+        self.emit(res, ChangeKind::Added, body.clone(), None);
+        Ok(body)
+    }
+
+    /// PUT: replaces the object (or only its `.status` when `status`). Creates when the
+    /// resource allows it; returns whether it did.
+    pub fn update(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        mut body: Value,
+        status: bool,
+    ) -> Result<(bool, Value), ApiError> {
+        self.check_body(res, ns, &mut body)?;
+        let body_name = meta_str(&body, "name");
+        if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let Some(old) = self.objects.get(&key(res, ns, name)).cloned() else {
+            if res.create_on_update && !status {
+                meta(&mut body).remove("resourceVersion");
+                return self.create(res, ns, body).map(|o| (true, o));
+            }
+            return Err(ApiError::not_found(res, name));
+        };
+        self.replace(res, ns, name, old, body, status)
+            .map(|o| (false, o))
+    }
+
+    /// PATCH by content type; only `.status` is taken from the result when `status`.
+    pub fn patch(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        content_type: &str,
+        body: &[u8],
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let old = self.get(res, ns, name)?;
+        let mut new = old.clone();
+        let media = content_type.split(';').next().unwrap_or("").trim();
+        let parse = |b: &[u8]| -> Result<Value, ApiError> {
+            serde_json::from_slice(b)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+        };
+        match media {
+            "application/merge-patch+json" => patch::merge(&mut new, &parse(body)?),
+            "application/strategic-merge-patch+json" => {
+                let p = parse(body)?;
+                if !p.is_object() {
+                    return Err(ApiError::bad_request(
+                        "strategic merge patch must be a JSON object",
+                    ));
+                }
+                patch::strategic(&mut new, &p, "")
+            }
+            "application/json-patch+json" => {
+                let ops: json_patch::Patch = serde_json::from_slice(body).map_err(|e| {
+                    ApiError::bad_request(format!("error decoding json patch: {e}"))
+                })?;
+                json_patch::patch(&mut new, &ops).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
+            }
+            _ => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {media})"
+                    ),
+                ));
+            }
+        }
+        self.check_body(res, ns, &mut new)?;
+        if meta_str(&new, "name") != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(&new, "name")
+            )));
+        }
+        self.replace(res, ns, name, old, new, status)
+    }
+
+    /// The common tail of PUT and PATCH: optimistic concurrency, server-owned fields kept,
+    /// status isolation, generation, and no write (no new rv) when nothing changed.
+    fn replace(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        old: Value,
+        new: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let old_rv = meta_str(&old, "resourceVersion").to_string();
+        let asked_rv = meta_str(&new, "resourceVersion");
+        if !asked_rv.is_empty() && asked_rv != old_rv {
+            return Err(ApiError::stale(res, name));
+        }
+        let mut next = if status {
+            let mut n = old.clone();
+            match new.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    if let Some(o) = n.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+            n
+        } else {
+            let mut n = new;
+            if res.has_status {
+                match old.get("status") {
+                    Some(s) => n["status"] = s.clone(),
+                    None => {
+                        if let Some(o) = n.as_object_mut() {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            let om = old.get("metadata").cloned().unwrap_or_default();
+            let m = meta(&mut n);
+            for f in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
+                match om.get(f) {
+                    Some(v) => m.insert(f.into(), v.clone()),
+                    None => m.remove(f),
+                };
+            }
+            n
+        };
+        if !status && next.get("spec") != old.get("spec") {
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            meta(&mut next).insert("generation".into(), json!(g + 1));
+        }
+        meta(&mut next).insert("resourceVersion".into(), json!(old_rv));
+        if next == old {
+            return Ok(old);
+        }
+        self.rv += 1;
+        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.objects.insert(key(res, ns, name), next.clone());
+        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
+        Ok(next)
+    }
+
+    /// DELETE: graceful for scheduled pods, immediate otherwise. Returns the HTTP code and body.
+    pub fn delete(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<(u16, Value), ApiError> {
+        let old = self.get(res, ns, name)?;
+        if let Some(uid) = &opts.uid {
+            let have = meta_str(&old, "uid");
+            if uid != have {
+                let why = format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                );
+                return Err(ApiError::conflict(res, name, &why));
+            }
+        }
+        if let Some(rv) = &opts.resource_version {
+            let have = meta_str(&old, "resourceVersion");
+            if rv != have {
+                let why = format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"
+                );
+                return Err(ApiError::conflict(res, name, &why));
+            }
+        }
+        if res.kind == "Pod" {
+            let scheduled = !old
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty();
+            let phase = old
+                .pointer("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let grace = match opts.grace_period_seconds {
+                Some(g) => g,
+                None => old
+                    .pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(30),
+            };
+            if scheduled && grace > 0 && phase != "Succeeded" && phase != "Failed" {
+                return self.delete_gracefully(res, ns, name, old, grace);
+            }
+        }
+        self.objects.remove(&key(res, ns, name));
+        self.rv += 1;
+        let mut last = old.clone();
+        meta(&mut last).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.emit(res, ChangeKind::Deleted, last.clone(), Some(old));
+        if res.return_deleted {
+            return Ok((200, last));
+        }
+        let mut details = json!({"name": name, "kind": res.plural, "uid": meta_str(&last, "uid")});
+        if !res.group.is_empty() {
+            details["group"] = json!(res.group);
+        }
+        Ok((
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
+        ))
+    }
+
+    fn delete_gracefully(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        old: Value,
+        grace: i64,
+    ) -> Result<(u16, Value), ApiError> {
+        let now = chrono::Utc::now();
+        let prior = old
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64);
+        let prior_ts = old
+            .pointer("/metadata/deletionTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&chrono::Utc));
+        let deadline = match (prior, prior_ts) {
+            // Already terminating: a DELETE may only shorten the grace period, counted from
+            // when the first DELETE asked.
+            (Some(p), Some(_)) if grace >= p => return Ok((202, old)),
+            (Some(p), Some(ts)) => {
+                ts - chrono::Duration::seconds(p) + chrono::Duration::seconds(grace)
+            }
+            _ => now + chrono::Duration::seconds(grace),
+        };
+        let mut next = old.clone();
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        self.rv += 1;
+        let m = meta(&mut next);
+        m.insert("deletionTimestamp".into(), json!(rfc3339(deadline)));
+        m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+        m.insert("generation".into(), json!(g + 1));
+        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.objects.insert(key(res, ns, name), next.clone());
+        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
+        Ok((202, next))
+    }
+}
+
+/// Pod creation as the pod strategy does it: status reset to Pending with the QoS class,
+/// the main spec defaults, and the one validation tests trip over (no containers).
+fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiError> {
+    let containers = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if containers == 0 {
+        return Err(ApiError::invalid(
+            res,
+            name,
+            "spec.containers",
+            "FieldValueRequired",
+            "Required value",
+        ));
+    }
+    let qos = qos_class(&pod["spec"]);
+    pod["status"] = json!({"phase": "Pending", "qosClass": qos});
+    let spec = &mut pod["spec"];
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("securityContext", json!({})),
+    ] {
+        if spec.get(field).is_none() {
+            spec[field] = value;
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for c in cs {
+            let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+            let last = image.rsplit('/').next().unwrap_or("");
+            let latest = !image.contains('@') && (!last.contains(':') || last.ends_with(":latest"));
+            let policy = if latest { "Always" } else { "IfNotPresent" };
+            for (field, value) in [
+                ("imagePullPolicy", policy),
+                ("terminationMessagePath", "/dev/termination-log"),
+                ("terminationMessagePolicy", "File"),
+            ] {
+                if c.get(field).is_none() {
+                    c[field] = json!(value);
+                }
+            }
+            if c.get("resources").is_none() {
+                c["resources"] = json!({});
+            }
+        }
+    }
+    Ok(())
+}
+
+/// BestEffort without any cpu/memory request or limit; Guaranteed when every container limits
+/// both and requests equal limits; Burstable otherwise.
+fn qos_class(spec: &Value) -> &'static str {
+    let (mut any, mut guaranteed) = (false, true);
+    for list in ["initContainers", "containers"] {
+        for c in spec
+            .get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let requests = &c["resources"]["requests"];
+            let limits = &c["resources"]["limits"];
+            for r in ["cpu", "memory"] {
+                let (req, lim) = (requests.get(r), limits.get(r));
+                any |= req.is_some() || lim.is_some();
+                guaranteed &= lim.is_some() && req.is_none_or(|q| Some(q) == lim);
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
