@@ -464,3 +464,44 @@ async fn a_deleted_node_is_registered_again() {
     run.stop().await;
     api.stop().await;
 }
+
+#[tokio::test]
+async fn register_node_false_only_updates_an_existing_node() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config("node-unreg", dir.path());
+    cfg.register_node = false;
+    let nodes: Api<Node> = Api::all(api.client());
+    let run = Running::start(api.client(), &cfg, false);
+    // Ticks come and go without creating the Node.
+    wait_for("a few status ticks", 20, async || {
+        let gets = api
+            .requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /api/v1/nodes/node-unreg"))
+            .count();
+        (gets >= 5).then_some(())
+    })
+    .await;
+    assert!(nodes.get_opt("node-unreg").await.unwrap().is_none());
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.starts_with("POST /api/v1/nodes"))
+    );
+    // Someone creates it: its status becomes ours.
+    let bare: Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "node-unreg"}})).unwrap();
+    nodes.create(&PostParams::default(), &bare).await.unwrap();
+    wait_for(
+        "the status on the node created by someone else",
+        20,
+        async || {
+            let n = nodes.get_opt("node-unreg").await.ok().flatten()?;
+            (condition(&n, "Ready")?.status == "True").then_some(())
+        },
+    )
+    .await;
+    run.stop().await;
+    api.stop().await;
+}

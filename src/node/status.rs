@@ -175,13 +175,21 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, retrying with back-off (100ms doubling to 7s), then writes its
-    /// status once. Returns `false` only when `shutdown` came first.
+    /// status once; with `registerNode: false` only the status write (of a Node someone else
+    /// creates). Returns `false` only when `shutdown` came first.
     pub async fn register(&self, shutdown: impl Future<Output = ()>) -> bool {
         tokio::pin!(shutdown);
         self.register_until(&mut shutdown).await
     }
 
     async fn register_until(&self, shutdown: &mut Pin<&mut impl Future<Output = ()>>) -> bool {
+        if !self.cfg.register_node {
+            // `registerNode: false`: someone else creates the Node; only its status is ours.
+            if let Err(e) = self.update().await {
+                tracing::warn!(node = %self.name(), "node status update: {e}");
+            }
+            return true;
+        }
         let mut delay = REGISTER_BACKOFF_START;
         loop {
             match self.try_register().await {
@@ -274,7 +282,8 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, then updates its status every `nodeStatusUpdateFrequency` until
-    /// `shutdown`. A Node deleted behind the kubelet's back is registered again.
+    /// `shutdown`. A Node deleted behind the kubelet's back is registered again (unless
+    /// `registerNode` is false: then the status waits for someone to create it).
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         if !self.register_until(&mut shutdown).await {
@@ -310,9 +319,11 @@ impl NodeStatusManager {
             match self.try_update(images.clone()).await {
                 Ok(wrote) => return Ok(wrote),
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    tracing::warn!(node = %self.name(), "the node is gone; registering it again");
-                    if let Ok(mut st) = self.state.lock() {
-                        st.registered = false;
+                    if self.cfg.register_node {
+                        tracing::warn!(node = %self.name(), "the node is gone; registering it again");
+                        if let Ok(mut st) = self.state.lock() {
+                            st.registered = false;
+                        }
                     }
                     return Err(kube::Error::Api(s));
                 }
