@@ -1,8 +1,10 @@
 //! The node status manager and the Lease controller against the project's test API server:
 //! registration with the right labels, capacity, nodeInfo and conditions; status written when
 //! something changes and not on every tick; a health problem flips Ready (and only then moves
-//! lastTransitionTime); the Lease is owned by the Node and renewed, also after the API server
-//! was away; a Node that already exists is adopted.
+//! lastTransitionTime); the Lease is owned by the Node and renewed, and both resume after the
+//! API server was away; a Node that already exists is adopted, a deleted one registered again;
+//! with `registerNode: false` only the status is written; `NodeAgent` reports runtime health
+//! and images.
 
 mod apiserver;
 
@@ -308,6 +310,13 @@ async fn lease_is_owned_renewed_and_survives_an_api_server_restart() {
         let l = leases.get_opt("node-lease").await.ok().flatten()?;
         let t = l.spec?.renew_time?;
         (t.0 > later.0 && t.0 >= restarted_at).then_some(())
+    })
+    .await;
+    // The node status is written again too.
+    run.set_health(Health::not_ready(["container runtime is down"]));
+    wait_for("Ready=False after the restart", 20, async || {
+        let n = nodes.get_opt("node-lease").await.ok().flatten()?;
+        (condition(&n, "Ready")?.status == "False").then_some(())
     })
     .await;
 
