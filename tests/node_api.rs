@@ -410,7 +410,13 @@ async fn agent_reports_runtime_health_and_images() {
         .then_some(n)
     })
     .await;
-    let images = node.status.unwrap().images.unwrap_or_default();
+    let status = node.status.unwrap();
+    // The runtime's (fake: no) handlers and features are reported.
+    assert_eq!(
+        status.features.and_then(|f| f.supplemental_groups_policy),
+        Some(false)
+    );
+    let images = status.images.unwrap_or_default();
     assert!(
         images.iter().any(|i| i
             .names

@@ -62,8 +62,8 @@ pub fn node_images(images: &[cri::Image]) -> Vec<ContainerImage> {
 }
 
 /// The status to report: the facts' status (`base`, from [`build_node`]) with the conditions
-/// following `previous`'s, and `images` (`None`: the image list could not be read, keep the
-/// previous one).
+/// following `previous`'s, the runtime's handlers and features from `health`, and `images`
+/// (`None`: the image list could not be read, keep the previous one).
 pub fn desired_status(
     base: &NodeStatus,
     previous: Option<&NodeStatus>,
@@ -77,6 +77,14 @@ pub fn desired_status(
         .unwrap_or_default();
     status.conditions = Some(node_conditions(prev_conditions, health, now));
     status.images = images.or_else(|| previous.and_then(|p| p.images.clone()));
+    status.runtime_handlers = health
+        .runtime_handlers
+        .clone()
+        .or_else(|| previous.and_then(|p| p.runtime_handlers.clone()));
+    status.features = health
+        .features
+        .clone()
+        .or_else(|| previous.and_then(|p| p.features.clone()));
     status
 }
 
@@ -100,8 +108,6 @@ fn comparable(s: &NodeStatus) -> NodeStatus {
     s.volumes_in_use = None;
     s.config = None;
     s.phase = None;
-    s.runtime_handlers = None;
-    s.features = None;
     s.declared_features = None;
     s
 }
