@@ -723,8 +723,8 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
     }
 
     // A node's watch from "0": the current matching pods as ADDED, then only its changes;
-    // a pod that stops matching is DELETED for this watch.
-    let wp = WatchParams::default().fields("spec.nodeName=n1");
+    // a pod that starts matching is ADDED, one that stops matching DELETED for this watch.
+    let wp = WatchParams::default().fields("spec.nodeName=n1,status.phase!=Succeeded");
     let mut node = pods.watch(&wp, "0").await.unwrap().boxed();
     let mut seen = Vec::new();
     for _ in 0..2 {
@@ -737,42 +737,36 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
     assert_eq!(seen, ["p1", "p3"]);
 
     let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"x": v}}}));
-    pods.patch("p2", &PatchParams::default(), &label("1"))
-        .await
-        .unwrap();
-    let moved = pods
-        .patch("p3", &PatchParams::default(), &label("2"))
-        .await
-        .unwrap();
+    let pat = PatchParams::default();
+    pods.patch("p2", &pat, &label("1")).await.unwrap();
+    pods.patch("p3", &pat, &label("2")).await.unwrap();
     match next_watch(&mut node).await {
         WatchEvent::Modified(p) => assert_eq!(p.metadata.name.as_deref(), Some("p3")),
         e => panic!("{e:?}"),
     }
-    // Stop matching: DELETED carrying the previous object at the change's resourceVersion.
-    let e = api_status(
-        pods.delete(
-            "p1",
-            &DeleteParams::default()
-                .grace_period(0)
-                .preconditions(kube::api::Preconditions {
-                    uid: Some("wrong".into()),
-                    resource_version: None,
-                }),
-        )
+    pods.create(&pp, &pod("p4", None, json!({}))).await.unwrap();
+    let bind = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p4"},
+        "target": {"kind": "Node", "name": "n1"}})
+    .to_string();
+    let path = "/api/v1/namespaces/default/pods/p4/binding";
+    let (code, _) = http(&server, "POST", path, "application/json", &bind).await;
+    assert_eq!(code, 201);
+    match next_watch(&mut node).await {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("p4")),
+        e => panic!("{e:?}"),
+    }
+    let done = json!({"status": {"phase": "Succeeded"}});
+    let finished = pods
+        .patch_status("p3", &pat, &Patch::Merge(&done))
         .await
-        .unwrap_err(),
-    );
-    assert_eq!(e.code, 409);
-    let mut body = moved.clone();
-    body.spec.as_mut().unwrap().node_name = Some("n2".into());
-    let rehomed = pods.replace("p3", &pp, &body).await.unwrap();
+        .unwrap();
     match next_watch(&mut node).await {
         WatchEvent::Deleted(p) => {
             assert_eq!(p.metadata.name.as_deref(), Some("p3"));
-            assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n1"));
+            assert_eq!(p.status.unwrap().phase.as_deref(), Some("Pending"));
             assert_eq!(
                 p.metadata.resource_version,
-                rehomed.metadata.resource_version
+                finished.metadata.resource_version
             );
         }
         e => panic!("{e:?}"),
@@ -781,6 +775,68 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
         WatchEvent::Modified(p) => assert_eq!(p.metadata.name.as_deref(), Some("p2")),
         e => panic!("{e:?}"),
     }
+}
+
+#[tokio::test]
+async fn binding_schedules_once_and_pod_specs_are_immutable() {
+    let server = ApiServer::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+        .await
+        .unwrap();
+    let path = "/api/v1/namespaces/default/pods/p/binding";
+    let bind = |node: &str| json!({"target": {"kind": "Node", "name": node}}).to_string();
+    let (code, st) = http(&server, "POST", path, "application/json", &bind("n1")).await;
+    assert_eq!((code, st["status"].as_str()), (201, Some("Success")));
+    let bound = pods.get("p").await.unwrap();
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("n1")
+    );
+    let conds = bound.status.as_ref().unwrap().conditions.clone().unwrap();
+    assert_eq!(
+        (conds[0].type_.as_str(), conds[0].status.as_str()),
+        ("PodScheduled", "True")
+    );
+    let (code, st) = http(&server, "POST", path, "application/json", &bind("n2")).await;
+    assert_eq!((code, st["reason"].as_str()), (409, Some("Conflict")));
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("already assigned to node \"n1\""),
+        "{st}"
+    );
+
+    // Images may change in place; the node (or any other spec field) may not.
+    let mut body = bound.clone();
+    body.spec.as_mut().unwrap().containers[0].image = Some("busybox:1.37".into());
+    let updated = pods
+        .replace("p", &PostParams::default(), &body)
+        .await
+        .unwrap();
+    assert_eq!(updated.metadata.generation, Some(2));
+    let mut body = updated.clone();
+    body.spec.as_mut().unwrap().node_name = Some("n2".into());
+    let e = api_status(
+        pods.replace("p", &PostParams::default(), &body)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert!(
+        e.message
+            .contains("spec: Forbidden: pod updates may not change fields"),
+        "{}",
+        e.message
+    );
+    let p = Patch::Merge(json!({"spec": {"restartPolicy": "Never"}}));
+    let e = api_status(
+        pods.patch("p", &PatchParams::default(), &p)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
 }
 
 #[tokio::test]

@@ -269,6 +269,36 @@ fn meta(obj: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// Metadata only the server writes; kept from the stored object on PUT and PATCH.
+const SERVER_META: [&str; 5] = [
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+];
+
+/// Sets the field at `pointer` (`/a/b`, parent existing or made) in `to` to its value in `from`,
+/// or removes it when `from` has none.
+fn copy_field(to: &mut Value, from: &Value, pointer: &str) {
+    let (parent, field) = pointer.rsplit_once('/').unwrap_or(("", pointer));
+    let value = from.pointer(pointer).cloned();
+    let parent = if parent.is_empty() {
+        Some(to)
+    } else {
+        to.pointer_mut(parent)
+    };
+    match (parent, value) {
+        (Some(Value::Object(p)), Some(v)) => {
+            p.insert(field.to_string(), v);
+        }
+        (Some(Value::Object(p)), None) => {
+            p.remove(field);
+        }
+        _ => {}
+    }
+}
+
 /// A DNS-1123 subdomain, the rule for pod, node, lease and event names.
 fn valid_name(name: &str) -> bool {
     let ok_label = |l: &str| {
@@ -566,45 +596,21 @@ impl Store {
         if !asked_rv.is_empty() && asked_rv != old_rv {
             return Err(ApiError::stale(res, name));
         }
-        let mut next = if status {
-            let mut n = old.clone();
-            match new.get("status") {
-                Some(s) => n["status"] = s.clone(),
-                None => {
-                    if let Some(o) = n.as_object_mut() {
-                        o.remove("status");
-                    }
-                }
-            }
-            n
+        let mut next = if status { old.clone() } else { new.clone() };
+        if status {
+            copy_field(&mut next, &new, "/status");
         } else {
-            let mut n = new;
             if res.has_status {
-                match old.get("status") {
-                    Some(s) => n["status"] = s.clone(),
-                    None => {
-                        if let Some(o) = n.as_object_mut() {
-                            o.remove("status");
-                        }
-                    }
-                }
+                copy_field(&mut next, &old, "/status");
             }
-            let om = old.get("metadata").cloned().unwrap_or_default();
-            let m = meta(&mut n);
-            for f in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ] {
-                match om.get(f) {
-                    Some(v) => m.insert(f.into(), v.clone()),
-                    None => m.remove(f),
-                };
+            for f in SERVER_META {
+                copy_field(&mut next, &old, &format!("/metadata/{f}"));
             }
-            n
-        };
+            if res.kind == "Pod" {
+                default_pod_spec(&mut next["spec"]);
+                check_pod_update(res, name, &old, &next)?;
+            }
+        }
         if !status && next.get("spec") != old.get("spec") {
             let g = old
                 .pointer("/metadata/generation")
@@ -621,6 +627,62 @@ impl Store {
         self.objects.insert(key(res, ns, name), next.clone());
         self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
         Ok(next)
+    }
+
+    /// POST `pods/{name}/binding`: assigns an unscheduled pod to `target.name` and marks it
+    /// PodScheduled, as the scheduler's binding does.
+    pub fn bind(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        binding: &Value,
+    ) -> Result<Value, ApiError> {
+        let node = binding
+            .pointer("/target/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if node.is_empty() {
+            let msg = "Required value";
+            return Err(ApiError::invalid(
+                res,
+                name,
+                "target.name",
+                "FieldValueRequired",
+                msg,
+            ));
+        }
+        let old = self.get(res, ns, name)?;
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            let why = format!("pod {name} is being deleted, cannot be assigned to a host");
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let bound = old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !bound.is_empty() {
+            let why = format!("pod {name} is already assigned to node \"{bound}\"");
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let mut next = old.clone();
+        next["spec"]["nodeName"] = json!(node);
+        let scheduled =
+            json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()});
+        match next["status"]["conditions"].as_array_mut() {
+            Some(cs) => {
+                cs.retain(|c| c["type"] != "PodScheduled");
+                cs.push(scheduled);
+            }
+            None => next["status"]["conditions"] = json!([scheduled]),
+        }
+        self.rv += 1;
+        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        self.objects.insert(key(res, ns, name), next.clone());
+        self.emit(res, ChangeKind::Modified, next, Some(old));
+        Ok(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        )
     }
 
     /// DELETE: graceful for scheduled pods, immediate otherwise. Returns the HTTP code and body.
@@ -750,7 +812,15 @@ fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiErr
     }
     let qos = qos_class(&pod["spec"]);
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
-    let spec = &mut pod["spec"];
+    default_pod_spec(&mut pod["spec"]);
+    Ok(())
+}
+
+/// The defaults kube-apiserver fills into a pod spec that the kubelet reads.
+fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
     for (field, value) in [
         ("restartPolicy", json!("Always")),
         ("terminationGracePeriodSeconds", json!(30)),
@@ -785,7 +855,47 @@ fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiErr
             }
         }
     }
-    Ok(())
+}
+
+/// Pod specs are immutable on update except container images, activeDeadlineSeconds,
+/// tolerations and terminationGracePeriodSeconds (kube-apiserver's `ValidatePodUpdate`).
+fn check_pod_update(res: &Resource, name: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mutable_removed = |pod: &Value| {
+        let mut spec = pod.get("spec").cloned().unwrap_or_default();
+        for list in ["initContainers", "containers"] {
+            for c in spec
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("image");
+                }
+            }
+        }
+        if let Some(m) = spec.as_object_mut() {
+            for f in [
+                "activeDeadlineSeconds",
+                "tolerations",
+                "terminationGracePeriodSeconds",
+            ] {
+                m.remove(f);
+            }
+        }
+        spec
+    };
+    if mutable_removed(old) == mutable_removed(new) {
+        return Ok(());
+    }
+    let msg = "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
+    Err(ApiError::invalid(
+        res,
+        name,
+        "spec",
+        "FieldValueForbidden",
+        msg,
+    ))
 }
 
 /// BestEffort without any cpu/memory request or limit; Guaranteed when every container limits
