@@ -286,6 +286,11 @@ async fn bodies_that_contradict_the_request_are_rejected() {
     let (code, created) = http(&server, "POST", pods, "application/json", &body("", "p")).await;
     assert_eq!(code, 201);
     assert_eq!(created["metadata"]["namespace"], "default");
+    // Server-side dry runs are refused, not silently written.
+    let dry = format!("{pods}?dryRun=All");
+    let (code, _) = http(&server, "POST", &dry, "application/json", &body("", "dry")).await;
+    assert_eq!(code, 400);
+    assert!(server.get("/api/v1/namespaces/default/pods/dry").is_none());
     let (code, st) = http(
         &server,
         "PUT",

@@ -317,6 +317,12 @@ fn dispatch(
             "the server does not allow this method on the requested resource",
         )
     };
+    if method != Method::GET && q.contains_key("dryRun") {
+        // Refused rather than silently written.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the test API server",
+        ));
+    }
     match (method, t.name.as_deref()) {
         (&Method::POST, Some(name)) if t.binding => {
             let done = app.store().bind(res, &ns, name, &parse_body(body, res)?)?;
