@@ -1059,7 +1059,7 @@ async fn graceful_pod_deletion() {
         "",
     )
     .await;
-    assert_eq!(code, 202);
+    assert_eq!(code, 200);
     assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 30);
     let ts = |v: &Value| {
         chrono::DateTime::parse_from_rfc3339(v["metadata"]["deletionTimestamp"].as_str().unwrap())

@@ -354,8 +354,7 @@ fn dispatch(
         }
         (&Method::DELETE, Some(name)) if !t.status => {
             let opts = delete_options(q, body)?;
-            let (code, obj) = app.store().delete(res, &ns, name, &opts)?;
-            Ok(respond(code, &obj))
+            Ok(respond(200, &app.store().delete(res, &ns, name, &opts)?))
         }
         _ => Err(not_allowed()),
     }

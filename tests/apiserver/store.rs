@@ -685,14 +685,15 @@ impl Store {
         )
     }
 
-    /// DELETE: graceful for scheduled pods, immediate otherwise. Returns the HTTP code and body.
+    /// DELETE: graceful for scheduled pods, immediate otherwise. Answers the pod (terminating
+    /// or gone) for pods, a Success `Status` for the others; always 200, as kube-apiserver does.
     pub fn delete(
         &mut self,
         res: &'static Resource,
         ns: &str,
         name: &str,
         opts: &DeleteOptions,
-    ) -> Result<(u16, Value), ApiError> {
+    ) -> Result<Value, ApiError> {
         let old = self.get(res, ns, name)?;
         if let Some(uid) = &opts.uid {
             let have = meta_str(&old, "uid");
@@ -739,16 +740,15 @@ impl Store {
         meta(&mut last).insert("resourceVersion".into(), json!(self.rv.to_string()));
         self.emit(res, ChangeKind::Deleted, last.clone(), Some(old));
         if res.return_deleted {
-            return Ok((200, last));
+            return Ok(last);
         }
         let mut details = json!({"name": name, "kind": res.plural, "uid": meta_str(&last, "uid")});
         if !res.group.is_empty() {
             details["group"] = json!(res.group);
         }
-        Ok((
-            200,
+        Ok(
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
-        ))
+        )
     }
 
     fn delete_gracefully(
@@ -758,7 +758,7 @@ impl Store {
         name: &str,
         old: Value,
         grace: i64,
-    ) -> Result<(u16, Value), ApiError> {
+    ) -> Result<Value, ApiError> {
         let now = chrono::Utc::now();
         let prior = old
             .pointer("/metadata/deletionGracePeriodSeconds")
@@ -771,7 +771,7 @@ impl Store {
         let deadline = match (prior, prior_ts) {
             // Already terminating: a DELETE may only shorten the grace period, counted from
             // when the first DELETE asked.
-            (Some(p), Some(_)) if grace >= p => return Ok((202, old)),
+            (Some(p), Some(_)) if grace >= p => return Ok(old),
             (Some(p), Some(ts)) => {
                 ts - chrono::Duration::seconds(p) + chrono::Duration::seconds(grace)
             }
@@ -790,7 +790,7 @@ impl Store {
         m.insert("resourceVersion".into(), json!(self.rv.to_string()));
         self.objects.insert(key(res, ns, name), next.clone());
         self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
-        Ok((202, next))
+        Ok(next)
     }
 }
 

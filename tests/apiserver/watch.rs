@@ -90,10 +90,8 @@ impl Watch {
             let mut first = Vec::new();
             match self.start {
                 Start::After(rv) if rv < s.floor => {
-                    let e = ApiError::expired(format!(
-                        "too old resource version: {rv} ({})",
-                        s.floor + 1
-                    ));
+                    let e =
+                        ApiError::expired(format!("too old resource version: {rv} ({})", s.floor));
                     first.push(line("ERROR", &e.status()));
                     return stream(first, None, self, bookmark_every, s.rv);
                 }
