@@ -435,6 +435,22 @@ async fn stale_writes_conflict_and_unchanged_writes_are_not_writes() {
         .unwrap();
     assert_eq!(same.metadata.resource_version, v2.metadata.resource_version);
     assert_eq!(server.resource_version(), before);
+    // A uid in a PUT body is a precondition.
+    let mut other_uid = v2.clone();
+    other_uid.metadata.uid = Some("someone-else".into());
+    let e = api_status(
+        leases
+            .replace("node-a", &PostParams::default(), &other_uid)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    assert!(
+        e.message
+            .contains("Precondition failed: UID in precondition: someone-else"),
+        "{}",
+        e.message
+    );
     // PUT without a resourceVersion is unconditional.
     let mut unconditional = v2.clone();
     unconditional.metadata.resource_version = None;
@@ -661,6 +677,23 @@ async fn merge_strategic_and_json_patches() {
             .unwrap_err(),
     );
     assert_eq!(e.code, 422);
+
+    // The kubelet's status patch carries the pod's uid: another uid is refused (immutable).
+    let kubelet = json!({"metadata": {"uid": "old-pod-uid"}, "status": {"phase": "Failed"}});
+    let e = api_status(
+        pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(&kubelet))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert!(e.message.contains("metadata.uid"), "{}", e.message);
+    let uid = pods.get("p").await.unwrap().metadata.uid.unwrap();
+    let kubelet = json!({"metadata": {"uid": uid}, "status": {"phase": "Failed"}});
+    let p = pods
+        .patch_status("p", &PatchParams::default(), &Patch::Strategic(&kubelet))
+        .await
+        .unwrap();
+    assert_eq!(p.status.unwrap().phase.as_deref(), Some("Failed"));
 
     // Server-side apply is not served; unknown patch types are 415.
     let (code, st) = http(

@@ -507,7 +507,19 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
-        let Some(old) = self.objects.get(&key(res, ns, name)).cloned() else {
+        let stored = self.objects.get(&key(res, ns, name)).cloned();
+        // A uid in a PUT body is a precondition.
+        let (uid, have) = (
+            meta_str(&body, "uid"),
+            stored.as_ref().map_or("", |o| meta_str(o, "uid")),
+        );
+        if !uid.is_empty() && stored.is_some() && uid != have {
+            let why = format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+            );
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let Some(old) = stored else {
             if res.create_on_update && !status {
                 meta(&mut body).remove("resourceVersion");
                 return self.create(res, ns, body).map(|o| (true, o));
@@ -591,6 +603,17 @@ impl Store {
         new: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
+        let uid = meta_str(&new, "uid");
+        if !uid.is_empty() && uid != meta_str(&old, "uid") {
+            let msg = format!("Invalid value: \"{uid}\": field is immutable");
+            return Err(ApiError::invalid(
+                res,
+                name,
+                "metadata.uid",
+                "FieldValueInvalid",
+                &msg,
+            ));
+        }
         let old_rv = meta_str(&old, "resourceVersion").to_string();
         let asked_rv = meta_str(&new, "resourceVersion");
         if !asked_rv.is_empty() && asked_rv != old_rv {
