@@ -1199,6 +1199,28 @@ async fn graceful_pod_deletion() {
 }
 
 #[tokio::test]
+async fn the_kubelets_client_reads_the_written_kubeconfig() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = server.write_kubeconfig(dir.path());
+    let client = nodelet::api::client_from_kubeconfig(&path).await.unwrap();
+    assert_eq!(client.default_namespace(), "default");
+    let nodes: Api<Node> = Api::all(client);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let got = server.get("/api/v1/nodes/node-a").unwrap();
+    assert_eq!(got["kind"], "Node");
+    assert!(got["metadata"].get("namespace").is_none());
+    assert!(
+        server
+            .requests()
+            .contains(&"POST /api/v1/nodes?".to_string()),
+        "{:?}",
+        server.requests()
+    );
+}
+
+#[tokio::test]
 async fn stop_and_restart_keep_the_state() {
     let server = ApiServer::start().await;
     let pods: Api<Pod> = Api::default_namespaced(server.client());

@@ -376,6 +376,26 @@ impl Store {
         self.watchers.retain(|w| w.send(change.clone()).is_ok());
     }
 
+    /// Writes `next` under a new resourceVersion (removes it for a delete) and records the change.
+    fn commit(
+        &mut self,
+        res: &'static Resource,
+        kind: ChangeKind,
+        mut next: Value,
+        old: Option<Value>,
+    ) -> Value {
+        self.rv += 1;
+        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let k = key(res, meta_str(&next, "namespace"), meta_str(&next, "name"));
+        if kind == ChangeKind::Deleted {
+            self.objects.remove(&k);
+        } else {
+            self.objects.insert(k, next.clone());
+        }
+        self.emit(res, kind, next.clone(), old);
+        next
+    }
+
     /// Forgets the history: watches from any older resourceVersion now get 410.
     pub fn compact(&mut self) {
         self.floor = self.rv;
@@ -477,17 +497,13 @@ impl Store {
             return Err(ApiError::already_exists(res, &name));
         }
         let uid = self.new_uid();
-        self.rv += 1;
         let m = meta(&mut body);
         m.insert("uid".into(), json!(uid));
-        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
         m.insert("creationTimestamp".into(), json!(now()));
         m.insert("generation".into(), json!(1));
         m.remove("deletionTimestamp");
         m.remove("deletionGracePeriodSeconds");
-        self.objects.insert(key(res, ns, &name), body.clone());
-        self.emit(res, ChangeKind::Added, body.clone(), None);
-        Ok(body)
+        Ok(self.commit(res, ChangeKind::Added, body, None))
     }
 
     /// PUT: replaces the object (or only its `.status` when `status`). Creates when the
@@ -526,7 +542,7 @@ impl Store {
             }
             return Err(ApiError::not_found(res, name));
         };
-        self.replace(res, ns, name, old, body, status)
+        self.replace(res, name, old, body, status)
             .map(|o| (false, o))
     }
 
@@ -589,7 +605,7 @@ impl Store {
                 meta_str(&new, "name")
             )));
         }
-        self.replace(res, ns, name, old, new, status)
+        self.replace(res, name, old, new, status)
     }
 
     /// The common tail of PUT and PATCH: optimistic concurrency, server-owned fields kept,
@@ -597,7 +613,6 @@ impl Store {
     fn replace(
         &mut self,
         res: &'static Resource,
-        ns: &str,
         name: &str,
         old: Value,
         new: Value,
@@ -645,11 +660,7 @@ impl Store {
         if next == old {
             return Ok(old);
         }
-        self.rv += 1;
-        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(key(res, ns, name), next.clone());
-        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
-        Ok(next)
+        Ok(self.commit(res, ChangeKind::Modified, next, Some(old)))
     }
 
     /// POST `pods/{name}/binding`: assigns an unscheduled pod to `target.name` and marks it
@@ -699,10 +710,7 @@ impl Store {
             }
             None => next["status"]["conditions"] = json!([scheduled]),
         }
-        self.rv += 1;
-        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(key(res, ns, name), next.clone());
-        self.emit(res, ChangeKind::Modified, next, Some(old));
+        self.commit(res, ChangeKind::Modified, next, Some(old));
         Ok(
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
         )
@@ -754,14 +762,10 @@ impl Store {
                     .unwrap_or(30),
             };
             if scheduled && grace > 0 && phase != "Succeeded" && phase != "Failed" {
-                return self.delete_gracefully(res, ns, name, old, grace);
+                return self.delete_gracefully(res, old, grace);
             }
         }
-        self.objects.remove(&key(res, ns, name));
-        self.rv += 1;
-        let mut last = old.clone();
-        meta(&mut last).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.emit(res, ChangeKind::Deleted, last.clone(), Some(old));
+        let last = self.commit(res, ChangeKind::Deleted, old.clone(), Some(old));
         if res.return_deleted {
             return Ok(last);
         }
@@ -777,8 +781,6 @@ impl Store {
     fn delete_gracefully(
         &mut self,
         res: &'static Resource,
-        ns: &str,
-        name: &str,
         old: Value,
         grace: i64,
     ) -> Result<Value, ApiError> {
@@ -805,15 +807,11 @@ impl Store {
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
-        self.rv += 1;
         let m = meta(&mut next);
         m.insert("deletionTimestamp".into(), json!(rfc3339(deadline)));
         m.insert("deletionGracePeriodSeconds".into(), json!(grace));
         m.insert("generation".into(), json!(g + 1));
-        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(key(res, ns, name), next.clone());
-        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
-        Ok(next)
+        Ok(self.commit(res, ChangeKind::Modified, next, Some(old)))
     }
 }
 
