@@ -283,6 +283,25 @@ async fn bodies_that_contradict_the_request_are_rejected() {
         (422, Some("spec.containers"))
     );
 
+    let no_image = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}});
+    let (code, st) = http(
+        &server,
+        "POST",
+        pods,
+        "application/json",
+        &no_image.to_string(),
+    )
+    .await;
+    assert_eq!(
+        (code, st["details"]["causes"][0]["field"].as_str()),
+        (422, Some("spec.containers[0].image"))
+    );
+    let odd = json!({"metadata": {"name": "p"}, "spec": {"containers": ["c"]}}).to_string();
+    let (code, _) = http(&server, "POST", pods, "application/json", &odd).await;
+    assert_eq!(code, 422);
+    let odd = json!({"metadata": {"name": "p"}, "spec": "c"}).to_string();
+    let (code, _) = http(&server, "POST", pods, "application/json", &odd).await;
+    assert_eq!(code, 400);
     let (code, created) = http(&server, "POST", pods, "application/json", &body("", "p")).await;
     assert_eq!(code, 201);
     assert_eq!(created["metadata"]["namespace"], "default");
@@ -313,6 +332,11 @@ async fn bodies_that_contradict_the_request_are_rejected() {
     )
     .await;
     assert_eq!((code, st["reason"].as_str()), (404, Some("NotFound")));
+    let status = format!("{pods}/p/status");
+    let bad_status = r#"{"status": "Running"}"#;
+    let ct = "application/merge-patch+json";
+    let (code, _) = http(&server, "PATCH", &status, ct, bad_status).await;
+    assert_eq!(code, 400);
     let (code, _) = http(&server, "GET", "/api/v1/namespaces/default/widgets", "", "").await;
     assert_eq!(code, 404);
     let (code, st) = http(

@@ -418,6 +418,17 @@ impl Store {
                 res.kind
             )));
         }
+        for field in ["metadata", "spec", "status"] {
+            if body
+                .get(field)
+                .is_some_and(|v| !v.is_object() && !v.is_null())
+            {
+                return Err(ApiError::bad_request(format!(
+                    "json: cannot unmarshal {field} into an object of {}",
+                    res.kind
+                )));
+            }
+        }
         let body_ns = meta_str(body, "namespace").to_string();
         if res.namespaced {
             if !body_ns.is_empty() && body_ns != ns {
@@ -818,18 +829,21 @@ impl Store {
 /// Pod creation as the pod strategy does it: status reset to Pending with the QoS class,
 /// the main spec defaults, and the one validation tests trip over (no containers).
 fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiError> {
-    let containers = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    if containers == 0 {
-        return Err(ApiError::invalid(
-            res,
-            name,
-            "spec.containers",
-            "FieldValueRequired",
-            "Required value",
-        ));
+    let required =
+        |field: &str| ApiError::invalid(res, name, field, "FieldValueRequired", "Required value");
+    let containers = pod.pointer("/spec/containers").and_then(Value::as_array);
+    if containers.is_none_or(Vec::is_empty) {
+        return Err(required("spec.containers"));
+    }
+    for (i, c) in containers.into_iter().flatten().enumerate() {
+        for field in ["name", "image"] {
+            if c.get(field)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                return Err(required(&format!("spec.containers[{i}].{field}")));
+            }
+        }
     }
     let qos = qos_class(&pod["spec"]);
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
@@ -857,7 +871,7 @@ fn default_pod_spec(spec: &mut Value) {
         let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) else {
             continue;
         };
-        for c in cs {
+        for c in cs.iter_mut().filter(|c| c.is_object()) {
             let image = c.get("image").and_then(Value::as_str).unwrap_or("");
             let last = image.rsplit('/').next().unwrap_or("");
             let latest = !image.contains('@') && (!last.contains(':') || last.ends_with(":latest"));
