@@ -1169,6 +1169,20 @@ async fn graceful_pod_deletion() {
         "{}",
         e.message
     );
+    let stale = DeleteParams::default()
+        .grace_period(0)
+        .preconditions(kube::api::Preconditions {
+            uid: None,
+            resource_version: created.metadata.resource_version.clone(),
+        });
+    let e = api_status(pods.delete("p", &stale).await.unwrap_err());
+    assert_eq!(e.code, 409);
+    assert!(
+        e.message
+            .contains("Precondition failed: ResourceVersion in precondition"),
+        "{}",
+        e.message
+    );
     let right = DeleteParams::default()
         .grace_period(0)
         .preconditions(kube::api::Preconditions {
