@@ -837,6 +837,21 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
         WatchEvent::Modified(p) => assert_eq!(p.metadata.name.as_deref(), Some("p2")),
         e => panic!("{e:?}"),
     }
+
+    // A watch from a resourceVersion not written yet sees only what comes after it.
+    let ahead = (server.resource_version() + 2).to_string();
+    let mut later = pods
+        .watch(&WatchParams::default(), &ahead)
+        .await
+        .unwrap()
+        .boxed();
+    for n in ["q1", "q2", "q3"] {
+        pods.create(&pp, &pod(n, None, json!({}))).await.unwrap();
+    }
+    match next_watch(&mut later).await {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("q3")),
+        e => panic!("{e:?}"),
+    }
 }
 
 #[tokio::test]
