@@ -206,6 +206,12 @@ pub async fn run(
                         let current = mirrors.borrow().clone();
                         let node_uid = node_agent.as_ref().and_then(NodeAgent::node).and_then(|n| n.metadata.uid);
                         mm.sync(&static_pods, &current, node_uid.as_deref()).await;
+                        // A mirror created afresh, or changed by someone else, gets the status.
+                        for p in &static_pods {
+                            if let Some(m) = current.get(&sources::pod_full_name(p)) {
+                                status.reconcile_status(sources::pod_uid(p), m.status.as_ref());
+                            }
+                        }
                     }
                 }
             }
