@@ -119,14 +119,17 @@ impl StatusManager {
     /// Compares the status the API server holds for a pod with ours, and writes ours again
     /// when they differ (another writer, or a write lost while the API server was away).
     pub fn reconcile(&self, api_pod: &Pod) {
-        let uid = sources::pod_uid(api_pod);
+        self.reconcile_status(sources::pod_uid(api_pod), api_pod.status.as_ref());
+    }
+
+    /// Like [`Self::reconcile`], for the pod with `uid` whose API object (a static pod's mirror)
+    /// holds `api_status`.
+    pub fn reconcile_status(&self, uid: &str, api_status: Option<&PodStatus>) {
         let mut entries = lock(&self.entries);
         let Some(entry) = entries.get_mut(uid) else {
             return;
         };
-        if entry.written == entry.version
-            && !same_owned_status(api_pod.status.as_ref(), &entry.status)
-        {
+        if entry.written == entry.version && !same_owned_status(api_status, &entry.status) {
             entry.written = 0;
             drop(entries);
             self.wake.notify_one();

@@ -283,9 +283,33 @@ async fn bodies_that_contradict_the_request_are_rejected() {
         (422, Some("spec.containers"))
     );
 
+    let no_image = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}});
+    let (code, st) = http(
+        &server,
+        "POST",
+        pods,
+        "application/json",
+        &no_image.to_string(),
+    )
+    .await;
+    assert_eq!(
+        (code, st["details"]["causes"][0]["field"].as_str()),
+        (422, Some("spec.containers[0].image"))
+    );
+    let odd = json!({"metadata": {"name": "p"}, "spec": {"containers": ["c"]}}).to_string();
+    let (code, _) = http(&server, "POST", pods, "application/json", &odd).await;
+    assert_eq!(code, 422);
+    let odd = json!({"metadata": {"name": "p"}, "spec": "c"}).to_string();
+    let (code, _) = http(&server, "POST", pods, "application/json", &odd).await;
+    assert_eq!(code, 400);
     let (code, created) = http(&server, "POST", pods, "application/json", &body("", "p")).await;
     assert_eq!(code, 201);
     assert_eq!(created["metadata"]["namespace"], "default");
+    // Server-side dry runs are refused, not silently written.
+    let dry = format!("{pods}?dryRun=All");
+    let (code, _) = http(&server, "POST", &dry, "application/json", &body("", "dry")).await;
+    assert_eq!(code, 400);
+    assert!(server.get("/api/v1/namespaces/default/pods/dry").is_none());
     let (code, st) = http(
         &server,
         "PUT",
@@ -308,6 +332,11 @@ async fn bodies_that_contradict_the_request_are_rejected() {
     )
     .await;
     assert_eq!((code, st["reason"].as_str()), (404, Some("NotFound")));
+    let status = format!("{pods}/p/status");
+    let bad_status = r#"{"status": "Running"}"#;
+    let ct = "application/merge-patch+json";
+    let (code, _) = http(&server, "PATCH", &status, ct, bad_status).await;
+    assert_eq!(code, 400);
     let (code, _) = http(&server, "GET", "/api/v1/namespaces/default/widgets", "", "").await;
     assert_eq!(code, 404);
     let (code, st) = http(
@@ -430,6 +459,22 @@ async fn stale_writes_conflict_and_unchanged_writes_are_not_writes() {
         .unwrap();
     assert_eq!(same.metadata.resource_version, v2.metadata.resource_version);
     assert_eq!(server.resource_version(), before);
+    // A uid in a PUT body is a precondition.
+    let mut other_uid = v2.clone();
+    other_uid.metadata.uid = Some("someone-else".into());
+    let e = api_status(
+        leases
+            .replace("node-a", &PostParams::default(), &other_uid)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    assert!(
+        e.message
+            .contains("Precondition failed: UID in precondition: someone-else"),
+        "{}",
+        e.message
+    );
     // PUT without a resourceVersion is unconditional.
     let mut unconditional = v2.clone();
     unconditional.metadata.resource_version = None;
@@ -657,6 +702,23 @@ async fn merge_strategic_and_json_patches() {
     );
     assert_eq!(e.code, 422);
 
+    // The kubelet's status patch carries the pod's uid: another uid is refused (immutable).
+    let kubelet = json!({"metadata": {"uid": "old-pod-uid"}, "status": {"phase": "Failed"}});
+    let e = api_status(
+        pods.patch_status("p", &PatchParams::default(), &Patch::Strategic(&kubelet))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert!(e.message.contains("metadata.uid"), "{}", e.message);
+    let uid = pods.get("p").await.unwrap().metadata.uid.unwrap();
+    let kubelet = json!({"metadata": {"uid": uid}, "status": {"phase": "Failed"}});
+    let p = pods
+        .patch_status("p", &PatchParams::default(), &Patch::Strategic(&kubelet))
+        .await
+        .unwrap();
+    assert_eq!(p.status.unwrap().phase.as_deref(), Some("Failed"));
+
     // Server-side apply is not served; unknown patch types are 415.
     let (code, st) = http(
         &server,
@@ -723,8 +785,8 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
     }
 
     // A node's watch from "0": the current matching pods as ADDED, then only its changes;
-    // a pod that stops matching is DELETED for this watch.
-    let wp = WatchParams::default().fields("spec.nodeName=n1");
+    // a pod that starts matching is ADDED, one that stops matching DELETED for this watch.
+    let wp = WatchParams::default().fields("spec.nodeName=n1,status.phase!=Succeeded");
     let mut node = pods.watch(&wp, "0").await.unwrap().boxed();
     let mut seen = Vec::new();
     for _ in 0..2 {
@@ -737,42 +799,36 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
     assert_eq!(seen, ["p1", "p3"]);
 
     let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"x": v}}}));
-    pods.patch("p2", &PatchParams::default(), &label("1"))
-        .await
-        .unwrap();
-    let moved = pods
-        .patch("p3", &PatchParams::default(), &label("2"))
-        .await
-        .unwrap();
+    let pat = PatchParams::default();
+    pods.patch("p2", &pat, &label("1")).await.unwrap();
+    pods.patch("p3", &pat, &label("2")).await.unwrap();
     match next_watch(&mut node).await {
         WatchEvent::Modified(p) => assert_eq!(p.metadata.name.as_deref(), Some("p3")),
         e => panic!("{e:?}"),
     }
-    // Stop matching: DELETED carrying the previous object at the change's resourceVersion.
-    let e = api_status(
-        pods.delete(
-            "p1",
-            &DeleteParams::default()
-                .grace_period(0)
-                .preconditions(kube::api::Preconditions {
-                    uid: Some("wrong".into()),
-                    resource_version: None,
-                }),
-        )
+    pods.create(&pp, &pod("p4", None, json!({}))).await.unwrap();
+    let bind = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p4"},
+        "target": {"kind": "Node", "name": "n1"}})
+    .to_string();
+    let path = "/api/v1/namespaces/default/pods/p4/binding";
+    let (code, _) = http(&server, "POST", path, "application/json", &bind).await;
+    assert_eq!(code, 201);
+    match next_watch(&mut node).await {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("p4")),
+        e => panic!("{e:?}"),
+    }
+    let done = json!({"status": {"phase": "Succeeded"}});
+    let finished = pods
+        .patch_status("p3", &pat, &Patch::Merge(&done))
         .await
-        .unwrap_err(),
-    );
-    assert_eq!(e.code, 409);
-    let mut body = moved.clone();
-    body.spec.as_mut().unwrap().node_name = Some("n2".into());
-    let rehomed = pods.replace("p3", &pp, &body).await.unwrap();
+        .unwrap();
     match next_watch(&mut node).await {
         WatchEvent::Deleted(p) => {
             assert_eq!(p.metadata.name.as_deref(), Some("p3"));
-            assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n1"));
+            assert_eq!(p.status.unwrap().phase.as_deref(), Some("Pending"));
             assert_eq!(
                 p.metadata.resource_version,
-                rehomed.metadata.resource_version
+                finished.metadata.resource_version
             );
         }
         e => panic!("{e:?}"),
@@ -781,6 +837,83 @@ async fn watch_resumes_from_a_resource_version_and_filters() {
         WatchEvent::Modified(p) => assert_eq!(p.metadata.name.as_deref(), Some("p2")),
         e => panic!("{e:?}"),
     }
+
+    // A watch from a resourceVersion not written yet sees only what comes after it.
+    let ahead = (server.resource_version() + 2).to_string();
+    let mut later = pods
+        .watch(&WatchParams::default(), &ahead)
+        .await
+        .unwrap()
+        .boxed();
+    for n in ["q1", "q2", "q3"] {
+        pods.create(&pp, &pod(n, None, json!({}))).await.unwrap();
+    }
+    match next_watch(&mut later).await {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("q3")),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[tokio::test]
+async fn binding_schedules_once_and_pod_specs_are_immutable() {
+    let server = ApiServer::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+        .await
+        .unwrap();
+    let path = "/api/v1/namespaces/default/pods/p/binding";
+    let bind = |node: &str| json!({"target": {"kind": "Node", "name": node}}).to_string();
+    let (code, st) = http(&server, "POST", path, "application/json", &bind("n1")).await;
+    assert_eq!((code, st["status"].as_str()), (201, Some("Success")));
+    let bound = pods.get("p").await.unwrap();
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("n1")
+    );
+    let conds = bound.status.as_ref().unwrap().conditions.clone().unwrap();
+    assert_eq!(
+        (conds[0].type_.as_str(), conds[0].status.as_str()),
+        ("PodScheduled", "True")
+    );
+    let (code, st) = http(&server, "POST", path, "application/json", &bind("n2")).await;
+    assert_eq!((code, st["reason"].as_str()), (409, Some("Conflict")));
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("already assigned to node \"n1\""),
+        "{st}"
+    );
+
+    // Images may change in place; the node (or any other spec field) may not.
+    let mut body = bound.clone();
+    body.spec.as_mut().unwrap().containers[0].image = Some("busybox:1.37".into());
+    let updated = pods
+        .replace("p", &PostParams::default(), &body)
+        .await
+        .unwrap();
+    assert_eq!(updated.metadata.generation, Some(2));
+    let mut body = updated.clone();
+    body.spec.as_mut().unwrap().node_name = Some("n2".into());
+    let e = api_status(
+        pods.replace("p", &PostParams::default(), &body)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert!(
+        e.message
+            .contains("spec: Forbidden: pod updates may not change fields"),
+        "{}",
+        e.message
+    );
+    let p = Patch::Merge(json!({"spec": {"restartPolicy": "Never"}}));
+    let e = api_status(
+        pods.patch("p", &PatchParams::default(), &p)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
 }
 
 #[tokio::test]
@@ -998,7 +1131,7 @@ async fn graceful_pod_deletion() {
         "",
     )
     .await;
-    assert_eq!(code, 202);
+    assert_eq!(code, 200);
     assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 30);
     let ts = |v: &Value| {
         chrono::DateTime::parse_from_rfc3339(v["metadata"]["deletionTimestamp"].as_str().unwrap())
@@ -1048,6 +1181,20 @@ async fn graceful_pod_deletion() {
     assert!(
         e.message
             .contains("Precondition failed: UID in precondition: not-the-uid"),
+        "{}",
+        e.message
+    );
+    let stale = DeleteParams::default()
+        .grace_period(0)
+        .preconditions(kube::api::Preconditions {
+            uid: None,
+            resource_version: created.metadata.resource_version.clone(),
+        });
+    let e = api_status(pods.delete("p", &stale).await.unwrap_err());
+    assert_eq!(e.code, 409);
+    assert!(
+        e.message
+            .contains("Precondition failed: ResourceVersion in precondition"),
         "{}",
         e.message
     );
@@ -1102,6 +1249,28 @@ async fn graceful_pod_deletion() {
             .unwrap_err(),
     );
     assert_eq!(e.code, 404);
+}
+
+#[tokio::test]
+async fn the_kubelets_client_reads_the_written_kubeconfig() {
+    let server = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = server.write_kubeconfig(dir.path());
+    let client = nodelet::api::client_from_kubeconfig(&path).await.unwrap();
+    assert_eq!(client.default_namespace(), "default");
+    let nodes: Api<Node> = Api::all(client);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let got = server.get("/api/v1/nodes/node-a").unwrap();
+    assert_eq!(got["kind"], "Node");
+    assert!(got["metadata"].get("namespace").is_none());
+    assert!(
+        server
+            .requests()
+            .contains(&"POST /api/v1/nodes?".to_string()),
+        "{:?}",
+        server.requests()
+    );
 }
 
 #[tokio::test]

@@ -17,7 +17,9 @@ use k8s_openapi::api::core::v1::Pod;
 use runtime::{ImageService, RuntimeService, cri};
 use tokio::sync::{mpsc, watch};
 
+use crate::admission;
 use crate::config::KubeletConfig;
+use crate::node::{NodeAgent, NodeFacts};
 use crate::pod::{self, Backoff, ContainerOptions, SandboxOptions};
 use crate::pod_workers::{PodWorkers, Timing, UpdateType};
 use crate::sources::{self, PodOp, PodUpdate, merge::Merger};
@@ -49,6 +51,9 @@ pub async fn run(
         mode = if client.is_some() { "API server" } else { "standalone" },
         "kubelet starting"
     );
+    let facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
+    // Admission checks pods against the registered Node, or against this one before that.
+    let local_node = crate::node::build_node(&facts, &cfg);
     let opts = ContainerOptions {
         sandbox: SandboxOptions {
             pod_logs_dir: cfg.pod_logs_dir.clone(),
@@ -59,7 +64,8 @@ pub async fn run(
         },
         pods_dir: cfg.root_dir.join("pods"),
         node_name: cfg.node_name.clone(),
-        host_ips: cfg.node_ip.iter().map(|ip| ip.to_string()).collect(),
+        host_ips: vec![facts.node_ip.to_string()],
+        node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
         ..Default::default()
     };
     let backoff = Backoff::new(
@@ -110,6 +116,18 @@ pub async fn run(
         tokio::spawn(src.run(tx.clone()));
         expected_sources.push(sources::HTTP_SOURCE);
     }
+    let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
+    let node_agent = client.as_ref().map(|c| {
+        let health = pleg_health.clone();
+        NodeAgent::spawn(
+            c.clone(),
+            &cfg,
+            facts.clone(),
+            rt.runtime.clone(),
+            rt.images.clone(),
+            Arc::new(move || health.problem().into_iter().collect()),
+        )
+    });
     let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
     let mirror_manager = client.as_ref().map(|c| {
         let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
@@ -131,19 +149,20 @@ pub async fn run(
             None
         }
     };
-    let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
     let mut relister = pleg::Relister::new();
     let mut relist = tokio::time::interval(pleg::RELIST_PERIOD);
     relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut merger = Merger::new();
+    let mut rejected = HashSet::new();
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(update) = rx.recv() => {
+                let node = node_agent.as_ref().and_then(NodeAgent::node).unwrap_or_else(|| local_node.clone());
                 for change in merger.merge(update) {
-                    dispatch(&workers, &status, change);
+                    dispatch(&workers, &status, &mut rejected, &merger, &node, change);
                 }
             }
             Some(problem) = problems.recv() => {
@@ -185,13 +204,23 @@ pub async fn run(
                     if merger.seen_source(sources::API_SOURCE) {
                         let static_pods: Vec<Pod> = merger.pods().into_iter().filter(|p| !status_manager::is_api_pod(p)).collect();
                         let current = mirrors.borrow().clone();
-                        mm.sync(&static_pods, &current, None).await;
+                        let node_uid = node_agent.as_ref().and_then(NodeAgent::node).and_then(|n| n.metadata.uid);
+                        mm.sync(&static_pods, &current, node_uid.as_deref()).await;
+                        // A mirror created afresh, or changed by someone else, gets the status.
+                        for p in &static_pods {
+                            if let Some(m) = current.get(&sources::pod_full_name(p)) {
+                                status.reconcile_status(sources::pod_uid(p), m.status.as_ref());
+                            }
+                        }
                     }
                 }
             }
         }
     }
     tracing::info!("kubelet stopping; pods keep running");
+    if let Some(agent) = node_agent {
+        agent.stop().await;
+    }
     Ok(())
 }
 
@@ -210,15 +239,43 @@ async fn next_event(
     }
 }
 
-/// Hands one merged change to the pod workers (and the status manager).
-fn dispatch(workers: &PodWorkers, status: &StatusManager, change: PodUpdate) {
+/// Hands one merged change to the pod workers (and the status manager). New pods go through
+/// admission first: a rejected pod never reaches a worker; its status says why (Failed).
+fn dispatch(
+    workers: &PodWorkers,
+    status: &StatusManager,
+    rejected: &mut HashSet<String>,
+    merger: &Merger,
+    node: &k8s_openapi::api::core::v1::Node,
+    change: PodUpdate,
+) {
     for p in change.pods {
+        let uid = sources::pod_uid(&p).to_string();
+        if change.op == PodOp::Remove {
+            rejected.remove(&uid);
+            status.forget(&uid);
+        } else if rejected.contains(&uid) {
+            if p.metadata.deletion_timestamp.is_some() {
+                // Nothing runs: the deletion completes at once.
+                status.terminated(&p);
+            }
+            continue;
+        } else if change.op == PodOp::Add && p.metadata.deletion_timestamp.is_none() {
+            let active: Vec<Pod> = merger
+                .pods()
+                .into_iter()
+                .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
+                .collect();
+            if let Err(why) = admission::admit(&p, &active, node) {
+                tracing::warn!(pod = %sources::pod_full_name(&p), "pod rejected: {why}");
+                status.set_status(&p, rejected_status(&p, &why));
+                rejected.insert(uid);
+                continue;
+            }
+        }
         let mut grace = None;
         let update = match change.op {
-            PodOp::Remove => {
-                status.forget(sources::pod_uid(&p));
-                UpdateType::Kill
-            }
+            PodOp::Remove => UpdateType::Kill,
             // A pod being deleted gracefully stops within its deletion grace period, whatever
             // the change that brought it (a kubelet restarted mid-deletion sees an Add).
             _ if p.metadata.deletion_timestamp.is_some() => {
@@ -238,6 +295,17 @@ fn dispatch(workers: &PodWorkers, status: &StatusManager, change: PodUpdate) {
         };
         tracing::info!(pod = %sources::pod_full_name(&p), op = ?change.op, "pod update");
         workers.update_pod(p, update, grace);
+    }
+}
+
+/// The status of a pod admission rejected, as upstream writes it.
+fn rejected_status(pod: &Pod, why: &admission::Rejection) -> k8s_openapi::api::core::v1::PodStatus {
+    k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some(why.reason.clone()),
+        message: Some(format!("Pod was rejected: {}", why.message)),
+        qos_class: Some(pod::qos_class(pod).to_string()),
+        ..Default::default()
     }
 }
 

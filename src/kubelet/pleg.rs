@@ -46,26 +46,7 @@ impl PlegHealth {
     fn problem_at(&self, now: Instant) -> Option<String> {
         let last = *self.last_active.lock().unwrap_or_else(|p| p.into_inner());
         let ago = now.saturating_duration_since(last);
-        (ago > self.threshold).then(|| {
-            format!(
-                "PLEG is not healthy: pleg was last seen active {} ago; threshold is {}",
-                go_duration(ago),
-                go_duration(self.threshold)
-            )
-        })
-    }
-}
-
-/// A duration the way Go prints it, to whole seconds: `3m5s`, `1h0m0s`, `45s`.
-pub fn go_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    let (h, m, s) = (s / 3600, (s / 60) % 60, s % 60);
-    if h > 0 {
-        format!("{h}h{m}m{s}s")
-    } else if m > 0 {
-        format!("{m}m{s}s")
-    } else {
-        format!("{s}s")
+        (ago > self.threshold).then(|| crate::node::pleg_unhealthy(ago, self.threshold))
     }
 }
 
@@ -144,18 +125,11 @@ mod tests {
     #[test]
     fn health_turns_bad_after_the_threshold_with_the_upstream_message() {
         let h = PlegHealth::new(Duration::from_secs(180));
-        let start = Instant::now();
+        let start = *h.last_active.lock().unwrap();
         assert_eq!(h.problem_at(start + Duration::from_secs(10)), None);
         assert_eq!(
             h.problem_at(start + Duration::from_secs(185)).as_deref(),
             Some("PLEG is not healthy: pleg was last seen active 3m5s ago; threshold is 3m0s")
         );
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(go_duration(Duration::from_secs(45)), "45s");
-        assert_eq!(go_duration(Duration::from_secs(180)), "3m0s");
-        assert_eq!(go_duration(Duration::from_secs(3725)), "1h2m5s");
     }
 }

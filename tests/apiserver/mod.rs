@@ -215,6 +215,7 @@ struct Target {
     ns: Option<String>,
     name: Option<String>,
     status: bool,
+    binding: bool,
 }
 
 fn parse_target(path: &str) -> Result<Target, ApiError> {
@@ -238,9 +239,10 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
     if (!res.namespaced && ns.is_some()) || (res.namespaced && name.is_some() && ns.is_none()) {
         return Err(ApiError::path_not_found());
     }
-    let status = match sub {
-        None => false,
-        Some("status") if res.has_status => true,
+    let (status, binding) = match sub {
+        None => (false, false),
+        Some("status") if res.has_status => (true, false),
+        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true),
         Some(_) => return Err(ApiError::path_not_found()),
     };
     Ok(Target {
@@ -248,6 +250,7 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
         ns,
         name,
         status,
+        binding,
     })
 }
 
@@ -314,7 +317,18 @@ fn dispatch(
             "the server does not allow this method on the requested resource",
         )
     };
+    if method != Method::GET && q.contains_key("dryRun") {
+        // Refused rather than silently written.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the test API server",
+        ));
+    }
     match (method, t.name.as_deref()) {
+        (&Method::POST, Some(name)) if t.binding => {
+            let done = app.store().bind(res, &ns, name, &parse_body(body, res)?)?;
+            Ok(respond(201, &done))
+        }
+        (_, Some(_)) if t.binding => Err(not_allowed()),
         (&Method::GET, _) if flag("watch") => watch(app, &t, q),
         (&Method::GET, None) => Ok(respond(200, &list(&app.store(), &t, q)?)),
         (&Method::GET, Some(name)) => Ok(respond(200, &app.store().get(res, &ns, name)?)),
@@ -340,8 +354,7 @@ fn dispatch(
         }
         (&Method::DELETE, Some(name)) if !t.status => {
             let opts = delete_options(q, body)?;
-            let (code, obj) = app.store().delete(res, &ns, name, &opts)?;
-            Ok(respond(code, &obj))
+            Ok(respond(200, &app.store().delete(res, &ns, name, &opts)?))
         }
         _ => Err(not_allowed()),
     }
@@ -548,6 +561,12 @@ fn resource_list(group: &str) -> Value {
     for r in RESOURCES.iter().filter(|r| r.group == group) {
         resources.push(json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
             "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs, "shortNames": r.short_names}));
+        if r.kind == "Pod" {
+            resources.push(
+                json!({"name": "pods/binding", "singularName": "", "namespaced": true,
+                "kind": "Binding", "verbs": ["create"]}),
+            );
+        }
         if r.has_status {
             resources.push(
                 json!({"name": format!("{}/status", r.plural), "singularName": "",

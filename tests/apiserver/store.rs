@@ -269,6 +269,36 @@ fn meta(obj: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// Metadata only the server writes; kept from the stored object on PUT and PATCH.
+const SERVER_META: [&str; 5] = [
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+];
+
+/// Sets the field at `pointer` (`/a/b`, parent existing or made) in `to` to its value in `from`,
+/// or removes it when `from` has none.
+fn copy_field(to: &mut Value, from: &Value, pointer: &str) {
+    let (parent, field) = pointer.rsplit_once('/').unwrap_or(("", pointer));
+    let value = from.pointer(pointer).cloned();
+    let parent = if parent.is_empty() {
+        Some(to)
+    } else {
+        to.pointer_mut(parent)
+    };
+    match (parent, value) {
+        (Some(Value::Object(p)), Some(v)) => {
+            p.insert(field.to_string(), v);
+        }
+        (Some(Value::Object(p)), None) => {
+            p.remove(field);
+        }
+        _ => {}
+    }
+}
+
 /// A DNS-1123 subdomain, the rule for pod, node, lease and event names.
 fn valid_name(name: &str) -> bool {
     let ok_label = |l: &str| {
@@ -346,6 +376,26 @@ impl Store {
         self.watchers.retain(|w| w.send(change.clone()).is_ok());
     }
 
+    /// Writes `next` under a new resourceVersion (removes it for a delete) and records the change.
+    fn commit(
+        &mut self,
+        res: &'static Resource,
+        kind: ChangeKind,
+        mut next: Value,
+        old: Option<Value>,
+    ) -> Value {
+        self.rv += 1;
+        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let k = key(res, meta_str(&next, "namespace"), meta_str(&next, "name"));
+        if kind == ChangeKind::Deleted {
+            self.objects.remove(&k);
+        } else {
+            self.objects.insert(k, next.clone());
+        }
+        self.emit(res, kind, next.clone(), old);
+        next
+    }
+
     /// Forgets the history: watches from any older resourceVersion now get 410.
     pub fn compact(&mut self) {
         self.floor = self.rv;
@@ -367,6 +417,17 @@ impl Store {
                 "the object provided is unrecognized (must be of type {}): {av}, Kind={kind}",
                 res.kind
             )));
+        }
+        for field in ["metadata", "spec", "status"] {
+            if body
+                .get(field)
+                .is_some_and(|v| !v.is_object() && !v.is_null())
+            {
+                return Err(ApiError::bad_request(format!(
+                    "json: cannot unmarshal {field} into an object of {}",
+                    res.kind
+                )));
+            }
         }
         let body_ns = meta_str(body, "namespace").to_string();
         if res.namespaced {
@@ -447,17 +508,13 @@ impl Store {
             return Err(ApiError::already_exists(res, &name));
         }
         let uid = self.new_uid();
-        self.rv += 1;
         let m = meta(&mut body);
         m.insert("uid".into(), json!(uid));
-        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
         m.insert("creationTimestamp".into(), json!(now()));
         m.insert("generation".into(), json!(1));
         m.remove("deletionTimestamp");
         m.remove("deletionGracePeriodSeconds");
-        self.objects.insert(key(res, ns, &name), body.clone());
-        self.emit(res, ChangeKind::Added, body.clone(), None);
-        Ok(body)
+        Ok(self.commit(res, ChangeKind::Added, body, None))
     }
 
     /// PUT: replaces the object (or only its `.status` when `status`). Creates when the
@@ -477,14 +534,26 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
-        let Some(old) = self.objects.get(&key(res, ns, name)).cloned() else {
+        let stored = self.objects.get(&key(res, ns, name)).cloned();
+        // A uid in a PUT body is a precondition.
+        let (uid, have) = (
+            meta_str(&body, "uid"),
+            stored.as_ref().map_or("", |o| meta_str(o, "uid")),
+        );
+        if !uid.is_empty() && stored.is_some() && uid != have {
+            let why = format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+            );
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let Some(old) = stored else {
             if res.create_on_update && !status {
                 meta(&mut body).remove("resourceVersion");
                 return self.create(res, ns, body).map(|o| (true, o));
             }
             return Err(ApiError::not_found(res, name));
         };
-        self.replace(res, ns, name, old, body, status)
+        self.replace(res, name, old, body, status)
             .map(|o| (false, o))
     }
 
@@ -547,7 +616,7 @@ impl Store {
                 meta_str(&new, "name")
             )));
         }
-        self.replace(res, ns, name, old, new, status)
+        self.replace(res, name, old, new, status)
     }
 
     /// The common tail of PUT and PATCH: optimistic concurrency, server-owned fields kept,
@@ -555,56 +624,42 @@ impl Store {
     fn replace(
         &mut self,
         res: &'static Resource,
-        ns: &str,
         name: &str,
         old: Value,
         new: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
+        let uid = meta_str(&new, "uid");
+        if !uid.is_empty() && uid != meta_str(&old, "uid") {
+            let msg = format!("Invalid value: \"{uid}\": field is immutable");
+            return Err(ApiError::invalid(
+                res,
+                name,
+                "metadata.uid",
+                "FieldValueInvalid",
+                &msg,
+            ));
+        }
         let old_rv = meta_str(&old, "resourceVersion").to_string();
         let asked_rv = meta_str(&new, "resourceVersion");
         if !asked_rv.is_empty() && asked_rv != old_rv {
             return Err(ApiError::stale(res, name));
         }
-        let mut next = if status {
-            let mut n = old.clone();
-            match new.get("status") {
-                Some(s) => n["status"] = s.clone(),
-                None => {
-                    if let Some(o) = n.as_object_mut() {
-                        o.remove("status");
-                    }
-                }
-            }
-            n
+        let mut next = if status { old.clone() } else { new.clone() };
+        if status {
+            copy_field(&mut next, &new, "/status");
         } else {
-            let mut n = new;
             if res.has_status {
-                match old.get("status") {
-                    Some(s) => n["status"] = s.clone(),
-                    None => {
-                        if let Some(o) = n.as_object_mut() {
-                            o.remove("status");
-                        }
-                    }
-                }
+                copy_field(&mut next, &old, "/status");
             }
-            let om = old.get("metadata").cloned().unwrap_or_default();
-            let m = meta(&mut n);
-            for f in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ] {
-                match om.get(f) {
-                    Some(v) => m.insert(f.into(), v.clone()),
-                    None => m.remove(f),
-                };
+            for f in SERVER_META {
+                copy_field(&mut next, &old, &format!("/metadata/{f}"));
             }
-            n
-        };
+            if res.kind == "Pod" {
+                default_pod_spec(&mut next["spec"]);
+                check_pod_update(res, name, &old, &next)?;
+            }
+        }
         if !status && next.get("spec") != old.get("spec") {
             let g = old
                 .pointer("/metadata/generation")
@@ -616,21 +671,71 @@ impl Store {
         if next == old {
             return Ok(old);
         }
-        self.rv += 1;
-        meta(&mut next).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(key(res, ns, name), next.clone());
-        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
-        Ok(next)
+        Ok(self.commit(res, ChangeKind::Modified, next, Some(old)))
     }
 
-    /// DELETE: graceful for scheduled pods, immediate otherwise. Returns the HTTP code and body.
+    /// POST `pods/{name}/binding`: assigns an unscheduled pod to `target.name` and marks it
+    /// PodScheduled, as the scheduler's binding does.
+    pub fn bind(
+        &mut self,
+        res: &'static Resource,
+        ns: &str,
+        name: &str,
+        binding: &Value,
+    ) -> Result<Value, ApiError> {
+        let node = binding
+            .pointer("/target/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if node.is_empty() {
+            let msg = "Required value";
+            return Err(ApiError::invalid(
+                res,
+                name,
+                "target.name",
+                "FieldValueRequired",
+                msg,
+            ));
+        }
+        let old = self.get(res, ns, name)?;
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            let why = format!("pod {name} is being deleted, cannot be assigned to a host");
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let bound = old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !bound.is_empty() {
+            let why = format!("pod {name} is already assigned to node \"{bound}\"");
+            return Err(ApiError::conflict(res, name, &why));
+        }
+        let mut next = old.clone();
+        next["spec"]["nodeName"] = json!(node);
+        let scheduled =
+            json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()});
+        match next["status"]["conditions"].as_array_mut() {
+            Some(cs) => {
+                cs.retain(|c| c["type"] != "PodScheduled");
+                cs.push(scheduled);
+            }
+            None => next["status"]["conditions"] = json!([scheduled]),
+        }
+        self.commit(res, ChangeKind::Modified, next, Some(old));
+        Ok(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        )
+    }
+
+    /// DELETE: graceful for scheduled pods, immediate otherwise. Answers the pod (terminating
+    /// or gone) for pods, a Success `Status` for the others; always 200, as kube-apiserver does.
     pub fn delete(
         &mut self,
         res: &'static Resource,
         ns: &str,
         name: &str,
         opts: &DeleteOptions,
-    ) -> Result<(u16, Value), ApiError> {
+    ) -> Result<Value, ApiError> {
         let old = self.get(res, ns, name)?;
         if let Some(uid) = &opts.uid {
             let have = meta_str(&old, "uid");
@@ -668,35 +773,28 @@ impl Store {
                     .unwrap_or(30),
             };
             if scheduled && grace > 0 && phase != "Succeeded" && phase != "Failed" {
-                return self.delete_gracefully(res, ns, name, old, grace);
+                return self.delete_gracefully(res, old, grace);
             }
         }
-        self.objects.remove(&key(res, ns, name));
-        self.rv += 1;
-        let mut last = old.clone();
-        meta(&mut last).insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.emit(res, ChangeKind::Deleted, last.clone(), Some(old));
+        let last = self.commit(res, ChangeKind::Deleted, old.clone(), Some(old));
         if res.return_deleted {
-            return Ok((200, last));
+            return Ok(last);
         }
         let mut details = json!({"name": name, "kind": res.plural, "uid": meta_str(&last, "uid")});
         if !res.group.is_empty() {
             details["group"] = json!(res.group);
         }
-        Ok((
-            200,
+        Ok(
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
-        ))
+        )
     }
 
     fn delete_gracefully(
         &mut self,
         res: &'static Resource,
-        ns: &str,
-        name: &str,
         old: Value,
         grace: i64,
-    ) -> Result<(u16, Value), ApiError> {
+    ) -> Result<Value, ApiError> {
         let now = chrono::Utc::now();
         let prior = old
             .pointer("/metadata/deletionGracePeriodSeconds")
@@ -709,7 +807,7 @@ impl Store {
         let deadline = match (prior, prior_ts) {
             // Already terminating: a DELETE may only shorten the grace period, counted from
             // when the first DELETE asked.
-            (Some(p), Some(_)) if grace >= p => return Ok((202, old)),
+            (Some(p), Some(_)) if grace >= p => return Ok(old),
             (Some(p), Some(ts)) => {
                 ts - chrono::Duration::seconds(p) + chrono::Duration::seconds(grace)
             }
@@ -720,37 +818,44 @@ impl Store {
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
-        self.rv += 1;
         let m = meta(&mut next);
         m.insert("deletionTimestamp".into(), json!(rfc3339(deadline)));
         m.insert("deletionGracePeriodSeconds".into(), json!(grace));
         m.insert("generation".into(), json!(g + 1));
-        m.insert("resourceVersion".into(), json!(self.rv.to_string()));
-        self.objects.insert(key(res, ns, name), next.clone());
-        self.emit(res, ChangeKind::Modified, next.clone(), Some(old));
-        Ok((202, next))
+        Ok(self.commit(res, ChangeKind::Modified, next, Some(old)))
     }
 }
 
 /// Pod creation as the pod strategy does it: status reset to Pending with the QoS class,
 /// the main spec defaults, and the one validation tests trip over (no containers).
 fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiError> {
-    let containers = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    if containers == 0 {
-        return Err(ApiError::invalid(
-            res,
-            name,
-            "spec.containers",
-            "FieldValueRequired",
-            "Required value",
-        ));
+    let required =
+        |field: &str| ApiError::invalid(res, name, field, "FieldValueRequired", "Required value");
+    let containers = pod.pointer("/spec/containers").and_then(Value::as_array);
+    if containers.is_none_or(Vec::is_empty) {
+        return Err(required("spec.containers"));
+    }
+    for (i, c) in containers.into_iter().flatten().enumerate() {
+        for field in ["name", "image"] {
+            if c.get(field)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                return Err(required(&format!("spec.containers[{i}].{field}")));
+            }
+        }
     }
     let qos = qos_class(&pod["spec"]);
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
-    let spec = &mut pod["spec"];
+    default_pod_spec(&mut pod["spec"]);
+    Ok(())
+}
+
+/// The defaults kube-apiserver fills into a pod spec that the kubelet reads.
+fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
     for (field, value) in [
         ("restartPolicy", json!("Always")),
         ("terminationGracePeriodSeconds", json!(30)),
@@ -766,7 +871,7 @@ fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiErr
         let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) else {
             continue;
         };
-        for c in cs {
+        for c in cs.iter_mut().filter(|c| c.is_object()) {
             let image = c.get("image").and_then(Value::as_str).unwrap_or("");
             let last = image.rsplit('/').next().unwrap_or("");
             let latest = !image.contains('@') && (!last.contains(':') || last.ends_with(":latest"));
@@ -785,7 +890,47 @@ fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiErr
             }
         }
     }
-    Ok(())
+}
+
+/// Pod specs are immutable on update except container images, activeDeadlineSeconds,
+/// tolerations and terminationGracePeriodSeconds (kube-apiserver's `ValidatePodUpdate`).
+fn check_pod_update(res: &Resource, name: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mutable_removed = |pod: &Value| {
+        let mut spec = pod.get("spec").cloned().unwrap_or_default();
+        for list in ["initContainers", "containers"] {
+            for c in spec
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("image");
+                }
+            }
+        }
+        if let Some(m) = spec.as_object_mut() {
+            for f in [
+                "activeDeadlineSeconds",
+                "tolerations",
+                "terminationGracePeriodSeconds",
+            ] {
+                m.remove(f);
+            }
+        }
+        spec
+    };
+    if mutable_removed(old) == mutable_removed(new) {
+        return Ok(());
+    }
+    let msg = "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
+    Err(ApiError::invalid(
+        res,
+        name,
+        "spec",
+        "FieldValueForbidden",
+        msg,
+    ))
 }
 
 /// BestEffort without any cpu/memory request or limit; Guaranteed when every container limits

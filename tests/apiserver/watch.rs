@@ -90,10 +90,8 @@ impl Watch {
             let mut first = Vec::new();
             match self.start {
                 Start::After(rv) if rv < s.floor => {
-                    let e = ApiError::expired(format!(
-                        "too old resource version: {rv} ({})",
-                        s.floor + 1
-                    ));
+                    let e =
+                        ApiError::expired(format!("too old resource version: {rv} ({})", s.floor));
                     first.push(line("ERROR", &e.status()));
                     return stream(first, None, self, bookmark_every, s.rv);
                 }
@@ -116,7 +114,12 @@ impl Watch {
             }
             let (tx, rx) = mpsc::unbounded_channel();
             s.watchers.push(tx);
-            (first, rx, s.rv)
+            // A watch from a resourceVersion not written yet starts there.
+            let from = match self.start {
+                Start::After(rv) => rv.max(s.rv),
+                _ => s.rv,
+            };
+            (first, rx, from)
         };
         stream(first, Some(changes), self, bookmark_every, last_rv)
     }
@@ -151,6 +154,9 @@ fn stream(
             let out = tokio::select! {
                 ch = changes.recv() => match ch {
                     Some(ch) => {
+                        if ch.rv <= last_rv {
+                            continue;
+                        }
                         last_rv = ch.rv;
                         match watch.event(&ch) { Some(l) => l, None => continue }
                     }
