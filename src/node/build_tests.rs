@@ -11,6 +11,7 @@ pub(crate) fn facts() -> NodeFacts {
         memory_bytes: 16_318_428 * 1024,
         ephemeral_storage_bytes: 100 * 1024 * 1024 * 1024,
         max_pods: 110,
+        hugepages: BTreeMap::new(),
         machine_id: "mid".into(),
         system_uuid: "uuid".into(),
         boot_id: "boot".into(),
@@ -163,4 +164,19 @@ fn max_pods_and_eviction_come_from_the_config() {
     assert_eq!(alloc["pods"].0, "7");
     assert_eq!(alloc["memory"].0, "16318428Ki");
     assert_eq!(alloc["ephemeral-storage"].0, "100Gi");
+}
+
+#[test]
+fn hugepages_in_capacity_and_out_of_allocatable_memory() {
+    let mut f = facts();
+    f.hugepages = BTreeMap::from([(2 * 1024 * 1024, 512), (1024 * 1024 * 1024, 0)]);
+    let status = build_node(&f, &KubeletConfig::default()).status.unwrap();
+    let cap = status.capacity.unwrap();
+    assert_eq!(cap["hugepages-2Mi"].0, "1Gi");
+    assert_eq!(cap["hugepages-1Gi"].0, "0");
+    assert_eq!(cap["memory"].0, "16318428Ki");
+    let alloc = status.allocatable.unwrap();
+    assert_eq!(alloc["hugepages-2Mi"].0, "1Gi");
+    // 16318428Ki - 100Mi (eviction) - 1Gi (huge pages).
+    assert_eq!(alloc["memory"].0, "15167452Ki");
 }

@@ -2,6 +2,7 @@
 //! the root directory's filesystem, addresses and the identity files. Gathering is the only
 //! I/O of the node module's pure core; [`super::build_node`] turns the facts into a `Node`.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
 use std::path::Path;
 
@@ -38,6 +39,8 @@ pub struct NodeFacts {
     pub ephemeral_storage_bytes: u64,
     /// `maxPods`.
     pub max_pods: u32,
+    /// Huge page size in bytes → pages reserved (`nr_hugepages`), per supported size.
+    pub hugepages: BTreeMap<u64, u64>,
     pub machine_id: String,
     pub system_uuid: String,
     pub boot_id: String,
@@ -72,6 +75,7 @@ impl NodeFacts {
             memory_bytes,
             ephemeral_storage_bytes: fs_capacity(&cfg.root_dir)?,
             max_pods: cfg.max_pods,
+            hugepages: hugepages(Path::new("/sys/kernel/mm/hugepages")),
             machine_id: read_trimmed("/etc/machine-id"),
             system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
@@ -104,6 +108,27 @@ fn cpu_count() -> anyhow::Result<u32> {
         return Ok(std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     }
     Ok(u32::try_from(n)?)
+}
+
+/// The huge page sizes under `dir` (`/sys/kernel/mm/hugepages`: `hugepages-2048kB/nr_hugepages`)
+/// with their reserved page counts; none when it cannot be read.
+pub fn hugepages(dir: &Path) -> BTreeMap<u64, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: u64 = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            let pages = std::fs::read_to_string(e.path().join("nr_hugepages")).ok()?;
+            Some((kb.checked_mul(1024)?, pages.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// `MemTotal` of a `/proc/meminfo` text, in bytes.
@@ -188,6 +213,21 @@ mod tests {
         assert_eq!(mem_total(text), Some(16318428 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(mem_total("MemTotal: x kB\n"), None);
+    }
+
+    #[test]
+    fn hugepage_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, pages) in [("hugepages-2048kB", "3\n"), ("hugepages-1048576kB", "0\n")] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+            std::fs::write(dir.path().join(name).join("nr_hugepages"), pages).unwrap();
+        }
+        std::fs::create_dir(dir.path().join("unrelated")).unwrap();
+        assert_eq!(
+            hugepages(dir.path()),
+            BTreeMap::from([(2 * 1024 * 1024, 3), (1024 * 1024 * 1024, 0)])
+        );
+        assert!(hugepages(&dir.path().join("missing")).is_empty());
     }
 
     #[test]

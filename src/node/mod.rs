@@ -171,10 +171,11 @@ fn format_binary(bytes: i64) -> String {
     format!("{n}{suffix}")
 }
 
-/// The node's capacity: cpu, memory, ephemeral-storage and pods.
+/// The node's capacity: cpu, memory, ephemeral-storage, pods, and `hugepages-<size>` per
+/// huge page size (the bytes of the pages reserved).
 pub fn capacity(facts: &NodeFacts) -> BTreeMap<String, Amount> {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    BTreeMap::from([
+    let mut out = BTreeMap::from([
         (
             "cpu".to_string(),
             Amount::Millicores(i64::from(facts.cpus) * 1000),
@@ -188,12 +189,23 @@ pub fn capacity(facts: &NodeFacts) -> BTreeMap<String, Amount> {
             Amount::Bytes(clamp(facts.ephemeral_storage_bytes)),
         ),
         ("pods".to_string(), Amount::Count(i64::from(facts.max_pods))),
-    ])
+    ]);
+    for (&size, &pages) in &facts.hugepages {
+        out.insert(
+            format!("{HUGEPAGES_PREFIX}{}", format_binary(clamp(size))),
+            Amount::Bytes(clamp(size.saturating_mul(pages))),
+        );
+    }
+    out
 }
+
+/// The prefix of huge page resources (`hugepages-2Mi`).
+pub const HUGEPAGES_PREFIX: &str = "hugepages-";
 
 /// Allocatable = capacity minus the hard eviction thresholds, as upstream reserves them:
 /// `memory.available` from memory and `nodefs.available` from ephemeral-storage (a quantity,
-/// or a percentage of the capacity), never below zero. nodelet has no kube/system reserved.
+/// or a percentage of the capacity), and the reserved huge pages from memory; never below
+/// zero. nodelet has no kube/system reserved.
 /// A threshold that does not parse reserves nothing (the config loader has checked them).
 pub fn allocatable(
     capacity: &BTreeMap<String, Amount>,
@@ -215,6 +227,14 @@ pub fn allocatable(
             resource.to_string(),
             cap.with_value((cap.value() - reserved).max(0)),
         );
+    }
+    let huge: i64 = capacity
+        .iter()
+        .filter(|(k, _)| k.starts_with(HUGEPAGES_PREFIX))
+        .map(|(_, v)| v.value())
+        .fold(0, i64::saturating_add);
+    if let Some(mem) = out.get_mut("memory") {
+        *mem = mem.with_value((mem.value() - huge).max(0));
     }
     out
 }
