@@ -520,3 +520,45 @@ async fn register_node_false_only_updates_an_existing_node() {
     run.stop().await;
     api.stop().await;
 }
+
+#[tokio::test]
+async fn a_server_that_never_answers_does_not_stall_the_lease() {
+    // Accepts connections and reads requests but never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(Mutex::new(0usize));
+    let count = accepted.clone();
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (conn, _) = listener.accept().await.unwrap();
+            *count.lock().unwrap() += 1;
+            held.push(conn);
+        }
+    });
+    nodelet::api::install_crypto_provider();
+    let client =
+        kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config("node-hung", dir.path());
+    let (_tx, rx) = tokio::sync::watch::channel(None);
+    let controller = LeaseController::new(client, &cfg, rx);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        controller
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    // Each unanswered request is given up after the heartbeat timeout and tried again on a
+    // new connection, instead of waiting on the first one for minutes.
+    wait_for("a second attempt", 30, async || {
+        (*accepted.lock().unwrap() >= 2).then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+    server.abort();
+}

@@ -180,3 +180,36 @@ fn hugepages_in_capacity_and_out_of_allocatable_memory() {
     // 16318428Ki - 100Mi (eviction) - 1Gi (huge pages).
     assert_eq!(alloc["memory"].0, "15167452Ki");
 }
+
+#[test]
+fn heartbeat_timeouts() {
+    let s = std::time::Duration::from_secs;
+    let cfg = |update: std::time::Duration, lease: u32| KubeletConfig {
+        node_status_update_frequency: update,
+        node_lease_duration_seconds: lease,
+        ..Default::default()
+    };
+    // (update frequency, lease duration, timeout)
+    let cases = [
+        (s(10), 40, s(10)),
+        (s(60), 40, s(40)),
+        (std::time::Duration::from_millis(200), 40, s(1)),
+        (s(10), 1, s(1)),
+    ];
+    for (update, lease, want) in cases {
+        assert_eq!(
+            heartbeat_timeout(&cfg(update, lease)),
+            want,
+            "{update:?} {lease}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unanswered_request_is_an_error() {
+    let r: Result<(), kube::Error> =
+        within(std::time::Duration::from_millis(10), std::future::pending()).await;
+    assert!(matches!(r, Err(kube::Error::Service(_))), "{r:?}");
+    let r = within(std::time::Duration::from_secs(5), async { Ok(7) }).await;
+    assert_eq!(r.unwrap(), 7);
+}

@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 
+use super::within;
 use crate::api::FIELD_MANAGER;
 use crate::config::KubeletConfig;
 
@@ -77,6 +78,7 @@ pub struct LeaseController {
     node_name: String,
     duration_seconds: i32,
     node: watch::Receiver<Option<Node>>,
+    timeout: Duration,
 }
 
 impl LeaseController {
@@ -92,6 +94,7 @@ impl LeaseController {
             node_name: cfg.node_name.clone(),
             duration_seconds: i32::try_from(cfg.node_lease_duration_seconds).unwrap_or(i32::MAX),
             node,
+            timeout: super::heartbeat_timeout(cfg),
         }
     }
 
@@ -166,11 +169,8 @@ impl LeaseController {
         let mut last_err = None;
         for _ in 0..UPDATE_RETRIES {
             let lease = self.lease_from(Some(&base));
-            match self
-                .api
-                .replace(&self.node_name, &Self::post_params(), &lease)
-                .await
-            {
+            let pp = Self::post_params();
+            match within(self.timeout, self.api.replace(&self.node_name, &pp, &lease)).await {
                 Ok(written) => return Ok(written),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     let (fresh, created) = self.ensure_with_backoff().await;
@@ -206,11 +206,12 @@ impl LeaseController {
     }
 
     async fn ensure(&self) -> Result<(Lease, bool), kube::Error> {
-        match self.api.get(&self.node_name).await {
+        match within(self.timeout, self.api.get(&self.node_name)).await {
             Ok(lease) => Ok((lease, false)),
             Err(kube::Error::Api(s)) if s.is_not_found() => {
                 let lease = self.lease_from(None);
-                let created = self.api.create(&Self::post_params(), &lease).await?;
+                let pp = Self::post_params();
+                let created = within(self.timeout, self.api.create(&pp, &lease)).await?;
                 Ok((created, true))
             }
             Err(e) => Err(e),

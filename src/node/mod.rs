@@ -35,6 +35,29 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::config::KubeletConfig;
 use crate::pod::quantity;
 
+/// How long one heartbeat request (a status write or a Lease renewal, and the reads before
+/// them) may take: upstream gives its heartbeat client the shorter of
+/// `nodeStatusUpdateFrequency` and the Lease duration; nodelet never less than a second.
+pub fn heartbeat_timeout(cfg: &KubeletConfig) -> std::time::Duration {
+    let lease = std::time::Duration::from_secs(u64::from(cfg.node_lease_duration_seconds));
+    cfg.node_status_update_frequency
+        .min(lease)
+        .max(std::time::Duration::from_secs(1))
+}
+
+/// `fut` limited to `limit`; running out is a `Service` error like any unanswered request.
+pub(crate) async fn within<T>(
+    limit: std::time::Duration,
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {limit:?}").into(),
+        )),
+    }
+}
+
 /// `kubernetes.io/hostname`.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// `kubernetes.io/os`.

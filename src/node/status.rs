@@ -20,7 +20,10 @@ use runtime::{ImageService, cri};
 use tokio::sync::watch;
 
 use super::conditions::{Health, node_conditions};
-use super::{ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH, NodeFacts, build_node, default_labels};
+use super::{
+    ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH, NodeFacts, build_node, default_labels,
+    heartbeat_timeout, within,
+};
 use crate::api::FIELD_MANAGER;
 use crate::config::KubeletConfig;
 
@@ -132,6 +135,7 @@ pub struct NodeStatusManager {
     images: Option<Arc<dyn ImageService>>,
     node: watch::Sender<Option<Node>>,
     state: Mutex<State>,
+    timeout: Duration,
 }
 
 #[derive(Default)]
@@ -156,6 +160,7 @@ impl NodeStatusManager {
             images: None,
             node: watch::Sender::new(None),
             state: Mutex::new(State::default()),
+            timeout: heartbeat_timeout(cfg),
         }
     }
 
@@ -226,13 +231,13 @@ impl NodeStatusManager {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..Default::default()
         };
-        let created = match self.api.create(&pp, &node).await {
+        let created = match within(self.timeout, self.api.create(&pp, &node)).await {
             Ok(created) => {
                 tracing::info!(node = %self.name(), "registered the node");
                 created
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
-                let existing = self.api.get(self.name()).await?;
+                let existing = within(self.timeout, self.api.get(self.name())).await?;
                 tracing::info!(node = %self.name(), "the node exists; adopting it");
                 self.reconcile_metadata(existing).await?
             }
@@ -275,9 +280,12 @@ impl NodeStatusManager {
             );
         }
         let patch = serde_json::json!({ "metadata": meta });
-        self.api
-            .patch(self.name(), &self.patch_params(), &Patch::Merge(&patch))
-            .await
+        let pp = self.patch_params();
+        within(
+            self.timeout,
+            self.api.patch(self.name(), &pp, &Patch::Merge(&patch)),
+        )
+        .await
     }
 
     fn patch_params(&self) -> PatchParams {
@@ -346,7 +354,7 @@ impl NodeStatusManager {
         // Each attempt starts from the Node as the API server has it (upstream reads its
         // informer cache): changes by others are seen, and a deleted Node is noticed even
         // when there is nothing to write.
-        let current = self.api.get(self.name()).await?;
+        let current = within(self.timeout, self.api.get(self.name())).await?;
         self.node.send_replace(Some(current.clone()));
         let base = build_node(&self.facts, &self.cfg)
             .status
@@ -366,10 +374,13 @@ impl NodeStatusManager {
             return Ok(false);
         }
         let patch = serde_json::json!({ "status": desired });
-        let written = self
-            .api
-            .patch_status(self.name(), &self.patch_params(), &Patch::Strategic(&patch))
-            .await?;
+        let pp = self.patch_params();
+        let written = within(
+            self.timeout,
+            self.api
+                .patch_status(self.name(), &pp, &Patch::Strategic(&patch)),
+        )
+        .await?;
         if let Ok(mut st) = self.state.lock() {
             st.last_write = Some(now);
         }
