@@ -196,6 +196,9 @@ impl NodeStatusManager {
     async fn register_until(&self, shutdown: &mut Pin<&mut impl Future<Output = ()>>) -> bool {
         if !self.cfg.register_node {
             // `registerNode: false`: someone else creates the Node; only its status is ours.
+            if let Ok(mut st) = self.state.lock() {
+                st.registered = true;
+            }
             if let Err(e) = self.update().await {
                 tracing::warn!(node = %self.name(), "node status update: {e}");
             }
