@@ -5,12 +5,13 @@
 //!
 //! Checks, in upstream's order, the first failure being reported: the pod's
 //! `kubernetes.io/os` label and `spec.os` against the node's OS; then resources (pod count,
-//! cpu, memory, ephemeral-storage against allocatable), required node affinity and
+//! cpu, memory, ephemeral-storage, then huge pages and extended resources by name, against
+//! allocatable minus the active pods' requests), required node affinity and
 //! nodeSelector, `spec.nodeName`, host ports, and NoExecute taints (not for static pods).
 //!
 //! NOTE: upstream admits a critical pod that lacks resources when it can preempt other pods
 //! (`CriticalPodAdmissionHandler`); nodelet has no preemption and rejects it like any pod.
-//! Extended resources (device plugins) are not checked.
+//! Extended resources the node does not list are not checked (they may be cluster-level).
 
 use std::collections::BTreeMap;
 
@@ -123,48 +124,39 @@ fn is_static(pod: &Pod) -> bool {
         .is_some_and(|s| s != "api")
 }
 
-/// A pod's resource requests: cpu in millicores, memory and ephemeral-storage in bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Requests {
-    pub cpu_millis: i64,
-    pub memory: i64,
-    pub ephemeral_storage: i64,
-}
+/// A pod's resource requests by resource name: cpu in millicores, everything else
+/// (memory, ephemeral-storage, `hugepages-<size>`, extended resources) in units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requests(pub BTreeMap<String, i64>);
 
 impl Requests {
-    fn get(&self, resource: &str) -> i64 {
-        match resource {
-            "cpu" => self.cpu_millis,
-            "memory" => self.memory,
-            _ => self.ephemeral_storage,
-        }
+    /// The request for `resource` (0 when absent).
+    pub fn get(&self, resource: &str) -> i64 {
+        self.0.get(resource).copied().unwrap_or(0)
     }
 
     fn set(&mut self, resource: &str, v: i64) {
-        match resource {
-            "cpu" => self.cpu_millis = v,
-            "memory" => self.memory = v,
-            _ => self.ephemeral_storage = v,
-        }
+        self.0.insert(resource.to_string(), v);
     }
 
-    fn add(self, o: Requests) -> Requests {
-        Requests {
-            cpu_millis: self.cpu_millis.saturating_add(o.cpu_millis),
-            memory: self.memory.saturating_add(o.memory),
-            ephemeral_storage: self.ephemeral_storage.saturating_add(o.ephemeral_storage),
+    fn add(mut self, o: &Requests) -> Requests {
+        for (k, v) in &o.0 {
+            let e = self.0.entry(k.clone()).or_insert(0);
+            *e = e.saturating_add(*v);
         }
+        self
     }
 
-    fn max(self, o: Requests) -> Requests {
-        Requests {
-            cpu_millis: self.cpu_millis.max(o.cpu_millis),
-            memory: self.memory.max(o.memory),
-            ephemeral_storage: self.ephemeral_storage.max(o.ephemeral_storage),
+    fn max(mut self, o: &Requests) -> Requests {
+        for (k, v) in &o.0 {
+            let e = self.0.entry(k.clone()).or_insert(0);
+            *e = (*e).max(*v);
         }
+        self
     }
 }
 
+/// The resources checked first, in upstream's order; the others follow by name.
 const RESOURCES: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
 fn parse(resource: &str, q: &Quantity) -> i64 {
@@ -178,33 +170,29 @@ fn parse(resource: &str, q: &Quantity) -> i64 {
 }
 
 fn from_list(list: Option<&BTreeMap<String, Quantity>>) -> Requests {
-    let mut r = Requests::default();
-    if let Some(list) = list {
-        for res in RESOURCES {
-            if let Some(q) = list.get(res) {
-                r.set(res, parse(res, q));
-            }
-        }
-    }
-    r
+    Requests(
+        list.into_iter()
+            .flatten()
+            .map(|(k, q)| (k.clone(), parse(k, q)))
+            .collect(),
+    )
 }
 
 /// A container's requests; a resource with a limit and no request requests its limit, as
 /// the API server's defaulting makes it.
 fn container_requests(c: &Container) -> Requests {
     let res = c.resources.as_ref();
-    let requests = res.and_then(|r| r.requests.as_ref());
-    let limits = res.and_then(|r| r.limits.as_ref());
-    let mut r = Requests::default();
-    for name in RESOURCES {
-        if let Some(q) = requests
-            .and_then(|m| m.get(name))
-            .or_else(|| limits.and_then(|m| m.get(name)))
-        {
-            r.set(name, parse(name, q));
-        }
-    }
+    let limits = from_list(res.and_then(|r| r.limits.as_ref()));
+    let requests = from_list(res.and_then(|r| r.requests.as_ref()));
+    let mut r = limits;
+    r.0.extend(requests.0);
     r
+}
+
+/// An extended resource (`example.com/dongle`): a domain-qualified name outside
+/// `kubernetes.io/`.
+fn is_extended(name: &str) -> bool {
+    name.contains('/') && !name.starts_with("kubernetes.io/") && !name.starts_with("requests.")
 }
 
 /// The pod's effective requests as upstream's `PodRequests` computes them: the app
@@ -219,21 +207,21 @@ pub fn pod_requests(pod: &Pod) -> Requests {
         .containers
         .iter()
         .map(container_requests)
-        .fold(Requests::default(), Requests::add);
+        .fold(Requests::default(), |a, b| a.add(&b));
     let mut sidecars = Requests::default();
     let mut init_max = Requests::default();
     for c in spec.init_containers.iter().flatten() {
         let reqs = container_requests(c);
         let step = if c.restart_policy.as_deref() == Some("Always") {
-            total = total.add(reqs);
-            sidecars = sidecars.add(reqs);
-            sidecars
+            total = total.add(&reqs);
+            sidecars = sidecars.add(&reqs);
+            sidecars.clone()
         } else {
-            reqs.add(sidecars)
+            reqs.add(&sidecars)
         };
-        init_max = init_max.max(step);
+        init_max = init_max.max(&step);
     }
-    total = total.max(init_max);
+    total = total.max(&init_max);
     if let Some(pod_level) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
         for name in ["cpu", "memory"] {
             if let Some(q) = pod_level.get(name) {
@@ -241,7 +229,7 @@ pub fn pod_requests(pod: &Pod) -> Requests {
             }
         }
     }
-    total.add(from_list(spec.overhead.as_ref()))
+    total.add(&from_list(spec.overhead.as_ref()))
 }
 
 fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejection> {
@@ -257,9 +245,7 @@ fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejecti
             "Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
         ),
     };
-    let max_pods = allocatable
-        .and_then(|a| a.get("pods"))
-        .map_or(0, |q| quantity::parse_bytes(&q.0).unwrap_or(0));
+    let max_pods = allocated("pods");
     let used_pods = i64::try_from(others.len()).unwrap_or(i64::MAX);
     if used_pods + 1 > max_pods {
         return Err(insufficient("pods", 1, used_pods, max_pods));
@@ -268,8 +254,18 @@ fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejecti
     let used = others
         .iter()
         .map(|p| pod_requests(p))
-        .fold(Requests::default(), Requests::add);
-    for name in RESOURCES {
+        .fold(Requests::default(), |a, b| a.add(&b));
+    // Extended resources the node does not know are not checked: they may be cluster-level
+    // (upstream's removeMissingExtendedResources). Huge pages the node lacks have capacity 0.
+    let others_names = want.0.keys().filter(|k| {
+        !RESOURCES.contains(&k.as_str())
+            && k.as_str() != "pods"
+            && !(is_extended(k) && allocatable.is_none_or(|a| !a.contains_key(*k)))
+    });
+    for name in RESOURCES
+        .into_iter()
+        .chain(others_names.map(String::as_str))
+    {
         let (req, cap, u) = (want.get(name), allocated(name), used.get(name));
         if req > 0 && req > cap - u {
             return Err(insufficient(name, req, u, cap));

@@ -453,6 +453,75 @@ fn effective_requests() {
     ];
     for (name, spec, cpu, memory) in cases {
         let r = pod_requests(&pod("p", spec));
-        assert_eq!((r.cpu_millis, r.memory), (cpu, memory), "{name}");
+        assert_eq!((r.get("cpu"), r.get("memory")), (cpu, memory), "{name}");
     }
+}
+
+#[test]
+fn huge_pages_and_extended_resources() {
+    let asking = |name: &str, resource: &str, amount: &str| {
+        pod(
+            name,
+            json!({"containers": [{"name": "c", "image": "i", "resources": {
+                "requests": {resource: amount}, "limits": {resource: amount}}}]}),
+        )
+    };
+    let mut rich = node();
+    let alloc = rich.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+    alloc.insert("hugepages-2Mi".into(), Quantity("1Gi".into()));
+    alloc.insert("example.com/dongle".into(), Quantity("2".into()));
+    let plain = node();
+    // (name, pod, active, node, expected reason)
+    let cases = [
+        (
+            "huge pages on a node without",
+            asking("p", "hugepages-2Mi", "512Mi"),
+            vec![],
+            &plain,
+            "OutOfhugepages-2Mi",
+        ),
+        (
+            "huge pages that fit",
+            asking("p", "hugepages-2Mi", "512Mi"),
+            vec![],
+            &rich,
+            "admitted",
+        ),
+        (
+            "huge pages used up",
+            asking("p", "hugepages-2Mi", "768Mi"),
+            vec![asking("a", "hugepages-2Mi", "512Mi")],
+            &rich,
+            "OutOfhugepages-2Mi",
+        ),
+        (
+            "extended resource the node does not list",
+            asking("p", "example.com/widget", "5"),
+            vec![],
+            &rich,
+            "admitted",
+        ),
+        (
+            "extended resource that fits",
+            asking("p", "example.com/dongle", "2"),
+            vec![],
+            &rich,
+            "admitted",
+        ),
+        (
+            "extended resource short",
+            asking("p", "example.com/dongle", "3"),
+            vec![],
+            &rich,
+            "OutOfexample.com/dongle",
+        ),
+    ];
+    for (name, p, active, n, want) in cases {
+        assert_eq!(reason(admit(&p, &active, n)), want, "{name}");
+    }
+    let err = admit(&asking("p", "hugepages-2Mi", "2Mi"), &[], &plain).unwrap_err();
+    assert_eq!(
+        err.message,
+        "Node didn't have enough resource: hugepages-2Mi, requested: 2097152, used: 0, capacity: 0"
+    );
 }
