@@ -9,6 +9,7 @@ pub(crate) fn facts() -> NodeFacts {
         node_ip: "10.0.0.7".parse().unwrap(),
         cpus: 4,
         memory_bytes: 16_318_428 * 1024,
+        swap_bytes: Some(2 * 1024 * 1024 * 1024),
         ephemeral_storage_bytes: 100 * 1024 * 1024 * 1024,
         max_pods: 110,
         hugepages: BTreeMap::new(),
@@ -73,6 +74,7 @@ fn node_from_fixed_facts() {
                 "operatingSystem": "linux",
                 "osImage": "Debian GNU/Linux 13 (trixie)",
                 "systemUUID": "uuid",
+                "swap": {"capacity": 2147483648_i64},
             },
         },
     });

@@ -35,6 +35,8 @@ pub struct NodeFacts {
     pub cpus: u32,
     /// `MemTotal` in bytes.
     pub memory_bytes: u64,
+    /// `SwapTotal` in bytes (`nodeInfo.swap.capacity`), if known.
+    pub swap_bytes: Option<u64>,
     /// Size in bytes of the filesystem holding the root directory.
     pub ephemeral_storage_bytes: u64,
     /// `maxPods`.
@@ -64,7 +66,8 @@ impl NodeFacts {
         runtime_version: &str,
     ) -> anyhow::Result<NodeFacts> {
         let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-        let memory_bytes = mem_total(&meminfo).context("no MemTotal in /proc/meminfo")?;
+        let memory_bytes =
+            meminfo_bytes(&meminfo, "MemTotal").context("no MemTotal in /proc/meminfo")?;
         let os_release = std::fs::read_to_string("/etc/os-release")
             .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
             .unwrap_or_default();
@@ -73,6 +76,7 @@ impl NodeFacts {
             node_ip: cfg.node_ip.unwrap_or_else(|| host_ip(&cfg.node_name)),
             cpus: cpu_count()?,
             memory_bytes,
+            swap_bytes: meminfo_bytes(&meminfo, "SwapTotal"),
             ephemeral_storage_bytes: fs_capacity(&cfg.root_dir)?,
             max_pods: cfg.max_pods,
             hugepages: hugepages(Path::new("/sys/kernel/mm/hugepages")),
@@ -131,10 +135,12 @@ pub fn hugepages(dir: &Path) -> BTreeMap<u64, u64> {
         .collect()
 }
 
-/// `MemTotal` of a `/proc/meminfo` text, in bytes.
-pub fn mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let mut words = line["MemTotal:".len()..].split_whitespace();
+/// The `key` line (`MemTotal`, `SwapTotal`) of a `/proc/meminfo` text, in bytes.
+pub fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
+    let rest = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+    let mut words = rest.split_whitespace();
     let n: u64 = words.next()?.parse().ok()?;
     match words.next() {
         Some("kB") => n.checked_mul(1024),
@@ -209,10 +215,12 @@ mod tests {
 
     #[test]
     fn meminfo() {
-        let text = "MemTotal:       16318428 kB\nMemFree:         1000 kB\n";
-        assert_eq!(mem_total(text), Some(16318428 * 1024));
-        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
-        assert_eq!(mem_total("MemTotal: x kB\n"), None);
+        let text = "MemTotal:       16318428 kB\nMemFree:         1000 kB\nSwapTotal:  0 kB\n";
+        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(16318428 * 1024));
+        assert_eq!(meminfo_bytes(text, "SwapTotal"), Some(0));
+        assert_eq!(meminfo_bytes(text, "Mem"), None);
+        assert_eq!(meminfo_bytes("MemFree: 1 kB\n", "MemTotal"), None);
+        assert_eq!(meminfo_bytes("MemTotal: x kB\n", "MemTotal"), None);
     }
 
     #[test]

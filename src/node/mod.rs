@@ -27,7 +27,8 @@ pub use status::{HealthCheck, NodeStatusManager, should_write, status_changed};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSwapStatus,
+    NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -136,6 +137,9 @@ fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
             operating_system: facts.operating_system.clone(),
             os_image: facts.os_image.clone(),
             system_uuid: facts.system_uuid.clone(),
+            swap: facts.swap_bytes.map(|b| NodeSwapStatus {
+                capacity: Some(i64::try_from(b).unwrap_or(i64::MAX)),
+            }),
             ..Default::default()
         }),
         ..Default::default()
