@@ -57,7 +57,7 @@ fn prepare(api: &ApiServer) -> Node {
     std::fs::write(
         &config,
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\nnodeLeaseDurationSeconds: 8\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
             manifests.display(),
             logs.display()
         ),
@@ -212,6 +212,15 @@ async fn api_pods_lifecycle() {
     ) + "  volumes: [{name: shared, emptyDir: {}}]\n";
     let web = pod("web", &web_spec);
     pods.create(&PostParams::default(), &web).await.unwrap();
+    // Admission: a pod for another OS is rejected with the upstream reason, never run.
+    let windows = pod(
+        "windows",
+        &format!(
+            "  nodeSelector: {{kubernetes.io/os: windows}}\n  containers:\n{}",
+            busybox("main", "sleep 1000")
+        ),
+    );
+    pods.create(&PostParams::default(), &windows).await.unwrap();
     let bad = pod(
         "bad",
         "  containers:\n  - name: main\n    image: docker.io/library/no-such-image:1\n    imagePullPolicy: Never\n",
@@ -243,6 +252,57 @@ async fn api_pods_lifecycle() {
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
     assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
+
+    // The node is registered, Ready, and its Lease is renewed.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let n = wait_for("node registered and ready", 60, async || {
+        let n = nodes.get_opt(NODE).await.ok().flatten()?;
+        let ready = n.status.as_ref()?.conditions.iter().flatten().any(|c| {
+            c.type_ == "Ready" && c.status == "True" && c.reason.as_deref() == Some("KubeletReady")
+        });
+        ready.then_some(n)
+    })
+    .await;
+    let info = n.status.as_ref().unwrap().node_info.clone().unwrap();
+    assert!(
+        info.container_runtime_version.starts_with("nodelet://"),
+        "{info:?}"
+    );
+    assert_eq!(
+        n.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
+        NODE
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-node-lease");
+    let first = wait_for("lease", 30, async || {
+        leases.get_opt(NODE).await.ok().flatten()?.spec?.renew_time
+    })
+    .await;
+    wait_for("lease renewed", 30, async || {
+        let t = leases
+            .get_opt(NODE)
+            .await
+            .ok()
+            .flatten()?
+            .spec?
+            .renew_time?;
+        (t != first).then_some(())
+    })
+    .await;
+
+    let st = wait_for("windows pod rejected", 30, async || {
+        status(&pods, "windows")
+            .await
+            .filter(|s| s.phase.as_deref() == Some("Failed"))
+    })
+    .await;
+    assert_eq!(st.reason.as_deref(), Some("NodeAffinity"));
+    assert!(
+        st.message
+            .as_deref()
+            .unwrap()
+            .starts_with("Pod was rejected: ")
+    );
 
     // web: init containers in order, then Running and Ready, written to pods/status.
     let st = wait_for("web running and ready", 90, async || {
