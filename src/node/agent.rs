@@ -1,6 +1,7 @@
 //! The node side of the kubelet in one piece, for the kubelet's wiring: a [`NodeStatusManager`]
 //! whose health is the runtime's `Status` (checked every [`RUNTIME_CHECK_PERIOD`] through a
-//! [`RuntimeState`]) plus the kubelet's own checks (e.g. PLEG), reporting the runtime's images,
+//! [`RuntimeState`], with its handlers and features) plus the kubelet's own checks (e.g.
+//! PLEG), reporting the runtime's images,
 //! and the [`LeaseController`]. [`NodeAgent::stop`] ends all three tasks.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use runtime::{ImageService, RuntimeService};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Health, LeaseController, NodeFacts, NodeStatusManager, RuntimeState};
+use super::{LeaseController, NodeFacts, NodeStatusManager, RuntimeState};
 use crate::config::KubeletConfig;
 
 /// How often the runtime's `Status` is asked (upstream's `updateRuntimeUp` period).
@@ -41,12 +42,9 @@ impl NodeAgent {
         let state = Arc::new(RuntimeState::default());
         let health_state = state.clone();
         let health = Arc::new(move || {
-            let mut problems = health_state.problems(Instant::now());
-            problems.extend(extra());
-            Health {
-                problems,
-                ..Default::default()
-            }
+            let mut health = health_state.health(Instant::now());
+            health.problems.extend(extra());
+            health
         });
         let manager = Arc::new(
             NodeStatusManager::new(client.clone(), cfg, facts, health).with_images(images),

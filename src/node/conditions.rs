@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::NodeCondition;
+use k8s_openapi::api::core::v1::{NodeCondition, NodeFeatures, NodeRuntimeHandler};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -15,8 +15,8 @@ pub const RUNTIME_DOWN: &str = "container runtime is down";
 /// Upstream's message before the first runtime status check.
 pub const RUNTIME_CHECK_PENDING: &str = "container runtime status check may not have completed yet";
 
-/// What the kubelet knows about its own health when the status is computed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the kubelet knows about its own health (and its runtime) when the status is computed.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Health {
     /// Why the node is not ready, one message each (e.g. [`RUNTIME_DOWN`],
     /// [`pleg_unhealthy`]); empty: ready.
@@ -25,6 +25,11 @@ pub struct Health {
     pub memory_pressure: bool,
     pub disk_pressure: bool,
     pub pid_pressure: bool,
+    /// The runtime's handlers for `status.runtimeHandlers` (`None`: not known yet, the Node
+    /// keeps what it has).
+    pub runtime_handlers: Option<Vec<NodeRuntimeHandler>>,
+    /// The runtime's features for `status.features` (`None`: not known yet).
+    pub features: Option<NodeFeatures>,
 }
 
 impl Health {

@@ -6,9 +6,10 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{NodeFeatures, NodeRuntimeHandler, NodeRuntimeHandlerFeatures};
 use runtime::{RuntimeService, cri};
 
-use super::conditions::{RUNTIME_CHECK_PENDING, RUNTIME_DOWN};
+use super::conditions::{Health, RUNTIME_CHECK_PENDING, RUNTIME_DOWN};
 
 /// How long after the last good `Status` the runtime counts as down (upstream's
 /// `maxWaitForContainerRuntime`).
@@ -26,6 +27,8 @@ struct Inner {
     last_ok: Option<Instant>,
     runtime_error: Option<String>,
     network_error: Option<String>,
+    handlers: Option<Vec<NodeRuntimeHandler>>,
+    features: Option<NodeFeatures>,
 }
 
 impl Default for RuntimeState {
@@ -45,6 +48,19 @@ fn describe(c: Option<&cri::RuntimeCondition>) -> String {
     }
 }
 
+/// A CRI runtime handler as `status.runtimeHandlers` lists it (the default handler has the
+/// empty name).
+fn node_handler(h: &cri::RuntimeHandler) -> NodeRuntimeHandler {
+    let f = h.features.as_ref();
+    NodeRuntimeHandler {
+        name: Some(h.name.clone()),
+        features: Some(NodeRuntimeHandlerFeatures {
+            recursive_read_only_mounts: Some(f.is_some_and(|f| f.recursive_read_only_mounts)),
+            user_namespaces: Some(f.is_some_and(|f| f.user_namespaces)),
+        }),
+    }
+}
+
 impl RuntimeState {
     /// A state that calls the runtime down `threshold` after its last good answer.
     pub fn new(threshold: Duration) -> Self {
@@ -58,15 +74,17 @@ impl RuntimeState {
     pub async fn check(&self, runtime: &dyn RuntimeService) {
         let resp = runtime.status(cri::StatusRequest { verbose: false }).await;
         match resp {
-            Ok(resp) => self.record(resp.status.as_ref(), Instant::now()),
+            Ok(resp) => self.record(&resp, Instant::now()),
             Err(e) => tracing::warn!("container runtime status check failed: {e}"),
         }
     }
 
     /// Records a `Status` answer received at `now`: the network condition's error, the runtime
-    /// condition's error, and (when the runtime is ready) the time of the last good answer. A
-    /// failed call records nothing, so the runtime turns "down" after the threshold.
-    pub fn record(&self, status: Option<&cri::RuntimeStatus>, now: Instant) {
+    /// condition's error, and (when the runtime is ready) the time of the last good answer and
+    /// its handlers and features. A failed call records nothing, so the runtime turns "down"
+    /// after the threshold.
+    pub fn record(&self, resp: &cri::StatusResponse, now: Instant) {
+        let status = resp.status.as_ref();
         let find = |t: &str| status.and_then(|s| s.conditions.iter().find(|c| c.r#type == t));
         let network = find("NetworkReady");
         let rt = find("RuntimeReady");
@@ -78,8 +96,31 @@ impl RuntimeState {
         if rt.is_some_and(|c| c.status) {
             inner.runtime_error = None;
             inner.last_ok = Some(now);
+            inner.handlers = Some(resp.runtime_handlers.iter().map(node_handler).collect());
+            inner.features = Some(NodeFeatures {
+                supplemental_groups_policy: Some(
+                    resp.features
+                        .as_ref()
+                        .is_some_and(|f| f.supplemental_groups_policy),
+                ),
+            });
         } else {
             inner.runtime_error = Some(format!("container runtime not ready: {}", describe(rt)));
+        }
+    }
+
+    /// The [`Health`] to report at `now`: [`Self::problems`] and the runtime's handlers and
+    /// features as last reported.
+    pub fn health(&self, now: Instant) -> Health {
+        let (handlers, features) = match self.inner.lock() {
+            Ok(inner) => (inner.handlers.clone(), inner.features.clone()),
+            Err(_) => (None, None),
+        };
+        Health {
+            problems: self.problems(now),
+            runtime_handlers: handlers,
+            features,
+            ..Default::default()
         }
     }
 
@@ -116,8 +157,11 @@ mod tests {
         }
     }
 
-    fn status(conds: Vec<cri::RuntimeCondition>) -> cri::RuntimeStatus {
-        cri::RuntimeStatus { conditions: conds }
+    fn status(conds: Vec<cri::RuntimeCondition>) -> cri::StatusResponse {
+        cri::StatusResponse {
+            status: Some(cri::RuntimeStatus { conditions: conds }),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -126,10 +170,10 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(s.problems(t0), [RUNTIME_CHECK_PENDING]);
         let ok = status(vec![cond("RuntimeReady", true), cond("NetworkReady", true)]);
-        s.record(Some(&ok), t0);
+        s.record(&ok, t0);
         assert!(s.problems(t0 + Duration::from_secs(29)).is_empty());
         assert_eq!(s.problems(t0 + Duration::from_secs(30)), [RUNTIME_DOWN]);
-        s.record(Some(&ok), t0 + Duration::from_secs(31));
+        s.record(&ok, t0 + Duration::from_secs(31));
         assert!(s.problems(t0 + Duration::from_secs(32)).is_empty());
     }
 
@@ -138,10 +182,10 @@ mod tests {
         let s = RuntimeState::new(Duration::from_secs(30));
         let t0 = Instant::now();
         s.record(
-            Some(&status(vec![
+            &status(vec![
                 cond("RuntimeReady", true),
                 cond("NetworkReady", false),
-            ])),
+            ]),
             t0,
         );
         assert_eq!(
@@ -151,7 +195,7 @@ mod tests {
             ]
         );
         // Runtime not ready: no good answer, so the last one ages; network condition absent.
-        s.record(Some(&status(vec![cond("RuntimeReady", false)])), t0);
+        s.record(&status(vec![cond("RuntimeReady", false)]), t0);
         assert_eq!(
             s.problems(t0),
             [
@@ -159,7 +203,10 @@ mod tests {
                 "container runtime network not ready: <nil>",
             ]
         );
-        s.record(None, t0 + Duration::from_secs(40));
+        s.record(
+            &cri::StatusResponse::default(),
+            t0 + Duration::from_secs(40),
+        );
         assert_eq!(
             s.problems(t0 + Duration::from_secs(40)),
             [
@@ -168,6 +215,54 @@ mod tests {
                 "container runtime network not ready: <nil>",
             ]
         );
+    }
+
+    #[test]
+    fn handlers_and_features_once_ready() {
+        let s = RuntimeState::default();
+        let t0 = Instant::now();
+        assert_eq!(s.health(t0).runtime_handlers, None);
+        let mut resp = status(vec![cond("RuntimeReady", true), cond("NetworkReady", true)]);
+        resp.runtime_handlers = vec![
+            cri::RuntimeHandler {
+                name: String::new(),
+                features: Some(cri::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: true,
+                    user_namespaces: false,
+                }),
+            },
+            cri::RuntimeHandler {
+                name: "kata".into(),
+                features: None,
+            },
+        ];
+        resp.features = Some(cri::RuntimeFeatures {
+            supplemental_groups_policy: true,
+        });
+        s.record(&resp, t0);
+        let h = s.health(t0);
+        assert!(h.problems.is_empty());
+        let handlers: Vec<_> = h
+            .runtime_handlers
+            .unwrap()
+            .into_iter()
+            .map(|h| {
+                let f = h.features.unwrap();
+                (
+                    h.name.unwrap(),
+                    f.recursive_read_only_mounts,
+                    f.user_namespaces,
+                )
+            })
+            .collect();
+        assert_eq!(
+            handlers,
+            [
+                (String::new(), Some(true), Some(false)),
+                ("kata".to_string(), Some(false), Some(false)),
+            ]
+        );
+        assert_eq!(h.features.unwrap().supplemental_groups_policy, Some(true));
     }
 
     #[tokio::test]

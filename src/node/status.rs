@@ -5,8 +5,9 @@
 //! health check, images) and patches `nodes/<name>/status` with a strategic merge patch only
 //! when something other than heartbeat times changed, or when `nodeStatusReportFrequency`
 //! has passed since the last write (the Lease is the frequent heartbeat). A failed write is
-//! retried up to five times per tick, the retries reading the Node from the API server. The
-//! latest Node it saw is published on a watch channel for admission and the Lease.
+//! retried up to five times per tick. Each try reads the Node first (nodelet has no Node
+//! informer; one GET per tick), so a Node deleted behind the kubelet's back is registered
+//! again. The latest Node it saw is published on a watch channel for admission and the Lease.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -61,8 +62,8 @@ pub fn node_images(images: &[cri::Image]) -> Vec<ContainerImage> {
 }
 
 /// The status to report: the facts' status (`base`, from [`build_node`]) with the conditions
-/// following `previous`'s, and `images` (`None`: the image list could not be read, keep the
-/// previous one).
+/// following `previous`'s, the runtime's handlers and features from `health`, and `images`
+/// (`None`: the image list could not be read, keep the previous one).
 pub fn desired_status(
     base: &NodeStatus,
     previous: Option<&NodeStatus>,
@@ -76,6 +77,14 @@ pub fn desired_status(
         .unwrap_or_default();
     status.conditions = Some(node_conditions(prev_conditions, health, now));
     status.images = images.or_else(|| previous.and_then(|p| p.images.clone()));
+    status.runtime_handlers = health
+        .runtime_handlers
+        .clone()
+        .or_else(|| previous.and_then(|p| p.runtime_handlers.clone()));
+    status.features = health
+        .features
+        .clone()
+        .or_else(|| previous.and_then(|p| p.features.clone()));
     status
 }
 
@@ -99,8 +108,6 @@ fn comparable(s: &NodeStatus) -> NodeStatus {
     s.volumes_in_use = None;
     s.config = None;
     s.phase = None;
-    s.runtime_handlers = None;
-    s.features = None;
     s.declared_features = None;
     s
 }
@@ -174,13 +181,21 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, retrying with back-off (100ms doubling to 7s), then writes its
-    /// status once. Returns `false` only when `shutdown` came first.
+    /// status once; with `registerNode: false` only the status write (of a Node someone else
+    /// creates). Returns `false` only when `shutdown` came first.
     pub async fn register(&self, shutdown: impl Future<Output = ()>) -> bool {
         tokio::pin!(shutdown);
         self.register_until(&mut shutdown).await
     }
 
     async fn register_until(&self, shutdown: &mut Pin<&mut impl Future<Output = ()>>) -> bool {
+        if !self.cfg.register_node {
+            // `registerNode: false`: someone else creates the Node; only its status is ours.
+            if let Err(e) = self.update().await {
+                tracing::warn!(node = %self.name(), "node status update: {e}");
+            }
+            return true;
+        }
         let mut delay = REGISTER_BACKOFF_START;
         loop {
             match self.try_register().await {
@@ -273,7 +288,8 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, then updates its status every `nodeStatusUpdateFrequency` until
-    /// `shutdown`. A Node deleted behind the kubelet's back is registered again.
+    /// `shutdown`. A Node deleted behind the kubelet's back is registered again (unless
+    /// `registerNode` is false: then the status waits for someone to create it).
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         if !self.register_until(&mut shutdown).await {
@@ -305,13 +321,15 @@ impl NodeStatusManager {
     pub async fn update(&self) -> Result<bool, kube::Error> {
         let images = self.list_images().await;
         let mut last_err = None;
-        for attempt in 0..UPDATE_RETRIES {
-            match self.try_update(attempt, images.clone()).await {
+        for _ in 0..UPDATE_RETRIES {
+            match self.try_update(images.clone()).await {
                 Ok(wrote) => return Ok(wrote),
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    tracing::warn!(node = %self.name(), "the node is gone; registering it again");
-                    if let Ok(mut st) = self.state.lock() {
-                        st.registered = false;
+                    if self.cfg.register_node {
+                        tracing::warn!(node = %self.name(), "the node is gone; registering it again");
+                        if let Ok(mut st) = self.state.lock() {
+                            st.registered = false;
+                        }
                     }
                     return Err(kube::Error::Api(s));
                 }
@@ -324,22 +342,12 @@ impl NodeStatusManager {
         }
     }
 
-    async fn try_update(
-        &self,
-        attempt: usize,
-        images: Option<Vec<ContainerImage>>,
-    ) -> Result<bool, kube::Error> {
-        // The first attempt starts from the Node last seen (upstream: the informer cache),
-        // retries from the API server.
-        let cached = if attempt == 0 { self.node() } else { None };
-        let current = match cached {
-            Some(n) => n,
-            None => {
-                let n = self.api.get(self.name()).await?;
-                self.node.send_replace(Some(n.clone()));
-                n
-            }
-        };
+    async fn try_update(&self, images: Option<Vec<ContainerImage>>) -> Result<bool, kube::Error> {
+        // Each attempt starts from the Node as the API server has it (upstream reads its
+        // informer cache): changes by others are seen, and a deleted Node is noticed even
+        // when there is nothing to write.
+        let current = self.api.get(self.name()).await?;
+        self.node.send_replace(Some(current.clone()));
         let base = build_node(&self.facts, &self.cfg)
             .status
             .unwrap_or_default();

@@ -135,3 +135,26 @@ fn write_decision() {
         assert_eq!(should_write(changed, last, now, report), want, "case {i}");
     }
 }
+
+#[test]
+fn runtime_handlers_and_features_from_health() {
+    use k8s_openapi::api::core::v1::{NodeFeatures, NodeRuntimeHandler};
+    let s0 = desired_status(&base(), None, &Health::ready(), None, at(0));
+    assert_eq!(s0.runtime_handlers, None);
+    let mut health = Health::ready();
+    health.runtime_handlers = Some(vec![NodeRuntimeHandler {
+        name: Some(String::new()),
+        features: None,
+    }]);
+    health.features = Some(NodeFeatures {
+        supplemental_groups_policy: Some(true),
+    });
+    let s1 = desired_status(&base(), Some(&s0), &health, None, at(10));
+    assert_eq!(s1.runtime_handlers, health.runtime_handlers);
+    assert_eq!(s1.features, health.features);
+    assert!(status_changed(&s0, &s1));
+    // Unknown later (runtime down): the last known stay.
+    let s2 = desired_status(&base(), Some(&s1), &Health::ready(), None, at(20));
+    assert_eq!(s2.runtime_handlers, health.runtime_handlers);
+    assert!(!status_changed(&s1, &s2));
+}
