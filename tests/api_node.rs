@@ -404,6 +404,15 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
             .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/web/status")),
         "status was patched through the status subresource"
     );
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/pods?")
+                && r.contains("sendInitialEvents=true")
+                && r.contains("fieldSelector=spec.nodeName%3Dapi-node")),
+        "the pod source streams its initial list of the node's pods: {:?}",
+        api.requests()
+    );
 
     // The agent serves its runtime over CRI for crictl: the same containers are seen there.
     let cri = runtime::remote::connect(
