@@ -555,9 +555,12 @@ async fn api_server_outage(backend: Backend, test: &str) {
     })
     .await;
 
-    // The API server goes away for a minute; the finisher exits meanwhile.
+    // The API server goes away for a minute; the finisher exits meanwhile. Its watch history
+    // is compacted too, so the pod source's resumed watch gets 410 Gone and must list again.
     api.stop().await;
     tokio::time::sleep(Duration::from_secs(60)).await;
+    api.compact();
+    let requests_before = api.requests().len();
     api.restart().await;
 
     let st = wait_for("finisher's status caught up", 60, async || {
@@ -577,4 +580,23 @@ async fn api_server_outage(backend: Backend, test: &str) {
     assert!(ready(&st));
     assert_eq!(container_id(&st, "main").unwrap(), steady_id, "no restart");
     assert_eq!(restarts(&st, "main"), Some(0));
+
+    // After the 410 the source lists again and sees new pods.
+    let late = node.pod(
+        "late",
+        &format!("  containers:\n{}", busybox("main", "sleep 1000")),
+    );
+    pods.create(&PostParams::default(), &late).await.unwrap();
+    wait_for("a pod created after the outage runs", 60, async || {
+        status(&pods, "late").await.filter(ready)
+    })
+    .await;
+    let relisted = api.requests()[requests_before..]
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/pods?") && r.contains("spec.nodeName"))
+        .count();
+    assert!(
+        relisted >= 1,
+        "the pod source watched again after the outage"
+    );
 }
