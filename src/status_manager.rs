@@ -22,7 +22,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use crate::sources::{self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use crate::sources::{
+    self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, annotation,
+};
 
 /// How often writes that failed, or were not possible yet, are retried.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
@@ -55,14 +57,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// True when the pod came from the API server (not a static pod).
 pub fn is_api_pod(pod: &Pod) -> bool {
     annotation(pod, CONFIG_SOURCE_ANNOTATION).is_none_or(|s| s == API_SOURCE)
-}
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
 }
 
 impl StatusManager {

@@ -9,6 +9,8 @@
 mod apiserver;
 mod common;
 
+use common::containerd;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -31,6 +33,8 @@ impl Drop for Agent {
 }
 
 struct Node {
+    /// The private containerd when the node uses the remote backend (dropped last).
+    containerd: Option<containerd::Containerd>,
     _dir: tempfile::TempDir,
     root: PathBuf,
     config: PathBuf,
@@ -39,39 +43,72 @@ struct Node {
     logs: PathBuf,
 }
 
-fn prepare(api: &ApiServer) -> Node {
+/// Which runtime the kubelet drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Builtin,
+    Containerd,
+}
+
+/// A node ready to start, or `None` (with a SKIP line) when this machine cannot run it.
+async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<Node> {
+    if !root_or_skip(test) {
+        return None;
+    }
     let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
     let root = dir.path().join("root");
     let manifests = dir.path().join("manifests");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&manifests).unwrap();
-    let out = Command::new(nodelet_bin())
-        .arg("--root-dir")
-        .arg(&root)
-        .args(["images", "import"])
-        .arg(busybox_archive())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let mut runtime_endpoint = String::new();
+    let containerd = match backend {
+        Backend::Builtin => {
+            let out = Command::new(nodelet_bin())
+                .arg("--root-dir")
+                .arg(&root)
+                .args(["images", "import"])
+                .arg(busybox_archive())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            None
+        }
+        Backend::Containerd => {
+            let (Some(bin), Some(_)) = (containerd::find("containerd"), containerd::find("ctr"))
+            else {
+                eprintln!("SKIP (needs containerd): {test}: install Debian's containerd and runc");
+                return None;
+            };
+            let mut ctd = containerd::Containerd::start(&bin);
+            ctd.wait_listening().await;
+            let pause = dir.path().join("pause.tar");
+            containerd::pause_archive(&busybox_archive(), &pause);
+            ctd.ctr(&["images", "import", busybox_archive().to_str().unwrap()]);
+            ctd.ctr(&["images", "import", pause.to_str().unwrap()]);
+            runtime_endpoint = format!("containerRuntimeEndpoint: {}\n", ctd.endpoint());
+            Some(ctd)
+        }
+    };
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\nnodeLeaseDurationSeconds: 8\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
             manifests.display(),
             logs.display()
         ),
     )
     .unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path());
-    Node {
+    Some(Node {
+        containerd,
         root,
         config,
         kubeconfig,
         manifests,
         logs,
         _dir: dir,
-    }
+    })
 }
 
 fn start(node: &Node) -> Agent {
@@ -95,6 +132,19 @@ fn start(node: &Node) -> Agent {
             .spawn()
             .expect("start nodelet run-node"),
     )
+}
+
+impl Node {
+    /// A pod bound to this node. On containerd, which has no CNI network here, pods use the
+    /// host's network; the built-in runtime gives them their own.
+    fn pod(&self, name: &str, yaml_spec: &str) -> Pod {
+        let host_network = if self.containerd.is_some() {
+            "  hostNetwork: true\n"
+        } else {
+            ""
+        };
+        pod(name, &format!("{host_network}{yaml_spec}"))
+    }
 }
 
 fn pod(name: &str, yaml_spec: &str) -> Pod {
@@ -179,12 +229,20 @@ fn read_log(logs: &Path, pod: &str, container: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn api_pods_lifecycle() {
-    if !root_or_skip("api_pods_lifecycle") {
-        return;
-    }
+async fn api_pods_lifecycle_builtin() {
+    api_pods_lifecycle(Backend::Builtin, "api_pods_lifecycle_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_pods_lifecycle_containerd() {
+    api_pods_lifecycle(Backend::Containerd, "api_pods_lifecycle_containerd").await;
+}
+
+async fn api_pods_lifecycle(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let node = prepare(&api);
+    let Some(node) = prepare(&api, backend, test).await else {
+        return;
+    };
     let client = api.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
@@ -192,7 +250,8 @@ async fn api_pods_lifecycle() {
     std::fs::write(
         node.manifests.join("static.yaml"),
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\n  namespace: default\nspec:\n{}  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+            if node.containerd.is_some() { "  hostNetwork: true\n" } else { "" },
             busybox("main", "sleep 1000")
         ),
     )
@@ -210,9 +269,18 @@ async fn api_pods_lifecycle() {
         "    command:",
         "    volumeMounts: [{name: shared, mountPath: /shared}]\n    command:",
     ) + "  volumes: [{name: shared, emptyDir: {}}]\n";
-    let web = pod("web", &web_spec);
+    let web = node.pod("web", &web_spec);
     pods.create(&PostParams::default(), &web).await.unwrap();
-    let bad = pod(
+    // Admission: a pod for another OS is rejected with the upstream reason, never run.
+    let windows = node.pod(
+        "windows",
+        &format!(
+            "  nodeSelector: {{kubernetes.io/os: windows}}\n  containers:\n{}",
+            busybox("main", "sleep 1000")
+        ),
+    );
+    pods.create(&PostParams::default(), &windows).await.unwrap();
+    let bad = node.pod(
         "bad",
         "  containers:\n  - name: main\n    image: docker.io/library/no-such-image:1\n    imagePullPolicy: Never\n",
     );
@@ -244,6 +312,72 @@ async fn api_pods_lifecycle() {
     assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
     assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
 
+    // The node is registered, Ready, and its Lease is renewed. On containerd without a CNI
+    // network the node is NotReady for the network, as upstream reports it (hostNetwork pods
+    // still run).
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let want_ready = backend == Backend::Builtin;
+    let n = wait_for("node registered with its Ready condition", 60, async || {
+        let n = nodes.get_opt(NODE).await.ok().flatten()?;
+        let ready = n.status.as_ref()?.conditions.iter().flatten().any(|c| {
+            c.type_ == "Ready"
+                && if want_ready {
+                    c.status == "True" && c.reason.as_deref() == Some("KubeletReady")
+                } else {
+                    c.status == "False"
+                        && c.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("NetworkReady=false"))
+                }
+        });
+        ready.then_some(n)
+    })
+    .await;
+    let info = n.status.as_ref().unwrap().node_info.clone().unwrap();
+    let runtime_name = match backend {
+        Backend::Builtin => "nodelet://",
+        Backend::Containerd => "containerd://",
+    };
+    assert!(
+        info.container_runtime_version.starts_with(runtime_name),
+        "{info:?}"
+    );
+    assert_eq!(
+        n.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
+        NODE
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-node-lease");
+    let first = wait_for("lease", 30, async || {
+        leases.get_opt(NODE).await.ok().flatten()?.spec?.renew_time
+    })
+    .await;
+    wait_for("lease renewed", 30, async || {
+        let t = leases
+            .get_opt(NODE)
+            .await
+            .ok()
+            .flatten()?
+            .spec?
+            .renew_time?;
+        (t != first).then_some(())
+    })
+    .await;
+
+    let st = wait_for("windows pod rejected", 30, async || {
+        status(&pods, "windows")
+            .await
+            .filter(|s| s.phase.as_deref() == Some("Failed"))
+    })
+    .await;
+    assert_eq!(st.reason.as_deref(), Some("NodeAffinity"));
+    assert!(
+        st.message
+            .as_deref()
+            .unwrap()
+            .starts_with("Pod was rejected: ")
+    );
+
     // web: init containers in order, then Running and Ready, written to pods/status.
     let st = wait_for("web running and ready", 90, async || {
         status(&pods, "web").await.filter(ready)
@@ -269,6 +403,15 @@ async fn api_pods_lifecycle() {
             .iter()
             .any(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/web/status")),
         "status was patched through the status subresource"
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/pods?")
+                && r.contains("sendInitialEvents=true")
+                && r.contains("fieldSelector=spec.nodeName%3Dapi-node")),
+        "the pod source streams its initial list of the node's pods: {:?}",
+        api.requests()
     );
 
     // The agent serves its runtime over CRI for crictl: the same containers are seen there.
@@ -369,18 +512,26 @@ async fn api_pods_lifecycle() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn api_server_outage() {
-    if !root_or_skip("api_server_outage") {
-        return;
-    }
+async fn api_server_outage_builtin() {
+    api_server_outage(Backend::Builtin, "api_server_outage_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_server_outage_containerd() {
+    api_server_outage(Backend::Containerd, "api_server_outage_containerd").await;
+}
+
+async fn api_server_outage(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let node = prepare(&api);
+    let Some(node) = prepare(&api, backend, test).await else {
+        return;
+    };
     let pods: Api<Pod> = Api::namespaced(api.client(), "default");
-    let steady = pod(
+    let steady = node.pod(
         "steady",
         &format!("  containers:\n{}", busybox("main", "sleep 1000")),
     );
-    let finisher = pod(
+    let finisher = node.pod(
         "finisher",
         &format!(
             "  restartPolicy: Never\n  containers:\n{}",
@@ -404,9 +555,12 @@ async fn api_server_outage() {
     })
     .await;
 
-    // The API server goes away for a minute; the finisher exits meanwhile.
+    // The API server goes away for a minute; the finisher exits meanwhile. Its watch history
+    // is compacted too, so the pod source's resumed watch gets 410 Gone and must list again.
     api.stop().await;
     tokio::time::sleep(Duration::from_secs(60)).await;
+    api.compact();
+    let requests_before = api.requests().len();
     api.restart().await;
 
     let st = wait_for("finisher's status caught up", 60, async || {
@@ -426,4 +580,23 @@ async fn api_server_outage() {
     assert!(ready(&st));
     assert_eq!(container_id(&st, "main").unwrap(), steady_id, "no restart");
     assert_eq!(restarts(&st, "main"), Some(0));
+
+    // After the 410 the source lists again and sees new pods.
+    let late = node.pod(
+        "late",
+        &format!("  containers:\n{}", busybox("main", "sleep 1000")),
+    );
+    pods.create(&PostParams::default(), &late).await.unwrap();
+    wait_for("a pod created after the outage runs", 60, async || {
+        status(&pods, "late").await.filter(ready)
+    })
+    .await;
+    let relisted = api.requests()[requests_before..]
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/pods?") && r.contains("spec.nodeName"))
+        .count();
+    assert!(
+        relisted >= 1,
+        "the pod source watched again after the outage"
+    );
 }

@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use crate::sources::api::{CONFIG_MIRROR_ANNOTATION, MirrorPods};
-use crate::sources::{CONFIG_HASH_ANNOTATION, pod_full_name};
+use crate::sources::{CONFIG_HASH_ANNOTATION, annotation, pod_full_name};
 
 /// What one pass decided for the mirrors.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -25,19 +25,11 @@ pub struct MirrorPlan {
 }
 
 fn hash_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(CONFIG_HASH_ANNOTATION)
-        .map(String::as_str)
+    annotation(pod, CONFIG_HASH_ANNOTATION)
 }
 
 fn mirror_hash_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(CONFIG_MIRROR_ANNOTATION)
-        .map(String::as_str)
+    annotation(pod, CONFIG_MIRROR_ANNOTATION)
 }
 
 /// Decides which mirrors to create and delete, from the static pods the kubelet runs and the

@@ -180,8 +180,10 @@ pub async fn run(
                 }
             }
             _ = relist.tick(), if events.is_none() => {
+                let began = std::time::Instant::now();
                 match relister.relist(rt.runtime.as_ref()).await {
                     Ok(changed) => {
+                        pleg_health.record_relist(began.elapsed());
                         pleg_health.mark_active();
                         for uid in changed {
                             sync_pod_by_uid(&workers, &merger, &uid);

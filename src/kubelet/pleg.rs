@@ -18,10 +18,11 @@ pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
 /// How long without a relist before the PLEG is unhealthy (upstream: 3 minutes).
 pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
 
-/// The PLEG's health: when it was last seen working.
+/// The PLEG's health: when it was last seen working, and how long the last relist took.
 #[derive(Debug)]
 pub struct PlegHealth {
     last_active: Mutex<Instant>,
+    last_relist: Mutex<Option<Duration>>,
     threshold: Duration,
 }
 
@@ -29,6 +30,7 @@ impl PlegHealth {
     pub fn new(threshold: Duration) -> Self {
         PlegHealth {
             last_active: Mutex::new(Instant::now()),
+            last_relist: Mutex::new(None),
             threshold,
         }
     }
@@ -36,6 +38,20 @@ impl PlegHealth {
     /// Records that the PLEG is working now.
     pub fn mark_active(&self) {
         *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Records a relist that took `took` (upstream's relist duration metric); slow relists are
+    /// logged.
+    pub fn record_relist(&self, took: Duration) {
+        *self.last_relist.lock().unwrap_or_else(|p| p.into_inner()) = Some(took);
+        if took > self.threshold / 4 {
+            tracing::warn!("PLEG relist took {took:?}");
+        }
+    }
+
+    /// How long the last relist took, if there was one.
+    pub fn last_relist(&self) -> Option<Duration> {
+        *self.last_relist.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `None` when healthy, else the upstream message.

@@ -28,10 +28,7 @@ pub type MirrorPods = BTreeMap<String, Pod>;
 
 /// True when the pod is a mirror pod.
 pub fn is_mirror_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(CONFIG_MIRROR_ANNOTATION))
+    super::annotation(pod, CONFIG_MIRROR_ANNOTATION).is_some()
 }
 
 /// Watches the pods bound to one node.

@@ -82,6 +82,15 @@ impl FileSource {
         let mut cache = HashMap::new();
         let mut names = HashSet::new();
         for path in files {
+            // An empty file is one being written (an editor or `cp` truncates first): it keeps
+            // the pod it had, if any, without an error; the write's own event brings the rest.
+            if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+                if let Some((text, pod)) = self.cache.get(&path) {
+                    result.pods.push(pod.clone());
+                    cache.insert(path.clone(), (text.clone(), pod.clone()));
+                }
+                continue;
+            }
             match self.load(&path) {
                 Ok((text, pod)) => {
                     let key = (pod.metadata.namespace.clone(), pod.metadata.name.clone());

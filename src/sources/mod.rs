@@ -57,6 +57,15 @@ pub fn pod_uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or("")
 }
 
+/// The value of one of the pod's annotations.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
 /// `namespace/name` of a pod, for messages.
 pub fn pod_full_name(pod: &Pod) -> String {
     format!(

@@ -2,6 +2,8 @@
 //! packages, a built-in runtime in a temp root dir, and CRI request builders.
 #![allow(dead_code)]
 
+pub mod containerd;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -1,0 +1,889 @@
+//! Pod start latency, throughput and memory of the kubelet logic on the built-in runtime,
+//! against a private containerd (Debian's `containerd` 1.6 with `runc`).
+//!
+//! ```sh
+//! sudo cargo bench --bench pods                 # N = 1, 10, 100
+//! sudo BENCH_PODS=1,10 cargo bench --bench pods
+//! ```
+//!
+//! Both backends are driven by the same kubelet logic: `nodelet::kubelet::Syncer` +
+//! `nodelet::pod_workers::PodWorkers` + `nodelet::status_manager::StatusManager` (standalone,
+//! `StatusManager::new(None)`) over `Arc<dyn RuntimeService>` / `Arc<dyn ImageService>`:
+//! - **builtin**: `runtime::builtin::BuiltinRuntime` in a temp root dir with the busybox image
+//!   imported; its sandbox processes are this bench binary re-executed (dispatched at the top of
+//!   `main`), as the nodelet binary re-executes itself;
+//! - **containerd**: `runtime::remote::connect` to a private containerd started with
+//!   `tests/common/containerd.rs`, busybox and the busybox-based pause image imported with `ctr`.
+//!
+//! For each N, N pods (one busybox container `sleep 3600`, hostNetwork, `IfNotPresent`, the
+//! image present) are handed to the pod workers at once (for N < 10, 10 / N rounds). Each pod's
+//! latency is the time from its `update_pod(Create)` until the status the kubelet computed (read
+//! from the `StatusManager`, polled every 2 ms) says phase Running with the container running.
+//! It prints the median and p99 (nearest rank) of those, the wall time until all N run (pods per
+//! second), the memory with the N pods running, the ratios builtin / containerd, and the time to
+//! kill all pods through the workers (grace 0). After each round it checks that nothing is left:
+//! no sandbox or container in the runtime, no status, no worker, no sandbox process or shim, no
+//! mount.
+//!
+//! Memory is PSS from `/proc/<pid>/smaps_rollup`: for the built-in runtime, this process (the
+//! agent: kubelet logic + runtime) plus every sandbox process; for containerd, containerd plus
+//! every shim plus the shims' other children (the pause processes, any runc still running). The
+//! containers' own processes (`sleep 3600`) are shown apart and counted on neither side.
+//!
+//! Needs root, `containerd` and `ctr`; otherwise prints a SKIP line and exits 0.
+
+#[path = "../tests/common/containerd.rs"]
+mod containerd;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use nodelet::kubelet::Syncer;
+use nodelet::pod::{Backoff, ContainerOptions, SandboxOptions};
+use nodelet::pod_workers::{PodWorkers, Timing, UpdateType};
+use nodelet::status_manager::StatusManager;
+use runtime::builtin::{BuiltinRuntime, Config, SANDBOX_SUBCOMMAND};
+use runtime::{ImageService, RuntimeService, cri};
+
+use containerd::{Containerd, find, pause_archive};
+
+const BUSYBOX: &str = "docker.io/library/busybox:latest";
+const DEFAULT_SIZES: &[usize] = &[1, 10, 100];
+/// The app container's command line, as /proc/<pid>/cmdline shows it.
+const APP_CMDLINE: &str = "sleep\x003600\x00";
+const POLL: Duration = Duration::from_millis(2);
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == SANDBOX_SUBCOMMAND) {
+        // The built-in runtime re-executes this binary as a sandbox process (no threads yet).
+        let Some(dir) = args.get(2) else {
+            eprintln!("usage: {SANDBOX_SUBCOMMAND} STATE_DIR");
+            return ExitCode::from(2);
+        };
+        nodelet::logging::init_sandbox();
+        let code = runtime::builtin::sandbox_main(Path::new(dir));
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
+    if !args.iter().any(|a| a == "--bench") {
+        println!("benches/pods.rs: not a benchmark run; use `cargo bench --bench pods`");
+        return ExitCode::SUCCESS;
+    }
+    if !is_root() {
+        println!("SKIP (needs root): the pods benchmark runs real containers");
+        return ExitCode::SUCCESS;
+    }
+    let (Some(ctd_bin), Some(_)) = (find("containerd"), find("ctr")) else {
+        println!(
+            "SKIP (needs containerd): no `containerd`/`ctr` (Debian: apt-get install -y \
+             containerd runc, or scripts/setup.sh)"
+        );
+        return ExitCode::SUCCESS;
+    };
+    let sizes = match sizes() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NODELET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libcgroups=error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let tokio = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio.block_on(bench(&ctd_bin, &sizes)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sizes() -> Result<Vec<usize>> {
+    let Ok(s) = std::env::var("BENCH_PODS") else {
+        return Ok(DEFAULT_SIZES.to_vec());
+    };
+    let sizes: Vec<usize> = s
+        .split(',')
+        .map(|n| n.trim().parse::<usize>().ok().filter(|n| *n > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| anyhow!("BENCH_PODS must be positive integers like 1,10,100, not {s:?}"))?;
+    ensure!(!sizes.is_empty(), "BENCH_PODS is empty");
+    Ok(sizes)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up and clean-up.
+
+/// Builds the image, starts both backends, measures, and removes everything it made.
+async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
+    let work = tempfile::Builder::new()
+        .prefix("nodelet-bench-pods-")
+        .tempdir()
+        .context("creating the work dir")?;
+    let busybox = work.path().join("busybox.tar");
+    build_busybox(&busybox)?;
+
+    // The built-in runtime (short root path: sandbox socket paths must fit sun_path).
+    let root = tempfile::Builder::new()
+        .prefix("nlp")
+        .tempdir()
+        .context("creating the runtime root dir")?;
+    let cgroup_root = format!("/nodelet-bench-pods-{}", std::process::id());
+    let mut cfg = Config::new(root.path()).context("runtime config")?;
+    cfg.cgroup_root = cgroup_root.clone();
+    let builtin = BuiltinRuntime::new(cfg)
+        .await
+        .context("opening the built-in runtime")?;
+
+    // The private containerd; dropping it kills it, its shims and their mounts.
+    let mut ctd = Containerd::start(ctd_bin);
+    ctd.wait_listening().await;
+
+    let result = run(&builtin, root.path(), &ctd, &busybox, work.path(), sizes).await;
+
+    // Clean-up whatever happened: sandboxes left by a failure, mounts, cgroups, containerd.
+    if let Ok(list) = builtin.list_pod_sandbox(Default::default()).await {
+        for sb in list.items {
+            let id = sb.id;
+            let _ = builtin
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await;
+            let _ = builtin
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await;
+        }
+    }
+    drop(builtin);
+    let mut cleanup = Vec::new();
+    if let Err(e) = unmount_under(root.path()) {
+        cleanup.push(e);
+    }
+    if let Err(e) = remove_cgroup(&cgroup_root) {
+        cleanup.push(e);
+    }
+    drop(ctd);
+    for e in &cleanup {
+        eprintln!("cleanup: {e:#}");
+    }
+    result?;
+    match cleanup.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn build_busybox(out: &Path) -> Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
+    let res = Command::new("bash")
+        .arg(&script)
+        .arg(out)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running `bash {}`", script.display()))?;
+    ensure!(
+        res.status.success(),
+        "{} failed ({}): {}",
+        script.display(),
+        res.status,
+        String::from_utf8_lossy(&res.stderr).trim()
+    );
+    Ok(())
+}
+
+/// One backend under the kubelet logic.
+struct Kubelet {
+    name: &'static str,
+    rt: Arc<dyn RuntimeService>,
+    status: Arc<StatusManager>,
+    workers: PodWorkers,
+    /// Who counts for the memory: see [`Kubelet::memory`].
+    kind: Kind,
+}
+
+enum Kind {
+    /// The runtime's root dir: sandbox processes name it on their command line.
+    Builtin { root: String },
+    /// containerd's pid and temp dir (its shims name it on their command line).
+    Containerd { pid: u32, dir: String },
+}
+
+impl Kubelet {
+    /// Wires the Syncer, the pod workers and the status manager as `kubelet::run` does.
+    async fn new(
+        name: &'static str,
+        rt: Arc<dyn RuntimeService>,
+        images: Arc<dyn ImageService>,
+        work: &Path,
+        kind: Kind,
+    ) -> Result<Kubelet> {
+        let version = rt
+            .version(cri::VersionRequest::default())
+            .await
+            .with_context(|| format!("{name}: Version"))?;
+        let dir = work.join(name);
+        let opts = ContainerOptions {
+            sandbox: SandboxOptions {
+                pod_logs_dir: dir.join("pod-logs"),
+                seccomp_profile_root: dir.join("seccomp"),
+                ..Default::default()
+            },
+            pods_dir: dir.join("pods"),
+            node_name: "bench-node".into(),
+            ..Default::default()
+        };
+        let status = StatusManager::new(None);
+        let syncer = Arc::new(Syncer::new(
+            rt.clone(),
+            images,
+            opts,
+            version.runtime_name,
+            Backoff::default(),
+            status.clone(),
+        ));
+        let workers = PodWorkers::new(syncer, Timing::default());
+        Ok(Kubelet {
+            name,
+            rt,
+            status,
+            workers,
+            kind,
+        })
+    }
+}
+
+async fn run(
+    builtin: &BuiltinRuntime,
+    root: &Path,
+    ctd: &Containerd,
+    busybox: &Path,
+    work: &Path,
+    sizes: &[usize],
+) -> Result<()> {
+    builtin
+        .image_store()
+        .import(busybox)
+        .context("importing busybox into the built-in runtime")?;
+    let pause = work.join("pause.tar");
+    pause_archive(busybox, &pause);
+    ctd.ctr(&["images", "import", &busybox.to_string_lossy()]);
+    ctd.ctr(&["images", "import", &pause.to_string_lossy()]);
+    let remote = Arc::new(
+        runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(120))
+            .await
+            .map_err(|e| anyhow!("connecting to containerd: {e}\n{}", ctd.log()))?,
+    );
+    let b = Arc::new(builtin.clone());
+    let kubelets = [
+        Kubelet::new(
+            "builtin",
+            b.clone(),
+            b,
+            work,
+            Kind::Builtin {
+                root: root.to_string_lossy().into_owned(),
+            },
+        )
+        .await?,
+        Kubelet::new(
+            "containerd",
+            remote.clone(),
+            remote,
+            work,
+            Kind::Containerd {
+                pid: ctd.pid(),
+                dir: ctd.dir().to_string_lossy().into_owned(),
+            },
+        )
+        .await?,
+    ];
+
+    println!("== pods through the kubelet logic (Syncer + PodWorkers + StatusManager)");
+    println!(
+        "   pod: busybox `sleep 3600`, hostNetwork, IfNotPresent (present); {} CPUs; load {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
+    );
+    let idle: Vec<Memory> = kubelets.iter().map(memory).collect::<Result<_>>()?;
+    println!("-- memory with no pod");
+    for (k, m) in kubelets.iter().zip(&idle) {
+        m.print(k.name);
+    }
+    let mut summary = Vec::new();
+    for &n in sizes {
+        let rounds = (10 / n).max(1);
+        println!(
+            "-- N = {n} pod(s) at once, {rounds} round(s) per backend; load before {}",
+            loadavg()
+        );
+        let mut results = Vec::new();
+        for k in &kubelets {
+            let mut r = Results::default();
+            for round in 0..rounds {
+                eprintln!("[{}] N={n} round {}/{rounds}", k.name, round + 1);
+                let last = round + 1 == rounds;
+                one_round(k, n, round, last, &mut r)
+                    .await
+                    .with_context(|| format!("{} N={n} round {round}", k.name))?;
+            }
+            r.print(k.name, n);
+            results.push(r);
+        }
+        let (b, c) = (&results[0], &results[1]);
+        let (bl, cl) = (stats(&b.latencies), stats(&c.latencies));
+        let (bm, cm) = (b.memory.as_ref(), c.memory.as_ref());
+        let (bm, cm) = (bm.map_or(0, |m| m.total()), cm.map_or(0, |m| m.total()));
+        println!(
+            "   ratio builtin/containerd: latency median {:.2}, p99 {:.2}; pods/s {:.2}x containerd's; memory {:.2}",
+            bl.median / cl.median,
+            bl.p99 / cl.p99,
+            median_f(&b.rates) / median_f(&c.rates),
+            bm as f64 / cm as f64
+        );
+        println!("   load after {}", loadavg());
+        summary.push((n, bl, cl, median_f(&b.rates), median_f(&c.rates), bm, cm));
+    }
+    println!(
+        "== summary (latency hand-off -> Running, ms; memory PSS MiB with the N pods running)"
+    );
+    println!(
+        "{:>4} | {:>22} | {:>22} | {:>17} | {:>19} | ratio median / pods/s / memory",
+        "N", "builtin median / p99", "containerd median/p99", "pods/s b / c", "memory b / c"
+    );
+    for (n, bl, cl, br, cr, bm, cm) in summary {
+        println!(
+            "{n:>4} | {:>9.1} / {:>10.1} | {:>9.1} / {:>10.1} | {br:>7.1} / {cr:>7.1} | {:>8.1} / {:>8.1} | {:.2} / {:.2} / {:.2}",
+            bl.median,
+            bl.p99,
+            cl.median,
+            cl.p99,
+            mib(bm),
+            mib(cm),
+            bl.median / cl.median,
+            br / cr,
+            bm as f64 / cm as f64
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// One round: start N pods, wait for Running, measure memory, kill them all, check for leftovers.
+
+#[derive(Default)]
+struct Results {
+    latencies: Vec<Duration>,
+    /// Pods per second of each round (N / time until all ran).
+    rates: Vec<f64>,
+    kills: Vec<Duration>,
+    memory: Option<Memory>,
+}
+
+impl Results {
+    fn print(&self, name: &str, n: usize) {
+        let s = stats(&self.latencies);
+        println!(
+            "   {name:<11} hand-off -> Running: median {:>7.1} ms  p99 {:>7.1} ms  min {:>7.1} ms  (n={})",
+            s.median, s.p99, s.min, s.n
+        );
+        println!(
+            "   {:<11} all {n} running: {:.1} pods/s (median of rounds); kill all {n} through the workers: {:.0} ms",
+            "",
+            median_f(&self.rates),
+            stats(&self.kills).median
+        );
+        if let Some(m) = &self.memory {
+            m.print(name);
+        }
+    }
+}
+
+fn bench_pod(backend: &str, n: usize, round: usize, i: usize) -> Result<Pod> {
+    let name = format!("bench-{n}-{round}-{i}");
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "uid": format!("{backend}-{name}-{}", std::process::id()),
+        },
+        "spec": {
+            "hostNetwork": true,
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "sleep",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    });
+    serde_json::from_value(pod).context("building the pod")
+}
+
+fn running(status: &PodStatus) -> bool {
+    status.phase.as_deref() == Some("Running")
+        && status.container_statuses.as_ref().is_some_and(|cs| {
+            !cs.is_empty()
+                && cs
+                    .iter()
+                    .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
+}
+
+fn describe(status: Option<PodStatus>) -> String {
+    match status {
+        None => "no status".into(),
+        Some(s) => {
+            let waiting: Vec<String> = s
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|c| c.state.and_then(|s| s.waiting))
+                .map(|w| format!("{:?}: {:?}", w.reason, w.message))
+                .collect();
+            format!("phase {:?} {waiting:?}", s.phase)
+        }
+    }
+}
+
+async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Results) -> Result<()> {
+    let pods: Vec<Pod> = (0..n)
+        .map(|i| bench_pod(k.name, n, round, i))
+        .collect::<Result<_>>()?;
+    let uids: Vec<String> = pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap_or_default())
+        .collect();
+
+    // Start: hand every pod to the workers, then watch the status manager.
+    let start = Instant::now();
+    let mut pending: HashMap<String, Instant> = HashMap::new();
+    for p in &pods {
+        pending.insert(p.metadata.uid.clone().unwrap_or_default(), Instant::now());
+        k.workers.update_pod(p.clone(), UpdateType::Create, None);
+    }
+    let timeout = Duration::from_secs(300 + 3 * n as u64);
+    while !pending.is_empty() {
+        let now = Instant::now();
+        pending.retain(|uid, handed| {
+            let up = k.status.status(uid).is_some_and(|s| running(&s));
+            if up {
+                r.latencies.push(now - *handed);
+            }
+            !up
+        });
+        if pending.is_empty() {
+            break;
+        }
+        if start.elapsed() > timeout {
+            let uid = pending.keys().next().cloned().unwrap_or_default();
+            bail!(
+                "{} of {n} pods not running after {timeout:?}; {uid}: {}",
+                pending.len(),
+                describe(k.status.status(&uid))
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    r.rates.push(n as f64 / start.elapsed().as_secs_f64());
+
+    if last {
+        r.memory = Some(memory(k)?);
+    }
+
+    // Kill every pod through the workers, wait until the kubelet forgot them.
+    let kill = Instant::now();
+    for p in pods {
+        k.workers
+            .update_pod(p, UpdateType::Kill, Some(Duration::ZERO));
+    }
+    loop {
+        let left = uids.iter().filter(|u| k.status.status(u).is_some()).count();
+        if left == 0 {
+            break;
+        }
+        if kill.elapsed() > timeout {
+            bail!("{left} of {n} pods not cleaned up after {timeout:?}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    r.kills.push(kill.elapsed());
+    check_nothing_left(k, &uids).await
+}
+
+/// No sandbox, container, status or worker; no sandbox process or shim; no mount.
+async fn check_nothing_left(k: &Kubelet, uids: &[String]) -> Result<()> {
+    let sandboxes =
+        k.rt.list_pod_sandbox(Default::default())
+            .await
+            .context("ListPodSandbox")?
+            .items;
+    ensure!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    let containers =
+        k.rt.list_containers(Default::default())
+            .await
+            .context("ListContainers")?
+            .containers;
+    ensure!(containers.is_empty(), "containers left: {containers:?}");
+    let statuses = k.status.statuses();
+    ensure!(statuses.is_empty(), "statuses left: {:?}", statuses.keys());
+    // The worker of a pod returns right after its last step; give the last ones a moment.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        k.workers.forget_terminated(&[]);
+        let known = k.workers.known();
+        let procs = group_processes(k)?;
+        // Only the agent (builtin) or containerd itself (containerd) may remain.
+        let extra: Vec<&Proc> = procs.group.iter().skip(1).chain(&procs.apps).collect();
+        let mounts = mounts_under(k)?;
+        if known.is_empty() && extra.is_empty() && mounts.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let extra: Vec<String> = extra
+                .iter()
+                .map(|p| format!("{} {}", p.pid, p.cmdline))
+                .collect();
+            bail!(
+                "left after removing {} pods: workers {known:?}, processes {extra:?}, mounts {mounts:?}",
+                uids.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn mounts_under(k: &Kubelet) -> Result<Vec<String>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
+    let dir = match &k.kind {
+        Kind::Builtin { root } => root,
+        Kind::Containerd { dir, .. } => dir,
+    };
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(dir.as_str()))
+        .map(String::from)
+        .collect())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and memory.
+
+struct Proc {
+    pid: u32,
+    ppid: u32,
+    /// NUL-separated, as in /proc/<pid>/cmdline.
+    cmdline: String,
+}
+
+fn processes() -> Vec<Proc> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        out.push(Proc {
+            pid,
+            ppid,
+            cmdline: String::from_utf8_lossy(&cmdline).into_owned(),
+        });
+    }
+    out
+}
+
+/// The processes of a backend: `group` (first the agent or containerd, then the sandbox
+/// processes, or the shims and their other descendants) and `apps` (the containers' processes).
+struct Group {
+    group: Vec<Proc>,
+    apps: Vec<Proc>,
+}
+
+fn group_processes(k: &Kubelet) -> Result<Group> {
+    let all = processes();
+    let (head, marker) = match &k.kind {
+        Kind::Builtin { root } => (std::process::id(), root.as_str()),
+        Kind::Containerd { pid, dir } => (*pid, dir.as_str()),
+    };
+    let mut members: HashSet<u32> = all
+        .iter()
+        .filter(|p| p.pid == head || p.cmdline.contains(marker))
+        .map(|p| p.pid)
+        .collect();
+    ensure!(members.contains(&head), "process {head} is gone");
+    // Descendants of the sandbox processes / shims (not of the agent's or containerd's other
+    // children): the containers, and for containerd the pause processes and runc.
+    let mut apps = HashSet::new();
+    let roots: HashSet<u32> = members.iter().copied().filter(|p| *p != head).collect();
+    let mut frontier: Vec<u32> = roots.into_iter().collect();
+    while let Some(parent) = frontier.pop() {
+        for p in all.iter().filter(|p| p.ppid == parent) {
+            if members.contains(&p.pid) || apps.contains(&p.pid) {
+                continue;
+            }
+            if p.cmdline == APP_CMDLINE {
+                apps.insert(p.pid);
+            } else if matches!(k.kind, Kind::Containerd { .. }) {
+                members.insert(p.pid);
+            } else {
+                // The built-in runtime's sandboxes run nothing but containers.
+                apps.insert(p.pid);
+            }
+            frontier.push(p.pid);
+        }
+    }
+    let mut group = Vec::new();
+    let mut app_procs = Vec::new();
+    for p in all {
+        if p.pid == head {
+            group.insert(0, p);
+        } else if members.contains(&p.pid) {
+            group.push(p);
+        } else if apps.contains(&p.pid) {
+            app_procs.push(p);
+        }
+    }
+    Ok(Group {
+        group,
+        apps: app_procs,
+    })
+}
+
+/// PSS in kB of the head process (agent / containerd), by kind of the others, and of the apps.
+struct Memory {
+    head: u64,
+    /// (kind, count, PSS kB): sandbox processes; shims; pause and other shim children.
+    others: BTreeMap<&'static str, (usize, u64)>,
+    apps: (usize, u64),
+}
+
+impl Memory {
+    fn total(&self) -> u64 {
+        self.head + self.others.values().map(|(_, kb)| kb).sum::<u64>()
+    }
+
+    fn print(&self, name: &str) {
+        let head = if name == "builtin" {
+            "agent"
+        } else {
+            "containerd"
+        };
+        let mut parts = vec![format!("{head} {:.1}", mib(self.head))];
+        for (kind, (count, kb)) in &self.others {
+            parts.push(format!(
+                "{count} {kind} {:.1} ({:.2} each)",
+                mib(*kb),
+                mib(*kb) / (*count).max(1) as f64
+            ));
+        }
+        println!(
+            "   {name:<11} memory PSS {:>6.1} MiB = {}; containers' own processes: {} with {:.1} MiB (not counted)",
+            mib(self.total()),
+            parts.join(" + "),
+            self.apps.0,
+            mib(self.apps.1)
+        );
+    }
+}
+
+fn memory(k: &Kubelet) -> Result<Memory> {
+    let procs = group_processes(k)?;
+    let mut mem = Memory {
+        head: 0,
+        others: BTreeMap::new(),
+        apps: (0, 0),
+    };
+    for (i, p) in procs.group.iter().enumerate() {
+        // A process may exit between the listing and the read (a runc call): skip it.
+        let Ok(kb) = pss(p.pid) else { continue };
+        if i == 0 {
+            mem.head = kb;
+            continue;
+        }
+        let kind = match k.kind {
+            Kind::Builtin { .. } => "sandboxes",
+            Kind::Containerd { .. } if p.cmdline.contains("containerd-shim") => "shims",
+            Kind::Containerd { .. } => "pause/other",
+        };
+        let e = mem.others.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += kb;
+    }
+    for p in &procs.apps {
+        if let Ok(kb) = pss(p.pid) {
+            mem.apps.0 += 1;
+            mem.apps.1 += kb;
+        }
+    }
+    Ok(mem)
+}
+
+/// PSS in kB from /proc/<pid>/smaps_rollup.
+fn pss(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/smaps_rollup");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no Pss in {path}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and helpers.
+
+struct Stats {
+    median: f64,
+    p99: f64,
+    min: f64,
+    n: usize,
+}
+
+/// Median, 99th percentile (nearest rank) and minimum, in ms.
+fn stats(samples: &[Duration]) -> Stats {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let n = ms.len();
+    if n == 0 {
+        return Stats {
+            median: f64::NAN,
+            p99: f64::NAN,
+            min: f64::NAN,
+            n,
+        };
+    }
+    let rank = |q: f64| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Stats {
+        median: median_sorted(&ms),
+        p99: rank(0.99),
+        min: ms[0],
+        n,
+    }
+}
+
+fn median_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn median_f(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    median_sorted(&v)
+}
+
+fn mib(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
+    })
+}
+
+/// Lazily unmounts whatever is still mounted under `dir`, deepest first.
+fn unmount_under(dir: &Path) -> Result<()> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for p in points {
+        eprintln!("cleanup: unmounting leftover {}", p.display());
+        let st = Command::new("umount")
+            .arg("-l")
+            .arg(&p)
+            .status()
+            .with_context(|| format!("running umount -l {}", p.display()))?;
+        ensure!(st.success(), "umount -l {} failed ({st})", p.display());
+    }
+    Ok(())
+}
+
+/// Removes `cgroup` and every cgroup below it, in every hierarchy under /sys/fs/cgroup.
+fn remove_cgroup(cgroup: &str) -> Result<()> {
+    let rel = cgroup.trim_start_matches('/');
+    ensure!(!rel.is_empty(), "refusing to remove the root cgroup");
+    let base = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![base.join(rel)];
+    for h in std::fs::read_dir(base)
+        .with_context(|| format!("listing {}", base.display()))?
+        .flatten()
+    {
+        if h.file_type().is_ok_and(|t| t.is_dir()) {
+            dirs.push(h.path().join(rel));
+        }
+    }
+    for dir in dirs.iter().filter(|d| d.is_dir()) {
+        remove_cgroup_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn remove_cgroup_dir(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .flatten()
+    {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_dir(&entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir).with_context(|| format!("removing cgroup {}", dir.display()))
+}
