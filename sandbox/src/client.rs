@@ -5,14 +5,17 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
 
 use crate::protocol::{MAX_MESSAGE, Request, Response};
 use crate::spec::{
     ContainerSpec, ContainerStatus, Event, ExecResult, ExecSpec, Layout, SandboxState, Spec,
+    StreamExecSpec,
 };
-use crate::{Error, Kind, Result};
+use crate::{Error, Kind, Result, fdpass};
 
 /// How long a plain request may take before the sandbox counts as unresponsive.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -74,6 +77,42 @@ fn setup_failure(reported: &str) -> (Kind, &str) {
             (Kind::Internal, msg)
         }
         _ => (Kind::Internal, reported),
+    }
+}
+
+/// A process started by [`Client::exec_stream`].
+#[derive(Debug)]
+pub struct StreamExec {
+    /// Its PID in the sandbox's PID namespace.
+    pub pid: i32,
+    /// The master side of its terminal, for a terminal exec.
+    pub master: Option<OwnedFd>,
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl StreamExec {
+    /// Waits for the process to exit; its exit code (128 + signal when killed).
+    pub async fn wait(self) -> Result<i32> {
+        let mut buf = self.buf;
+        let mut reader = BufReader::new(self.stream).take(MAX_MESSAGE as u64);
+        if !buf.contains(&b'\n') {
+            reader
+                .read_until(b'\n', &mut buf)
+                .await
+                .map_err(|e| Error::new(Kind::Unavailable, format!("reading from sandbox: {e}")))?;
+        }
+        if buf.is_empty() {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "the sandbox closed the connection before the exec ended",
+            ));
+        }
+        match serde_json::from_slice::<Response>(buf.trim_ascii_end())? {
+            Response::Exec(r) => Ok(r.exit_code),
+            Response::Error { kind, message } => Err(Error::new(kind, message)),
+            r => Err(Client::unexpected(r)),
+        }
     }
 }
 
@@ -199,6 +238,76 @@ impl Client {
             Response::Exec(r) => Ok(r),
             r => Err(Self::unexpected(r)),
         }
+    }
+
+    /// Starts a process in a container on the caller's stdio: `stdio` (stdin, stdout, stderr)
+    /// without a terminal, nothing with one (the terminal's master comes back instead).
+    pub async fn exec_stream(
+        &self,
+        spec: StreamExecSpec,
+        stdio: Option<[OwnedFd; 3]>,
+    ) -> Result<StreamExec> {
+        let path = self.layout.socket();
+        let io_err = |what: &'static str| {
+            let path = path.clone();
+            move |e: std::io::Error| Error::io(what, &path, e)
+        };
+        let work = async {
+            let mut stream = self.connect().await?;
+            let mut line = serde_json::to_vec(&Request::ExecStream(spec))?;
+            line.push(b'\n');
+            let fds: Vec<BorrowedFd<'_>> = stdio.iter().flatten().map(|f| f.as_fd()).collect();
+            let sent = stream
+                .async_io(Interest::WRITABLE, || fdpass::send(&stream, &line, &fds))
+                .await
+                .map_err(io_err("writing to sandbox"))?;
+            stream
+                .write_all(&line[sent..])
+                .await
+                .map_err(io_err("writing to sandbox"))?;
+            drop(fds);
+            drop(stdio);
+            let mut buf = Vec::new();
+            let mut fds = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let end = loop {
+                if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                    break end;
+                }
+                let n = stream
+                    .async_io(Interest::READABLE, || {
+                        fdpass::recv(&stream, &mut chunk, &mut fds)
+                    })
+                    .await
+                    .map_err(io_err("reading from sandbox"))?;
+                if n == 0 {
+                    return Err(Error::new(
+                        Kind::Unavailable,
+                        format!("sandbox at {} closed the connection", path.display()),
+                    ));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            let rest = buf.split_off(end + 1);
+            match serde_json::from_slice::<Response>(&buf)? {
+                Response::ExecStarted { pid } => Ok(StreamExec {
+                    pid,
+                    master: fds.pop(),
+                    stream,
+                    buf: rest,
+                }),
+                Response::Error { kind, message } => Err(Error::new(kind, message)),
+                r => Err(Self::unexpected(r)),
+            }
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    Kind::DeadlineExceeded,
+                    format!("sandbox request timed out after {REQUEST_TIMEOUT:?}"),
+                )
+            })?
     }
 
     pub async fn reopen_log(&self, id: &str) -> Result<()> {

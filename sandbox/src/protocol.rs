@@ -6,7 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Kind;
-use crate::spec::{ContainerSpec, ContainerStatus, ExecResult, ExecSpec, SandboxState};
+use crate::spec::{
+    ContainerSpec, ContainerStatus, ExecResult, ExecSpec, SandboxState, StreamExecSpec,
+};
 
 /// Longest request or response line accepted (exec output is bounded below this).
 pub const MAX_MESSAGE: usize = 64 << 20;
@@ -35,6 +37,11 @@ pub enum Request {
     },
     /// Run a process in a container and return its output.
     Exec(ExecSpec),
+    /// Run a process in a container on the caller's stdio: without a terminal the request
+    /// carries three descriptors (stdin, stdout, stderr); with one, none, and the
+    /// `ExecStarted` answer carries the terminal's master side. `Exec` (exit code only, no
+    /// output) follows when the process has exited.
+    ExecStream(StreamExecSpec),
     /// Close and reopen a container's log file (after rotation).
     ReopenLog {
         id: String,
@@ -56,5 +63,12 @@ pub enum Response {
     State(SandboxState),
     Container(ContainerStatus),
     Exec(ExecResult),
-    Error { kind: Kind, message: String },
+    /// A streaming exec's process runs (see [`Request::ExecStream`]).
+    ExecStarted {
+        pid: i32,
+    },
+    Error {
+        kind: Kind,
+        message: String,
+    },
 }

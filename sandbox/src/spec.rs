@@ -82,6 +82,10 @@ impl Layout {
     pub fn socket(&self) -> PathBuf {
         self.dir.join("sandbox.sock")
     }
+    /// Where a terminal exec's console socket is bound while libcontainer sets it up.
+    pub fn console_socket(&self) -> PathBuf {
+        self.dir.join("console.sock")
+    }
     pub fn pid_file(&self) -> PathBuf {
         self.dir.join("pid")
     }
@@ -132,6 +136,15 @@ pub struct ExecSpec {
     pub args: Vec<String>,
     /// Zero means no timeout.
     pub timeout_ms: u64,
+}
+
+/// A process run in a container on the caller's stdio (see `Request::ExecStream`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamExecSpec {
+    pub container_id: String,
+    pub args: Vec<String>,
+    /// Run it on a new terminal (made inside the container) instead of the passed descriptors.
+    pub tty: bool,
 }
 
 /// What an exec produced.

@@ -2,7 +2,8 @@
 //! libcontainer, and keeping each one's status on disk.
 
 use std::collections::{BTreeMap, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 
 use libcontainer::capabilities::drop_privileges;
@@ -15,13 +16,14 @@ use libcontainer::workload::{
     Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
 };
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, pipe2};
 use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
 
 use super::ns::pidfd_open;
 use crate::logs::{LogWriter, Stream};
-use crate::spec::{ContainerSpec, ContainerStatus, ExecSpec, Layout, State, now_ns};
+use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
 use crate::{Error, Kind, Result, cgroup};
 
 /// A container's live bookkeeping in the sandbox process.
@@ -234,20 +236,37 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
     c.pidfd = None;
 }
 
-/// Starts a process in a running container; its output is collected by the server.
+/// Where an exec's stdio goes.
+pub enum ExecIo {
+    /// Pipes whose output the server collects (ExecSync).
+    Capture,
+    /// The caller's descriptors: stdin, stdout, stderr.
+    Fds([OwnedFd; 3]),
+    /// A new terminal made inside the container; its master side is returned.
+    Tty,
+}
+
+/// Starts a process in a running container. With [`ExecIo::Capture`] the server collects its
+/// output; with [`ExecIo::Tty`] the terminal's master side comes back with it.
 ///
 /// The process is the container's own OCI process with the exec's arguments, as containerd
 /// execs it: same user and groups, working directory, environment, capabilities,
 /// no_new_privs and rlimits. The container's seccomp filter is loaded too ([`ExecSeccomp`]):
 /// libcontainer's exec builds a `linux` section of its own without it.
-pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
+pub fn exec(
+    layout: &Layout,
+    c: &Ctr,
+    args: &[String],
+    timeout_ms: u64,
+    io: ExecIo,
+) -> Result<(Exec, Option<OwnedFd>)> {
     if c.status.state != State::Running {
         return Err(Error::new(
             Kind::FailedPrecondition,
             format!("container {} is not running", c.status.id),
         ));
     }
-    if spec.args.is_empty() {
+    if args.is_empty() {
         return Err(Error::new(Kind::InvalidArgument, "exec needs a command"));
     }
     let state_dir = layout.container_root().join(&c.status.id);
@@ -260,19 +279,35 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
             e,
         )
     })?;
-    let (process, executor) = exec_process(&oci, &spec.args)?;
+    let tty = matches!(io, ExecIo::Tty);
+    let (process, executor) = exec_process(&oci, args, tty)?;
     let process_file = state_dir.join("exec-process.json");
     let text = serde_json::to_vec(&process)?;
     std::fs::write(&process_file, text).map_err(|e| Error::io("writing", &process_file, e))?;
-    let (out_r, out_w) = output_pipe()?;
-    let (err_r, err_w) = output_pipe()?;
+    let console = layout.console_socket();
+    let mut out = [None, None];
+    let mut console_listener = None;
     let built = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .map_err(|e| lc_error("exec in", &c.status.id, e))
         .and_then(|b| {
-            b.with_stdout(out_w)
-                .with_stderr(err_w)
-                .with_executor(executor)
+            let b = match io {
+                ExecIo::Capture => {
+                    let (out_r, out_w) = output_pipe()?;
+                    let (err_r, err_w) = output_pipe()?;
+                    out = [Some(out_r), Some(err_r)];
+                    b.with_stdout(out_w).with_stderr(err_w)
+                }
+                ExecIo::Fds([i, o, e]) => b.with_stdin(i).with_stdout(o).with_stderr(e),
+                ExecIo::Tty => {
+                    let _ = std::fs::remove_file(&console);
+                    let l = UnixListener::bind(&console)
+                        .map_err(|e| Error::io("binding", &console, e))?;
+                    console_listener = Some(l);
+                    b.with_console_socket(Some(&console))
+                }
+            };
+            b.with_executor(executor)
                 .as_tenant()
                 .with_process(Some(&process_file))
                 .with_detach(true)
@@ -280,24 +315,66 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
                 .map_err(|e| {
                     Error::new(
                         Kind::Internal,
-                        format!("exec {:?} in container {}: {e}", spec.args, c.status.id),
+                        format!("exec {args:?} in container {}: {e}", c.status.id),
                     )
                 })
         });
     let _ = std::fs::remove_file(&process_file);
+    let master = match console_listener {
+        Some(l) => {
+            let _ = std::fs::remove_file(&console);
+            match &built {
+                Ok(_) => Some(receive_master(&l)?),
+                Err(_) => None,
+            }
+        }
+        None => None,
+    };
     let pid = built?;
-    let deadline = (spec.timeout_ms > 0)
-        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(spec.timeout_ms));
-    Ok(Exec {
+    let deadline = (timeout_ms > 0)
+        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms));
+    let exec = Exec {
         pid,
         container_id: c.status.id.clone(),
-        out: [Some(out_r), Some(err_r)],
+        out,
         buf: [Vec::new(), Vec::new()],
         pidfd: pidfd_open(pid).ok(),
         deadline,
         exit_code: None,
         timed_out: false,
-    })
+    };
+    Ok((exec, master))
+}
+
+/// The terminal master libcontainer sends to the console socket while starting a terminal exec.
+fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
+    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+    let ready = poll(&mut fds, PollTimeout::from(5000u16)).map_err(|e| internal("poll", e))?;
+    if ready == 0 {
+        return Err(internal(
+            "terminal exec",
+            "no terminal came back from the container",
+        ));
+    }
+    let (conn, _) = listener
+        .accept()
+        .map_err(|e| internal("accepting the console socket", e))?;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let mut buf = [0u8; 4096];
+    let mut fds = Vec::new();
+    loop {
+        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
+            .map_err(|e| internal("receiving the terminal", e))?;
+        if let Some(fd) = fds.pop() {
+            return Ok(fd);
+        }
+        if n == 0 {
+            return Err(internal(
+                "terminal exec",
+                "the console socket closed without a terminal",
+            ));
+        }
+    }
 }
 
 /// The process of an exec in a container whose OCI spec is `oci`, and the executor that
@@ -309,7 +386,7 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
 /// CAP_SYS_ADMIN gets CAP_SYS_ADMIN in its permitted set only (never bounding or effective),
 /// and the executor raises it, loads the filter and restores the container's exact sets before
 /// exec'ing the command.
-fn exec_process(oci: &Spec, args: &[String]) -> Result<(Process, ExecSeccomp)> {
+fn exec_process(oci: &Spec, args: &[String], tty: bool) -> Result<(Process, ExecSeccomp)> {
     let mut process = oci.process().clone().ok_or_else(|| {
         Error::new(
             Kind::InvalidArgument,
@@ -317,7 +394,7 @@ fn exec_process(oci: &Spec, args: &[String]) -> Result<(Process, ExecSeccomp)> {
         )
     })?;
     process.set_args(Some(args.to_vec()));
-    process.set_terminal(Some(false));
+    process.set_terminal(Some(tty));
     process.set_console_size(None);
     let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
     let caps = process.capabilities().clone();
@@ -512,7 +589,7 @@ mod tests {
     #[test]
     fn exec_runs_the_containers_process_with_other_args() {
         let oci = spec(None, &[Capability::Chown], false);
-        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
         assert_eq!(p.args().as_deref(), Some(&args()[..]));
         assert_eq!(p.terminal(), Some(false));
         assert_eq!((p.user().uid(), p.user().gid()), (65534, 65534));
@@ -531,7 +608,7 @@ mod tests {
         // A filter, no no_new_privs, no CAP_SYS_ADMIN: lent in permitted, never effective or
         // bounding, and the original sets are restored.
         let oci = spec(None, &[Capability::Chown], true);
-        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
         assert!(executor.seccomp.is_some());
         let caps = p.capabilities().clone().unwrap();
         assert!(
@@ -563,7 +640,7 @@ mod tests {
             spec(Some(true), &[Capability::Chown], true),
             spec(None, &[Capability::SysAdmin], true),
         ] {
-            let (p, executor) = exec_process(&oci, &args()).unwrap();
+            let (p, executor) = exec_process(&oci, &args(), false).unwrap();
             assert!(executor.seccomp.is_some() && executor.restore.is_none());
             assert_eq!(
                 p.capabilities(),
