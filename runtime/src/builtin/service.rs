@@ -133,10 +133,8 @@ impl RuntimeService for BuiltinRuntime {
         self.exec_sync(req).await
     }
 
-    async fn exec(&self, _req: cri::ExecRequest) -> Result<cri::ExecResponse> {
-        Err(Error::unimplemented(
-            "Exec streaming needs the streaming server, which is not built yet",
-        ))
+    async fn exec(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
+        self.exec_url(req).await
     }
 
     async fn attach(&self, _req: cri::AttachRequest) -> Result<cri::AttachResponse> {
@@ -145,13 +143,8 @@ impl RuntimeService for BuiltinRuntime {
         ))
     }
 
-    async fn port_forward(
-        &self,
-        _req: cri::PortForwardRequest,
-    ) -> Result<cri::PortForwardResponse> {
-        Err(Error::unimplemented(
-            "PortForward needs the streaming server, which is not built yet",
-        ))
+    async fn port_forward(&self, req: cri::PortForwardRequest) -> Result<cri::PortForwardResponse> {
+        self.port_forward_url(req).await
     }
 
     async fn container_stats(
