@@ -1,0 +1,455 @@
+//! The CRI streaming server of the built-in runtime end to end: Exec and PortForward return a
+//! URL, and a WebSocket client (tokio-tungstenite) speaks the Kubernetes streaming protocols
+//! there against real containers: v4 and v5 remotecommand (separate stdout and stderr, stdin,
+//! exit codes in the error channel, a terminal with resize), single-use tokens, and
+//! port-forward into a pod's own network namespace and into a hostNetwork pod. Needs root.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::{SinkExt, StreamExt};
+use runtime::{Code, RuntimeService, cri};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, Message};
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+const V4: &str = "v4.channel.k8s.io";
+const V5: &str = "v5.channel.k8s.io";
+
+/// Opens a WebSocket on a streaming URL with `protocol`, or returns the HTTP refusal.
+async fn open(url: &str, protocol: &str) -> Result<Ws, tungstenite::Error> {
+    let mut req = url
+        .replacen("http://", "ws://", 1)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::connect_async(req).await?;
+    assert_eq!(
+        resp.headers()
+            .get("sec-websocket-protocol")
+            .map(|v| v.to_str().unwrap()),
+        Some(protocol),
+        "the server picked the offered subprotocol"
+    );
+    Ok(ws)
+}
+
+fn frame(channel: u8, data: &[u8]) -> Message {
+    let mut v = vec![channel];
+    v.extend_from_slice(data);
+    Message::Binary(v.into())
+}
+
+/// What a remotecommand session wrote, by channel, until the server closed it.
+#[derive(Debug, Default)]
+struct Output {
+    first_channel: Option<u8>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: Option<serde_json::Value>,
+}
+
+impl Output {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    fn status(&self) -> &serde_json::Value {
+        self.status.as_ref().expect("a status on the error channel")
+    }
+}
+
+/// Reads messages until the server closes the socket (or 60 s pass).
+async fn read_all(ws: &mut Ws, out: &mut Output) {
+    let work = async {
+        while let Some(msg) = ws.next().await {
+            let data = match msg {
+                Ok(Message::Binary(d)) => d,
+                Ok(Message::Close(_)) | Err(_) => break,
+                Ok(_) => continue,
+            };
+            let (ch, payload) = data.split_first().expect("a channel byte");
+            out.first_channel.get_or_insert(*ch);
+            match ch {
+                1 => out.stdout.extend_from_slice(payload),
+                2 => out.stderr.extend_from_slice(payload),
+                3 if !payload.is_empty() => {
+                    out.status = Some(serde_json::from_slice(payload).expect("status JSON"))
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .expect("the session ended within a minute");
+}
+
+/// Reads until stdout contains `needle`.
+async fn read_until(ws: &mut Ws, out: &mut Output, needle: &str) {
+    let work = async {
+        while !out.stdout().contains(needle) {
+            match ws.next().await {
+                Some(Ok(Message::Binary(d))) => {
+                    if let Some((1, payload)) = d.split_first() {
+                        out.stdout.extend_from_slice(payload);
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!(
+                    "socket ended before {needle:?}: {other:?}; got {}",
+                    out.stdout()
+                ),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} in {:?}", out.stdout()));
+}
+
+fn exec_req(
+    id: &str,
+    cmd: &[&str],
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+) -> cri::ExecRequest {
+    cri::ExecRequest {
+        container_id: id.into(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        tty,
+        stdin,
+        stdout,
+        stderr,
+    }
+}
+
+async fn exec_url(node: &Node, req: cri::ExecRequest) -> String {
+    let url = node.rt.exec(req).await.expect("Exec").url;
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(url.contains("/exec/"), "{url}");
+    url
+}
+
+fn exit_code_of(status: &serde_json::Value) -> Option<String> {
+    status["details"]["causes"][0]["message"]
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_over_websocket() {
+    if !root_or_skip("exec_over_websocket") {
+        return;
+    }
+    let node = Node::new("wsexec").await;
+    let sb = node.sandbox("wsexec").await;
+    let id = node.container(&sb, "c", &["sleep", "600"]).await;
+
+    // v4: stdout and stderr apart, a non-zero exit code in the error channel.
+    let url = exec_url(
+        &node,
+        exec_req(
+            &id,
+            &["sh", "-c", "echo out; echo err >&2; exit 3"],
+            false,
+            true,
+            true,
+            false,
+        ),
+    )
+    .await;
+    let mut ws = open(&url, V4).await.expect("open v4");
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.first_channel, Some(1), "ready message on stdout first");
+    assert_eq!(
+        (out.stdout().as_str(), out.stderr().as_str()),
+        ("out\n", "err\n")
+    );
+    assert_eq!(out.status()["status"], "Failure");
+    assert_eq!(out.status()["reason"], "NonZeroExitCode");
+    assert_eq!(out.status()["details"]["causes"][0]["reason"], "ExitCode");
+    assert_eq!(exit_code_of(out.status()).as_deref(), Some("3"));
+
+    // A token works once.
+    let again = open(&url, V4).await.expect_err("a used token");
+    match again {
+        tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 404),
+        e => panic!("expected 404, got {e}"),
+    }
+    let bogus = url.rsplit_once('/').unwrap().0.to_string() + "/00000000";
+    match open(&bogus, V4).await.expect_err("an unknown token") {
+        tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 404),
+        e => panic!("expected 404, got {e}"),
+    }
+
+    // v5: stdin echoed back through cat; closing stdin (channel 255) ends it with success.
+    let url = exec_url(&node, exec_req(&id, &["cat"], true, true, false, false)).await;
+    let mut ws = open(&url, V5).await.expect("open v5");
+    ws.send(frame(0, b"hello ")).await.unwrap();
+    ws.send(frame(0, b"through cat\n")).await.unwrap();
+    let mut out = Output::default();
+    read_until(&mut ws, &mut out, "hello through cat\n").await;
+    ws.send(frame(255, &[0])).await.unwrap();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.stdout(), "hello through cat\n");
+    assert_eq!(out.status()["status"], "Success");
+
+    // v4 stdin: the process reads one line and exits.
+    let url = exec_url(
+        &node,
+        exec_req(
+            &id,
+            &["sh", "-c", "read l; echo got:$l; exit 0"],
+            true,
+            true,
+            true,
+            false,
+        ),
+    )
+    .await;
+    let mut ws = open(&url, V4).await.expect("open v4");
+    ws.send(frame(0, b"a line\n")).await.unwrap();
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.stdout(), "got:a line\n");
+    assert_eq!(out.status()["status"], "Success");
+
+    // Only stderr asked for: stdout is dropped, the ready message comes on stderr.
+    let url = exec_url(
+        &node,
+        exec_req(
+            &id,
+            &["sh", "-c", "echo hidden; echo shown >&2"],
+            false,
+            false,
+            true,
+            false,
+        ),
+    )
+    .await;
+    let mut ws = open(&url, V5).await.unwrap();
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.first_channel, Some(2));
+    assert_eq!(
+        (out.stdout().as_str(), out.stderr().as_str()),
+        ("", "shown\n")
+    );
+
+    // A terminal: tty names a pts, a resize reaches it, stderr goes to the terminal too.
+    let url = exec_url(&node, exec_req(&id, &["sh"], true, true, false, true)).await;
+    let mut ws = open(&url, V5).await.expect("open tty");
+    ws.send(frame(4, br#"{"Width":123,"Height":45}"#))
+        .await
+        .unwrap();
+    let mut out = Output::default();
+    ws.send(frame(0, b"tty; stty size; echo to-stderr >&2; exit 5\n"))
+        .await
+        .unwrap();
+    read_all(&mut ws, &mut out).await;
+    let text = out.stdout();
+    assert!(text.contains("/dev/pts/"), "tty names a terminal: {text:?}");
+    assert!(text.contains("45 123"), "stty sees the resize: {text:?}");
+    assert!(
+        text.contains("to-stderr"),
+        "stderr is the terminal: {text:?}"
+    );
+    assert!(out.stderr.is_empty());
+    assert_eq!(exit_code_of(out.status()).as_deref(), Some("5"));
+
+    // ExecSync still works beside it.
+    let r = node.exec(&id, &["sh", "-c", "echo sync; exit 4"]).await;
+    assert_eq!((r.stdout.as_slice(), r.exit_code), (&b"sync\n"[..], 4));
+
+    // Bad requests are refused by the RPC.
+    let code = |r: runtime::Result<cri::ExecResponse>| r.map(|_| ()).unwrap_err().code();
+    assert_eq!(
+        code(
+            node.rt
+                .exec(exec_req("nope", &["true"], false, true, false, false))
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            node.rt
+                .exec(exec_req(&id, &[], false, true, false, false))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            node.rt
+                .exec(exec_req(&id, &["true"], false, false, false, false))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            node.rt
+                .exec(exec_req(&id, &["true"], false, true, true, true))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    // A command that cannot start ends with an internal error status, not a hang.
+    let url = exec_url(
+        &node,
+        exec_req(&id, &["/no/such/binary"], false, true, true, false),
+    )
+    .await;
+    let mut ws = open(&url, V4).await.unwrap();
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.status()["status"], "Failure", "{:?}", out.status());
+    node.teardown().await;
+}
+
+/// Forwards `port` of the pod over a WebSocket and sends an HTTP request through it; returns
+/// the reply (data channel) and whatever came on the error channel.
+async fn http_through_port_forward(node: &Node, sandbox_id: &str, port: u16) -> (String, String) {
+    let url = node
+        .rt
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            port: vec![i32::from(port)],
+        })
+        .await
+        .expect("PortForward")
+        .url;
+    assert!(url.contains("/portforward/"), "{url}");
+    let mut ws = open(&format!("{url}?port={port}"), V4).await.expect("open");
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        match ws.next().await {
+            Some(Ok(Message::Binary(d))) => first.push(d.to_vec()),
+            other => panic!("expected the port announcements, got {other:?}"),
+        }
+    }
+    let le = port.to_le_bytes();
+    assert_eq!(first, vec![vec![0, le[0], le[1]], vec![1, le[0], le[1]]]);
+    ws.send(frame(0, b"GET /index.html HTTP/1.0\r\n\r\n"))
+        .await
+        .unwrap();
+    let (mut data, mut error) = (Vec::new(), Vec::new());
+    let work = async {
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Binary(d) = msg {
+                match d.split_first() {
+                    Some((0, p)) => data.extend_from_slice(p),
+                    Some((1, p)) => error.extend_from_slice(p),
+                    _ => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .expect("the forward ended");
+    (
+        String::from_utf8_lossy(&data).into_owned(),
+        String::from_utf8_lossy(&error).into_owned(),
+    )
+}
+
+/// A container serving `text` as /index.html on `port` with busybox httpd.
+fn httpd(name: &str, port: u16, text: &str) -> cri::ContainerConfig {
+    let script = format!(
+        "mkdir -p /tmp/www && echo {text} > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:{port} -h /tmp/www"
+    );
+    container_config(name, &["sh", "-c", &script])
+}
+
+async fn wait_serving(node: &Node, id: &str, port: u16) {
+    for _ in 0..100 {
+        let r = node
+            .exec(
+                id,
+                &["sh", "-c", &format!("netstat -ltn | grep -q ':{port} '")],
+            )
+            .await;
+        if r.exit_code == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("httpd did not listen on {port}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn port_forward_over_websocket() {
+    if !root_or_skip("port_forward_over_websocket") {
+        return;
+    }
+    let node = Node::new("wspf").await;
+
+    // A pod with its own network namespace: its loopback is not the host's.
+    let port = 18000 + (std::process::id() % 1000) as u16;
+    let sb = node.sandbox("pfpod").await;
+    let id = node
+        .container_with(&sb, httpd("web", port, "from-the-pod"))
+        .await;
+    wait_serving(&node, &id, port).await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the pod's port is not on the host's loopback"
+    );
+    let (reply, error) = http_through_port_forward(&node, &sb.0, port).await;
+    assert!(reply.starts_with("HTTP/1."), "{reply:?}");
+    assert!(reply.contains("from-the-pod"), "{reply:?}");
+    assert!(error.is_empty(), "{error:?}");
+
+    // Nobody listens: the error channel says so.
+    let (reply, error) = http_through_port_forward(&node, &sb.0, port + 1).await;
+    assert!(reply.is_empty(), "{reply:?}");
+    assert!(error.contains("error forwarding port"), "{error:?}");
+
+    // A hostNetwork pod.
+    let host_port = port + 2;
+    let hsb = node
+        .sandbox_with("pfhost", |cfg| {
+            cfg.linux
+                .get_or_insert_with(Default::default)
+                .security_context
+                .get_or_insert_with(Default::default)
+                .namespace_options = Some(cri::NamespaceOption {
+                network: cri::NamespaceMode::Node as i32,
+                pid: cri::NamespaceMode::Container as i32,
+                ipc: cri::NamespaceMode::Pod as i32,
+                ..Default::default()
+            });
+        })
+        .await;
+    let hid = node
+        .container_with(&hsb, httpd("hweb", host_port, "from-the-host-pod"))
+        .await;
+    wait_serving(&node, &hid, host_port).await;
+    let (reply, _) = http_through_port_forward(&node, &hsb.0, host_port).await;
+    assert!(reply.contains("from-the-host-pod"), "{reply:?}");
+
+    // Unknown pod: NotFound from the RPC.
+    let err = node
+        .rt
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: "nope".into(),
+            port: vec![80],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    node.teardown().await;
+}
