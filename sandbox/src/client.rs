@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::protocol::{MAX_MESSAGE, Request, Response};
 use crate::spec::{
@@ -113,6 +114,64 @@ impl StreamExec {
             Response::Error { kind, message } => Err(Error::new(kind, message)),
             r => Err(Client::unexpected(r)),
         }
+    }
+}
+
+/// A container's output followed by [`Client::attach`].
+pub struct Attach {
+    /// The write side of the container's stdin, if asked for and it has one.
+    pub stdin: Option<OwnedFd>,
+    stream: BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, OwnedReadHalf>>,
+    done: Option<OwnedWriteHalf>,
+}
+
+impl std::fmt::Debug for Attach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attach")
+            .field("stdin", &self.stdin)
+            .finish()
+    }
+}
+
+/// See [`Attach::stdin_done`].
+#[derive(Debug)]
+pub struct StdinDone(#[allow(dead_code)] OwnedWriteHalf);
+
+/// Which output stream a chunk of attached output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    Stderr,
+}
+
+impl Attach {
+    /// What tells the sandbox, when dropped, that this follower's stdin is done (for a
+    /// container that takes stdin once). Dropping the `Attach` tells it too.
+    pub fn stdin_done(&mut self) -> Option<StdinDone> {
+        self.done.take().map(StdinDone)
+    }
+
+    /// The next chunk of output; `None` once the container has exited (or the sandbox went).
+    pub async fn next(&mut self) -> Result<Option<(Output, Vec<u8>)>> {
+        let mut head = [0u8; 5];
+        if let Err(e) = self.stream.read_exact(&mut head).await {
+            return match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Ok(None),
+                _ => Err(Error::new(Kind::Unavailable, format!("attach: {e}"))),
+            };
+        }
+        let which = match head[0] {
+            crate::protocol::ATTACH_STDOUT => Output::Stdout,
+            crate::protocol::ATTACH_STDERR => Output::Stderr,
+            t => return Err(Error::new(Kind::Internal, format!("bad attach frame {t}"))),
+        };
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut data = vec![0u8; len];
+        self.stream
+            .read_exact(&mut data)
+            .await
+            .map_err(|e| Error::new(Kind::Unavailable, format!("attach: {e}")))?;
+        Ok(Some((which, data)))
     }
 }
 
@@ -240,13 +299,13 @@ impl Client {
         }
     }
 
-    /// Starts a process in a container on the caller's stdio: `stdio` (stdin, stdout, stderr)
-    /// without a terminal, nothing with one (the terminal's master comes back instead).
-    pub async fn exec_stream(
+    /// Sends `req` with `fds` attached and reads the first answer line, keeping the
+    /// connection (and anything read past that line) for what follows.
+    async fn stream_call(
         &self,
-        spec: StreamExecSpec,
-        stdio: Option<[OwnedFd; 3]>,
-    ) -> Result<StreamExec> {
+        req: &Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Response, Option<OwnedFd>, UnixStream, Vec<u8>)> {
         let path = self.layout.socket();
         let io_err = |what: &'static str| {
             let path = path.clone();
@@ -254,21 +313,18 @@ impl Client {
         };
         let work = async {
             let mut stream = self.connect().await?;
-            let mut line = serde_json::to_vec(&Request::ExecStream(spec))?;
+            let mut line = serde_json::to_vec(req)?;
             line.push(b'\n');
-            let fds: Vec<BorrowedFd<'_>> = stdio.iter().flatten().map(|f| f.as_fd()).collect();
             let sent = stream
-                .async_io(Interest::WRITABLE, || fdpass::send(&stream, &line, &fds))
+                .async_io(Interest::WRITABLE, || fdpass::send(&stream, &line, fds))
                 .await
                 .map_err(io_err("writing to sandbox"))?;
             stream
                 .write_all(&line[sent..])
                 .await
                 .map_err(io_err("writing to sandbox"))?;
-            drop(fds);
-            drop(stdio);
             let mut buf = Vec::new();
-            let mut fds = Vec::new();
+            let mut received = Vec::new();
             let mut chunk = [0u8; 4096];
             let end = loop {
                 if let Some(end) = buf.iter().position(|&b| b == b'\n') {
@@ -276,7 +332,7 @@ impl Client {
                 }
                 let n = stream
                     .async_io(Interest::READABLE, || {
-                        fdpass::recv(&stream, &mut chunk, &mut fds)
+                        fdpass::recv(&stream, &mut chunk, &mut received)
                     })
                     .await
                     .map_err(io_err("reading from sandbox"))?;
@@ -290,14 +346,8 @@ impl Client {
             };
             let rest = buf.split_off(end + 1);
             match serde_json::from_slice::<Response>(&buf)? {
-                Response::ExecStarted { pid } => Ok(StreamExec {
-                    pid,
-                    master: fds.pop(),
-                    stream,
-                    buf: rest,
-                }),
                 Response::Error { kind, message } => Err(Error::new(kind, message)),
-                r => Err(Self::unexpected(r)),
+                r => Ok((r, received.pop(), stream, rest)),
             }
         };
         tokio::time::timeout(REQUEST_TIMEOUT, work)
@@ -308,6 +358,46 @@ impl Client {
                     format!("sandbox request timed out after {REQUEST_TIMEOUT:?}"),
                 )
             })?
+    }
+
+    /// Starts a process in a container on the caller's stdio: `stdio` (stdin, stdout, stderr)
+    /// without a terminal, nothing with one (the terminal's master comes back instead).
+    pub async fn exec_stream(
+        &self,
+        spec: StreamExecSpec,
+        stdio: Option<[OwnedFd; 3]>,
+    ) -> Result<StreamExec> {
+        let fds: Vec<BorrowedFd<'_>> = stdio.iter().flatten().map(|f| f.as_fd()).collect();
+        let (r, master, stream, buf) = self.stream_call(&Request::ExecStream(spec), &fds).await?;
+        match r {
+            Response::ExecStarted { pid } => Ok(StreamExec {
+                pid,
+                master,
+                stream,
+                buf,
+            }),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Follows a running container's output, with a descriptor of its stdin when `stdin` is
+    /// asked and the container was created with one.
+    pub async fn attach(&self, id: &str, stdin: bool) -> Result<Attach> {
+        let req = Request::Attach {
+            id: id.into(),
+            stdin,
+        };
+        match self.stream_call(&req, &[]).await? {
+            (Response::Attached, stdin, stream, buf) => {
+                let (read, write) = stream.into_split();
+                Ok(Attach {
+                    stdin,
+                    stream: BufReader::new(std::io::Cursor::new(buf).chain(read)),
+                    done: Some(write),
+                })
+            }
+            (r, ..) => Err(Self::unexpected(r)),
+        }
     }
 
     pub async fn reopen_log(&self, id: &str) -> Result<()> {

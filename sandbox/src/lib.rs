@@ -15,7 +15,7 @@ pub mod process;
 pub mod protocol;
 mod spec;
 
-pub use client::{Client, REQUEST_TIMEOUT, StreamExec, launch};
+pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec, launch};
 pub use error::{Error, Kind, Result};
 pub use spec::{
     ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, Layout, NamespaceMode,

@@ -13,6 +13,11 @@ use crate::spec::{
 /// Longest request or response line accepted (exec output is bounded below this).
 pub const MAX_MESSAGE: usize = 64 << 20;
 
+/// An attach frame is the stream (this or [`ATTACH_STDERR`]), the length of the data (u32,
+/// little-endian) and the data.
+pub const ATTACH_STDOUT: u8 = 1;
+pub const ATTACH_STDERR: u8 = 2;
+
 /// Most bytes of each output stream an exec keeps.
 pub const MAX_EXEC_OUTPUT: usize = 16 << 20;
 
@@ -42,6 +47,14 @@ pub enum Request {
     /// `ExecStarted` answer carries the terminal's master side. `Exec` (exit code only, no
     /// output) follows when the process has exited.
     ExecStream(StreamExecSpec),
+    /// Follow a running container's output: after the `Attached` answer (carrying a
+    /// descriptor of the container's stdin when `stdin` was asked and the container has one)
+    /// the connection carries [`attach frames`](ATTACH_STDOUT) until the container exits.
+    /// Closing the connection detaches.
+    Attach {
+        id: String,
+        stdin: bool,
+    },
     /// Close and reopen a container's log file (after rotation).
     ReopenLog {
         id: String,
@@ -63,6 +76,8 @@ pub enum Response {
     State(SandboxState),
     Container(ContainerStatus),
     Exec(ExecResult),
+    /// An attach follows (see [`Request::Attach`]).
+    Attached,
     /// A streaming exec's process runs (see [`Request::ExecStream`]).
     ExecStarted {
         pid: i32,

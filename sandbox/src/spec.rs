@@ -127,6 +127,12 @@ pub struct ContainerSpec {
     pub bundle: PathBuf,
     /// Where stdout and stderr go, in the CRI log format; `None` discards them.
     pub log_path: Option<PathBuf>,
+    /// Give the container a stdin pipe that attach requests can write to.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Close that stdin once the first attach that wrote to it has ended.
+    #[serde(default)]
+    pub stdin_once: bool,
 }
 
 /// A process to run in a container, waited for with a timeout.

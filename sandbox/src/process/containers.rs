@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
 use libcontainer::capabilities::drop_privileges;
@@ -18,11 +18,13 @@ use libcontainer::workload::{
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::MsgFlags;
 use nix::unistd::{Pid, pipe2};
 use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
 
 use super::ns::pidfd_open;
 use crate::logs::{LogWriter, Stream};
+use crate::protocol::{ATTACH_STDERR, ATTACH_STDOUT};
 use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
 use crate::{Error, Kind, Result, cgroup};
 
@@ -33,6 +35,20 @@ pub struct Ctr {
     pub out: [Option<OwnedFd>; 2],
     pub log: LogWriter,
     pub pidfd: Option<OwnedFd>,
+    /// The write end of the container's stdin pipe, when it has one.
+    pub stdin: Option<OwnedFd>,
+    pub stdin_once: bool,
+    /// Connections following its output.
+    pub attached: Vec<Attacher>,
+}
+
+/// An attach connection (non-blocking).
+pub struct Attacher {
+    pub conn: UnixStream,
+    /// It took a descriptor of the container's stdin.
+    pub stdin: bool,
+    /// The peer has shut down its side: its stdin is done (it may still read output).
+    pub eof: bool,
 }
 
 /// A running exec and what it has written so far.
@@ -95,12 +111,25 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
     })?;
     let (out_r, out_w) = output_pipe()?;
     let (err_r, err_w) = output_pipe()?;
-    let container = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
+    let stdin = if spec.stdin {
+        Some(pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?)
+    } else {
+        None
+    };
+    let mut builder = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .and_then(|b| b.validate_id())
         .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?
         .with_stdout(out_w)
-        .with_stderr(err_w)
+        .with_stderr(err_w);
+    let stdin = match stdin {
+        Some((r, w)) => {
+            builder = builder.with_stdin(r);
+            Some(w)
+        }
+        None => None,
+    };
+    let container = builder
         .as_init(&spec.bundle)
         .with_systemd(false)
         .with_detach(true)
@@ -137,6 +166,9 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
         out: [Some(out_r), Some(err_r)],
         log,
         pidfd: pidfd_open(pid).ok(),
+        stdin,
+        stdin_once: spec.stdin_once,
+        attached: Vec::new(),
     })
 }
 
@@ -175,10 +207,13 @@ pub fn pump_output(c: &mut Ctr) -> bool {
         let Some(fd) = c.out[i].as_ref() else {
             continue;
         };
+        let tag = if i == 0 { ATTACH_STDOUT } else { ATTACH_STDERR };
         match drain(fd, |data| {
             if let Err(e) = c.log.write(stream, data) {
                 tracing::warn!(id = %c.status.id, "writing log: {e}");
             }
+            // A follower too slow to take the output is dropped rather than block the pod.
+            c.attached.retain(|a| send_frame(&a.conn, tag, data));
         }) {
             Drained::Open => {}
             Drained::Eof => {
@@ -188,6 +223,57 @@ pub fn pump_output(c: &mut Ctr) -> bool {
         }
     }
     c.out.iter().all(Option::is_none)
+}
+
+/// Sends one attach frame without blocking; false if the follower is gone or too slow.
+fn send_frame(conn: &UnixStream, tag: u8, data: &[u8]) -> bool {
+    let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let mut frame = Vec::with_capacity(data.len() + 5);
+    frame.push(tag);
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(data);
+    let mut rest = &frame[..];
+    while !rest.is_empty() {
+        match nix::sys::socket::send(
+            conn.as_raw_fd(),
+            rest,
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Notes the attach connections of `c` whose peer has shut down its side (its stdin is done;
+/// a connection fully gone is dropped at the next output) and drops broken ones. Closes the
+/// container's stdin when the follower that wrote to it is done and the container wants stdin
+/// only once.
+pub fn prune_attached(c: &mut Ctr) {
+    let mut closed_stdin = false;
+    c.attached.retain_mut(|a| {
+        if a.eof {
+            return true;
+        }
+        let mut buf = [0u8; 64];
+        match nix::sys::socket::recv(a.conn.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => {
+                a.eof = true;
+                closed_stdin |= a.stdin;
+                true
+            }
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => true,
+            Err(_) => {
+                closed_stdin |= a.stdin;
+                false
+            }
+        }
+    });
+    if closed_stdin && c.stdin_once {
+        c.stdin = None;
+    }
 }
 
 pub enum Drained {
@@ -218,6 +304,9 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
         _ => return,
     };
     pump_output(c);
+    // Followers see the end of the stream once the container has gone.
+    c.attached.clear();
+    c.stdin = None;
     let oom = signalled == Some(Signal::SIGKILL)
         && c.status
             .cgroup_path

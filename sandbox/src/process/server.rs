@@ -43,6 +43,7 @@ enum Token {
     Out(String),
     Exit,
     ExecOut(usize),
+    Attached(String),
 }
 
 impl Server {
@@ -88,6 +89,11 @@ impl Server {
                         }
                     }
                     Token::ExecOut(i) => self.pump_exec(i),
+                    Token::Attached(id) => {
+                        if let Some(c) = self.containers.get_mut(&id) {
+                            containers::prune_attached(c);
+                        }
+                    }
                     Token::Exit => {}
                 }
             }
@@ -114,6 +120,10 @@ impl Server {
             if let Some(fd) = &c.pidfd {
                 tokens.push(Token::Exit);
                 fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+            for a in c.attached.iter().filter(|a| !a.eof) {
+                tokens.push(Token::Attached(id.clone()));
+                fds.push(PollFd::new(a.conn.as_fd(), PollFlags::POLLIN));
             }
         }
         for (i, (e, _)) in self.execs.iter().enumerate() {
@@ -196,6 +206,7 @@ impl Server {
                 }
             }
             Request::ExecStream(spec) => return self.exec_stream(&spec, conn, fds),
+            Request::Attach { id, stdin } => return self.attach(&id, stdin, conn),
             Request::ReopenLog { id } => self.container_mut(&id).and_then(|c| {
                 if c.status.state != State::Running {
                     return Err(Error::new(
@@ -264,6 +275,46 @@ impl Server {
                 self.execs.push((e, conn));
             }
             Err(e) => reply(&conn, &error_response(&e)),
+        }
+    }
+
+    /// Answers `Attached` (with a descriptor of the container's stdin if asked) and adds the
+    /// connection to the container's followers.
+    fn attach(&mut self, id: &str, stdin: bool, conn: UnixStream) {
+        let c = match self.container_mut(id) {
+            Ok(c) => c,
+            Err(e) => return reply(&conn, &error_response(&e)),
+        };
+        if c.status.state != State::Running {
+            let e = Error::new(
+                Kind::FailedPrecondition,
+                format!("container {id} is not running"),
+            );
+            return reply(&conn, &error_response(&e));
+        }
+        let input = match (stdin, &c.stdin) {
+            (true, Some(fd)) => match fd.try_clone() {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    let e = Error::new(Kind::Internal, format!("duplicating stdin: {e}"));
+                    return reply(&conn, &error_response(&e));
+                }
+            },
+            _ => None,
+        };
+        let sent = match &input {
+            Some(fd) => reply_with_fd(&conn, &Response::Attached, fd.as_fd()),
+            None => {
+                reply(&conn, &Response::Attached);
+                true
+            }
+        };
+        if sent && conn.set_nonblocking(true).is_ok() {
+            c.attached.push(containers::Attacher {
+                conn,
+                stdin: input.is_some(),
+                eof: false,
+            });
         }
     }
 
