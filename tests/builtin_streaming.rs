@@ -92,16 +92,16 @@ async fn read_all(ws: &mut Ws, out: &mut Output) {
         .expect("the session ended within a minute");
 }
 
-/// Reads until stdout contains `needle`.
+/// Reads until stdout contains `needle` (keeping stderr too).
 async fn read_until(ws: &mut Ws, out: &mut Output, needle: &str) {
     let work = async {
         while !out.stdout().contains(needle) {
             match ws.next().await {
-                Some(Ok(Message::Binary(d))) => {
-                    if let Some((1, payload)) = d.split_first() {
-                        out.stdout.extend_from_slice(payload);
-                    }
-                }
+                Some(Ok(Message::Binary(d))) => match d.split_first() {
+                    Some((1, payload)) => out.stdout.extend_from_slice(payload),
+                    Some((2, payload)) => out.stderr.extend_from_slice(payload),
+                    _ => {}
+                },
                 Some(Ok(_)) => {}
                 other => panic!(
                     "socket ended before {needle:?}: {other:?}; got {}",
@@ -579,4 +579,73 @@ async fn exec_url_from_cri_serve_works() {
         std::path::Path::new("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/')),
     );
     assert_no_leaks(root.path(), &cgroup_root);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_over_websocket() {
+    if !root_or_skip("attach_over_websocket") {
+        return;
+    }
+    let node = Node::new("wsattach").await;
+    let sb = node.sandbox("wsattach").await;
+    let mut cfg = container_config(
+        "c",
+        &[
+            "sh",
+            "-c",
+            "while read l; do echo out:$l; echo err:$l >&2; done; echo bye; exit 0",
+        ],
+    );
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let id = node.container_with(&sb, cfg).await;
+    let attach = |stdin: bool| cri::AttachRequest {
+        container_id: id.clone(),
+        stdin,
+        tty: false,
+        stdout: true,
+        stderr: true,
+    };
+
+    // A follower without stdin sees the output another follower's input causes.
+    let watch_url = node.rt.attach(attach(false)).await.expect("Attach").url;
+    assert!(watch_url.contains("/attach/"), "{watch_url}");
+    let mut watcher = open(&watch_url, V4).await.expect("open watcher");
+    let url = node.rt.attach(attach(true)).await.expect("Attach").url;
+    let mut ws = open(&url, V5).await.expect("open");
+    let mut out = Output::default();
+    let mut watched = Output::default();
+    // The first message of each is the ready message on stdout.
+    ws.send(frame(0, b"one\n")).await.unwrap();
+    read_until(&mut ws, &mut out, "out:one\n").await;
+    read_until(&mut watcher, &mut watched, "out:one\n").await;
+    // Closing stdin ends the container's input (stdin_once): it says bye and exits, and both
+    // sessions end with success.
+    ws.send(frame(255, &[0])).await.unwrap();
+    read_all(&mut ws, &mut out).await;
+    read_all(&mut watcher, &mut watched).await;
+    assert_eq!(out.stdout(), "out:one\nbye\n");
+    assert_eq!(out.stderr(), "err:one\n");
+    assert_eq!(out.status()["status"], "Success");
+    assert!(watched.stdout().ends_with("bye\n"), "{}", watched.stdout());
+    let s = node.wait_exited(&id).await;
+    assert_eq!(s.exit_code, 0);
+
+    // Unknown container, and a container that is not running.
+    let err = node
+        .rt
+        .attach(cri::AttachRequest {
+            container_id: "nope".into(),
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let url = node.rt.attach(attach(false)).await.expect("Attach").url;
+    let mut ws = open(&url, V5).await.unwrap();
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    assert_eq!(out.status()["status"], "Failure", "{:?}", out.status());
+    node.teardown().await;
 }

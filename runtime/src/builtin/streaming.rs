@@ -32,6 +32,10 @@ impl Backend for StreamBackend {
         self.runtime()?.exec_streaming(container_id, cmd, io).await
     }
 
+    async fn attach(&self, container_id: &str, io: StreamIo) -> Result<()> {
+        self.runtime()?.attach_streaming(container_id, io).await
+    }
+
     async fn port_forward(&self, pod_sandbox_id: &str, port: u16) -> Result<Box<dyn Duplex>> {
         self.runtime()?.connect_in_pod(pod_sandbox_id, port).await
     }
@@ -54,6 +58,16 @@ impl BuiltinRuntime {
     pub(super) async fn exec_url(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
         self.inner.records.need_container(&req.container_id)?;
         self.streaming_server().await?.get_exec(req)
+    }
+
+    pub(super) async fn attach_url(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
+        let rec = self.inner.records.need_container(&req.container_id)?;
+        if rec.config.tty {
+            return Err(Error::unimplemented(
+                "attach to a container with a terminal is not supported",
+            ));
+        }
+        self.streaming_server().await?.get_attach(req)
     }
 
     pub(super) async fn port_forward_url(
@@ -128,6 +142,52 @@ impl BuiltinRuntime {
             t.abort();
         }
         code.map_err(sandbox_error)
+    }
+
+    /// Follows a container's output (and feeds its stdin) until it exits or the client goes.
+    async fn attach_streaming(&self, container_id: &str, io: StreamIo) -> Result<()> {
+        let rec = self.inner.records.need_container(container_id)?;
+        let mut att = self
+            .client(&rec.sandbox_id)
+            .attach(&rec.id, io.stdin.is_some())
+            .await
+            .map_err(sandbox_error)?;
+        let StreamIo {
+            stdin,
+            mut stdout,
+            mut stderr,
+            ..
+        } = io;
+        let input = match (stdin, att.stdin.take()) {
+            (Some(from), Some(to)) => {
+                let to = tokio::net::unix::pipe::Sender::from_owned_fd(to)
+                    .map_err(|e| Error::internal(format!("stdin pipe: {e}")))?;
+                let done = att.stdin_done();
+                Some(tokio::spawn(async move {
+                    copy_in(from, to).await;
+                    drop(done);
+                }))
+            }
+            _ => None,
+        };
+        while let Some((which, data)) = att.next().await.map_err(sandbox_error)? {
+            let to = match which {
+                sandbox::Output::Stdout => stdout.as_mut(),
+                sandbox::Output::Stderr => stderr.as_mut(),
+            };
+            if let Some(to) = to {
+                if to.write_all(&data).await.is_err() {
+                    break;
+                }
+            }
+        }
+        for to in [stdout.as_mut(), stderr.as_mut()].into_iter().flatten() {
+            let _ = to.shutdown().await;
+        }
+        if let Some(t) = input {
+            t.abort();
+        }
+        Ok(())
     }
 
     /// A TCP connection to `port` on the loopback address in the pod's network namespace.

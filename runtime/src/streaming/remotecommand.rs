@@ -200,7 +200,7 @@ async fn serve(socket: WebSocket, v5: bool, session: Session, backend: Arc<dyn B
         resize,
     };
 
-    let reader = tokio::spawn(async move {
+    let mut reader = tokio::spawn(async move {
         let mut stdin = stdin_w;
         while let Some(Ok(msg)) = source.next().await {
             let data = match msg {
@@ -234,9 +234,11 @@ async fn serve(socket: WebSocket, v5: bool, session: Session, backend: Arc<dyn B
         Session::Exec {
             container_id, cmd, ..
         } => backend.exec(&container_id, cmd, io).await.map(Some),
-        Session::Attach { container_id, .. } => {
-            backend.attach(&container_id, io).await.map(|()| None)
-        }
+        // An attach also ends when the client goes (the container runs on).
+        Session::Attach { container_id, .. } => tokio::select! {
+            r = backend.attach(&container_id, io) => r.map(|()| None),
+            _ = &mut reader => Ok(None),
+        },
     };
     for f in forwarders {
         let _ = f.await;
