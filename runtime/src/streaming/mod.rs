@@ -6,11 +6,14 @@
 //! minute; the URL is `http://<addr>/exec/<token>` (`/attach/`, `/portforward/`). What the
 //! server then runs goes through a [`Backend`], so no runtime detail reaches the protocol code:
 //! - [`remotecommand`]: exec and attach over `v5.channel.k8s.io` / `v4.channel.k8s.io`;
-//! - [`portforward`]: port-forward over `v4.channel.k8s.io` (ports in `?port=` parameters).
+//! - [`portforward`]: port-forward over `v4.channel.k8s.io` (ports in `?port=` parameters);
+//! - [`spdy`]: both over SPDY/3.1 (`v4.channel.k8s.io`, `portforward.k8s.io`), which kubectl
+//!   through an API server and older clients use.
 
 pub mod cache;
 pub mod portforward;
 pub mod remotecommand;
+pub mod spdy;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -18,9 +21,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -120,9 +122,9 @@ impl Server {
             backend,
         });
         let app = Router::new()
-            .route("/exec/{token}", get(exec))
-            .route("/attach/{token}", get(attach))
-            .route("/portforward/{token}", get(port_forward))
+            .route("/exec/{token}", get(exec).post(exec))
+            .route("/attach/{token}", get(attach).post(attach))
+            .route("/portforward/{token}", get(port_forward).post(port_forward))
             .with_state(shared);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -200,89 +202,164 @@ fn check_streams(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Result<(
     Ok(())
 }
 
-type Upgrade = std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>;
-
 fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "unknown or expired token\n").into_response()
-}
-
-fn not_websocket(e: WebSocketUpgradeRejection) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        format!("this streaming server speaks WebSocket only: {e}\n"),
-    )
-        .into_response()
 }
 
 fn consume(shared: &Shared, token: &str) -> Option<Pending> {
     cache::lock(&shared.cache).consume(token, Instant::now())
 }
 
+/// How the client wants to talk: WebSocket, SPDY/3.1, or neither.
+enum Transport {
+    WebSocket(WebSocketUpgrade),
+    Spdy(Request),
+}
+
+/// The transport a request upgrades to, or the refusal to send.
+async fn transport(req: Request, spdy_protocol: &str) -> std::result::Result<Transport, Response> {
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if upgrade.eq_ignore_ascii_case("websocket") {
+        let (mut parts, _) = req.into_parts();
+        return WebSocketUpgrade::from_request_parts(&mut parts, &())
+            .await
+            .map(Transport::WebSocket)
+            .map_err(IntoResponse::into_response);
+    }
+    if upgrade.eq_ignore_ascii_case(spdy::UPGRADE) {
+        let offered = req
+            .headers()
+            .get_all(spdy::PROTOCOL_HEADER)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim() == spdy_protocol);
+        if !offered {
+            return Err((
+                StatusCode::FORBIDDEN,
+                [(spdy::PROTOCOL_HEADER, spdy_protocol)],
+                format!(
+                    "unable to upgrade: no common protocol; the server supports {spdy_protocol}\n"
+                ),
+            )
+                .into_response());
+        }
+        return Ok(Transport::Spdy(req));
+    }
+    Err((
+        StatusCode::BAD_REQUEST,
+        "this streaming server needs an upgrade to WebSocket or SPDY/3.1\n",
+    )
+        .into_response())
+}
+
+/// Answers 101 and runs `serve` on the upgraded SPDY connection.
+fn spdy_upgrade<F, Fut>(mut req: Request, protocol: &'static str, serve: F) -> Response
+where
+    F: FnOnce(hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => serve(hyper_util::rt::TokioIo::new(upgraded)).await,
+            Err(e) => tracing::debug!("spdy upgrade failed: {e}"),
+        }
+    });
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::CONNECTION, "Upgrade"),
+            (header::UPGRADE, spdy::UPGRADE),
+            (
+                header::HeaderName::from_static("x-stream-protocol-version"),
+                protocol,
+            ),
+        ],
+    )
+        .into_response()
+}
+
+fn remotecommand_session(req: Pending) -> Option<remotecommand::Session> {
+    let streams = |stdin, stdout, stderr, tty| remotecommand::Streams {
+        stdin,
+        stdout,
+        stderr,
+        tty,
+    };
+    match req {
+        Pending::Exec(r) => Some(remotecommand::Session::Exec {
+            container_id: r.container_id,
+            cmd: r.cmd,
+            streams: streams(r.stdin, r.stdout, r.stderr, r.tty),
+        }),
+        Pending::Attach(r) => Some(remotecommand::Session::Attach {
+            container_id: r.container_id,
+            streams: streams(r.stdin, r.stdout, r.stderr, r.tty),
+        }),
+        Pending::PortForward(_) => None,
+    }
+}
+
+async fn serve_remotecommand(
+    shared: Arc<Shared>,
+    pending: Option<Pending>,
+    req: Request,
+) -> Response {
+    let Some(session) = pending.and_then(remotecommand_session) else {
+        return not_found();
+    };
+    let backend = shared.backend.clone();
+    match transport(req, spdy::remotecommand::PROTOCOL).await {
+        Ok(Transport::WebSocket(ws)) => remotecommand::upgrade(ws, session, backend),
+        Ok(Transport::Spdy(req)) => spdy_upgrade(req, spdy::remotecommand::PROTOCOL, move |io| {
+            spdy::remotecommand::serve(io, session, backend)
+        }),
+        Err(refusal) => refusal,
+    }
+}
+
 async fn exec(
     State(shared): State<Arc<Shared>>,
     Path(token): Path<String>,
-    ws: Upgrade,
+    req: Request,
 ) -> Response {
-    let Some(Pending::Exec(req)) = consume(&shared, &token) else {
-        return not_found();
-    };
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(e) => return not_websocket(e),
-    };
-    let session = remotecommand::Session::Exec {
-        container_id: req.container_id,
-        cmd: req.cmd,
-        streams: remotecommand::Streams {
-            stdin: req.stdin,
-            stdout: req.stdout,
-            stderr: req.stderr,
-            tty: req.tty,
-        },
-    };
-    remotecommand::upgrade(ws, session, shared.backend.clone())
+    let pending = consume(&shared, &token).filter(|p| matches!(p, Pending::Exec(_)));
+    serve_remotecommand(shared, pending, req).await
 }
 
 async fn attach(
     State(shared): State<Arc<Shared>>,
     Path(token): Path<String>,
-    ws: Upgrade,
+    req: Request,
 ) -> Response {
-    let Some(Pending::Attach(req)) = consume(&shared, &token) else {
-        return not_found();
-    };
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(e) => return not_websocket(e),
-    };
-    let session = remotecommand::Session::Attach {
-        container_id: req.container_id,
-        streams: remotecommand::Streams {
-            stdin: req.stdin,
-            stdout: req.stdout,
-            stderr: req.stderr,
-            tty: req.tty,
-        },
-    };
-    remotecommand::upgrade(ws, session, shared.backend.clone())
+    let pending = consume(&shared, &token).filter(|p| matches!(p, Pending::Attach(_)));
+    serve_remotecommand(shared, pending, req).await
 }
 
 async fn port_forward(
     State(shared): State<Arc<Shared>>,
     Path(token): Path<String>,
-    RawQuery(query): RawQuery,
-    ws: Upgrade,
+    req: Request,
 ) -> Response {
-    let Some(Pending::PortForward(req)) = consume(&shared, &token) else {
+    let Some(Pending::PortForward(pf)) = consume(&shared, &token) else {
         return not_found();
     };
-    let ports = match portforward::query_ports(query.as_deref().unwrap_or("")) {
-        Ok(p) => p,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
-    };
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(e) => return not_websocket(e),
-    };
-    portforward::upgrade(ws, req.pod_sandbox_id, ports, shared.backend.clone())
+    let backend = shared.backend.clone();
+    let query = req.uri().query().unwrap_or("").to_string();
+    match transport(req, spdy::portforward::PROTOCOL).await {
+        Ok(Transport::WebSocket(ws)) => match portforward::query_ports(&query) {
+            Ok(ports) => portforward::upgrade(ws, pf.pod_sandbox_id, ports, backend),
+            Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        },
+        Ok(Transport::Spdy(req)) => spdy_upgrade(req, spdy::portforward::PROTOCOL, move |io| {
+            spdy::portforward::serve(io, pf.pod_sandbox_id, backend)
+        }),
+        Err(refusal) => refusal,
+    }
 }
