@@ -649,3 +649,270 @@ async fn attach_over_websocket() {
     assert_eq!(out.status()["status"], "Failure", "{:?}", out.status());
     node.teardown().await;
 }
+
+/// A minimal SPDY/3.1 client over the runtime's frame codec, as kubectl's spdystream drives a
+/// streaming server: an HTTP/1.1 upgrade, then streams opened with SYN_STREAM.
+mod spdy_client {
+    use runtime::streaming::spdy::{Codec, FLAG_FIN, Frame};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    pub struct Client {
+        io: TcpStream,
+        codec: Codec,
+        buf: Vec<u8>,
+        next_id: u32,
+    }
+
+    /// Upgrades `url` to SPDY offering `protocol`: the client, or the refusal's HTTP status.
+    pub async fn connect(url: &str, protocol: &str) -> Result<Client, u16> {
+        let rest = url.strip_prefix("http://").unwrap();
+        let (host, path) = rest.split_once('/').unwrap();
+        let mut io = TcpStream::connect(host).await.unwrap();
+        let req = format!(
+            "POST /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
+        );
+        io.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 1024];
+            let n = io.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed during the upgrade");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        if status != 101 {
+            return Err(status);
+        }
+        assert!(head.contains("upgrade: spdy/3.1"), "{head}");
+        assert!(
+            head.contains(&format!("x-stream-protocol-version: {protocol}")),
+            "{head}"
+        );
+        Ok(Client {
+            io,
+            codec: Codec::new(),
+            buf: buf.split_off(end),
+            next_id: 1,
+        })
+    }
+
+    impl Client {
+        pub async fn send(&mut self, frame: Frame) {
+            let mut out = Vec::new();
+            self.codec.encode(&frame, &mut out).unwrap();
+            self.io.write_all(&out).await.unwrap();
+        }
+
+        /// Opens a stream with `headers`; its id.
+        pub async fn open(&mut self, headers: &[(&str, &str)]) -> u32 {
+            let id = self.next_id;
+            self.next_id += 2;
+            let headers = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            self.send(Frame::SynStream {
+                id,
+                associated: 0,
+                priority: 0,
+                flags: 0,
+                headers,
+            })
+            .await;
+            id
+        }
+
+        pub async fn data(&mut self, id: u32, data: &[u8]) {
+            self.send(Frame::Data {
+                id,
+                flags: 0,
+                data: data.to_vec(),
+            })
+            .await;
+        }
+
+        pub async fn fin(&mut self, id: u32) {
+            self.send(Frame::Data {
+                id,
+                flags: FLAG_FIN,
+                data: Vec::new(),
+            })
+            .await;
+        }
+
+        /// The next frame; `None` once the server closed the connection.
+        pub async fn next(&mut self) -> Option<Frame> {
+            loop {
+                if let Some((f, used)) = self.codec.decode(&self.buf).unwrap() {
+                    self.buf.drain(..used);
+                    return Some(f);
+                }
+                let mut chunk = [0u8; 16 * 1024];
+                let n = self.io.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return None;
+                }
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+}
+
+/// Data received per stream until the server closes the connection (or every stream in
+/// `until_fin` has ended); also checks each opened stream got its SYN_REPLY.
+async fn spdy_collect(
+    c: &mut spdy_client::Client,
+    opened: &[u32],
+    until_fin: &[u32],
+) -> std::collections::HashMap<u32, Vec<u8>> {
+    use runtime::streaming::spdy::{FLAG_FIN, Frame};
+    let mut data: std::collections::HashMap<u32, Vec<u8>> = Default::default();
+    let mut replied = Vec::new();
+    let mut finished = Vec::new();
+    let work = async {
+        while let Some(f) = c.next().await {
+            match f {
+                Frame::SynReply { id, .. } => replied.push(id),
+                Frame::Data { id, flags, data: d } => {
+                    data.entry(id).or_default().extend_from_slice(&d);
+                    if flags & FLAG_FIN != 0 {
+                        finished.push(id);
+                        if !until_fin.is_empty() && until_fin.iter().all(|i| finished.contains(i)) {
+                            break;
+                        }
+                    }
+                }
+                Frame::GoAway { .. } => break,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .expect("the SPDY session ended");
+    for id in opened {
+        assert!(replied.contains(id), "stream {id} got a SYN_REPLY");
+    }
+    data
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_and_port_forward_over_spdy() {
+    if !root_or_skip("exec_and_port_forward_over_spdy") {
+        return;
+    }
+    let node = Node::new("spdy").await;
+    let sb = node.sandbox("spdypod").await;
+    let port = 19000 + (std::process::id() % 1000) as u16;
+    let id = node
+        .container_with(&sb, httpd("web", port, "spdy-forwarded"))
+        .await;
+    wait_serving(&node, &id, port).await;
+
+    // Exec: stdin through cat to stdout, stderr apart, the exit code on the error stream.
+    let url = exec_url(
+        &node,
+        exec_req(
+            &id,
+            &["sh", "-c", "cat; echo err >&2; exit 2"],
+            true,
+            true,
+            true,
+            false,
+        ),
+    )
+    .await;
+    let mut c = spdy_client::connect(&url, "v4.channel.k8s.io")
+        .await
+        .expect("upgrade");
+    let error = c.open(&[("streamType", "error")]).await;
+    let stdin = c.open(&[("streamType", "stdin")]).await;
+    let stdout = c.open(&[("streamType", "stdout")]).await;
+    let stderr = c.open(&[("streamType", "stderr")]).await;
+    c.data(stdin, b"hello over spdy\n").await;
+    c.fin(stdin).await;
+    let got = spdy_collect(&mut c, &[error, stdin, stdout, stderr], &[]).await;
+    let text = |id| {
+        String::from_utf8_lossy(got.get(&id).map(Vec::as_slice).unwrap_or_default()).into_owned()
+    };
+    assert_eq!(text(stdout), "hello over spdy\n");
+    assert_eq!(text(stderr), "err\n");
+    let status: serde_json::Value = serde_json::from_str(&text(error)).expect("status JSON");
+    assert_eq!(status["reason"], "NonZeroExitCode");
+    assert_eq!(exit_code_of(&status).as_deref(), Some("2"));
+
+    // A terminal with a resize stream.
+    let url = exec_url(&node, exec_req(&id, &["sh"], true, true, false, true)).await;
+    let mut c = spdy_client::connect(&url, "v4.channel.k8s.io")
+        .await
+        .unwrap();
+    let error = c.open(&[("streamType", "error")]).await;
+    let stdin = c.open(&[("streamType", "stdin")]).await;
+    let stdout = c.open(&[("streamType", "stdout")]).await;
+    let resize = c.open(&[("streamType", "resize")]).await;
+    c.data(resize, br#"{"Width":90,"Height":33}"#).await;
+    c.data(stdin, b"stty size; exit 0\n").await;
+    let got = spdy_collect(&mut c, &[error, stdin, stdout, resize], &[]).await;
+    let out = String::from_utf8_lossy(&got[&stdout]).into_owned();
+    assert!(out.contains("33 90"), "{out:?}");
+    let status: serde_json::Value = serde_json::from_slice(&got[&error]).unwrap();
+    assert_eq!(status["status"], "Success");
+
+    // A client offering only an older subprotocol is refused.
+    let url = exec_url(&node, exec_req(&id, &["true"], false, true, false, false)).await;
+    assert_eq!(
+        spdy_client::connect(&url, "v3.channel.k8s.io").await.err(),
+        Some(403)
+    );
+
+    // Port-forward: one connection per request id, both on one session.
+    let url = node
+        .rt
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: sb.0.clone(),
+            port: vec![i32::from(port)],
+        })
+        .await
+        .unwrap()
+        .url;
+    let mut c = spdy_client::connect(&url, "portforward.k8s.io")
+        .await
+        .unwrap();
+    let p = port.to_string();
+    let error = c
+        .open(&[("streamType", "error"), ("port", &p), ("requestID", "0")])
+        .await;
+    let data = c
+        .open(&[("streamType", "data"), ("port", &p), ("requestID", "0")])
+        .await;
+    c.data(data, b"GET /index.html HTTP/1.0\r\n\r\n").await;
+    let got = spdy_collect(&mut c, &[error, data], &[data]).await;
+    let reply = String::from_utf8_lossy(&got[&data]).into_owned();
+    assert!(reply.starts_with("HTTP/1."), "{reply:?}");
+    assert!(reply.contains("spdy-forwarded"), "{reply:?}");
+    let closed = (port + 1).to_string();
+    let error = c
+        .open(&[
+            ("streamType", "error"),
+            ("port", &closed),
+            ("requestID", "1"),
+        ])
+        .await;
+    let data = c
+        .open(&[
+            ("streamType", "data"),
+            ("port", &closed),
+            ("requestID", "1"),
+        ])
+        .await;
+    let got = spdy_collect(&mut c, &[error, data], &[error, data]).await;
+    let msg = String::from_utf8_lossy(&got[&error]).into_owned();
+    assert!(msg.contains("error forwarding port"), "{msg:?}");
+    drop(c);
+    node.teardown().await;
+}
