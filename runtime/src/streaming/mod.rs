@@ -363,3 +363,101 @@ async fn port_forward(
         Err(refusal) => refusal,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A backend that must never be reached.
+    struct Unreachable;
+
+    #[async_trait::async_trait]
+    impl Backend for Unreachable {
+        async fn exec(&self, _: &str, _: Vec<String>, _: StreamIo) -> Result<i32> {
+            panic!("exec reached the backend")
+        }
+        async fn port_forward(&self, _: &str, _: u16) -> Result<Box<dyn Duplex>> {
+            panic!("port_forward reached the backend")
+        }
+    }
+
+    async fn server(ttl: Duration) -> Server {
+        let cfg = Config {
+            token_ttl: ttl,
+            ..Config::default()
+        };
+        Server::start(cfg, Arc::new(Unreachable)).await.unwrap()
+    }
+
+    /// The status code of a plain HTTP/1.1 GET (no upgrade) of `url`.
+    async fn get(url: &str) -> u16 {
+        let rest = url.strip_prefix("http://").unwrap();
+        let (host, path) = rest.split_once('/').unwrap();
+        let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+        let req = format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        resp.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    fn exec_req() -> cri::ExecRequest {
+        cri::ExecRequest {
+            container_id: "c".into(),
+            cmd: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn urls_are_single_use_and_need_an_upgrade() {
+        let s = server(Duration::from_secs(60)).await;
+        let url = s.get_exec(exec_req()).unwrap().url;
+        assert!(
+            url.starts_with(&format!("http://{}/exec/", s.addr())),
+            "{url}"
+        );
+        assert_eq!(get(&url).await, 400, "no upgrade asked for");
+        assert_eq!(get(&url).await, 404, "the token was used");
+        // A token is only good on its own kind of path.
+        let url = s.get_exec(exec_req()).unwrap().url;
+        assert_eq!(get(&url.replace("/exec/", "/portforward/")).await, 404);
+    }
+
+    #[tokio::test]
+    async fn expired_urls_are_not_found() {
+        let s = server(Duration::from_millis(1)).await;
+        let url = s.get_exec(exec_req()).unwrap().url;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(get(&url).await, 404);
+    }
+
+    #[tokio::test]
+    async fn requests_are_validated_like_upstream() {
+        let s = server(Duration::from_secs(60)).await;
+        let bad = |f: fn(&mut cri::ExecRequest)| {
+            let mut r = exec_req();
+            f(&mut r);
+            s.get_exec(r).unwrap_err().code()
+        };
+        assert_eq!(bad(|r| r.cmd.clear()), crate::Code::InvalidArgument);
+        assert_eq!(
+            bad(|r| r.container_id.clear()),
+            crate::Code::InvalidArgument
+        );
+        assert_eq!(bad(|r| r.stdout = false), crate::Code::InvalidArgument);
+        assert_eq!(
+            bad(|r| {
+                r.tty = true;
+                r.stderr = true
+            }),
+            crate::Code::InvalidArgument
+        );
+        let err = s
+            .get_port_forward(cri::PortForwardRequest::default())
+            .unwrap_err();
+        assert_eq!(err.code(), crate::Code::InvalidArgument);
+    }
+}
