@@ -916,3 +916,48 @@ async fn exec_and_port_forward_over_spdy() {
     drop(c);
     node.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_to_a_terminal_container() {
+    if !root_or_skip("attach_to_a_terminal_container") {
+        return;
+    }
+    let node = Node::new("ttyattach").await;
+    let sb = node.sandbox("ttyattach").await;
+    let mut cfg = container_config("t", &["sh"]);
+    cfg.tty = true;
+    cfg.stdin = true;
+    let id = node.container_with(&sb, cfg).await;
+    let url = node
+        .rt
+        .attach(cri::AttachRequest {
+            container_id: id.clone(),
+            stdin: true,
+            tty: true,
+            stdout: true,
+            stderr: false,
+        })
+        .await
+        .expect("Attach")
+        .url;
+    let mut ws = open(&url, V5).await.expect("open");
+    ws.send(frame(4, br#"{"Width":77,"Height":22}"#))
+        .await
+        .unwrap();
+    ws.send(frame(0, b"tty; stty size; exit 3\n"))
+        .await
+        .unwrap();
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    let text = out.stdout();
+    assert!(text.contains("/dev/pts/"), "{text:?}");
+    assert!(text.contains("22 77"), "{text:?}");
+    assert_eq!(out.status()["status"], "Success");
+    let s = node.wait_exited(&id).await;
+    assert_eq!(s.exit_code, 3);
+    // The terminal's output is the container's stdout in its log.
+    let (log_out, log_err) = log_output(std::path::Path::new(&s.log_path));
+    assert!(log_out.contains("22 77"), "{log_out:?}");
+    assert!(log_err.is_empty(), "{log_err:?}");
+    node.teardown().await;
+}

@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
 use nix::fcntl::OFlag;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{BuiltinRuntime, Inner, sandbox_error};
 use crate::streaming::{Backend, Duplex, StreamIo, TermSize};
@@ -61,12 +61,7 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn attach_url(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
-        let rec = self.inner.records.need_container(&req.container_id)?;
-        if rec.config.tty {
-            return Err(Error::unimplemented(
-                "attach to a container with a terminal is not supported",
-            ));
-        }
+        self.inner.records.need_container(&req.container_id)?;
         self.streaming_server().await?.get_attach(req)
     }
 
@@ -147,18 +142,51 @@ impl BuiltinRuntime {
     /// Follows a container's output (and feeds its stdin) until it exits or the client goes.
     async fn attach_streaming(&self, container_id: &str, io: StreamIo) -> Result<()> {
         let rec = self.inner.records.need_container(container_id)?;
+        let terminal = rec.config.tty;
+        // A terminal's master comes back as the container's stdin (also for resizing).
         let mut att = self
             .client(&rec.sandbox_id)
-            .attach(&rec.id, io.stdin.is_some())
+            .attach(&rec.id, io.stdin.is_some() || terminal)
             .await
             .map_err(sandbox_error)?;
         let StreamIo {
             stdin,
             mut stdout,
             mut stderr,
+            mut resize,
             ..
         } = io;
+        let mut sizer = None;
         let input = match (stdin, att.stdin.take()) {
+            (stdin, Some(master)) if terminal => {
+                let master = Arc::new(master);
+                let m = master.clone();
+                sizer = Some(tokio::spawn(async move {
+                    while let Some(size) = resize.recv().await {
+                        set_size(&m, size);
+                    }
+                }));
+                stdin.map(|mut from| {
+                    // The master is non-blocking (the sandbox reads it): writes go through a
+                    // blocking task that waits for room.
+                    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+                    tokio::task::spawn_blocking(move || {
+                        while let Some(d) = rx.blocking_recv() {
+                            if write_nonblocking(&master, &d).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 8192];
+                        while let Ok(n @ 1..) = from.read(&mut buf).await {
+                            if tx.send(buf[..n].to_vec()).await.is_err() {
+                                break;
+                            }
+                        }
+                    })
+                })
+            }
             (Some(from), Some(to)) => {
                 let to = tokio::net::unix::pipe::Sender::from_owned_fd(to)
                     .map_err(|e| Error::internal(format!("stdin pipe: {e}")))?;
@@ -185,6 +213,9 @@ impl BuiltinRuntime {
             let _ = to.shutdown().await;
         }
         if let Some(t) = input {
+            t.abort();
+        }
+        if let Some(t) = sizer {
             t.abort();
         }
         Ok(())
@@ -227,6 +258,37 @@ fn connect_in(netns: &str, port: u16) -> Result<std::net::TcpStream> {
         .set_nonblocking(true)
         .map_err(|e| Error::internal(format!("configuring the connection: {e}")))?;
     Ok(stream)
+}
+
+/// Writes all of `data` to a non-blocking descriptor (a terminal's master), waiting for room.
+fn write_nonblocking(fd: &OwnedFd, mut data: &[u8]) -> std::io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    while !data.is_empty() {
+        match rustix::io::write(fd, data) {
+            Ok(n) => data = &data[n..],
+            Err(rustix::io::Errno::AGAIN) => {
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+                let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Applies a client's terminal size to a terminal.
+fn set_size(master: &OwnedFd, TermSize { width, height }: TermSize) {
+    let size = rustix::termios::Winsize {
+        ws_row: height,
+        ws_col: width,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    if let Err(e) = rustix::termios::tcsetwinsize(master, size) {
+        tracing::debug!("resizing the terminal: {e}");
+    }
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {
@@ -279,16 +341,8 @@ async fn on_terminal(
     let writer = tokio::fs::File::from_std(std::fs::File::from(dup(&master)?));
     let input = stdin.map(|from| tokio::spawn(copy_in(from, writer)));
     let sizer = tokio::spawn(async move {
-        while let Some(TermSize { width, height }) = resize.recv().await {
-            let size = rustix::termios::Winsize {
-                ws_row: height,
-                ws_col: width,
-                ws_xpixel: 0,
-                ws_ypixel: 0,
-            };
-            if let Err(e) = rustix::termios::tcsetwinsize(&master, size) {
-                tracing::debug!("resizing the terminal: {e}");
-            }
+        while let Some(size) = resize.recv().await {
+            set_size(&master, size);
         }
     });
     // The master reads EIO once the last process holding the terminal has exited: that ends

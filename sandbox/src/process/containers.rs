@@ -35,7 +35,8 @@ pub struct Ctr {
     pub out: [Option<OwnedFd>; 2],
     pub log: LogWriter,
     pub pidfd: Option<OwnedFd>,
-    /// The write end of the container's stdin pipe, when it has one.
+    /// The write end of the container's stdin pipe, when it has one; for a container with a
+    /// terminal, the terminal's master (non-blocking, shared with the output reader).
     pub stdin: Option<OwnedFd>,
     pub stdin_once: bool,
     /// Connections following its output.
@@ -78,8 +79,8 @@ fn lc_error(what: &str, id: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what} container {id}: {e}"))
 }
 
-/// Reads the cgroup path a bundle's OCI spec asks for.
-fn bundle_cgroup(bundle: &Path) -> Result<Option<String>> {
+/// Reads the cgroup path a bundle's OCI spec asks for, and whether its process wants a terminal.
+fn bundle_cgroup(bundle: &Path) -> Result<(Option<String>, bool)> {
     let path = bundle.join("config.json");
     let spec = oci_spec::runtime::Spec::load(&path).map_err(|e| {
         Error::new(
@@ -87,11 +88,17 @@ fn bundle_cgroup(bundle: &Path) -> Result<Option<String>> {
             format!("loading OCI spec {}: {e}", path.display()),
         )
     })?;
-    Ok(spec
+    let terminal = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.terminal())
+        .unwrap_or(false);
+    let cgroup = spec
         .linux()
         .as_ref()
         .and_then(|l| l.cgroups_path().as_ref())
-        .map(|p| p.to_string_lossy().into_owned()))
+        .map(|p| p.to_string_lossy().into_owned());
+    Ok((cgroup, terminal))
 }
 
 /// Creates a container whose init waits for `start`.
@@ -102,38 +109,55 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
             format!("invalid container id {:?}", spec.id),
         ));
     }
-    let cgroup_path = bundle_cgroup(&spec.bundle)?;
+    let (cgroup_path, terminal) = bundle_cgroup(&spec.bundle)?;
     let log = LogWriter::open(spec.log_path.as_deref()).map_err(|e| {
         Error::new(
             Kind::InvalidArgument,
             format!("opening log file {:?}: {e}", spec.log_path),
         )
     })?;
-    let (out_r, out_w) = output_pipe()?;
-    let (err_r, err_w) = output_pipe()?;
-    let stdin = if spec.stdin {
-        Some(pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?)
-    } else {
-        None
-    };
     let mut builder = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .and_then(|b| b.validate_id())
-        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?
-        .with_stdout(out_w)
-        .with_stderr(err_w);
-    let stdin = match stdin {
-        Some((r, w)) => {
+        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?;
+    let mut out = [None, None];
+    let mut stdin = None;
+    let mut console = None;
+    if terminal {
+        // libcontainer makes the terminal inside the container and sends its master to a
+        // console socket: the master is the container's output and its stdin.
+        let path = layout.console_socket();
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).map_err(|e| Error::io("binding", &path, e))?;
+        console = Some(l);
+        builder = builder.with_console_socket(Some(&path));
+    } else {
+        let (out_r, out_w) = output_pipe()?;
+        let (err_r, err_w) = output_pipe()?;
+        out = [Some(out_r), Some(err_r)];
+        builder = builder.with_stdout(out_w).with_stderr(err_w);
+        if spec.stdin {
+            let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?;
             builder = builder.with_stdin(r);
-            Some(w)
+            stdin = Some(w);
         }
-        None => None,
-    };
+    }
     let container = builder
         .as_init(&spec.bundle)
         .with_systemd(false)
         .with_detach(true)
         .build();
+    if let Some(l) = console {
+        let _ = std::fs::remove_file(layout.console_socket());
+        if container.is_ok() {
+            let master = receive_master(&l)?;
+            let reader = master.try_clone().map_err(|e| internal("dup", e))?;
+            fcntl(reader.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+                .map_err(|e| internal("fcntl", e))?;
+            out[0] = Some(reader);
+            stdin = Some(master);
+        }
+    }
     let container = match container {
         Ok(c) => c,
         Err(e) => {
@@ -163,11 +187,11 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
     };
     Ok(Ctr {
         status,
-        out: [Some(out_r), Some(err_r)],
+        out,
         log,
         pidfd: pidfd_open(pid).ok(),
         stdin,
-        stdin_once: spec.stdin_once,
+        stdin_once: spec.stdin_once && !terminal,
         attached: Vec::new(),
     })
 }
