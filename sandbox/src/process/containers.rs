@@ -588,12 +588,41 @@ impl Executor for ExecSeccomp {
 }
 
 /// Deletes a container: kills it if it still runs, then removes its libcontainer state and cgroup.
-pub fn delete(layout: &Layout, c: &mut Ctr) {
+///
+/// Returns the exits of other children reaped meanwhile (for the caller's bookkeeping): a
+/// killed init of a PID namespace only finishes dying once every process of the namespace is
+/// reaped, and the sandbox is the parent of those too (an exec's process, or the remains of an
+/// exec that failed to start), so waiting for the init alone could wait forever.
+pub fn delete(layout: &Layout, c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let mut others = Vec::new();
     if matches!(c.status.state, State::Created | State::Running) && c.status.pid > 0 {
         let pid = Pid::from_raw(c.status.pid);
         let _ = kill(pid, Signal::SIGKILL);
-        if let Ok(ws) = nix::sys::wait::waitpid(pid, None) {
-            exited(c, ws);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {}
+                Ok(ws) => {
+                    exited(c, ws);
+                    break;
+                }
+                Err(_) => break,
+            }
+            while let Ok(ws) = waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                if ws == WaitStatus::StillAlive {
+                    break;
+                }
+                if ws.pid() == Some(pid) {
+                    exited(c, ws);
+                } else {
+                    others.push(ws);
+                }
+            }
+            if c.status.state == State::Exited || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
     let root = layout.container_root().join(&c.status.id);
@@ -609,6 +638,7 @@ pub fn delete(layout: &Layout, c: &mut Ctr) {
     if let Some(cg) = c.status.cgroup_path.as_deref() {
         let _ = cgroup::remove(cg);
     }
+    others
 }
 
 /// Persists a container's status atomically under the sandbox's status dir.

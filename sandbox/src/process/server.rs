@@ -386,7 +386,9 @@ impl Server {
 
     fn delete(&mut self, id: &str) -> Response {
         if let Some(mut c) = self.containers.remove(id) {
-            containers::delete(&self.layout, &mut c);
+            for ws in containers::delete(&self.layout, &mut c) {
+                self.record_exit(ws);
+            }
             self.answer_stops(&c);
         }
         containers::forget(&self.layout, id);
@@ -432,31 +434,36 @@ impl Server {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(ws) => ws,
             };
-            let Some(pid) = ws.pid() else { continue };
-            let code = match ws {
-                WaitStatus::Exited(_, c) => c,
-                WaitStatus::Signaled(_, s, _) => 128 + s as i32,
-                _ => continue,
-            };
-            if let Some(c) = self
-                .containers
-                .values_mut()
-                .find(|c| c.status.pid == pid.as_raw() && c.status.state != State::Exited)
-            {
-                containers::exited(c, ws);
-                let status = c.status.clone();
-                containers::persist(&self.layout, &status);
-                self.publish(&status);
-                for s in self.take_stops(&status.id) {
-                    reply(&s.conn, &Response::Container(status.clone()));
-                }
-            } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
-                e.exit_code = Some(code);
-                e.pidfd = None;
-            } else if Some(pid) == self.pid_holder {
-                tracing::error!("the pod's PID namespace holder exited");
-                self.pid_holder = None;
+            self.record_exit(ws);
+        }
+    }
+
+    /// Records a reaped child's exit: a container's init, an exec, or the PID holder.
+    fn record_exit(&mut self, ws: WaitStatus) {
+        let Some(pid) = ws.pid() else { return };
+        let code = match ws {
+            WaitStatus::Exited(_, c) => c,
+            WaitStatus::Signaled(_, s, _) => 128 + s as i32,
+            _ => return,
+        };
+        if let Some(c) = self
+            .containers
+            .values_mut()
+            .find(|c| c.status.pid == pid.as_raw() && c.status.state != State::Exited)
+        {
+            containers::exited(c, ws);
+            let status = c.status.clone();
+            containers::persist(&self.layout, &status);
+            self.publish(&status);
+            for s in self.take_stops(&status.id) {
+                reply(&s.conn, &Response::Container(status.clone()));
             }
+        } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
+            e.exit_code = Some(code);
+            e.pidfd = None;
+        } else if Some(pid) == self.pid_holder {
+            tracing::error!("the pod's PID namespace holder exited");
+            self.pid_holder = None;
         }
     }
 
@@ -539,7 +546,9 @@ impl Server {
         let ids: Vec<String> = self.containers.keys().cloned().collect();
         for id in ids {
             if let Some(mut c) = self.containers.remove(&id) {
-                containers::delete(&self.layout, &mut c);
+                for ws in containers::delete(&self.layout, &mut c) {
+                    self.record_exit(ws);
+                }
                 containers::persist(&self.layout, &c.status);
                 self.publish(&c.status);
                 self.answer_stops(&c);
