@@ -642,11 +642,14 @@ async fn attach_over_websocket() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    let url = node.rt.attach(attach(false)).await.expect("Attach").url;
-    let mut ws = open(&url, V5).await.unwrap();
-    let mut out = Output::default();
-    read_all(&mut ws, &mut out).await;
-    assert_eq!(out.status()["status"], "Failure", "{:?}", out.status());
+    let err = node.rt.attach(attach(false)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let err = node
+        .rt
+        .exec(exec_req(&id, &["true"], false, true, false, false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
     node.teardown().await;
 }
 

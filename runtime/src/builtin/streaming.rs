@@ -56,12 +56,24 @@ impl BuiltinRuntime {
     }
 
     pub(super) async fn exec_url(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
-        self.inner.records.need_container(&req.container_id)?;
+        self.need_running(&req.container_id).await?;
         self.streaming_server().await?.get_exec(req)
     }
 
+    /// A container that exists and runs (as containerd checks before Exec and Attach).
+    async fn need_running(&self, id: &str) -> Result<()> {
+        let rec = self.inner.records.need_container(id)?;
+        match self.status_of(&rec).await.map(|s| s.state) {
+            Some(sandbox::State::Running) => Ok(()),
+            state => Err(Error::failed_precondition(format!(
+                "container {} is not running ({state:?})",
+                rec.id
+            ))),
+        }
+    }
+
     pub(super) async fn attach_url(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
-        self.inner.records.need_container(&req.container_id)?;
+        self.need_running(&req.container_id).await?;
         self.streaming_server().await?.get_attach(req)
     }
 

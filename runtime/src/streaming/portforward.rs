@@ -41,6 +41,9 @@ pub fn query_ports(query: &str) -> Result<Vec<u16>, String> {
     if ports.is_empty() {
         return Err("query parameter \"port\" is required".into());
     }
+    if ports.len() > MAX_PORTS {
+        return Err(format!("at most {MAX_PORTS} ports at once"));
+    }
     Ok(ports)
 }
 
@@ -122,8 +125,9 @@ async fn serve(socket: WebSocket, sandbox_id: String, ports: Vec<u16>, backend: 
     let _ = writer.await;
 }
 
-/// Channel numbers are one byte; more ports than fit are not served (upstream has the same
-/// limit of 127 ports).
+/// Channel numbers are one byte: two per port.
+pub const MAX_PORTS: usize = 128;
+
 fn channel(n: usize) -> u8 {
     u8::try_from(n).unwrap_or(u8::MAX)
 }
@@ -149,5 +153,7 @@ mod tests {
         assert!(query_ports("port=0").unwrap_err().contains("> 0"));
         assert!(query_ports("port=70000").is_err());
         assert!(query_ports("port=http").is_err());
+        let many = vec!["port=1"; MAX_PORTS + 1].join("&");
+        assert!(query_ports(&many).unwrap_err().contains("at most"));
     }
 }
