@@ -766,6 +766,10 @@ mod spdy_client {
     }
 }
 
+fn text_of(got: &std::collections::HashMap<u32, Vec<u8>>, id: u32) -> String {
+    String::from_utf8_lossy(got.get(&id).map(Vec::as_slice).unwrap_or_default()).into_owned()
+}
+
 /// Data received per stream until the server closes the connection (or every stream in
 /// `until_fin` has ended); also checks each opened stream got its SYN_REPLY.
 async fn spdy_collect(
@@ -865,6 +869,39 @@ async fn exec_and_port_forward_over_spdy() {
     assert!(out.contains("33 90"), "{out:?}");
     let status: serde_json::Value = serde_json::from_slice(&got[&error]).unwrap();
     assert_eq!(status["status"], "Success");
+
+    // Attach: the container reads a line from the attached stdin, answers and exits, which
+    // ends the session with success.
+    let mut cfg = container_config("reader", &["sh", "-c", "read l; echo got:$l; echo bye >&2"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let reader = node.container_with(&sb, cfg).await;
+    let url = node
+        .rt
+        .attach(cri::AttachRequest {
+            container_id: reader.clone(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await
+        .expect("Attach")
+        .url;
+    let mut c = spdy_client::connect(&url, "v4.channel.k8s.io")
+        .await
+        .unwrap();
+    let error = c.open(&[("streamType", "error")]).await;
+    let stdin = c.open(&[("streamType", "stdin")]).await;
+    let stdout = c.open(&[("streamType", "stdout")]).await;
+    let stderr = c.open(&[("streamType", "stderr")]).await;
+    c.data(stdin, b"x\n").await;
+    let got = spdy_collect(&mut c, &[error, stdin, stdout, stderr], &[]).await;
+    assert_eq!(text_of(&got, stdout), "got:x\n");
+    assert_eq!(text_of(&got, stderr), "bye\n");
+    let status: serde_json::Value = serde_json::from_slice(&got[&error]).unwrap();
+    assert_eq!(status["status"], "Success");
+    assert_eq!(node.wait_exited(&reader).await.exit_code, 0);
 
     // A client offering only an older subprotocol is refused.
     let url = exec_url(&node, exec_req(&id, &["true"], false, true, false, false)).await;
