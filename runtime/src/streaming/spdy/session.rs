@@ -196,3 +196,135 @@ async fn read_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's end of a session under test.
+    struct Peer {
+        io: tokio::io::DuplexStream,
+        codec: Codec,
+        buf: Vec<u8>,
+    }
+
+    impl Peer {
+        async fn send(&mut self, f: Frame) {
+            let mut out = Vec::new();
+            self.codec.encode(&f, &mut out).unwrap();
+            self.io.write_all(&out).await.unwrap();
+        }
+
+        async fn next(&mut self) -> Option<Frame> {
+            loop {
+                if let Some((f, used)) = self.codec.decode(&self.buf).unwrap() {
+                    self.buf.drain(..used);
+                    return Some(f);
+                }
+                let mut chunk = [0u8; 4096];
+                let n = self.io.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    return None;
+                }
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+
+    fn start() -> (Session, Peer) {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let peer = Peer {
+            io: b,
+            codec: Codec::new(),
+            buf: Vec::new(),
+        };
+        (Session::start(a), peer)
+    }
+
+    fn syn(id: u32, flags: u8, kind: &str) -> Frame {
+        Frame::SynStream {
+            id,
+            associated: 0,
+            priority: 0,
+            flags,
+            headers: vec![("streamtype".into(), kind.into())],
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_are_replied_to_and_carry_data_until_fin() {
+        let (mut s, mut peer) = start();
+        peer.send(syn(1, 0, "stdin")).await;
+        assert_eq!(
+            peer.next().await,
+            Some(Frame::SynReply {
+                id: 1,
+                flags: 0,
+                headers: Vec::new()
+            })
+        );
+        let mut stdin = s.incoming.recv().await.unwrap();
+        assert_eq!((stdin.id, stdin.headers[0].1.as_str()), (1, "stdin"));
+        for (flags, data) in [(0, &b"ab"[..]), (FLAG_FIN, &b"c"[..])] {
+            peer.send(Frame::Data {
+                id: 1,
+                flags,
+                data: data.to_vec(),
+            })
+            .await;
+        }
+        assert_eq!(stdin.data.recv().await.as_deref(), Some(&b"ab"[..]));
+        assert_eq!(stdin.data.recv().await.as_deref(), Some(&b"c"[..]));
+        assert_eq!(
+            stdin.data.recv().await,
+            None,
+            "FIN closes the stream's input"
+        );
+
+        // A stream opened with FIN has no input at all; the server still writes on it.
+        peer.send(syn(3, FLAG_FIN, "error")).await;
+        let _reply = peer.next().await;
+        let mut error = s.incoming.recv().await.unwrap();
+        assert_eq!(error.data.recv().await, None);
+        assert!(s.sender.data(3, b"status").await);
+        assert!(s.sender.fin(3).await);
+        assert_eq!(
+            peer.next().await,
+            Some(Frame::Data {
+                id: 3,
+                flags: 0,
+                data: b"status".to_vec()
+            })
+        );
+        assert_eq!(
+            peer.next().await,
+            Some(Frame::Data {
+                id: 3,
+                flags: FLAG_FIN,
+                data: Vec::new()
+            })
+        );
+
+        // Pings are echoed; close sends GOAWAY and ends the connection.
+        peer.send(Frame::Ping { id: 5 }).await;
+        assert_eq!(peer.next().await, Some(Frame::Ping { id: 5 }));
+        s.close().await;
+        assert!(matches!(peer.next().await, Some(Frame::GoAway { .. })));
+        assert_eq!(peer.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn the_client_going_away_ends_the_incoming_streams() {
+        let (mut s, mut peer) = start();
+        peer.send(syn(1, 0, "stdout")).await;
+        let mut stream = s.incoming.recv().await.unwrap();
+        peer.send(Frame::GoAway {
+            last_good: 1,
+            status: 0,
+        })
+        .await;
+        assert!(s.incoming.recv().await.is_none());
+        assert_eq!(stream.data.recv().await, None);
+        drop(peer);
+    }
+}
