@@ -135,7 +135,9 @@ impl std::fmt::Debug for Attach {
 
 /// See [`Attach::stdin_done`].
 #[derive(Debug)]
-pub struct StdinDone(#[allow(dead_code)] OwnedWriteHalf);
+pub struct StdinDone {
+    _write_half: OwnedWriteHalf,
+}
 
 /// Which output stream a chunk of attached output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +150,7 @@ impl Attach {
     /// What tells the sandbox, when dropped, that this follower's stdin is done (for a
     /// container that takes stdin once). Dropping the `Attach` tells it too.
     pub fn stdin_done(&mut self) -> Option<StdinDone> {
-        self.done.take().map(StdinDone)
+        self.done.take().map(|w| StdinDone { _write_half: w })
     }
 
     /// The next chunk of output; `None` once the container has exited (or the sandbox went).
