@@ -40,5 +40,8 @@ pub mod server;
 #[cfg(feature = "remote")]
 pub mod remote;
 
+#[cfg(feature = "streaming")]
+pub mod streaming;
+
 pub use error::{Code, Error, Result};
 pub use service::{EventStream, ImageService, RuntimeService};

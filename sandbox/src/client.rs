@@ -5,14 +5,18 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::protocol::{MAX_MESSAGE, Request, Response};
 use crate::spec::{
     ContainerSpec, ContainerStatus, Event, ExecResult, ExecSpec, Layout, SandboxState, Spec,
+    StreamExecSpec,
 };
-use crate::{Error, Kind, Result};
+use crate::{Error, Kind, Result, fdpass};
 
 /// How long a plain request may take before the sandbox counts as unresponsive.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -74,6 +78,102 @@ fn setup_failure(reported: &str) -> (Kind, &str) {
             (Kind::Internal, msg)
         }
         _ => (Kind::Internal, reported),
+    }
+}
+
+/// A process started by [`Client::exec_stream`].
+#[derive(Debug)]
+pub struct StreamExec {
+    /// Its PID in the sandbox's PID namespace.
+    pub pid: i32,
+    /// The master side of its terminal, for a terminal exec.
+    pub master: Option<OwnedFd>,
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl StreamExec {
+    /// Waits for the process to exit; its exit code (128 + signal when killed).
+    pub async fn wait(self) -> Result<i32> {
+        let mut buf = self.buf;
+        let mut reader = BufReader::new(self.stream).take(MAX_MESSAGE as u64);
+        if !buf.contains(&b'\n') {
+            reader
+                .read_until(b'\n', &mut buf)
+                .await
+                .map_err(|e| Error::new(Kind::Unavailable, format!("reading from sandbox: {e}")))?;
+        }
+        if buf.is_empty() {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "the sandbox closed the connection before the exec ended",
+            ));
+        }
+        match serde_json::from_slice::<Response>(buf.trim_ascii_end())? {
+            Response::Exec(r) => Ok(r.exit_code),
+            Response::Error { kind, message } => Err(Error::new(kind, message)),
+            r => Err(Client::unexpected(r)),
+        }
+    }
+}
+
+/// A container's output followed by [`Client::attach`].
+pub struct Attach {
+    /// The write side of the container's stdin, if asked for and it has one.
+    pub stdin: Option<OwnedFd>,
+    stream: BufReader<tokio::io::Chain<std::io::Cursor<Vec<u8>>, OwnedReadHalf>>,
+    done: Option<OwnedWriteHalf>,
+}
+
+impl std::fmt::Debug for Attach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attach")
+            .field("stdin", &self.stdin)
+            .finish()
+    }
+}
+
+/// See [`Attach::stdin_done`].
+#[derive(Debug)]
+pub struct StdinDone {
+    _write_half: OwnedWriteHalf,
+}
+
+/// Which output stream a chunk of attached output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    Stderr,
+}
+
+impl Attach {
+    /// What tells the sandbox, when dropped, that this follower's stdin is done (for a
+    /// container that takes stdin once). Dropping the `Attach` tells it too.
+    pub fn stdin_done(&mut self) -> Option<StdinDone> {
+        self.done.take().map(|w| StdinDone { _write_half: w })
+    }
+
+    /// The next chunk of output; `None` once the container has exited (or the sandbox went).
+    pub async fn next(&mut self) -> Result<Option<(Output, Vec<u8>)>> {
+        let mut head = [0u8; 5];
+        if let Err(e) = self.stream.read_exact(&mut head).await {
+            return match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Ok(None),
+                _ => Err(Error::new(Kind::Unavailable, format!("attach: {e}"))),
+            };
+        }
+        let which = match head[0] {
+            crate::protocol::ATTACH_STDOUT => Output::Stdout,
+            crate::protocol::ATTACH_STDERR => Output::Stderr,
+            t => return Err(Error::new(Kind::Internal, format!("bad attach frame {t}"))),
+        };
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut data = vec![0u8; len];
+        self.stream
+            .read_exact(&mut data)
+            .await
+            .map_err(|e| Error::new(Kind::Unavailable, format!("attach: {e}")))?;
+        Ok(Some((which, data)))
     }
 }
 
@@ -198,6 +298,107 @@ impl Client {
         match self.call(&Request::Exec(spec), timeout).await? {
             Response::Exec(r) => Ok(r),
             r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Sends `req` with `fds` attached and reads the first answer line, keeping the
+    /// connection (and anything read past that line) for what follows.
+    async fn stream_call(
+        &self,
+        req: &Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Response, Option<OwnedFd>, UnixStream, Vec<u8>)> {
+        let path = self.layout.socket();
+        let io_err = |what: &'static str| {
+            let path = path.clone();
+            move |e: std::io::Error| Error::io(what, &path, e)
+        };
+        let work = async {
+            let mut stream = self.connect().await?;
+            let mut line = serde_json::to_vec(req)?;
+            line.push(b'\n');
+            let sent = stream
+                .async_io(Interest::WRITABLE, || fdpass::send(&stream, &line, fds))
+                .await
+                .map_err(io_err("writing to sandbox"))?;
+            stream
+                .write_all(&line[sent..])
+                .await
+                .map_err(io_err("writing to sandbox"))?;
+            let mut buf = Vec::new();
+            let mut received = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let end = loop {
+                if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                    break end;
+                }
+                let n = stream
+                    .async_io(Interest::READABLE, || {
+                        fdpass::recv(&stream, &mut chunk, &mut received)
+                    })
+                    .await
+                    .map_err(io_err("reading from sandbox"))?;
+                if n == 0 {
+                    return Err(Error::new(
+                        Kind::Unavailable,
+                        format!("sandbox at {} closed the connection", path.display()),
+                    ));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            let rest = buf.split_off(end + 1);
+            match serde_json::from_slice::<Response>(&buf)? {
+                Response::Error { kind, message } => Err(Error::new(kind, message)),
+                r => Ok((r, received.pop(), stream, rest)),
+            }
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    Kind::DeadlineExceeded,
+                    format!("sandbox request timed out after {REQUEST_TIMEOUT:?}"),
+                )
+            })?
+    }
+
+    /// Starts a process in a container on the caller's stdio: `stdio` (stdin, stdout, stderr)
+    /// without a terminal, nothing with one (the terminal's master comes back instead).
+    pub async fn exec_stream(
+        &self,
+        spec: StreamExecSpec,
+        stdio: Option<[OwnedFd; 3]>,
+    ) -> Result<StreamExec> {
+        let fds: Vec<BorrowedFd<'_>> = stdio.iter().flatten().map(|f| f.as_fd()).collect();
+        let (r, master, stream, buf) = self.stream_call(&Request::ExecStream(spec), &fds).await?;
+        match r {
+            Response::ExecStarted { pid } => Ok(StreamExec {
+                pid,
+                master,
+                stream,
+                buf,
+            }),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Follows a running container's output, with a descriptor of its stdin when `stdin` is
+    /// asked and the container was created with one.
+    pub async fn attach(&self, id: &str, stdin: bool) -> Result<Attach> {
+        let req = Request::Attach {
+            id: id.into(),
+            stdin,
+        };
+        match self.stream_call(&req, &[]).await? {
+            (Response::Attached, stdin, stream, buf) => {
+                let (read, write) = stream.into_split();
+                Ok(Attach {
+                    stdin,
+                    stream: BufReader::new(std::io::Cursor::new(buf).chain(read)),
+                    done: Some(write),
+                })
+            }
+            (r, ..) => Err(Self::unexpected(r)),
         }
     }
 

@@ -8,17 +8,18 @@
 pub mod cgroup;
 mod client;
 mod error;
+pub mod fdpass;
 pub mod files;
 pub mod logs;
 pub mod process;
 pub mod protocol;
 mod spec;
 
-pub use client::{Client, REQUEST_TIMEOUT, launch};
+pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec, launch};
 pub use error::{Error, Kind, Result};
 pub use spec::{
     ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, Layout, NamespaceMode,
-    Namespaces, SandboxState, Spec, State, now_ns,
+    Namespaces, SandboxState, Spec, State, StreamExecSpec, now_ns,
 };
 
 pub use oci_spec;

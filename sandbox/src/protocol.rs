@@ -6,10 +6,17 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Kind;
-use crate::spec::{ContainerSpec, ContainerStatus, ExecResult, ExecSpec, SandboxState};
+use crate::spec::{
+    ContainerSpec, ContainerStatus, ExecResult, ExecSpec, SandboxState, StreamExecSpec,
+};
 
 /// Longest request or response line accepted (exec output is bounded below this).
 pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// An attach frame is the stream (this or [`ATTACH_STDERR`]), the length of the data (u32,
+/// little-endian) and the data.
+pub const ATTACH_STDOUT: u8 = 1;
+pub const ATTACH_STDERR: u8 = 2;
 
 /// Most bytes of each output stream an exec keeps.
 pub const MAX_EXEC_OUTPUT: usize = 16 << 20;
@@ -35,6 +42,19 @@ pub enum Request {
     },
     /// Run a process in a container and return its output.
     Exec(ExecSpec),
+    /// Run a process in a container on the caller's stdio: without a terminal the request
+    /// carries three descriptors (stdin, stdout, stderr); with one, none, and the
+    /// `ExecStarted` answer carries the terminal's master side. `Exec` (exit code only, no
+    /// output) follows when the process has exited.
+    ExecStream(StreamExecSpec),
+    /// Follow a running container's output: after the `Attached` answer (carrying a
+    /// descriptor of the container's stdin when `stdin` was asked and the container has one)
+    /// the connection carries [`attach frames`](ATTACH_STDOUT) until the container exits.
+    /// Closing the connection detaches.
+    Attach {
+        id: String,
+        stdin: bool,
+    },
     /// Close and reopen a container's log file (after rotation).
     ReopenLog {
         id: String,
@@ -56,5 +76,14 @@ pub enum Response {
     State(SandboxState),
     Container(ContainerStatus),
     Exec(ExecResult),
-    Error { kind: Kind, message: String },
+    /// An attach follows (see [`Request::Attach`]).
+    Attached,
+    /// A streaming exec's process runs (see [`Request::ExecStream`]).
+    ExecStarted {
+        pid: i32,
+    },
+    Error {
+        kind: Kind,
+        message: String,
+    },
 }

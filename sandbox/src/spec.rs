@@ -82,6 +82,10 @@ impl Layout {
     pub fn socket(&self) -> PathBuf {
         self.dir.join("sandbox.sock")
     }
+    /// Where a terminal exec's console socket is bound while libcontainer sets it up.
+    pub fn console_socket(&self) -> PathBuf {
+        self.dir.join("console.sock")
+    }
     pub fn pid_file(&self) -> PathBuf {
         self.dir.join("pid")
     }
@@ -123,6 +127,12 @@ pub struct ContainerSpec {
     pub bundle: PathBuf,
     /// Where stdout and stderr go, in the CRI log format; `None` discards them.
     pub log_path: Option<PathBuf>,
+    /// Give the container a stdin pipe that attach requests can write to.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Close that stdin once the first attach that wrote to it has ended.
+    #[serde(default)]
+    pub stdin_once: bool,
 }
 
 /// A process to run in a container, waited for with a timeout.
@@ -132,6 +142,15 @@ pub struct ExecSpec {
     pub args: Vec<String>,
     /// Zero means no timeout.
     pub timeout_ms: u64,
+}
+
+/// A process run in a container on the caller's stdio (see `Request::ExecStream`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamExecSpec {
+    pub container_id: String,
+    pub args: Vec<String>,
+    /// Run it on a new terminal (made inside the container) instead of the passed descriptors.
+    pub tty: bool,
 }
 
 /// What an exec produced.

@@ -177,6 +177,8 @@ impl<'a> Env<'a> {
             id: id.into(),
             bundle,
             log_path: Some(self.dir.path().join("logs").join(format!("{id}.log"))),
+            stdin: false,
+            stdin_once: false,
         }
     }
 
@@ -459,6 +461,8 @@ fn bad_requests_change_nothing(env: &Env) {
             id: "nobundle".into(),
             bundle: "/nonexistent".into(),
             log_path: None,
+            stdin: false,
+            stdin_once: false,
         }))
         .expect_err("missing bundle");
     assert_eq!(err.kind(), Kind::InvalidArgument);

@@ -33,6 +33,9 @@ pub struct ServeArgs {
     /// Registries (host[:port]) that PullImage may reach over plain http.
     #[arg(long = "insecure-registry")]
     pub insecure: Vec<String>,
+    /// Where the streaming server (the URLs of Exec and PortForward) listens; port 0 picks one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub streaming_addr: std::net::SocketAddr,
 }
 
 pub async fn run(root_dir: &Path, cmd: CriCommand) -> anyhow::Result<ExitCode> {
@@ -59,6 +62,7 @@ async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = runtime::builtin::Config::new(root_dir)?;
     cfg.cgroup_root = args.cgroup_root;
     cfg.registry.insecure = args.insecure;
+    cfg.streaming.addr = args.streaming_addr;
     let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
     let server_cfg = runtime::server::ServerConfig {
         request_timeout: Duration::from_secs(args.request_timeout),

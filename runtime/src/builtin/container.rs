@@ -196,6 +196,8 @@ impl BuiltinRuntime {
                     id: id.clone(),
                     bundle: bundle.clone(),
                     log_path: (!log.is_empty()).then(|| PathBuf::from(&log)),
+                    stdin: config.stdin,
+                    stdin_once: config.stdin_once,
                 })
                 .await
                 .map_err(sandbox_error)?;

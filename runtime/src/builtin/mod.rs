@@ -14,6 +14,7 @@ mod service;
 pub mod spec;
 mod stats;
 mod store;
+mod streaming;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub struct Config {
     pub cgroup_root: String,
     /// Registry settings for pulls (insecure registries, mirrors).
     pub registry: images::RegistryConfig,
+    /// The streaming server (Exec, PortForward URLs); it starts on the first such request.
+    pub streaming: crate::streaming::Config,
 }
 
 impl Config {
@@ -58,6 +61,7 @@ impl Config {
             sandbox_args: vec![SANDBOX_SUBCOMMAND.to_string()],
             cgroup_root: "/nodelet".to_string(),
             registry: images::RegistryConfig::default(),
+            streaming: crate::streaming::Config::default(),
         })
     }
 }
@@ -76,6 +80,7 @@ struct Inner {
     events: broadcast::Sender<cri::ContainerEventResponse>,
     /// Serialises creation and removal, so concurrent requests cannot race on names or ids.
     lifecycle: tokio::sync::Mutex<()>,
+    streaming: tokio::sync::OnceCell<crate::streaming::Server>,
 }
 
 impl BuiltinRuntime {
@@ -107,6 +112,7 @@ impl BuiltinRuntime {
                 records,
                 events,
                 lifecycle: tokio::sync::Mutex::new(()),
+                streaming: tokio::sync::OnceCell::new(),
             }),
         };
         rt.adopt().await;

@@ -5,7 +5,7 @@ use futures::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
 use super::BuiltinRuntime;
-use crate::{Error, EventStream, ImageService, Result, RuntimeService, cri};
+use crate::{EventStream, ImageService, Result, RuntimeService, cri};
 
 /// The runtime's name as Version and the node's status report it.
 pub const RUNTIME_NAME: &str = "nodelet";
@@ -133,25 +133,16 @@ impl RuntimeService for BuiltinRuntime {
         self.exec_sync(req).await
     }
 
-    async fn exec(&self, _req: cri::ExecRequest) -> Result<cri::ExecResponse> {
-        Err(Error::unimplemented(
-            "Exec streaming needs the streaming server, which is not built yet",
-        ))
+    async fn exec(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
+        self.exec_url(req).await
     }
 
-    async fn attach(&self, _req: cri::AttachRequest) -> Result<cri::AttachResponse> {
-        Err(Error::unimplemented(
-            "Attach streaming needs the streaming server, which is not built yet",
-        ))
+    async fn attach(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
+        self.attach_url(req).await
     }
 
-    async fn port_forward(
-        &self,
-        _req: cri::PortForwardRequest,
-    ) -> Result<cri::PortForwardResponse> {
-        Err(Error::unimplemented(
-            "PortForward needs the streaming server, which is not built yet",
-        ))
+    async fn port_forward(&self, req: cri::PortForwardRequest) -> Result<cri::PortForwardResponse> {
+        self.port_forward_url(req).await
     }
 
     async fn container_stats(

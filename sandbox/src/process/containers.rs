@@ -2,7 +2,8 @@
 //! libcontainer, and keeping each one's status on disk.
 
 use std::collections::{BTreeMap, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
 use libcontainer::capabilities::drop_privileges;
@@ -15,13 +16,16 @@ use libcontainer::workload::{
     Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
 };
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::MsgFlags;
 use nix::unistd::{Pid, pipe2};
 use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
 
 use super::ns::pidfd_open;
 use crate::logs::{LogWriter, Stream};
-use crate::spec::{ContainerSpec, ContainerStatus, ExecSpec, Layout, State, now_ns};
+use crate::protocol::{ATTACH_STDERR, ATTACH_STDOUT};
+use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
 use crate::{Error, Kind, Result, cgroup};
 
 /// A container's live bookkeeping in the sandbox process.
@@ -31,6 +35,21 @@ pub struct Ctr {
     pub out: [Option<OwnedFd>; 2],
     pub log: LogWriter,
     pub pidfd: Option<OwnedFd>,
+    /// The write end of the container's stdin pipe, when it has one; for a container with a
+    /// terminal, the terminal's master (non-blocking, shared with the output reader).
+    pub stdin: Option<OwnedFd>,
+    pub stdin_once: bool,
+    /// Connections following its output.
+    pub attached: Vec<Attacher>,
+}
+
+/// An attach connection (non-blocking).
+pub struct Attacher {
+    pub conn: UnixStream,
+    /// It took a descriptor of the container's stdin.
+    pub stdin: bool,
+    /// The peer has shut down its side: its stdin is done (it may still read output).
+    pub eof: bool,
 }
 
 /// A running exec and what it has written so far.
@@ -60,8 +79,8 @@ fn lc_error(what: &str, id: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what} container {id}: {e}"))
 }
 
-/// Reads the cgroup path a bundle's OCI spec asks for.
-fn bundle_cgroup(bundle: &Path) -> Result<Option<String>> {
+/// Reads the cgroup path a bundle's OCI spec asks for, and whether its process wants a terminal.
+fn bundle_cgroup(bundle: &Path) -> Result<(Option<String>, bool)> {
     let path = bundle.join("config.json");
     let spec = oci_spec::runtime::Spec::load(&path).map_err(|e| {
         Error::new(
@@ -69,11 +88,17 @@ fn bundle_cgroup(bundle: &Path) -> Result<Option<String>> {
             format!("loading OCI spec {}: {e}", path.display()),
         )
     })?;
-    Ok(spec
+    let terminal = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.terminal())
+        .unwrap_or(false);
+    let cgroup = spec
         .linux()
         .as_ref()
         .and_then(|l| l.cgroups_path().as_ref())
-        .map(|p| p.to_string_lossy().into_owned()))
+        .map(|p| p.to_string_lossy().into_owned());
+    Ok((cgroup, terminal))
 }
 
 /// Creates a container whose init waits for `start`.
@@ -84,25 +109,55 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
             format!("invalid container id {:?}", spec.id),
         ));
     }
-    let cgroup_path = bundle_cgroup(&spec.bundle)?;
+    let (cgroup_path, terminal) = bundle_cgroup(&spec.bundle)?;
     let log = LogWriter::open(spec.log_path.as_deref()).map_err(|e| {
         Error::new(
             Kind::InvalidArgument,
             format!("opening log file {:?}: {e}", spec.log_path),
         )
     })?;
-    let (out_r, out_w) = output_pipe()?;
-    let (err_r, err_w) = output_pipe()?;
-    let container = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
+    let mut builder = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .and_then(|b| b.validate_id())
-        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?
-        .with_stdout(out_w)
-        .with_stderr(err_w)
+        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?;
+    let mut out = [None, None];
+    let mut stdin = None;
+    let mut console = None;
+    if terminal {
+        // libcontainer makes the terminal inside the container and sends its master to a
+        // console socket: the master is the container's output and its stdin.
+        let path = layout.console_socket();
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).map_err(|e| Error::io("binding", &path, e))?;
+        console = Some(l);
+        builder = builder.with_console_socket(Some(&path));
+    } else {
+        let (out_r, out_w) = output_pipe()?;
+        let (err_r, err_w) = output_pipe()?;
+        out = [Some(out_r), Some(err_r)];
+        builder = builder.with_stdout(out_w).with_stderr(err_w);
+        if spec.stdin {
+            let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?;
+            builder = builder.with_stdin(r);
+            stdin = Some(w);
+        }
+    }
+    let container = builder
         .as_init(&spec.bundle)
         .with_systemd(false)
         .with_detach(true)
         .build();
+    if let Some(l) = console {
+        let _ = std::fs::remove_file(layout.console_socket());
+        if container.is_ok() {
+            let master = receive_master(&l)?;
+            let reader = master.try_clone().map_err(|e| internal("dup", e))?;
+            fcntl(reader.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+                .map_err(|e| internal("fcntl", e))?;
+            out[0] = Some(reader);
+            stdin = Some(master);
+        }
+    }
     let container = match container {
         Ok(c) => c,
         Err(e) => {
@@ -132,9 +187,12 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
     };
     Ok(Ctr {
         status,
-        out: [Some(out_r), Some(err_r)],
+        out,
         log,
         pidfd: pidfd_open(pid).ok(),
+        stdin,
+        stdin_once: spec.stdin_once && !terminal,
+        attached: Vec::new(),
     })
 }
 
@@ -173,10 +231,13 @@ pub fn pump_output(c: &mut Ctr) -> bool {
         let Some(fd) = c.out[i].as_ref() else {
             continue;
         };
+        let tag = if i == 0 { ATTACH_STDOUT } else { ATTACH_STDERR };
         match drain(fd, |data| {
             if let Err(e) = c.log.write(stream, data) {
                 tracing::warn!(id = %c.status.id, "writing log: {e}");
             }
+            // A follower too slow to take the output is dropped rather than block the pod.
+            c.attached.retain(|a| send_frame(&a.conn, tag, data));
         }) {
             Drained::Open => {}
             Drained::Eof => {
@@ -186,6 +247,57 @@ pub fn pump_output(c: &mut Ctr) -> bool {
         }
     }
     c.out.iter().all(Option::is_none)
+}
+
+/// Sends one attach frame without blocking; false if the follower is gone or too slow.
+fn send_frame(conn: &UnixStream, tag: u8, data: &[u8]) -> bool {
+    let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let mut frame = Vec::with_capacity(data.len() + 5);
+    frame.push(tag);
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(data);
+    let mut rest = &frame[..];
+    while !rest.is_empty() {
+        match nix::sys::socket::send(
+            conn.as_raw_fd(),
+            rest,
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Notes the attach connections of `c` whose peer has shut down its side (its stdin is done;
+/// a connection fully gone is dropped at the next output) and drops broken ones. Closes the
+/// container's stdin when the follower that wrote to it is done and the container wants stdin
+/// only once.
+pub fn prune_attached(c: &mut Ctr) {
+    let mut closed_stdin = false;
+    c.attached.retain_mut(|a| {
+        if a.eof {
+            return true;
+        }
+        let mut buf = [0u8; 64];
+        match nix::sys::socket::recv(a.conn.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => {
+                a.eof = true;
+                closed_stdin |= a.stdin;
+                true
+            }
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => true,
+            Err(_) => {
+                closed_stdin |= a.stdin;
+                false
+            }
+        }
+    });
+    if closed_stdin && c.stdin_once {
+        c.stdin = None;
+    }
 }
 
 pub enum Drained {
@@ -216,6 +328,9 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
         _ => return,
     };
     pump_output(c);
+    // Followers see the end of the stream once the container has gone.
+    c.attached.clear();
+    c.stdin = None;
     let oom = signalled == Some(Signal::SIGKILL)
         && c.status
             .cgroup_path
@@ -234,20 +349,37 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
     c.pidfd = None;
 }
 
-/// Starts a process in a running container; its output is collected by the server.
+/// Where an exec's stdio goes.
+pub enum ExecIo {
+    /// Pipes whose output the server collects (ExecSync).
+    Capture,
+    /// The caller's descriptors: stdin, stdout, stderr.
+    Fds([OwnedFd; 3]),
+    /// A new terminal made inside the container; its master side is returned.
+    Tty,
+}
+
+/// Starts a process in a running container. With [`ExecIo::Capture`] the server collects its
+/// output; with [`ExecIo::Tty`] the terminal's master side comes back with it.
 ///
 /// The process is the container's own OCI process with the exec's arguments, as containerd
 /// execs it: same user and groups, working directory, environment, capabilities,
 /// no_new_privs and rlimits. The container's seccomp filter is loaded too ([`ExecSeccomp`]):
 /// libcontainer's exec builds a `linux` section of its own without it.
-pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
+pub fn exec(
+    layout: &Layout,
+    c: &Ctr,
+    args: &[String],
+    timeout_ms: u64,
+    io: ExecIo,
+) -> Result<(Exec, Option<OwnedFd>)> {
     if c.status.state != State::Running {
         return Err(Error::new(
             Kind::FailedPrecondition,
             format!("container {} is not running", c.status.id),
         ));
     }
-    if spec.args.is_empty() {
+    if args.is_empty() {
         return Err(Error::new(Kind::InvalidArgument, "exec needs a command"));
     }
     let state_dir = layout.container_root().join(&c.status.id);
@@ -260,19 +392,35 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
             e,
         )
     })?;
-    let (process, executor) = exec_process(&oci, &spec.args)?;
+    let tty = matches!(io, ExecIo::Tty);
+    let (process, executor) = exec_process(&oci, args, tty)?;
     let process_file = state_dir.join("exec-process.json");
     let text = serde_json::to_vec(&process)?;
     std::fs::write(&process_file, text).map_err(|e| Error::io("writing", &process_file, e))?;
-    let (out_r, out_w) = output_pipe()?;
-    let (err_r, err_w) = output_pipe()?;
+    let console = layout.console_socket();
+    let mut out = [None, None];
+    let mut console_listener = None;
     let built = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .map_err(|e| lc_error("exec in", &c.status.id, e))
         .and_then(|b| {
-            b.with_stdout(out_w)
-                .with_stderr(err_w)
-                .with_executor(executor)
+            let b = match io {
+                ExecIo::Capture => {
+                    let (out_r, out_w) = output_pipe()?;
+                    let (err_r, err_w) = output_pipe()?;
+                    out = [Some(out_r), Some(err_r)];
+                    b.with_stdout(out_w).with_stderr(err_w)
+                }
+                ExecIo::Fds([i, o, e]) => b.with_stdin(i).with_stdout(o).with_stderr(e),
+                ExecIo::Tty => {
+                    let _ = std::fs::remove_file(&console);
+                    let l = UnixListener::bind(&console)
+                        .map_err(|e| Error::io("binding", &console, e))?;
+                    console_listener = Some(l);
+                    b.with_console_socket(Some(&console))
+                }
+            };
+            b.with_executor(executor)
                 .as_tenant()
                 .with_process(Some(&process_file))
                 .with_detach(true)
@@ -280,24 +428,66 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
                 .map_err(|e| {
                     Error::new(
                         Kind::Internal,
-                        format!("exec {:?} in container {}: {e}", spec.args, c.status.id),
+                        format!("exec {args:?} in container {}: {e}", c.status.id),
                     )
                 })
         });
     let _ = std::fs::remove_file(&process_file);
+    let master = match console_listener {
+        Some(l) => {
+            let _ = std::fs::remove_file(&console);
+            match &built {
+                Ok(_) => Some(receive_master(&l)?),
+                Err(_) => None,
+            }
+        }
+        None => None,
+    };
     let pid = built?;
-    let deadline = (spec.timeout_ms > 0)
-        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(spec.timeout_ms));
-    Ok(Exec {
+    let deadline = (timeout_ms > 0)
+        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms));
+    let exec = Exec {
         pid,
         container_id: c.status.id.clone(),
-        out: [Some(out_r), Some(err_r)],
+        out,
         buf: [Vec::new(), Vec::new()],
         pidfd: pidfd_open(pid).ok(),
         deadline,
         exit_code: None,
         timed_out: false,
-    })
+    };
+    Ok((exec, master))
+}
+
+/// The terminal master libcontainer sends to the console socket while starting a terminal exec.
+fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
+    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+    let ready = poll(&mut fds, PollTimeout::from(5000u16)).map_err(|e| internal("poll", e))?;
+    if ready == 0 {
+        return Err(internal(
+            "terminal exec",
+            "no terminal came back from the container",
+        ));
+    }
+    let (conn, _) = listener
+        .accept()
+        .map_err(|e| internal("accepting the console socket", e))?;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let mut buf = [0u8; 4096];
+    let mut fds = Vec::new();
+    loop {
+        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
+            .map_err(|e| internal("receiving the terminal", e))?;
+        if let Some(fd) = fds.pop() {
+            return Ok(fd);
+        }
+        if n == 0 {
+            return Err(internal(
+                "terminal exec",
+                "the console socket closed without a terminal",
+            ));
+        }
+    }
 }
 
 /// The process of an exec in a container whose OCI spec is `oci`, and the executor that
@@ -309,7 +499,7 @@ pub fn exec(layout: &Layout, c: &Ctr, spec: &ExecSpec) -> Result<Exec> {
 /// CAP_SYS_ADMIN gets CAP_SYS_ADMIN in its permitted set only (never bounding or effective),
 /// and the executor raises it, loads the filter and restores the container's exact sets before
 /// exec'ing the command.
-fn exec_process(oci: &Spec, args: &[String]) -> Result<(Process, ExecSeccomp)> {
+fn exec_process(oci: &Spec, args: &[String], tty: bool) -> Result<(Process, ExecSeccomp)> {
     let mut process = oci.process().clone().ok_or_else(|| {
         Error::new(
             Kind::InvalidArgument,
@@ -317,7 +507,7 @@ fn exec_process(oci: &Spec, args: &[String]) -> Result<(Process, ExecSeccomp)> {
         )
     })?;
     process.set_args(Some(args.to_vec()));
-    process.set_terminal(Some(false));
+    process.set_terminal(Some(tty));
     process.set_console_size(None);
     let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
     let caps = process.capabilities().clone();
@@ -398,12 +588,41 @@ impl Executor for ExecSeccomp {
 }
 
 /// Deletes a container: kills it if it still runs, then removes its libcontainer state and cgroup.
-pub fn delete(layout: &Layout, c: &mut Ctr) {
+///
+/// Returns the exits of other children reaped meanwhile (for the caller's bookkeeping): a
+/// killed init of a PID namespace only finishes dying once every process of the namespace is
+/// reaped, and the sandbox is the parent of those too (an exec's process, or the remains of an
+/// exec that failed to start), so waiting for the init alone could wait forever.
+pub fn delete(layout: &Layout, c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let mut others = Vec::new();
     if matches!(c.status.state, State::Created | State::Running) && c.status.pid > 0 {
         let pid = Pid::from_raw(c.status.pid);
         let _ = kill(pid, Signal::SIGKILL);
-        if let Ok(ws) = nix::sys::wait::waitpid(pid, None) {
-            exited(c, ws);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {}
+                Ok(ws) => {
+                    exited(c, ws);
+                    break;
+                }
+                Err(_) => break,
+            }
+            while let Ok(ws) = waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                if ws == WaitStatus::StillAlive {
+                    break;
+                }
+                if ws.pid() == Some(pid) {
+                    exited(c, ws);
+                } else {
+                    others.push(ws);
+                }
+            }
+            if c.status.state == State::Exited || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
     let root = layout.container_root().join(&c.status.id);
@@ -419,6 +638,7 @@ pub fn delete(layout: &Layout, c: &mut Ctr) {
     if let Some(cg) = c.status.cgroup_path.as_deref() {
         let _ = cgroup::remove(cg);
     }
+    others
 }
 
 /// Persists a container's status atomically under the sandbox's status dir.
@@ -512,7 +732,7 @@ mod tests {
     #[test]
     fn exec_runs_the_containers_process_with_other_args() {
         let oci = spec(None, &[Capability::Chown], false);
-        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
         assert_eq!(p.args().as_deref(), Some(&args()[..]));
         assert_eq!(p.terminal(), Some(false));
         assert_eq!((p.user().uid(), p.user().gid()), (65534, 65534));
@@ -531,7 +751,7 @@ mod tests {
         // A filter, no no_new_privs, no CAP_SYS_ADMIN: lent in permitted, never effective or
         // bounding, and the original sets are restored.
         let oci = spec(None, &[Capability::Chown], true);
-        let (p, executor) = exec_process(&oci, &args()).unwrap();
+        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
         assert!(executor.seccomp.is_some());
         let caps = p.capabilities().clone().unwrap();
         assert!(
@@ -563,7 +783,7 @@ mod tests {
             spec(Some(true), &[Capability::Chown], true),
             spec(None, &[Capability::SysAdmin], true),
         ] {
-            let (p, executor) = exec_process(&oci, &args()).unwrap();
+            let (p, executor) = exec_process(&oci, &args(), false).unwrap();
             assert!(executor.seccomp.is_some() && executor.restore.is_none());
             assert_eq!(
                 p.capabilities(),

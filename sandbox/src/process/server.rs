@@ -3,8 +3,7 @@
 //! stop with a grace period, an exec) are parked and answered when their process exits.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
@@ -14,9 +13,9 @@ use nix::sys::socket::{MsgFlags, send};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::containers::{self, Ctr, Drained, Exec};
+use super::containers::{self, Ctr, Drained, Exec, ExecIo};
 use crate::protocol::{MAX_EXEC_OUTPUT, MAX_MESSAGE, Request, Response};
-use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State};
+use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State, StreamExecSpec};
 use crate::{Error, Kind, Result};
 
 /// A request waiting for a container to exit.
@@ -44,6 +43,7 @@ enum Token {
     Out(String),
     Exit,
     ExecOut(usize),
+    Attached(String),
 }
 
 impl Server {
@@ -89,6 +89,11 @@ impl Server {
                         }
                     }
                     Token::ExecOut(i) => self.pump_exec(i),
+                    Token::Attached(id) => {
+                        if let Some(c) = self.containers.get_mut(&id) {
+                            containers::prune_attached(c);
+                        }
+                    }
                     Token::Exit => {}
                 }
             }
@@ -115,6 +120,10 @@ impl Server {
             if let Some(fd) = &c.pidfd {
                 tokens.push(Token::Exit);
                 fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+            for a in c.attached.iter().filter(|a| !a.eof) {
+                tokens.push(Token::Attached(id.clone()));
+                fds.push(PollFd::new(a.conn.as_fd(), PollFlags::POLLIN));
             }
         }
         for (i, (e, _)) in self.execs.iter().enumerate() {
@@ -153,20 +162,21 @@ impl Server {
         while let Ok((conn, _)) = self.listener.accept() {
             let _ = conn.set_nonblocking(false);
             let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut line = String::new();
-            let read = BufReader::new((&conn).take(MAX_MESSAGE as u64)).read_line(&mut line);
-            match read.map_err(Error::from_io).and_then(|_| {
-                serde_json::from_str::<Request>(line.trim_end()).map_err(|e| {
-                    Error::new(Kind::InvalidArgument, format!("malformed request: {e}"))
-                })
+            let read = crate::fdpass::recv_line(&conn, MAX_MESSAGE);
+            match read.map_err(Error::from_io).and_then(|(line, fds)| {
+                serde_json::from_slice::<Request>(&line)
+                    .map(|req| (req, fds))
+                    .map_err(|e| {
+                        Error::new(Kind::InvalidArgument, format!("malformed request: {e}"))
+                    })
             }) {
-                Ok(req) => self.handle(req, conn),
+                Ok((req, fds)) => self.handle(req, conn, fds),
                 Err(e) => reply(&conn, &error_response(&e)),
             }
         }
     }
 
-    fn handle(&mut self, req: Request, conn: UnixStream) {
+    fn handle(&mut self, req: Request, conn: UnixStream, fds: Vec<OwnedFd>) {
         let res = match req {
             Request::State => Ok(Response::State(self.state())),
             Request::Create(spec) => self.create(&spec),
@@ -178,17 +188,25 @@ impl Server {
             } => return self.stop(id, signal, timeout_ms, conn),
             Request::Delete { id } => Ok(self.delete(&id)),
             Request::Exec(spec) => {
-                let started = self
-                    .container(&spec.container_id)
-                    .and_then(|c| containers::exec(&self.layout, c, &spec));
+                let started = self.container(&spec.container_id).and_then(|c| {
+                    containers::exec(
+                        &self.layout,
+                        c,
+                        &spec.args,
+                        spec.timeout_ms,
+                        ExecIo::Capture,
+                    )
+                });
                 match started {
-                    Ok(e) => {
+                    Ok((e, _)) => {
                         self.execs.push((e, conn));
                         return;
                     }
                     Err(e) => Err(e),
                 }
             }
+            Request::ExecStream(spec) => return self.exec_stream(&spec, conn, fds),
+            Request::Attach { id, stdin } => return self.attach(&id, stdin, conn),
             Request::ReopenLog { id } => self.container_mut(&id).and_then(|c| {
                 if c.status.state != State::Running {
                     return Err(Error::new(
@@ -217,6 +235,87 @@ impl Server {
             Err(e) => error_response(&e),
         };
         reply(&conn, &response);
+    }
+
+    /// Starts an exec on the caller's descriptors (or a new terminal), answers `ExecStarted`
+    /// (with the terminal's master) and parks the connection for the exit code.
+    fn exec_stream(&mut self, spec: &StreamExecSpec, conn: UnixStream, fds: Vec<OwnedFd>) {
+        let io = if spec.tty {
+            Ok(ExecIo::Tty)
+        } else {
+            <[OwnedFd; 3]>::try_from(fds)
+                .map(ExecIo::Fds)
+                .map_err(|fds| {
+                    Error::new(
+                        Kind::InvalidArgument,
+                        format!("a streaming exec needs 3 descriptors, got {}", fds.len()),
+                    )
+                })
+        };
+        let started = io.and_then(|io| {
+            self.container(&spec.container_id)
+                .and_then(|c| containers::exec(&self.layout, c, &spec.args, 0, io))
+        });
+        match started {
+            Ok((e, master)) => {
+                let started = Response::ExecStarted {
+                    pid: e.pid.as_raw(),
+                };
+                let sent = match &master {
+                    Some(m) => reply_with_fd(&conn, &started, m.as_fd()),
+                    None => {
+                        reply(&conn, &started);
+                        true
+                    }
+                };
+                if !sent {
+                    let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+                }
+                // Still reaped (and answered, to nobody) through the exec list.
+                self.execs.push((e, conn));
+            }
+            Err(e) => reply(&conn, &error_response(&e)),
+        }
+    }
+
+    /// Answers `Attached` (with a descriptor of the container's stdin if asked) and adds the
+    /// connection to the container's followers.
+    fn attach(&mut self, id: &str, stdin: bool, conn: UnixStream) {
+        let c = match self.container_mut(id) {
+            Ok(c) => c,
+            Err(e) => return reply(&conn, &error_response(&e)),
+        };
+        if c.status.state != State::Running {
+            let e = Error::new(
+                Kind::FailedPrecondition,
+                format!("container {id} is not running"),
+            );
+            return reply(&conn, &error_response(&e));
+        }
+        let input = match (stdin, &c.stdin) {
+            (true, Some(fd)) => match fd.try_clone() {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    let e = Error::new(Kind::Internal, format!("duplicating stdin: {e}"));
+                    return reply(&conn, &error_response(&e));
+                }
+            },
+            _ => None,
+        };
+        let sent = match &input {
+            Some(fd) => reply_with_fd(&conn, &Response::Attached, fd.as_fd()),
+            None => {
+                reply(&conn, &Response::Attached);
+                true
+            }
+        };
+        if sent && conn.set_nonblocking(true).is_ok() {
+            c.attached.push(containers::Attacher {
+                conn,
+                stdin: input.is_some(),
+                eof: false,
+            });
+        }
     }
 
     fn container(&self, id: &str) -> Result<&Ctr> {
@@ -287,7 +386,9 @@ impl Server {
 
     fn delete(&mut self, id: &str) -> Response {
         if let Some(mut c) = self.containers.remove(id) {
-            containers::delete(&self.layout, &mut c);
+            for ws in containers::delete(&self.layout, &mut c) {
+                self.record_exit(ws);
+            }
             self.answer_stops(&c);
         }
         containers::forget(&self.layout, id);
@@ -333,31 +434,36 @@ impl Server {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(ws) => ws,
             };
-            let Some(pid) = ws.pid() else { continue };
-            let code = match ws {
-                WaitStatus::Exited(_, c) => c,
-                WaitStatus::Signaled(_, s, _) => 128 + s as i32,
-                _ => continue,
-            };
-            if let Some(c) = self
-                .containers
-                .values_mut()
-                .find(|c| c.status.pid == pid.as_raw() && c.status.state != State::Exited)
-            {
-                containers::exited(c, ws);
-                let status = c.status.clone();
-                containers::persist(&self.layout, &status);
-                self.publish(&status);
-                for s in self.take_stops(&status.id) {
-                    reply(&s.conn, &Response::Container(status.clone()));
-                }
-            } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
-                e.exit_code = Some(code);
-                e.pidfd = None;
-            } else if Some(pid) == self.pid_holder {
-                tracing::error!("the pod's PID namespace holder exited");
-                self.pid_holder = None;
+            self.record_exit(ws);
+        }
+    }
+
+    /// Records a reaped child's exit: a container's init, an exec, or the PID holder.
+    fn record_exit(&mut self, ws: WaitStatus) {
+        let Some(pid) = ws.pid() else { return };
+        let code = match ws {
+            WaitStatus::Exited(_, c) => c,
+            WaitStatus::Signaled(_, s, _) => 128 + s as i32,
+            _ => return,
+        };
+        if let Some(c) = self
+            .containers
+            .values_mut()
+            .find(|c| c.status.pid == pid.as_raw() && c.status.state != State::Exited)
+        {
+            containers::exited(c, ws);
+            let status = c.status.clone();
+            containers::persist(&self.layout, &status);
+            self.publish(&status);
+            for s in self.take_stops(&status.id) {
+                reply(&s.conn, &Response::Container(status.clone()));
             }
+        } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
+            e.exit_code = Some(code);
+            e.pidfd = None;
+        } else if Some(pid) == self.pid_holder {
+            tracing::error!("the pod's PID namespace holder exited");
+            self.pid_holder = None;
         }
     }
 
@@ -440,7 +546,9 @@ impl Server {
         let ids: Vec<String> = self.containers.keys().cloned().collect();
         for id in ids {
             if let Some(mut c) = self.containers.remove(&id) {
-                containers::delete(&self.layout, &mut c);
+                for ws in containers::delete(&self.layout, &mut c) {
+                    self.record_exit(ws);
+                }
                 containers::persist(&self.layout, &c.status);
                 self.publish(&c.status);
                 self.answer_stops(&c);
@@ -479,6 +587,18 @@ fn reply(conn: &UnixStream, response: &Response) {
     });
     line.push(b'\n');
     send_all(conn, &line, true);
+}
+
+/// Writes one response line with a descriptor attached; false if that failed.
+fn reply_with_fd(conn: &UnixStream, response: &Response, fd: BorrowedFd<'_>) -> bool {
+    let Ok(mut line) = serde_json::to_vec(response) else {
+        return false;
+    };
+    line.push(b'\n');
+    match crate::fdpass::send(conn, &line, &[fd]) {
+        Ok(n) => send_all(conn, &line[n..], true),
+        Err(_) => false,
+    }
 }
 
 /// Sends all of `data` without ever raising SIGPIPE. Returns false if the peer is gone (or, when
