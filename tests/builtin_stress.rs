@@ -1,5 +1,6 @@
 //! Many containers: 20 started concurrently, and 1000 create/start/remove cycles, with nothing
-//! leaked (mounts, cgroups, processes, rootfs leases, records).
+//! leaked (mounts, cgroups, processes, rootfs leases, records); concurrent requests for the same
+//! name: exactly one wins.
 
 mod common;
 
@@ -41,6 +42,82 @@ async fn twenty_containers_start_concurrently() {
         .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
         .count();
     assert_eq!(running, 20);
+    let node = std::sync::Arc::into_inner(node).expect("sole owner");
+    node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_creations_of_one_name_give_one_object() {
+    if !root_or_skip("concurrent_creations_of_one_name_give_one_object") {
+        return;
+    }
+    let node = std::sync::Arc::new(Node::new("same").await);
+    // Eight RunPodSandbox calls with the same metadata, at once.
+    let cfg = sandbox_config("same", &node.log_dir());
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (node, cfg) = (node.clone(), cfg.clone());
+        tasks.push(tokio::spawn(async move { node.try_sandbox(cfg).await }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(id) => won.push(id),
+            Err(e) => assert_eq!(e.code(), runtime::Code::AlreadyExists, "{e}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "one sandbox for one name: {won:?}");
+    let sb = (won[0].clone(), cfg);
+    // Eight CreateContainer calls with the same name and attempt, at once.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (node, sb) = (node.clone(), sb.clone());
+        tasks.push(tokio::spawn(async move {
+            node.try_create(&sb, container_config("c", &["sleep", "600"]))
+                .await
+        }));
+    }
+    let mut created = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(id) => created.push(id),
+            Err(e) => assert_eq!(e.code(), runtime::Code::AlreadyExists, "{e}"),
+        }
+    }
+    assert_eq!(created.len(), 1, "one container for one name: {created:?}");
+    let list = node
+        .rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap();
+    assert_eq!(list.containers.len(), 1);
+    // Creating into a sandbox while it is removed: the container is created before the
+    // removal (and removed with it) or refused; nothing is left either way.
+    let (node2, sb2) = (node.clone(), sb.clone());
+    let create = tokio::spawn(async move {
+        node2
+            .try_create(&sb2, container_config("late", &["sleep", "600"]))
+            .await
+    });
+    node.rt
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.0.clone(),
+        })
+        .await
+        .unwrap();
+    node.rt
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sb.0.clone(),
+        })
+        .await
+        .unwrap();
+    let _ = create.await.unwrap();
+    let left = node
+        .rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap();
+    assert!(left.containers.is_empty(), "{:?}", left.containers);
     let node = std::sync::Arc::into_inner(node).expect("sole owner");
     node.teardown().await;
 }

@@ -114,7 +114,29 @@ impl BuiltinRuntime {
             .ok_or_else(|| Error::not_found(format!("image {image_name:?} not found")))?;
         let log = log_path(&sandbox_config.log_directory, &config.log_path)?;
 
-        let _guard = self.inner.lifecycle.lock().await;
+        let lock = self.sandbox_lock(&sandbox_id);
+        let _shared = lock.read().await;
+        if self.inner.records.sandbox(&sandbox_id).is_none() {
+            return Err(Error::not_found(format!(
+                "pod sandbox {sandbox_id} is gone"
+            )));
+        }
+        let key = format!("container {sandbox_id}/{}_{}", meta.name, meta.attempt);
+        let _reserved = self.reserve(key, || {
+            for other in self.inner.records.all_containers() {
+                if other.sandbox_id == sandbox_id {
+                    if let Some(m) = &other.config.metadata {
+                        if m.name == meta.name && m.attempt == meta.attempt {
+                            return Err(Error::already_exists(format!(
+                                "container {}_{} already exists in sandbox {sandbox_id} as {}",
+                                meta.name, meta.attempt, other.id
+                            )));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
         let live = self.client(&sandbox_id).state().await.map_err(|e| {
             Error::failed_precondition(format!("pod sandbox {sandbox_id} is not ready: {e}"))
         })?;
@@ -122,18 +144,6 @@ impl BuiltinRuntime {
             return Err(Error::failed_precondition(format!(
                 "pod sandbox {sandbox_id} is stopped"
             )));
-        }
-        for other in self.inner.records.all_containers() {
-            if other.sandbox_id == sandbox_id {
-                if let Some(m) = &other.config.metadata {
-                    if m.name == meta.name && m.attempt == meta.attempt {
-                        return Err(Error::already_exists(format!(
-                            "container {}_{} already exists in sandbox {sandbox_id} as {}",
-                            meta.name, meta.attempt, other.id
-                        )));
-                    }
-                }
-            }
         }
         let opts = pod::namespace_options(&sandbox_config);
         let container_opts = config
@@ -290,8 +300,18 @@ impl BuiltinRuntime {
         let Some(id) = self.inner.records.resolve_container(id)? else {
             return Ok(());
         };
-        let _guard = self.inner.lifecycle.lock().await;
-        self.discard_container(&id).await;
+        let Some(rec) = self.inner.records.container(&id) else {
+            return Ok(());
+        };
+        let lock = self.sandbox_lock(&rec.sandbox_id);
+        let _shared = lock.read().await;
+        // One removal at a time per container; a concurrent second one finds it gone.
+        let Ok(_removing) = self.reserve(format!("remove {id}"), || Ok(())) else {
+            return Ok(());
+        };
+        if self.inner.records.container(&id).is_some() {
+            self.discard_container(&id).await;
+        }
         Ok(())
     }
 

@@ -78,9 +78,27 @@ struct Inner {
     images: images::Store,
     records: Records,
     events: broadcast::Sender<cri::ContainerEventResponse>,
-    /// Serialises creation and removal, so concurrent requests cannot race on names or ids.
-    lifecycle: tokio::sync::Mutex<()>,
+    /// Names of sandboxes and containers being created: a second request for the same name
+    /// fails instead of racing (like containerd's name index), while creations of different
+    /// objects run in parallel.
+    reserved: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Per sandbox: creating or removing one of its containers holds it shared; removing the
+    /// sandbox holds it exclusively, so no container is created into a sandbox being removed.
+    sandbox_locks:
+        std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
     streaming: tokio::sync::OnceCell<crate::streaming::Server>,
+}
+
+/// A reserved name, released when dropped.
+struct Reservation {
+    inner: Arc<Inner>,
+    key: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        store::lock(&self.inner.reserved).remove(&self.key);
+    }
 }
 
 impl BuiltinRuntime {
@@ -111,7 +129,8 @@ impl BuiltinRuntime {
                 images,
                 records,
                 events,
-                lifecycle: tokio::sync::Mutex::new(()),
+                reserved: Default::default(),
+                sandbox_locks: Default::default(),
                 streaming: tokio::sync::OnceCell::new(),
             }),
         };
@@ -130,6 +149,31 @@ impl BuiltinRuntime {
 
     fn bundle_dir(&self, id: &str) -> PathBuf {
         self.inner.cfg.root_dir.join("containers").join(id)
+    }
+
+    /// Reserves `key` unless it is reserved already or `taken()` (checked while holding the
+    /// reservations, so a check and a reservation are one step) names an existing object.
+    fn reserve(&self, key: String, taken: impl FnOnce() -> Result<()>) -> Result<Reservation> {
+        let mut reserved = store::lock(&self.inner.reserved);
+        if reserved.contains(&key) {
+            return Err(Error::already_exists(format!(
+                "{key} is being created by another request"
+            )));
+        }
+        taken()?;
+        reserved.insert(key.clone());
+        Ok(Reservation {
+            inner: self.inner.clone(),
+            key,
+        })
+    }
+
+    /// The lock of one sandbox (see `Inner::sandbox_locks`).
+    fn sandbox_lock(&self, sandbox_id: &str) -> Arc<tokio::sync::RwLock<()>> {
+        store::lock(&self.inner.sandbox_locks)
+            .entry(sandbox_id.to_string())
+            .or_default()
+            .clone()
     }
 
     fn client(&self, sandbox_id: &str) -> sandbox::Client {

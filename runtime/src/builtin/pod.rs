@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::store::SandboxRecord;
+use super::store::{self, SandboxRecord};
 use super::{BuiltinRuntime, new_id, sandbox_error};
 use crate::{Error, Result, cri};
 
@@ -140,21 +140,27 @@ impl BuiltinRuntime {
         if let Some(linux) = &config.linux {
             check_sysctls(&linux.sysctls, &opts)?;
         }
-        let _guard = self.inner.lifecycle.lock().await;
-        for other in self.inner.records.all_sandboxes() {
-            if let Some(m) = &other.config.metadata {
-                if m.name == meta.name
-                    && m.namespace == meta.namespace
-                    && m.uid == meta.uid
-                    && m.attempt == meta.attempt
-                {
-                    return Err(Error::already_exists(format!(
-                        "sandbox {}_{}_{}_{} already exists as {}",
-                        meta.name, meta.namespace, meta.uid, meta.attempt, other.id
-                    )));
+        let key = format!(
+            "sandbox {}_{}_{}_{}",
+            meta.name, meta.namespace, meta.uid, meta.attempt
+        );
+        let _reserved = self.reserve(key, || {
+            for other in self.inner.records.all_sandboxes() {
+                if let Some(m) = &other.config.metadata {
+                    if m.name == meta.name
+                        && m.namespace == meta.namespace
+                        && m.uid == meta.uid
+                        && m.attempt == meta.attempt
+                    {
+                        return Err(Error::already_exists(format!(
+                            "sandbox {}_{}_{}_{} already exists as {}",
+                            meta.name, meta.namespace, meta.uid, meta.attempt, other.id
+                        )));
+                    }
                 }
             }
-        }
+            Ok(())
+        })?;
         let id = new_id()?;
         let given_parent = config
             .linux
@@ -277,7 +283,8 @@ impl BuiltinRuntime {
             return Ok(());
         };
         self.stop_sandbox(&id).await?;
-        let _guard = self.inner.lifecycle.lock().await;
+        let lock = self.sandbox_lock(&id);
+        let _exclusive = lock.write().await;
         for c in self.inner.records.all_containers() {
             if c.sandbox_id == id {
                 self.discard_container(&c.id).await;
@@ -297,6 +304,7 @@ impl BuiltinRuntime {
             }
         }
         self.inner.records.remove_sandbox(&id);
+        store::lock(&self.inner.sandbox_locks).remove(&id);
         self.emit(&id, cri::ContainerEventType::ContainerDeletedEvent);
         Ok(())
     }
