@@ -260,7 +260,12 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
     )?;
     let cwd = process::cwd(config, input.image)?;
     let capabilities = caps::capabilities(sc.capabilities.as_ref(), privileged, host.capabilities)?;
-    let seccomp = seccomp::seccomp(sc.seccomp.as_ref(), privileged, &capabilities)?;
+    let deprecated = match &sc.seccomp {
+        Some(_) => None,
+        None => seccomp::profile_from_path(&sc.seccomp_profile_path)?,
+    };
+    let profile = sc.seccomp.as_ref().or(deprecated.as_ref());
+    let seccomp = seccomp::seccomp(profile, privileged, &capabilities)?;
     let (mounts, rootfs_propagation) = mounts::mounts(input, &sc)?;
     let (devices, device_rules) = devices::devices(&config.devices, privileged, &host.dev_dir)?;
 

@@ -4,7 +4,10 @@
 //! * privileged: no seccomp whatever the request says, like containerd (the upstream CRI
 //!   validation suite expects a privileged container to ignore a Localhost profile);
 //! * `Localhost`: the OCI `LinuxSeccomp` JSON at `localhost_ref` (an absolute host path);
-//! * `RuntimeDefault`: [`runtime_default_seccomp`].
+//! * `RuntimeDefault`: [`runtime_default_seccomp`];
+//! * the deprecated `seccomp_profile_path` (what older clients, critest 1.26 among them, still
+//!   send) when `seccomp` is absent: `unconfined`, `runtime/default` or `docker/default`, and
+//!   `localhost/<absolute path>`, as containerd reads it.
 //!
 //! The default profile is a deny list over an allow-by-default filter, not containerd's
 //! allow list: it returns `EPERM` for the syscalls Docker's default profile keeps from an
@@ -210,6 +213,29 @@ fn localhost(path: &str) -> Result<LinuxSeccomp> {
             "seccomp profile {path:?} is not an OCI seccomp profile: {e}"
         ))
     })
+}
+
+/// The profile named by the deprecated `seccomp_profile_path` field; `None` when it is empty.
+pub(super) fn profile_from_path(path: &str) -> Result<Option<cri::SecurityProfile>> {
+    use cri::security_profile::ProfileType;
+    let profile = |t: ProfileType, localhost_ref: &str| cri::SecurityProfile {
+        profile_type: t as i32,
+        localhost_ref: localhost_ref.to_string(),
+    };
+    Ok(Some(match path {
+        "" => return Ok(None),
+        "unconfined" => profile(ProfileType::Unconfined, ""),
+        "runtime/default" | "docker/default" => profile(ProfileType::RuntimeDefault, ""),
+        _ => match path.strip_prefix("localhost/") {
+            Some(file) => profile(ProfileType::Localhost, file),
+            None => {
+                return Err(invalid(format!(
+                    "seccomp profile path {path:?}: expected unconfined, runtime/default, \
+                     docker/default or localhost/<path>"
+                )));
+            }
+        },
+    }))
 }
 
 /// The seccomp filter of a container, if any.

@@ -395,3 +395,38 @@ fn user_and_environment_reach_the_process() {
     f.config.command.clear();
     assert!(invalid_message(f.spec()).contains("no command specified"));
 }
+
+#[test]
+fn deprecated_seccomp_profile_path_is_read_when_seccomp_is_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("profile.json");
+    std::fs::write(
+        &local,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["chmod"],"action":"SCMP_ACT_ERRNO"}]}"#,
+    )
+    .unwrap();
+    let with_path = |path: &str| {
+        let mut f = Fixture::new();
+        f.sc().seccomp_profile_path = path.to_string();
+        f
+    };
+    let f = with_path("runtime/default");
+    assert_eq!(blocked(&seccomp_of(&f).unwrap(), "unshare"), Some(1));
+    let f = with_path("docker/default");
+    assert!(seccomp_of(&f).is_some());
+    assert!(seccomp_of(&with_path("unconfined")).is_none());
+    assert!(seccomp_of(&with_path("")).is_none());
+    let f = with_path(&format!("localhost/{}", local.display()));
+    let profile = seccomp_of(&f).unwrap();
+    assert_eq!(profile.syscalls().as_ref().unwrap()[0].names(), &["chmod"]);
+    // Without the localhost/ prefix a profile is refused, as containerd refuses it.
+    let err = with_path(local.to_str().unwrap()).spec().unwrap_err();
+    assert_eq!(err.code(), crate::Code::InvalidArgument, "{err}");
+    // The current field wins over the deprecated one.
+    let mut f = with_path("runtime/default");
+    f.sc().seccomp = Some(cri::SecurityProfile {
+        profile_type: cri::security_profile::ProfileType::Unconfined as i32,
+        localhost_ref: String::new(),
+    });
+    assert!(seccomp_of(&f).is_none());
+}
