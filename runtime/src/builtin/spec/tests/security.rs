@@ -397,6 +397,7 @@ fn user_and_environment_reach_the_process() {
 }
 
 #[test]
+#[allow(deprecated)]
 fn deprecated_seccomp_profile_path_is_read_when_seccomp_is_absent() {
     let dir = tempfile::tempdir().unwrap();
     let local = dir.path().join("profile.json");
