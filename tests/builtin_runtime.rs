@@ -208,6 +208,38 @@ async fn graceful_stop_then_sigkill() {
     );
     let s = node.status(&stubborn).await;
     assert_eq!(s.exit_code, 137);
+
+    // Stopped right after starting, as the init of its own PID namespace: the kernel drops
+    // SIGTERM until the shell has installed its trap, so the runtime repeats it; the container
+    // ends through its handler, not through SIGKILL at the end of the grace period.
+    let mut early = container_config(
+        "early",
+        &[
+            "sh",
+            "-c",
+            "trap 'echo bye; exit 0' TERM; while true; do sleep 0.1; done",
+        ],
+    );
+    early.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                pid: cri::NamespaceMode::Container as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let early = node.container_with(&sb, early).await;
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: early.clone(),
+            timeout: 60,
+        })
+        .await
+        .unwrap();
+    let s = node.status(&early).await;
+    assert_eq!(s.exit_code, 0, "ended by its TERM handler, not killed");
     node.teardown().await;
 }
 

@@ -224,6 +224,36 @@ pub fn signal(c: &Ctr, signal: Signal) {
     }
 }
 
+/// True when `signal` sent to the container's process now would be dropped by the kernel
+/// because the process is the init of its PID namespace and neither catches nor ignores it
+/// (it has not installed its handler yet).
+pub fn dropped_by_init(c: &Ctr, signal: Signal) -> bool {
+    if !matches!(c.status.state, State::Created | State::Running) || c.status.pid <= 0 {
+        return false;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", c.status.pid)) else {
+        return false;
+    };
+    init_without_handler(&status, signal as i32)
+}
+
+/// The test behind [`dropped_by_init`], on the text of `/proc/<pid>/status`.
+pub fn init_without_handler(status: &str, signal: i32) -> bool {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let ns_init = field("NSpid:").and_then(|v| v.split_whitespace().last()) == Some("1");
+    let bit = |name: &str| {
+        field(name)
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .is_some_and(|mask| signal > 0 && mask & (1u64 << (signal - 1)) != 0)
+    };
+    ns_init && !bit("SigCgt:") && !bit("SigIgn:")
+}
+
 /// Reads what is available on a container's output pipes into its log.
 /// Returns true when both pipes are closed.
 pub fn pump_output(c: &mut Ctr) -> bool {
@@ -689,6 +719,35 @@ mod tests {
     use oci_spec::runtime::{LinuxBuilder, LinuxCapabilitiesBuilder, ProcessBuilder, UserBuilder};
 
     use super::*;
+
+    #[test]
+    fn a_namespace_init_without_a_handler_drops_the_signal() {
+        let status = |nspid: &str, cgt: &str, ign: &str| {
+            format!("Name:\ttop\nNSpid:\t{nspid}\nSigIgn:\t{ign}\nSigCgt:\t{cgt}\n")
+        };
+        let term = 15; // bit 14: 0x4000
+        // PID 1 of its namespace, nothing caught yet: dropped.
+        assert!(init_without_handler(
+            &status("4242\t1", "0000000000000000", "0000000000000000"),
+            term
+        ));
+        // The handler is installed: delivered.
+        assert!(!init_without_handler(
+            &status("4242\t1", "0000000000004000", "0000000000000000"),
+            term
+        ));
+        // Ignored on purpose: resending is pointless.
+        assert!(!init_without_handler(
+            &status("4242\t1", "0000000000000000", "0000000000004000"),
+            term
+        ));
+        // Not a namespace init: the default action applies.
+        assert!(!init_without_handler(
+            &status("4242\t7", "0000000000000000", "0000000000000000"),
+            term
+        ));
+        assert!(!init_without_handler("garbage", term));
+    }
 
     fn spec(nnp: Option<bool>, effective: &[Capability], seccomp: bool) -> Spec {
         let set: HashSet<Capability> = effective.iter().copied().collect();

@@ -23,7 +23,15 @@ struct StopWait {
     id: String,
     conn: UnixStream,
     kill_at: Option<Instant>,
+    signal: Signal,
+    /// When to send `signal` again: the kernel drops a signal sent to a PID namespace's init
+    /// that has no handler for it yet (a stop right after start), so it is repeated until the
+    /// init catches it or the grace period ends.
+    resend_at: Option<Instant>,
 }
+
+/// How often a stop signal dropped by a namespace init is sent again.
+const RESEND_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Server {
     layout: Layout,
@@ -140,7 +148,8 @@ impl Server {
         let next = self
             .stops
             .iter()
-            .filter_map(|s| s.kill_at)
+            .flat_map(|s| [s.kill_at, s.resend_at])
+            .flatten()
             .chain(self.execs.iter().filter_map(|(e, _)| e.deadline))
             .map(|t| t.saturating_duration_since(now))
             .min()
@@ -381,7 +390,15 @@ impl Server {
         containers::signal(c, sig);
         let kill_at =
             (sig != Signal::SIGKILL).then(|| Instant::now() + Duration::from_millis(timeout_ms));
-        self.stops.push(StopWait { id, conn, kill_at });
+        let resend_at = (sig != Signal::SIGKILL && containers::dropped_by_init(c, sig))
+            .then(|| Instant::now() + RESEND_EVERY);
+        self.stops.push(StopWait {
+            id,
+            conn,
+            kill_at,
+            signal: sig,
+            resend_at,
+        });
     }
 
     fn delete(&mut self, id: &str) -> Response {
@@ -486,8 +503,18 @@ impl Server {
         for s in &mut self.stops {
             if s.kill_at.is_some_and(|t| t <= now) {
                 s.kill_at = None;
+                s.resend_at = None;
                 if let Some(c) = self.containers.get(&s.id) {
                     containers::signal(c, Signal::SIGKILL);
+                }
+            }
+            if s.resend_at.is_some_and(|t| t <= now) {
+                s.resend_at = None;
+                if let Some(c) = self.containers.get(&s.id) {
+                    if containers::dropped_by_init(c, s.signal) {
+                        containers::signal(c, s.signal);
+                        s.resend_at = Some(now + RESEND_EVERY);
+                    }
                 }
             }
         }
