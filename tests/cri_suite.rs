@@ -1201,7 +1201,7 @@ async fn errors(b: &Backend) {
 
 /// UpdateContainerResources of memory and CPU, read back from the container's cgroup.
 async fn update_container_resources(b: &Backend) {
-    let v2 = nix_statfs_is_cgroup2();
+    let v2 = cgroup_v2();
     let pod = b.pod("res").await;
     let mut cfg = container_config("limited", &["sleep", "600"]);
     cfg.linux = Some(cri::LinuxContainerConfig {
@@ -1262,7 +1262,7 @@ async fn update_container_resources(b: &Backend) {
     );
 }
 
-fn nix_statfs_is_cgroup2() -> bool {
+fn cgroup_v2() -> bool {
     // cgroup v2 mounts cgroup2 at /sys/fs/cgroup itself; v1 and hybrid have a tmpfs there.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     mounts.lines().any(|l| {
