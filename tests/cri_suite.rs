@@ -486,6 +486,13 @@ fn parse_log(path: &Path) -> Vec<(i64, String, String, String)> {
 // The suite: each scenario becomes `builtin::<name>` and `containerd::<name>`.
 // ---------------------------------------------------------------------------------------------
 
+/// The scenarios run one at a time. Run beside containerd's, the built-in runtime's
+/// `stop_remove_and_idempotence` sometimes failed to create a container ("failed to prepare
+/// rootfs": ENOENT on a bind mount of the pod's /etc files), about one run in six; alone it
+/// did not. The cause is not found yet (a follow-up on the issue); until then the suite does
+/// not mix the two runtimes' mount activity.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 macro_rules! suite {
     ($backend:ident, $kind:expr, $($scenario:ident),* $(,)?) => {
         mod $backend {
@@ -493,6 +500,7 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $scenario() {
                     let test = concat!(stringify!($backend), "::", stringify!($scenario));
+                    let _serial = super::ONE_AT_A_TIME.lock().await;
                     let Some(b) = super::Backend::new($kind, test).await else {
                         return;
                     };
