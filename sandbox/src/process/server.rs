@@ -24,9 +24,11 @@ struct StopWait {
     conn: UnixStream,
     kill_at: Option<Instant>,
     signal: Signal,
-    /// When to send `signal` again: the kernel drops a signal sent to a PID namespace's init
-    /// that has no handler for it yet (a stop right after start), so it is repeated until the
-    /// init catches it or the grace period ends.
+    /// When to send `signal` again because the last one may have been dropped: the kernel
+    /// drops a signal sent to a PID namespace's init that has no handler for it (a stop right
+    /// after start, before the program installed its handler). A signal sent while the process
+    /// showed no handler is sent again (each time the process still shows none, once more after
+    /// it shows one), until the grace period ends.
     resend_at: Option<Instant>,
 }
 
@@ -387,11 +389,11 @@ impl Server {
         } else {
             sig
         };
+        let maybe_dropped = sig != Signal::SIGKILL && containers::dropped_by_init(c, sig);
         containers::signal(c, sig);
         let kill_at =
             (sig != Signal::SIGKILL).then(|| Instant::now() + Duration::from_millis(timeout_ms));
-        let resend_at = (sig != Signal::SIGKILL && containers::dropped_by_init(c, sig))
-            .then(|| Instant::now() + RESEND_EVERY);
+        let resend_at = maybe_dropped.then(|| Instant::now() + RESEND_EVERY);
         self.stops.push(StopWait {
             id,
             conn,
@@ -511,10 +513,9 @@ impl Server {
             if s.resend_at.is_some_and(|t| t <= now) {
                 s.resend_at = None;
                 if let Some(c) = self.containers.get(&s.id) {
-                    if containers::dropped_by_init(c, s.signal) {
-                        containers::signal(c, s.signal);
-                        s.resend_at = Some(now + RESEND_EVERY);
-                    }
+                    let maybe_dropped = containers::dropped_by_init(c, s.signal);
+                    containers::signal(c, s.signal);
+                    s.resend_at = maybe_dropped.then(|| now + RESEND_EVERY);
                 }
             }
         }
