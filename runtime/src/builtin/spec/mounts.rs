@@ -245,9 +245,11 @@ pub(super) fn mounts(
         let src = src
             .to_str()
             .ok_or_else(|| invalid(format!("the pod's {dest} file {src:?} is not a UTF-8 path")))?;
+        // A plain bind: a file has no submounts, and a recursive one would make the kernel
+        // walk (and race with) every mount under the host's root to find none.
         binds.push(Bind {
             dest: dest.to_string(),
-            mount: mount(dest, "bind", src, &["rbind", "rprivate", access])?,
+            mount: mount(dest, "bind", src, &["bind", "private", access])?,
         });
     }
     binds.sort_by_key(|b| b.dest.matches('/').count());

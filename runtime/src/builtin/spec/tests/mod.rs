@@ -354,10 +354,7 @@ fn mount_order_and_overrides() {
         hosts.source().as_deref(),
         Some(Path::new("/var/lib/nodelet/sb/etc/hosts"))
     );
-    assert_eq!(
-        hosts.options().clone().unwrap(),
-        ["rbind", "rprivate", "rw"]
-    );
+    assert_eq!(hosts.options().clone().unwrap(), ["bind", "private", "rw"]);
     assert_eq!(
         mount_at(&spec, "/sys")
             .unwrap()
@@ -406,7 +403,7 @@ fn mount_access_and_propagation() {
             .options()
             .clone()
             .unwrap(),
-        ["rbind", "rprivate", "ro"],
+        ["bind", "private", "ro"],
         "the pod's files are read-only with a read-only rootfs"
     );
     let linux = spec.linux().clone().unwrap();
