@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
@@ -53,22 +54,19 @@ pub fn build_event(
     reason: &str,
     message: &str,
 ) -> Event {
-    let now = chrono::Utc::now();
+    let now = Timestamp::now();
     let namespace = object
         .namespace
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "default".to_string());
-    let nanos = now.timestamp_nanos_opt().unwrap_or_default();
+    let nanos = now.as_nanosecond();
     let name = format!(
         "{}.{:x}",
         object.name.as_deref().unwrap_or("unknown"),
         nanos
     );
-    let time: Option<Time> = serde_json::from_value(serde_json::Value::String(
-        now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    ))
-    .ok();
+    let time = Some(Time(now));
     Event {
         metadata: ObjectMeta {
             name: Some(name),

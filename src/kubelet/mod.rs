@@ -251,6 +251,9 @@ fn dispatch(
     node: &k8s_openapi::api::core::v1::Node,
     change: PodUpdate,
 ) {
+    // The pods admission counts as running: gathered at the first new pod of the batch, then
+    // grown by each pod admitted.
+    let mut active: Option<Vec<Pod>> = None;
     for p in change.pods {
         let uid = sources::pod_uid(&p).to_string();
         if change.op == PodOp::Remove {
@@ -263,17 +266,20 @@ fn dispatch(
             }
             continue;
         } else if change.op == PodOp::Add && p.metadata.deletion_timestamp.is_none() {
-            let active: Vec<Pod> = merger
-                .pods()
-                .into_iter()
-                .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
-                .collect();
-            if let Err(why) = admission::admit(&p, &active, node) {
+            let active = active.get_or_insert_with(|| {
+                merger
+                    .pods()
+                    .into_iter()
+                    .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
+                    .collect()
+            });
+            if let Err(why) = admission::admit(&p, active, node) {
                 tracing::warn!(pod = %sources::pod_full_name(&p), "pod rejected: {why}");
                 status.set_status(&p, rejected_status(&p, &why));
                 rejected.insert(uid);
                 continue;
             }
+            active.push(p.clone());
         }
         let mut grace = None;
         let update = match change.op {
@@ -313,12 +319,8 @@ fn rejected_status(pod: &Pod, why: &admission::Rejection) -> k8s_openapi::api::c
 
 /// Syncs the pod with this UID now, if a source still wants it.
 fn sync_pod_by_uid(workers: &PodWorkers, merger: &Merger, uid: &str) {
-    if let Some(p) = merger
-        .pods()
-        .into_iter()
-        .find(|p| p.metadata.uid.as_deref() == Some(uid))
-    {
-        workers.update_pod(p, UpdateType::Sync, None);
+    if let Some(p) = merger.pod(uid) {
+        workers.update_pod(p.clone(), UpdateType::Sync, None);
     }
 }
 

@@ -86,6 +86,11 @@ impl Merger {
             .collect()
     }
 
+    /// The current pod with this UID, from whichever source has it.
+    pub fn pod(&self, uid: &str) -> Option<&Pod> {
+        self.sources.values().find_map(|pods| pods.get(uid))
+    }
+
     /// The current pods of one source.
     pub fn source_pods(&self, source: &str) -> Vec<Pod> {
         self.sources

@@ -177,3 +177,23 @@ fn incremental_ops_sources_and_bad_uids() {
     assert!(m.seen_source("http"));
     assert_eq!(m.pods().len(), 1);
 }
+
+#[test]
+fn a_pod_is_found_by_uid_in_any_source() {
+    let mut m = Merger::new();
+    m.merge(set(vec![pod("a", "i:1")]));
+    m.merge(PodUpdate {
+        op: PodOp::Set,
+        pods: vec![pod("b", "i:1")],
+        source: "http",
+    });
+    assert_eq!(
+        m.pod("a").and_then(|p| p.metadata.uid.clone()).as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        m.pod("b").and_then(|p| p.metadata.uid.clone()).as_deref(),
+        Some("b")
+    );
+    assert!(m.pod("c").is_none());
+}
