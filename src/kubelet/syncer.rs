@@ -78,26 +78,9 @@ impl Syncer {
             .await
             .map_err(err)?;
         let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
-        for c in &snapshot.containers {
-            if c.state == cri::ContainerState::ContainerRunning as i32
-                || c.state == cri::ContainerState::ContainerCreated as i32
-            {
-                self.rt
-                    .stop_container(cri::StopContainerRequest {
-                        container_id: c.id.clone(),
-                        timeout,
-                    })
-                    .await
-                    .map_err(err)?;
-            }
-        }
-        for sb in &snapshot.sandboxes {
-            self.rt
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: sb.id.clone(),
-                })
-                .await
-                .map_err(err)?;
+        let errors = pod::sync::kill_pod(self.rt.as_ref(), &snapshot.status, timeout).await;
+        if !errors.is_empty() {
+            return Err(SyncError(errors.join("; ")));
         }
         Ok(snapshot)
     }

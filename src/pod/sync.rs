@@ -157,6 +157,38 @@ async fn ensure_image(
 }
 
 /// Carries out `actions` (computed from `snapshot`) for `pod`.
+/// Stops every running or created container of the pod, giving each `grace_secs`, then its
+/// sandboxes. Returns what failed; a failure does not stop the rest.
+pub async fn kill_pod(
+    rt: &dyn RuntimeService,
+    status: &RuntimePodStatus,
+    grace_secs: i64,
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    for c in status
+        .containers
+        .iter()
+        .filter(|c| matches!(c.state, RunState::Running | RunState::Created))
+    {
+        let req = cri::StopContainerRequest {
+            container_id: c.id.clone(),
+            timeout: grace_secs,
+        };
+        if let Err(e) = rt.stop_container(req).await {
+            errors.push(format!("stopping container {}: {e}", c.name));
+        }
+    }
+    for sb in &status.sandboxes {
+        let req = cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        };
+        if let Err(e) = rt.stop_pod_sandbox(req).await {
+            errors.push(format!("stopping sandbox {}: {e}", sb.id));
+        }
+    }
+    errors
+}
+
 // Every argument is a distinct input of one sync step; bundling them would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub async fn sync_pod(
@@ -181,27 +213,8 @@ pub async fn sync_pod(
     };
 
     if actions.kill_pod {
-        for c in snapshot
-            .status
-            .containers
-            .iter()
-            .filter(|c| c.state == RunState::Running)
-        {
-            if let Err(e) = stop(c.id.clone()).await {
-                res.errors
-                    .push(format!("stopping container {}: {e}", c.name));
-            }
-        }
-        for sb in &snapshot.status.sandboxes {
-            if let Err(e) = rt
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: sb.id.clone(),
-                })
-                .await
-            {
-                res.errors.push(format!("stopping sandbox {}: {e}", sb.id));
-            }
-        }
+        res.errors
+            .extend(kill_pod(rt, &snapshot.status, grace).await);
     }
     for (id, reason) in &actions.kill_containers {
         if let Err(e) = stop(id.clone()).await {
