@@ -12,7 +12,7 @@ mod common;
 use common::containerd;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use apiserver::ApiServer;
@@ -23,14 +23,7 @@ use kube::api::{DeleteParams, PostParams};
 
 const NODE: &str = "api-node";
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Agent = KillOnDrop;
 
 struct Node {
     /// The private containerd when the node uses the remote backend (dropped last).
@@ -63,14 +56,7 @@ async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<Node> 
     let mut runtime_endpoint = String::new();
     let containerd = match backend {
         Backend::Builtin => {
-            let out = Command::new(nodelet_bin())
-                .arg("--root-dir")
-                .arg(&root)
-                .args(["images", "import"])
-                .arg(busybox_archive())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{out:?}");
+            import_busybox(&root);
             None
         }
         Backend::Containerd => {
@@ -117,7 +103,7 @@ fn start(node: &Node) -> Agent {
         .append(true)
         .open(node.root.with_extension("log"))
         .unwrap();
-    Agent(
+    KillOnDrop(
         Command::new(nodelet_bin())
             .arg("--root-dir")
             .arg(&node.root)

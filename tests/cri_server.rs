@@ -114,14 +114,7 @@ async fn status(rt: &RemoteRuntime, id: &str) -> runtime::Result<cri::ContainerS
 }
 
 async fn wait_exited(rt: &RemoteRuntime, id: &str) -> cri::ContainerStatus {
-    for _ in 0..300 {
-        let s = status(rt, id).await.expect("ContainerStatus");
-        if s.state == cri::ContainerState::ContainerExited as i32 {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("container {id} did not exit");
+    wait_exited_on(rt, id).await
 }
 
 async fn run_container(
@@ -130,21 +123,7 @@ async fn run_container(
     name: &str,
     cmd: &[&str],
 ) -> String {
-    let id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.0.clone(),
-            config: Some(container_config(name, cmd)),
-            sandbox_config: Some(sandbox.1.clone()),
-        })
-        .await
-        .expect("CreateContainer")
-        .container_id;
-    rt.start_container(cri::StartContainerRequest {
-        container_id: id.clone(),
-    })
-    .await
-    .expect("StartContainer");
-    id
+    start_container_on(rt, sandbox, container_config(name, cmd)).await
 }
 
 async fn exec(rt: &RemoteRuntime, id: &str, cmd: &[&str]) -> cri::ExecSyncResponse {

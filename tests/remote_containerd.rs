@@ -17,18 +17,7 @@ use runtime::remote::{self, RemoteRuntime};
 use runtime::{ImageService, RuntimeService, cri};
 
 async fn wait_exited(rt: &RemoteRuntime, id: &str) -> cri::ContainerStatus {
-    for _ in 0..200 {
-        let req = cri::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose: false,
-        };
-        let s = rt.container_status(req).await.unwrap().status.unwrap();
-        if s.state == cri::ContainerState::ContainerExited as i32 {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("container {id} did not exit");
+    wait_exited_on(rt, id).await
 }
 
 async fn create_and_start(
@@ -37,20 +26,7 @@ async fn create_and_start(
     name: &str,
     cmd: &[&str],
 ) -> String {
-    let id = rt
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.0.clone(),
-            config: Some(container_config(name, cmd)),
-            sandbox_config: Some(sandbox.1.clone()),
-        })
-        .await
-        .expect("CreateContainer")
-        .container_id;
-    let start = cri::StartContainerRequest {
-        container_id: id.clone(),
-    };
-    rt.start_container(start).await.expect("StartContainer");
-    id
+    start_container_on(rt, sandbox, container_config(name, cmd)).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

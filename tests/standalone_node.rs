@@ -7,24 +7,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use runtime::builtin::BuiltinRuntime;
 use runtime::{RuntimeService, cri};
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Agent = KillOnDrop;
 
 fn start_agent(root: &Path, config: &Path) -> Agent {
-    Agent(
+    KillOnDrop(
         Command::new(nodelet_bin())
             .arg("--root-dir")
             .arg(root)
@@ -94,14 +87,7 @@ async fn static_pods_lifecycle() {
     let manifests = dir.path().join("manifests");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&manifests).unwrap();
-    let out = Command::new(nodelet_bin())
-        .arg("--root-dir")
-        .arg(&root)
-        .args(["images", "import"])
-        .arg(busybox_archive())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    import_busybox(&root);
     let config_file = dir.path().join("config.yaml");
     std::fs::write(
         &config_file,

@@ -132,23 +132,7 @@ impl Node {
         sandbox: &(String, cri::PodSandboxConfig),
         config: cri::ContainerConfig,
     ) -> String {
-        let id = self
-            .rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox.0.clone(),
-                config: Some(config),
-                sandbox_config: Some(sandbox.1.clone()),
-            })
-            .await
-            .expect("CreateContainer")
-            .container_id;
-        self.rt
-            .start_container(cri::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .expect("StartContainer");
-        id
+        start_container_on(&self.rt, sandbox, config).await
     }
 
     pub async fn status(&self, id: &str) -> cri::ContainerStatus {
@@ -164,14 +148,7 @@ impl Node {
     }
 
     pub async fn wait_exited(&self, id: &str) -> cri::ContainerStatus {
-        for _ in 0..300 {
-            let s = self.status(id).await;
-            if s.state == cri::ContainerState::ContainerExited as i32 {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("container {id} did not exit");
+        wait_exited_on(&self.rt, id).await
     }
 
     pub async fn exec(&self, id: &str, cmd: &[&str]) -> cri::ExecSyncResponse {
@@ -238,6 +215,71 @@ pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
         }
     }
     assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
+
+/// CreateContainer then StartContainer on any CRI runtime; returns the container id.
+pub async fn start_container_on(
+    rt: &dyn RuntimeService,
+    sandbox: &(String, cri::PodSandboxConfig),
+    config: cri::ContainerConfig,
+) -> String {
+    let id = rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.0.clone(),
+            config: Some(config),
+            sandbox_config: Some(sandbox.1.clone()),
+        })
+        .await
+        .expect("CreateContainer")
+        .container_id;
+    rt.start_container(cri::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .expect("StartContainer");
+    id
+}
+
+/// Polls ContainerStatus on any CRI runtime until the container has exited (15 s at most).
+pub async fn wait_exited_on(rt: &dyn RuntimeService, id: &str) -> cri::ContainerStatus {
+    for _ in 0..300 {
+        let s = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .status
+            .expect("status");
+        if s.state == cri::ContainerState::ContainerExited as i32 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("container {id} did not exit");
+}
+
+/// A child process (usually the nodelet binary) killed and reaped when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Imports the busybox image into a root dir through `nodelet images import`.
+pub fn import_busybox(root: &Path) {
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(root)
+        .args(["images", "import"])
+        .arg(busybox_archive())
+        .output()
+        .expect("run nodelet images import");
+    assert!(out.status.success(), "{out:?}");
 }
 
 pub fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
