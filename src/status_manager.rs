@@ -22,6 +22,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+use crate::sources::api::{CONFIG_MIRROR_ANNOTATION, MirrorPods};
 use crate::sources::{
     self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, annotation,
 };
@@ -46,6 +47,8 @@ struct Entry {
 /// Keeps the latest status of every pod and writes it to the API server.
 pub struct StatusManager {
     client: Option<Client>,
+    /// The mirror pods the API source sees, where static pods' statuses go.
+    mirrors: Mutex<Option<tokio::sync::watch::Receiver<MirrorPods>>>,
     entries: Mutex<HashMap<String, Entry>>,
     wake: Notify,
 }
@@ -64,9 +67,27 @@ impl StatusManager {
     pub fn new(client: Option<Client>) -> Arc<Self> {
         Arc::new(StatusManager {
             client,
+            mirrors: Mutex::new(None),
             entries: Mutex::new(HashMap::new()),
             wake: Notify::new(),
         })
+    }
+
+    /// Where to find the mirror pods of static pods (from the API source), for their statuses.
+    pub fn set_mirrors(&self, mirrors: tokio::sync::watch::Receiver<MirrorPods>) {
+        *lock(&self.mirrors) = Some(mirrors);
+    }
+
+    /// The UID of the mirror of the static pod `namespace/name` with `hash`, if the API server
+    /// holds it.
+    fn mirror_uid(&self, namespace: &str, name: &str, hash: &str) -> Option<String> {
+        let mirrors = lock(&self.mirrors);
+        let current = mirrors.as_ref()?.borrow();
+        let mirror = current.get(&format!("{namespace}/{name}"))?;
+        if annotation(mirror, CONFIG_MIRROR_ANNOTATION) != Some(hash) {
+            return None;
+        }
+        mirror.metadata.uid.clone()
     }
 
     /// Records the pod's latest status; a change makes a write due.
@@ -174,7 +195,7 @@ impl StatusManager {
         let api: Api<Pod> = Api::namespaced(client.clone(), &entry.namespace);
         let target_uid = match &entry.mirror_hash {
             None => entry.uid.clone(),
-            Some(hash) => match mirror_uid(&api, &entry.name, hash).await {
+            Some(hash) => match self.mirror_uid(&entry.namespace, &entry.name, hash) {
                 Some(uid) => uid,
                 // No mirror pod yet: try again later.
                 None => return,
@@ -239,15 +260,6 @@ impl StatusManager {
             lock(&self.entries).remove(&entry.uid);
         }
     }
-}
-
-/// The UID of the mirror pod of the static pod with `hash`, if the API server holds it.
-async fn mirror_uid(api: &Api<Pod>, name: &str, hash: &str) -> Option<String> {
-    let mirror = api.get_opt(name).await.ok().flatten()?;
-    if annotation(&mirror, sources::api::CONFIG_MIRROR_ANNOTATION) != Some(hash) {
-        return None;
-    }
-    mirror.metadata.uid
 }
 
 /// True when the parts of the status the kubelet owns are the same in both.

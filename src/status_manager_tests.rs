@@ -118,3 +118,31 @@ fn standalone_forgets_terminated_pods() {
     assert!(is_api_pod(&p));
     assert!(!is_api_pod(&pod("s", "file")));
 }
+
+#[test]
+fn a_static_pods_status_goes_to_its_current_mirror() {
+    let m = StatusManager::new(None);
+    assert_eq!(
+        m.mirror_uid("default", "p-s", "s"),
+        None,
+        "no mirrors known yet"
+    );
+    let mut mirror = pod("mirror-uid", API_SOURCE);
+    mirror.metadata.name = Some("p-s".into());
+    mirror
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(CONFIG_MIRROR_ANNOTATION.to_string(), "s".to_string());
+    let (tx, rx) = tokio::sync::watch::channel(MirrorPods::new());
+    m.set_mirrors(rx);
+    tx.send_replace(MirrorPods::from([("default/p-s".to_string(), mirror)]));
+    assert_eq!(
+        m.mirror_uid("default", "p-s", "s").as_deref(),
+        Some("mirror-uid")
+    );
+    // A mirror of another version of the manifest is not this pod's.
+    assert_eq!(m.mirror_uid("default", "p-s", "other-hash"), None);
+    assert_eq!(m.mirror_uid("default", "missing", "s"), None);
+}

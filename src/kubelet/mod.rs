@@ -129,6 +129,7 @@ pub async fn run(
         )
     });
     let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
+    status.set_mirrors(mirrors.clone());
     let mirror_manager = client.as_ref().map(|c| {
         let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
         tokio::spawn(src.run(tx.clone()));
