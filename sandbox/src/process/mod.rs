@@ -5,6 +5,7 @@
 //! runs inside the agent's tokio process, and it outlives the agent.
 
 mod containers;
+mod exec;
 mod ns;
 mod server;
 

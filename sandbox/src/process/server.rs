@@ -13,7 +13,8 @@ use nix::sys::socket::{MsgFlags, send};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::containers::{self, Ctr, Drained, Exec, ExecIo};
+use super::containers::{self, Ctr, Drained};
+use super::exec::{self, Exec, ExecIo};
 use crate::protocol::{MAX_EXEC_OUTPUT, MAX_MESSAGE, Request, Response};
 use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State, StreamExecSpec};
 use crate::{Error, Kind, Result};
@@ -200,7 +201,7 @@ impl Server {
             Request::Delete { id } => Ok(self.delete(&id)),
             Request::Exec(spec) => {
                 let started = self.container(&spec.container_id).and_then(|c| {
-                    containers::exec(
+                    exec::exec(
                         &self.layout,
                         c,
                         &spec.args,
@@ -265,7 +266,7 @@ impl Server {
         };
         let started = io.and_then(|io| {
             self.container(&spec.container_id)
-                .and_then(|c| containers::exec(&self.layout, c, &spec.args, 0, io))
+                .and_then(|c| exec::exec(&self.layout, c, &spec.args, 0, io))
         });
         match started {
             Ok((e, master)) => {
