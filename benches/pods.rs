@@ -35,14 +35,17 @@
 #[path = "../tests/common/containerd.rs"]
 mod containerd;
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use common::{is_root, loadavg, remove_cgroup, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodelet::kubelet::Syncer;
 use nodelet::pod::{Backoff, ContainerOptions, SandboxOptions};
@@ -817,73 +820,4 @@ fn median_f(v: &[f64]) -> f64 {
 
 fn mib(kb: u64) -> f64 {
     kb as f64 / 1024.0
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
-/// Lazily unmounts whatever is still mounted under `dir`, deepest first.
-fn unmount_under(dir: &Path) -> Result<()> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    points.dedup();
-    for p in points {
-        eprintln!("cleanup: unmounting leftover {}", p.display());
-        let st = Command::new("umount")
-            .arg("-l")
-            .arg(&p)
-            .status()
-            .with_context(|| format!("running umount -l {}", p.display()))?;
-        ensure!(st.success(), "umount -l {} failed ({st})", p.display());
-    }
-    Ok(())
-}
-
-/// Removes `cgroup` and every cgroup below it, in every hierarchy under /sys/fs/cgroup.
-fn remove_cgroup(cgroup: &str) -> Result<()> {
-    let rel = cgroup.trim_start_matches('/');
-    ensure!(!rel.is_empty(), "refusing to remove the root cgroup");
-    let base = Path::new("/sys/fs/cgroup");
-    let mut dirs = vec![base.join(rel)];
-    for h in std::fs::read_dir(base)
-        .with_context(|| format!("listing {}", base.display()))?
-        .flatten()
-    {
-        if h.file_type().is_ok_and(|t| t.is_dir()) {
-            dirs.push(h.path().join(rel));
-        }
-    }
-    for dir in dirs.iter().filter(|d| d.is_dir()) {
-        remove_cgroup_dir(dir)?;
-    }
-    Ok(())
-}
-
-fn remove_cgroup_dir(dir: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .flatten()
-    {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_dir(&entry.path())?;
-        }
-    }
-    std::fs::remove_dir(dir).with_context(|| format!("removing cgroup {}", dir.display()))
 }

@@ -22,6 +22,8 @@
 //! (pod sandboxes, runc containers, temp dirs, mounts, cgroups) is removed at the end, also when
 //! a step fails.
 
+mod common;
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -29,6 +31,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use common::{is_root, loadavg, remove_cgroup, unmount_under};
 use futures::StreamExt;
 use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{EventStream, RuntimeService, cri};
@@ -995,20 +998,6 @@ impl Report {
 // Host helpers.
 
 /// The 1, 5 and 15 minute load averages.
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
 fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -1038,72 +1027,4 @@ fn nodelet_binary() -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
-}
-
-/// Lazily unmounts whatever is still mounted under `dir`, deepest first.
-fn unmount_under(dir: &Path) -> Result<()> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    points.dedup();
-    for p in points {
-        eprintln!("cleanup: unmounting leftover {}", p.display());
-        let st = Command::new("umount")
-            .arg("-l")
-            .arg(&p)
-            .status()
-            .with_context(|| format!("running umount -l {}", p.display()))?;
-        ensure!(st.success(), "umount -l {} failed ({st})", p.display());
-    }
-    Ok(())
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
-/// Removes `cgroup` (absolute, cgroupfs style) and every cgroup below it, in every hierarchy
-/// mounted under /sys/fs/cgroup (or in the unified hierarchy mounted there).
-fn remove_cgroup(cgroup: &str) -> Result<()> {
-    let rel = cgroup.trim_start_matches('/');
-    ensure!(!rel.is_empty(), "refusing to remove the root cgroup");
-    let base = Path::new("/sys/fs/cgroup");
-    let mut dirs = vec![base.join(rel)];
-    let hierarchies =
-        std::fs::read_dir(base).with_context(|| format!("listing {}", base.display()))?;
-    for h in hierarchies.flatten() {
-        if h.file_type().is_ok_and(|t| t.is_dir()) {
-            dirs.push(h.path().join(rel));
-        }
-    }
-    let mut first = None;
-    for dir in dirs.iter().filter(|d| d.is_dir()) {
-        if let Err(e) = remove_cgroup_dir(dir) {
-            first.get_or_insert(e);
-        }
-    }
-    match first {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
-fn remove_cgroup_dir(dir: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup_dir(&entry.path())?;
-        }
-    }
-    std::fs::remove_dir(dir).with_context(|| format!("removing cgroup {}", dir.display()))
 }
