@@ -88,6 +88,10 @@ pub struct KubeletConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `--root-dir`.
     pub root_dir: PathBuf,
+    /// `podCIDR`: the built-in runtime's pod subnet (upstream: the standalone kubelet's).
+    pub pod_cidr: String,
+    /// `nodeletPodBridge`: the built-in runtime's bridge.
+    pub pod_bridge: String,
 }
 
 impl Default for KubeletConfig {
@@ -117,6 +121,8 @@ impl Default for KubeletConfig {
             node_ip: None,
             kubeconfig: None,
             root_dir: PathBuf::from("/var/lib/nodelet"),
+            pod_cidr: "10.88.0.0/16".to_string(),
+            pod_bridge: "nodelet0".to_string(),
         }
     }
 }
@@ -242,6 +248,12 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
             "registerNode" => cfg.register_node = boolean(k, v)?,
             "evictionHard" => cfg.eviction_hard = eviction(k, v)?,
             "nodeletTesting" => cfg.testing = testing(v, &mut warnings)?,
+            "podCIDR" => {
+                let c = string(k, v)?;
+                sandbox_subnet_check(&c).map_err(|e| invalid(k, e))?;
+                cfg.pod_cidr = c;
+            }
+            "nodeletPodBridge" => cfg.pod_bridge = string(k, v)?,
             _ => warnings.push(format!("unknown field {k:?} ignored")),
         }
     }
@@ -268,6 +280,13 @@ fn testing(v: &Value, warnings: &mut Vec<String>) -> Result<TestingConfig, Confi
         ));
     }
     Ok(t)
+}
+
+/// A pod CIDR the built-in runtime can use (one IPv4 subnet).
+fn sandbox_subnet_check(cidr: &str) -> Result<(), String> {
+    runtime::builtin::parse_pod_cidr(cidr)
+        .map(drop)
+        .map_err(|e| e.message().to_string())
 }
 
 fn invalid(field: &str, what: String) -> ConfigError {

@@ -155,6 +155,7 @@ async fn sigkilled_agent_leaves_containers_running_and_they_are_adopted() {
         rt: agent,
         root: node.root,
         cgroup_root: node.cgroup_root,
+        network: node.network,
     };
     n.teardown().await;
 }

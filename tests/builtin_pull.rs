@@ -69,6 +69,7 @@ async fn pull_run_mirror_and_errors() {
         rt,
         root,
         cgroup_root,
+        network: Some(Default::default()),
     };
     let sb = node.sandbox("pulled").await;
     let mut c = container_config("c", &["sh", "-c", "echo pulled-ok"]);

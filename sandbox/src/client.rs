@@ -69,11 +69,13 @@ pub async fn launch(program: &Path, args: &[&str], state_dir: &Path, spec: &Spec
 }
 
 /// The kind and message of a failed sandbox set-up, reported as `<Kind> <message>` (or, from
-/// the launcher side, a bare message). Only `InvalidArgument` is passed on: a sandbox that could
-/// not be set up is an internal failure unless its spec was at fault.
+/// the launcher side, a bare message). Only `InvalidArgument` and `FailedPrecondition` are
+/// passed on: a sandbox that could not be set up is an internal failure unless its spec was at
+/// fault or the node was not in a state to take it (a node port in use, a broken bridge).
 fn setup_failure(reported: &str) -> (Kind, &str) {
     match reported.split_once(' ') {
         Some(("InvalidArgument", msg)) => (Kind::InvalidArgument, msg),
+        Some(("FailedPrecondition", msg)) => (Kind::FailedPrecondition, msg),
         Some((k, msg)) if serde_json::from_str::<Kind>(&format!("{k:?}")).is_ok() => {
             (Kind::Internal, msg)
         }

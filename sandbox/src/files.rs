@@ -17,7 +17,11 @@ pub fn hosts(spec: &Spec, node_hosts: Option<&str>) -> String {
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
     );
     if !spec.hostname.is_empty() {
-        s.push_str(&format!("127.0.1.1\t{}\n", spec.hostname));
+        // As the kubelet writes it: the pod's own address when it has one.
+        match &spec.network {
+            Some(net) => s.push_str(&format!("{}\t{}\n", net.address, spec.hostname)),
+            None => s.push_str(&format!("127.0.1.1\t{}\n", spec.hostname)),
+        }
     }
     for (ip, names) in &spec.host_aliases {
         s.push_str(&format!("{ip}\t{}\n", names.join("\t")));

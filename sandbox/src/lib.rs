@@ -11,6 +11,7 @@ mod error;
 pub mod fdpass;
 pub mod files;
 pub mod logs;
+pub mod net;
 pub mod process;
 pub mod protocol;
 mod spec;
@@ -19,7 +20,8 @@ pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec,
 pub use error::{Error, Kind, Result};
 pub use spec::{
     ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, Layout, NamespaceMode,
-    Namespaces, SandboxState, Spec, State, StreamExecSpec, now_ns,
+    Namespaces, PodNetwork, PortMapping, Protocol, SandboxState, Spec, State, StreamExecSpec,
+    now_ns,
 };
 
 pub use oci_spec;

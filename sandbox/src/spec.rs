@@ -63,6 +63,51 @@ pub struct Spec {
     pub host_aliases: Vec<(String, Vec<String>)>,
     /// Namespaced sysctls to set in the pod's namespaces.
     pub sysctls: BTreeMap<String, String>,
+    /// The pod's network interface, with its own network namespace; `None` gives it
+    /// loopback only (or the node's network with a node network namespace).
+    #[serde(default)]
+    pub network: Option<PodNetwork>,
+}
+
+/// A pod's `eth0`: one end of a veth pair whose other end is on a bridge of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodNetwork {
+    /// The node's bridge (created, with the gateway address, if missing).
+    pub bridge: String,
+    /// The node's end of the veth pair (at most 15 bytes).
+    pub host_interface: String,
+    pub address: std::net::Ipv4Addr,
+    pub prefix_len: u8,
+    /// The bridge's address: the pod's default route.
+    pub gateway: std::net::Ipv4Addr,
+    /// Node ports forwarded to the pod.
+    #[serde(default)]
+    pub ports: Vec<PortMapping>,
+}
+
+/// A port of the node forwarded to a port of the pod (a Kubernetes hostPort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortMapping {
+    pub protocol: Protocol,
+    /// The node address to listen on; `None` listens on all of them.
+    pub host_ip: Option<std::net::IpAddr>,
+    pub host_port: u16,
+    pub container_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        })
+    }
 }
 
 /// Where a sandbox keeps its files; all paths derive from the state directory.

@@ -36,6 +36,12 @@ pub struct ServeArgs {
     /// Where the streaming server (the URLs of Exec and PortForward) listens; port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub streaming_addr: std::net::SocketAddr,
+    /// The subnet pods get their addresses from; the bridge takes its first address.
+    #[arg(long, default_value = "10.88.0.0/16")]
+    pub pod_cidr: String,
+    /// The node's bridge pods are connected to (created when missing).
+    #[arg(long, default_value = "nodelet0")]
+    pub pod_bridge: String,
 }
 
 pub async fn run(root_dir: &Path, cmd: CriCommand) -> anyhow::Result<ExitCode> {
@@ -63,6 +69,7 @@ async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     cfg.cgroup_root = args.cgroup_root;
     cfg.registry.insecure = args.insecure;
     cfg.streaming.addr = args.streaming_addr;
+    cfg.network = Some(super::pod_network(&args.pod_bridge, &args.pod_cidr)?);
     let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
     let server_cfg = runtime::server::ServerConfig {
         request_timeout: Duration::from_secs(args.request_timeout),

@@ -57,7 +57,9 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let rt = if cfg.container_runtime_endpoint.is_empty() {
-        let rt = super::builtin(root_dir).await?;
+        let mut builtin = runtime::builtin::Config::new(root_dir)?;
+        builtin.network = Some(super::pod_network(&cfg.pod_bridge, &cfg.pod_cidr)?);
+        let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         kubelet::Runtime {
             runtime: Arc::new(rt.clone()),
             images: Arc::new(rt),

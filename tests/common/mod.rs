@@ -59,6 +59,8 @@ pub struct Node {
     pub rt: BuiltinRuntime,
     pub root: tempfile::TempDir,
     pub cgroup_root: String,
+    /// The pod network the runtime was opened with (and is reopened with).
+    pub network: Option<runtime::builtin::NetworkConfig>,
 }
 
 pub fn nodelet_bin() -> PathBuf {
@@ -74,14 +76,23 @@ pub fn config(root: &Path, cgroup_root: &str) -> Config {
 
 impl Node {
     pub async fn new(name: &str) -> Node {
+        Node::with_network(name, |_| {}).await
+    }
+
+    /// A node whose runtime's pod network (the default one to start with) `tweak` changed.
+    pub async fn with_network(
+        name: &str,
+        tweak: impl FnOnce(&mut Option<runtime::builtin::NetworkConfig>),
+    ) -> Node {
         let root = tempfile::Builder::new()
             .prefix("nl")
             .tempdir()
             .expect("tempdir");
         let cgroup_root = format!("/nodelet-e2e-{name}-{}", std::process::id());
-        let rt = BuiltinRuntime::new(config(root.path(), &cgroup_root))
-            .await
-            .expect("runtime");
+        let mut cfg = config(root.path(), &cgroup_root);
+        tweak(&mut cfg.network);
+        let network = cfg.network.clone();
+        let rt = BuiltinRuntime::new(cfg).await.expect("runtime");
         rt.image_store()
             .import(&busybox_archive())
             .expect("import busybox");
@@ -89,14 +100,15 @@ impl Node {
             rt,
             root,
             cgroup_root,
+            network,
         }
     }
 
     /// A fresh runtime over the same root dir, as a restarted agent would open it.
     pub async fn reopen(&self) -> BuiltinRuntime {
-        BuiltinRuntime::new(config(self.root.path(), &self.cgroup_root))
-            .await
-            .expect("reopen runtime")
+        let mut cfg = config(self.root.path(), &self.cgroup_root);
+        cfg.network = self.network.clone();
+        BuiltinRuntime::new(cfg).await.expect("reopen runtime")
     }
 
     pub fn log_dir(&self) -> PathBuf {

@@ -9,6 +9,7 @@
 
 mod container;
 mod image;
+mod network;
 mod pod;
 mod service;
 pub mod spec;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
+pub use network::{NetworkConfig, parse_pod_cidr};
 use store::Records;
 
 /// The hidden subcommand under which the nodelet binary runs as a sandbox process.
@@ -48,6 +50,8 @@ pub struct Config {
     pub registry: images::RegistryConfig,
     /// The streaming server (Exec, PortForward URLs); it starts on the first such request.
     pub streaming: crate::streaming::Config,
+    /// The pod network; `None` gives pods without hostNetwork loopback only.
+    pub network: Option<NetworkConfig>,
 }
 
 impl Config {
@@ -62,6 +66,7 @@ impl Config {
             cgroup_root: "/nodelet".to_string(),
             registry: images::RegistryConfig::default(),
             streaming: crate::streaming::Config::default(),
+            network: Some(NetworkConfig::default()),
         })
     }
 }
@@ -87,6 +92,7 @@ struct Inner {
     sandbox_locks:
         std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
     streaming: tokio::sync::OnceCell<crate::streaming::Server>,
+    network: Option<network::Network>,
 }
 
 /// A reserved name, released when dropped.
@@ -123,6 +129,7 @@ impl BuiltinRuntime {
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
         let records = Records::load(&cfg.root_dir.join("cri"))?;
         let (events, _) = broadcast::channel(1024);
+        let network = cfg.network.clone().map(network::Network::new).transpose()?;
         let rt = BuiltinRuntime {
             inner: Arc::new(Inner {
                 cfg,
@@ -132,9 +139,11 @@ impl BuiltinRuntime {
                 reserved: Default::default(),
                 sandbox_locks: Default::default(),
                 streaming: tokio::sync::OnceCell::new(),
+                network,
             }),
         };
         rt.adopt().await;
+        rt.release_stale_addresses();
         Ok(rt)
     }
 

@@ -179,10 +179,24 @@ impl BuiltinRuntime {
         } else {
             given_parent
         };
-        let security = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref());
+        let own_network = ns_mode(opts.network) != sandbox::NamespaceMode::Node;
+        // hostNetwork pods' port mappings only document ports the pod opens on the node.
+        let ports = if own_network {
+            super::network::port_mappings(&config.port_mappings)?
+        } else {
+            Vec::new()
+        };
+        let network = match &self.inner.network {
+            Some(net) if own_network => {
+                let address = net
+                    .ipam
+                    .allocate(&id, &self.inner.cfg.root_dir.to_string_lossy())
+                    .map_err(sandbox_error)?;
+                Some(net.pod_network(&id, address, ports))
+            }
+            _ => None,
+        };
+        let ip = network.as_ref().map(|n| n.address);
         let spec = sandbox::Spec {
             id: id.clone(),
             hostname: config.hostname.clone(),
@@ -209,8 +223,8 @@ impl BuiltinRuntime {
                         .collect()
                 })
                 .unwrap_or_else(BTreeMap::new),
+            network,
         };
-        let _ = security;
         if !config.log_directory.is_empty() {
             std::fs::create_dir_all(&config.log_directory).map_err(|e| {
                 Error::invalid_argument(format!(
@@ -229,6 +243,7 @@ impl BuiltinRuntime {
             .collect();
         if let Err(e) = sandbox::launch(&self.inner.cfg.sandbox_program, &args, &dir, &spec).await {
             let _ = std::fs::remove_dir_all(&dir);
+            self.release_address(&id, ip);
             if spec.owns_cgroup_parent {
                 let _ = sandbox::cgroup::remove(&format!("{cgroup_parent}/sandbox"));
                 let _ = sandbox::cgroup::remove(&cgroup_parent);
@@ -242,10 +257,12 @@ impl BuiltinRuntime {
             created_at: sandbox::now_ns(),
             stopped: false,
             cgroup_parent,
+            ip,
         };
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
             let _ = self.client(&id).shutdown().await;
             let _ = std::fs::remove_dir_all(&dir);
+            self.release_address(&id, ip);
             return Err(e);
         }
         self.watch_sandbox(&id).await;
@@ -274,6 +291,8 @@ impl BuiltinRuntime {
         }
         rec.stopped = true;
         self.inner.records.save_sandbox(&rec)?;
+        // The sandbox process is gone, and its network namespace and veth pair with it.
+        self.release_address(&id, rec.ip);
         self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
         Ok(())
     }
@@ -343,7 +362,12 @@ impl BuiltinRuntime {
                 },
                 created_at: rec.created_at,
                 network: Some(cri::PodSandboxNetworkStatus {
-                    ip: String::new(),
+                    // A stopped sandbox's address is free again, and may be another's.
+                    ip: rec
+                        .ip
+                        .filter(|_| !rec.stopped)
+                        .map(|ip| ip.to_string())
+                        .unwrap_or_default(),
                     additional_ips: Vec::new(),
                 }),
                 linux: Some(cri::LinuxPodSandboxStatus {
@@ -359,6 +383,39 @@ impl BuiltinRuntime {
             containers_statuses: Vec::new(),
             timestamp: sandbox::now_ns(),
         })
+    }
+
+    /// Frees the pod address `ip` of sandbox `id`, if it has one.
+    pub(super) fn release_address(&self, id: &str, ip: Option<std::net::Ipv4Addr>) {
+        if let (Some(net), Some(ip)) = (&self.inner.network, ip) {
+            if let Err(e) = net.ipam.release(ip, id) {
+                tracing::warn!(sandbox = %id, "freeing pod address {ip}: {e}");
+            }
+        }
+    }
+
+    /// Frees the addresses this runtime's stopped or forgotten sandboxes still hold (an agent
+    /// that crashed between a sandbox's end and its StopPodSandbox), and those of runtimes
+    /// whose root dir is gone.
+    pub(super) fn release_stale_addresses(&self) {
+        let Some(net) = &self.inner.network else {
+            return;
+        };
+        let root = self.inner.cfg.root_dir.to_string_lossy();
+        for lease in net.ipam.leases() {
+            let stale = if lease.runtime == root {
+                self.inner
+                    .records
+                    .sandbox(&lease.owner)
+                    .is_none_or(|r| r.stopped)
+            } else {
+                !std::path::Path::new(&lease.runtime).exists()
+            };
+            if stale {
+                tracing::info!(sandbox = %lease.owner, "freeing stale pod address {}", lease.ip);
+                self.release_address(&lease.owner, Some(lease.ip));
+            }
+        }
     }
 
     pub(super) async fn list_sandboxes(

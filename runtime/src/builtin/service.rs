@@ -183,10 +183,25 @@ impl RuntimeService for BuiltinRuntime {
 
     async fn update_runtime_config(
         &self,
-        _req: cri::UpdateRuntimeConfigRequest,
+        req: cri::UpdateRuntimeConfigRequest,
     ) -> Result<cri::UpdateRuntimeConfigResponse> {
-        // The pod CIDR matters only to a pod network, which the built-in runtime does not set
-        // up yet (pods get loopback, or the node's network with hostNetwork).
+        // The pod CIDR is the runtime's own setting (`NetworkConfig::pod_cidr`): the bridge and
+        // the addresses pods hold are not renumbered under running pods. A different CIDR from
+        // the kubelet (the Node's spec.podCIDR) is reported, not applied.
+        let asked = req
+            .runtime_config
+            .and_then(|c| c.network_config)
+            .map(|n| n.pod_cidr)
+            .unwrap_or_default();
+        if let Some(net) = &self.inner.network {
+            let ours = net.cfg.pod_cidr.to_string();
+            if !asked.is_empty() && asked.split(',').all(|c| c.trim() != ours) {
+                tracing::warn!(
+                    "the node's pod CIDR is {asked}, the built-in runtime's is {ours}; pods keep \
+                     getting addresses from {ours} (set the runtime's podCIDR to match)"
+                );
+            }
+        }
         Ok(cri::UpdateRuntimeConfigResponse {})
     }
 
@@ -197,9 +212,30 @@ impl RuntimeService for BuiltinRuntime {
             reason: String::new(),
             message: String::new(),
         };
+        let mut network = cond("NetworkReady");
+        if let Some(net) = &self.inner.network {
+            // Checked (and mended) on every call: someone may have deleted the bridge.
+            let (bridge, cidr) = (net.cfg.bridge.clone(), net.cfg.pod_cidr);
+            let checked =
+                tokio::task::spawn_blocking(move || sandbox::net::ensure_bridge(&bridge, cidr))
+                    .await;
+            let problem = match checked {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(message) = problem {
+                network.status = false;
+                network.reason = "NetworkPluginNotReady".into();
+                network.message = format!(
+                    "the pod network's bridge {} is not ready: {message}",
+                    net.cfg.bridge
+                );
+            }
+        }
         Ok(cri::StatusResponse {
             status: Some(cri::RuntimeStatus {
-                conditions: vec![cond("RuntimeReady"), cond("NetworkReady")],
+                conditions: vec![cond("RuntimeReady"), network],
             }),
             info: Default::default(),
             runtime_handlers: Vec::new(),

@@ -22,6 +22,9 @@ pub struct SandboxRecord {
     pub stopped: bool,
     /// The pod cgroup containers are placed under.
     pub cgroup_parent: String,
+    /// The pod's address on the runtime's pod network, held until the sandbox stops.
+    #[serde(default)]
+    pub ip: Option<std::net::Ipv4Addr>,
 }
 
 /// A container as created.

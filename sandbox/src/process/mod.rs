@@ -100,7 +100,7 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
     }
-    ns::enter_pod_namespaces(&spec)?;
+    let port_proxy = ns::enter_pod_namespaces(&spec)?;
     let pid_holder = if spec.namespaces.pid == NamespaceMode::Pod {
         Some(ns::start_pid_namespace_holder()?)
     } else {
@@ -110,7 +110,7 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     for dir in [layout.container_root(), layout.status_dir()] {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
     }
-    let server = server::Server::bind(layout.clone(), spec, pid_holder)?;
+    let server = server::Server::bind(layout.clone(), spec, pid_holder, port_proxy)?;
     std::fs::write(layout.pid_file(), getpid().to_string())
         .map_err(|e| Error::io("writing", layout.pid_file(), e))?;
     Ok(server)
@@ -142,8 +142,8 @@ fn release_cgroups(spec: &Spec) {
     }
 }
 
-/// Kills the PID namespace holder, if any, and reaps it.
-fn stop_pid_holder(pid: Option<Pid>) {
+/// Kills a helper process (the PID namespace holder, the port proxy), if any, and reaps it.
+fn stop_helper(pid: Option<Pid>) {
     if let Some(pid) = pid {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(pid, None);

@@ -18,8 +18,10 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// Unshares the pod's network, IPC and UTS namespaces as the spec asks, sets the hostname,
-/// brings loopback up and applies the sysctls.
-pub fn enter_pod_namespaces(spec: &Spec) -> Result<()> {
+/// brings loopback up, plumbs the pod's network interface and applies the sysctls. Returns the
+/// node-port proxy's PID when the pod forwards node ports. Must be called while the process is
+/// single-threaded.
+pub fn enter_pod_namespaces(spec: &Spec) -> Result<Option<Pid>> {
     let mut flags = CloneFlags::empty();
     let own_net = spec.namespaces.network != NamespaceMode::Node;
     if own_net {
@@ -29,6 +31,11 @@ pub fn enter_pod_namespaces(spec: &Spec) -> Result<()> {
     if spec.namespaces.ipc != NamespaceMode::Node {
         flags |= CloneFlags::CLONE_NEWIPC;
     }
+    // What the pod's network needs of the node's namespace is taken before leaving it.
+    let network = match &spec.network {
+        Some(net) if own_net => Some((net, crate::net::prepare(net)?)),
+        _ => None,
+    };
     if !flags.is_empty() {
         unshare(flags).map_err(|e| internal("unsharing the pod's namespaces", e))?;
     }
@@ -39,7 +46,18 @@ pub fn enter_pod_namespaces(spec: &Spec) -> Result<()> {
         }
         loopback_up()?;
     }
-    set_sysctls(&spec.sysctls)
+    let network = match network {
+        Some((net, mut node)) => {
+            crate::net::plumb(&mut node, net)?;
+            Some((net, node))
+        }
+        None => None,
+    };
+    set_sysctls(&spec.sysctls)?;
+    match network {
+        Some((net, node)) => crate::net::ports::spawn_proxy(node.listeners, net.address),
+        None => Ok(None),
+    }
 }
 
 fn set_sysctls(sysctls: &BTreeMap<String, String>) -> Result<()> {

@@ -41,6 +41,8 @@ pub struct Server {
     spec: Spec,
     listener: UnixListener,
     pid_holder: Option<Pid>,
+    /// The process forwarding node ports to the pod, when it has any.
+    port_proxy: Option<Pid>,
     containers: BTreeMap<String, Ctr>,
     execs: Vec<(Exec, UnixStream)>,
     stops: Vec<StopWait>,
@@ -58,7 +60,12 @@ enum Token {
 }
 
 impl Server {
-    pub fn bind(layout: Layout, spec: Spec, pid_holder: Option<Pid>) -> Result<Self> {
+    pub fn bind(
+        layout: Layout,
+        spec: Spec,
+        pid_holder: Option<Pid>,
+        port_proxy: Option<Pid>,
+    ) -> Result<Self> {
         let path = layout.socket();
         if path.as_os_str().len() >= 108 {
             return Err(Error::new(
@@ -79,6 +86,7 @@ impl Server {
             spec,
             listener,
             pid_holder,
+            port_proxy,
             containers: BTreeMap::new(),
             execs: Vec::new(),
             stops: Vec::new(),
@@ -484,6 +492,9 @@ impl Server {
         } else if Some(pid) == self.pid_holder {
             tracing::error!("the pod's PID namespace holder exited");
             self.pid_holder = None;
+        } else if Some(pid) == self.port_proxy {
+            tracing::error!("the pod's node-port proxy exited ({ws:?}); its node ports are closed");
+            self.port_proxy = None;
         }
     }
 
@@ -594,7 +605,8 @@ impl Server {
             );
         }
         self.reap();
-        super::stop_pid_holder(self.pid_holder.take());
+        super::stop_helper(self.pid_holder.take());
+        super::stop_helper(self.port_proxy.take());
         super::release_cgroups(&self.spec);
         let _ = std::fs::remove_file(self.layout.socket());
         let _ = std::fs::write(self.layout.stopped_marker(), b"");

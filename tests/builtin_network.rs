@@ -1,0 +1,288 @@
+//! The built-in runtime's pod network, with no CNI binaries: each pod gets an address on a
+//! bridge of the node, reachable from the node and from other pods; node ports (hostPorts)
+//! forward to the pod and survive a restart of the agent; stopping the pod frees the address,
+//! the veth pair and the node port; a node port in use or a broken bridge fail with a message.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use runtime::builtin::{NetworkConfig, parse_pod_cidr};
+use runtime::{RuntimeService, cri};
+
+/// A bridge and /24 of this test binary's own, so parallel test binaries never share them.
+fn own_network(root: &Path) -> NetworkConfig {
+    let n = std::process::id() % 250 + 1;
+    NetworkConfig {
+        bridge: format!("nlt{}", std::process::id() % 100_000),
+        pod_cidr: parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
+        ipam_dir: root.join("ipam"),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A plain HTTP/1.0 GET of `/`: the body, or the error.
+fn http_get(addr: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+/// Retries `http_get` for up to 20 s (the web server in the pod takes a moment to listen).
+async fn eventually_get(addr: SocketAddr) -> String {
+    let mut last = String::new();
+    for _ in 0..100 {
+        match http_get(addr) {
+            Ok(body) if !body.is_empty() => return body,
+            Ok(_) => last = "an empty answer".into(),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("GET http://{addr}/ never answered: {last}");
+}
+
+async fn pod_ip(rt: &dyn RuntimeService, id: &str) -> String {
+    rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
+        pod_sandbox_id: id.into(),
+        verbose: false,
+    })
+    .await
+    .expect("PodSandboxStatus")
+    .status
+    .and_then(|s| s.network)
+    .map(|n| n.ip)
+    .unwrap_or_default()
+}
+
+fn leases(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().parse::<Ipv4Addr>().is_ok())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+const WEB: &str = "mkdir -p /tmp/w && echo hello-from-$(hostname) > /tmp/w/index.html && \
+                   exec httpd -f -p 8080 -h /tmp/w";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
+    if !root_or_skip("pods_get_addresses_reach_each_other_and_node_ports_forward") {
+        return;
+    }
+    let mut net = None;
+    let node = Node::with_network("net", |n| {
+        let tmp = std::env::temp_dir().join(format!("nodelet-net-{}", std::process::id()));
+        let cfg = own_network(&tmp);
+        net = Some(cfg.clone());
+        *n = Some(cfg);
+    })
+    .await;
+    let net = net.expect("network config");
+    let ipam_dir = net.ipam_dir.join(&net.bridge);
+    let subnet = net.pod_cidr;
+
+    // The runtime reports its network ready once the bridge is there.
+    let st = node
+        .rt
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .expect("Status");
+    let conds = st.status.expect("status").conditions;
+    assert!(
+        conds.iter().any(|c| c.r#type == "NetworkReady" && c.status),
+        "{conds:?}"
+    );
+    assert!(Path::new("/sys/class/net").join(&net.bridge).exists());
+
+    let host_port = free_port();
+    let a = node
+        .sandbox_with("pod-a", |c| {
+            c.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port: i32::from(host_port),
+                host_ip: String::new(),
+            }];
+        })
+        .await;
+    let web = node.container(&a, "web", &["sh", "-c", WEB]).await;
+    let ip_a = pod_ip(&node.rt, &a.0).await;
+    let ip: Ipv4Addr = ip_a.parse().unwrap_or_else(|_| panic!("pod IP {ip_a:?}"));
+    assert!(
+        subnet.assignable(ip),
+        "{ip} is not a pod address of {subnet}"
+    );
+    assert_eq!(leases(&ipam_dir), 1);
+
+    // Inside: eth0 with the address, the default route through the bridge, /etc/hosts.
+    let addr = node.exec(&web, &["ip", "-4", "addr", "show", "eth0"]).await;
+    let text = String::from_utf8_lossy(&addr.stdout);
+    assert!(
+        text.contains(&format!("inet {ip}/{}", subnet.prefix_len)),
+        "{text}"
+    );
+    let route = node.exec(&web, &["ip", "route"]).await;
+    let text = String::from_utf8_lossy(&route.stdout);
+    assert!(
+        text.contains(&format!("default via {}", subnet.gateway())),
+        "{text}"
+    );
+    let hosts = node.exec(&web, &["cat", "/etc/hosts"]).await;
+    let text = String::from_utf8_lossy(&hosts.stdout);
+    assert!(text.contains(&format!("{ip}\tpod-a")), "{text}");
+
+    // The node reaches the pod at its address, and at the node port.
+    assert_eq!(
+        eventually_get(SocketAddr::new(ip.into(), 8080))
+            .await
+            .trim(),
+        "hello-from-pod-a"
+    );
+    let node_port = SocketAddr::from(([127, 0, 0, 1], host_port));
+    assert_eq!(eventually_get(node_port).await.trim(), "hello-from-pod-a");
+
+    // Another pod reaches it by address.
+    let b = node.sandbox("pod-b").await;
+    let client = node.container(&b, "client", &["sleep", "300"]).await;
+    let ip_b = pod_ip(&node.rt, &b.0).await;
+    assert_ne!(ip_a, ip_b);
+    let got = node
+        .exec(
+            &client,
+            &["wget", "-q", "-O", "-", &format!("http://{ip_a}:8080/")],
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "hello-from-pod-a",
+        "stderr: {}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(leases(&ipam_dir), 2);
+
+    // A node port in use fails the pod with a message naming it, and holds no address.
+    let err = node
+        .try_sandbox({
+            let mut c = sandbox_config("pod-c", &node.log_dir());
+            c.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 80,
+                host_port: i32::from(host_port),
+                host_ip: String::new(),
+            }];
+            c
+        })
+        .await
+        .expect_err("a second pod on the same node port");
+    assert_eq!(err.code(), runtime::Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains(&host_port.to_string()), "{err}");
+    assert_eq!(leases(&ipam_dir), 2);
+
+    // A restarted agent finds the addresses, and the node port still forwards.
+    let rt = node.reopen().await;
+    assert_eq!(pod_ip(&rt, &a.0).await, ip_a);
+    assert_eq!(
+        http_get(node_port).expect("node port after restart").trim(),
+        "hello-from-pod-a"
+    );
+
+    // Stopping the pod frees its address, its veth pair and its node port.
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: a.0.clone(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    assert_eq!(pod_ip(&rt, &a.0).await, "");
+    assert_eq!(leases(&ipam_dir), 1);
+    let veth = format!("nlv{}", &a.0[..12]);
+    let mut gone = false;
+    for _ in 0..50 {
+        if !Path::new("/sys/class/net").join(&veth).exists() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "veth {veth} outlived its pod");
+    TcpListener::bind(node_port).expect("the node port is free again");
+
+    node.teardown().await;
+    assert_eq!(leases(&ipam_dir), 0);
+    let _ = std::process::Command::new("ip")
+        .args(["link", "del", &net.bridge])
+        .status();
+    let _ = std::fs::remove_dir_all(&net.ipam_dir);
+}
+
+/// A bridge name taken by a link that is no bridge: the runtime says its network is not ready
+/// and why, and a pod fails with that reason instead of starting without a network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_bridge_is_reported_not_ready() {
+    if !root_or_skip("a_broken_bridge_is_reported_not_ready") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let node = Node::with_network("netbad", |n| {
+        *n = Some(NetworkConfig {
+            bridge: "lo".into(),
+            pod_cidr: parse_pod_cidr("10.89.0.0/24").expect("cidr"),
+            ipam_dir: tmp.path().to_path_buf(),
+        })
+    })
+    .await;
+    let st = node
+        .rt
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .expect("Status");
+    let conds = st.status.expect("status").conditions;
+    let net = conds
+        .iter()
+        .find(|c| c.r#type == "NetworkReady")
+        .expect("NetworkReady");
+    assert!(!net.status);
+    assert!(net.message.contains("not a bridge"), "{net:?}");
+    let err = node
+        .try_sandbox(sandbox_config("p", &node.log_dir()))
+        .await
+        .expect_err("a pod without its network");
+    assert!(err.message().contains("not a bridge"), "{err}");
+    assert_eq!(leases(&tmp.path().join("lo")), 0);
+    // hostNetwork pods need no pod network.
+    let host = node
+        .sandbox_with("host", |c| {
+            c.linux = Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: cri::NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        })
+        .await;
+    assert_eq!(pod_ip(&node.rt, &host.0).await, "");
+    node.teardown().await;
+}
