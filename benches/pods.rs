@@ -265,6 +265,8 @@ impl Kubelet {
             version.runtime_name,
             Backoff::default(),
             status.clone(),
+            // Never checked: the bench's runtimes have their network ready (or use the node's).
+            Arc::new(nodelet::node::RuntimeState::default()),
         ));
         let workers = PodWorkers::new(syncer, Timing::default());
         Ok(Kubelet {

@@ -364,7 +364,8 @@ async fn adopts_an_existing_node() {
 
 #[tokio::test]
 async fn agent_reports_runtime_health_and_images() {
-    use nodelet::node::NodeAgent;
+    use nodelet::node::agent::RUNTIME_CHECK_PERIOD;
+    use nodelet::node::{NodeAgent, RuntimeState};
     use runtime::cri;
     let api = ApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -385,11 +386,17 @@ async fn agent_reports_runtime_health_and_images() {
     let facts = NodeFacts::gather(&cfg, "fake", "0.0.1").unwrap();
     let pleg_ok = Arc::new(Mutex::new(true));
     let p = pleg_ok.clone();
+    let state = Arc::new(RuntimeState::default());
+    let checks = tokio::spawn(state.clone().run_checks(
+        fake.clone(),
+        RUNTIME_CHECK_PERIOD,
+        std::future::pending(),
+    ));
     let agent = NodeAgent::spawn(
         api.client(),
         &cfg,
         facts,
-        fake.clone(),
+        state,
         fake.clone(),
         Arc::new(move || {
             if *p.lock().unwrap() {
@@ -447,6 +454,7 @@ async fn agent_reports_runtime_health_and_images() {
         Some("node-agent")
     );
     agent.stop().await;
+    checks.abort();
     api.stop().await;
 }
 

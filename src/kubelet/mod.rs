@@ -19,7 +19,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission;
 use crate::config::KubeletConfig;
-use crate::node::{NodeAgent, NodeFacts};
+use crate::node::agent::RUNTIME_CHECK_PERIOD;
+use crate::node::{NodeAgent, NodeFacts, RuntimeState};
 use crate::pod::{self, Backoff, ContainerOptions, SandboxOptions};
 use crate::pod_workers::{PodWorkers, Timing, UpdateType};
 use crate::sources::{self, PodOp, PodUpdate, merge::Merger};
@@ -74,6 +75,18 @@ pub async fn run(
     );
     let status = StatusManager::new(client.clone());
     tokio::spawn(status.clone().run());
+    // The runtime's Status, asked now and then every few seconds: Ready reports it, and pods
+    // with a pod network wait while the runtime's network is not ready.
+    let runtime_state = Arc::new(RuntimeState::default());
+    runtime_state.check(rt.runtime.as_ref()).await;
+    let (checks_stop, checks_stopped) = tokio::sync::oneshot::channel::<()>();
+    let checks = tokio::spawn(runtime_state.clone().run_checks(
+        rt.runtime.clone(),
+        RUNTIME_CHECK_PERIOD,
+        async move {
+            let _ = checks_stopped.await;
+        },
+    ));
     let syncer = Arc::new(Syncer::new(
         rt.runtime.clone(),
         rt.images.clone(),
@@ -81,6 +94,7 @@ pub async fn run(
         version.runtime_name.clone(),
         backoff,
         status.clone(),
+        runtime_state.clone(),
     ));
     let workers = PodWorkers::new(
         syncer.clone(),
@@ -123,7 +137,7 @@ pub async fn run(
             c.clone(),
             &cfg,
             facts.clone(),
-            rt.runtime.clone(),
+            runtime_state.clone(),
             rt.images.clone(),
             Arc::new(move || health.problem().into_iter().collect()),
         )
@@ -224,6 +238,8 @@ pub async fn run(
     if let Some(agent) = node_agent {
         agent.stop().await;
     }
+    let _ = checks_stop.send(());
+    let _ = checks.await;
     Ok(())
 }
 

@@ -20,6 +20,7 @@ pub struct Syncer {
     pub runtime_name: String,
     backoff: tokio::sync::Mutex<Backoff>,
     status: Arc<StatusManager>,
+    runtime_state: Arc<crate::node::RuntimeState>,
 }
 
 fn err(e: impl std::fmt::Display) -> SyncError {
@@ -38,6 +39,7 @@ impl Syncer {
         runtime_name: String,
         backoff: Backoff,
         status: Arc<StatusManager>,
+        runtime_state: Arc<crate::node::RuntimeState>,
     ) -> Self {
         Syncer {
             rt,
@@ -46,6 +48,7 @@ impl Syncer {
             runtime_name,
             backoff: tokio::sync::Mutex::new(backoff),
             status,
+            runtime_state,
         }
     }
 
@@ -92,6 +95,14 @@ impl PodSyncer for Syncer {
         let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
             .await
             .map_err(err)?;
+        // As upstream: a pod on the pod network waits (and its worker retries) while the
+        // runtime reports its network not ready.
+        if !pod::host_network(pod) {
+            if let Some(e) = self.runtime_state.network_error() {
+                self.record_status(pod, &snapshot, HashMap::new());
+                return Err(SyncError(format!("network is not ready: {e}")));
+            }
+        }
         let now = SystemTime::now();
         let mut backoff = self.backoff.lock().await;
         let actions = pod::compute_pod_actions(pod, &snapshot.status, &backoff, now);

@@ -1,14 +1,14 @@
 //! The node side of the kubelet in one piece, for the kubelet's wiring: a [`NodeStatusManager`]
-//! whose health is the runtime's `Status` (checked every [`RUNTIME_CHECK_PERIOD`] through a
-//! [`RuntimeState`], with its handlers and features) plus the kubelet's own checks (e.g.
-//! PLEG), reporting the runtime's images,
-//! and the [`LeaseController`]. [`NodeAgent::stop`] ends all three tasks.
+//! whose health is the runtime's `Status` (as the kubelet's [`RuntimeState`] last heard it,
+//! checked every [`RUNTIME_CHECK_PERIOD`] by [`RuntimeState::run_checks`], with its handlers and
+//! features) plus the kubelet's own checks (e.g. PLEG), reporting the runtime's images, and the
+//! [`LeaseController`]. [`NodeAgent::stop`] ends both tasks.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use runtime::{ImageService, RuntimeService};
+use runtime::ImageService;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -21,7 +21,7 @@ pub const RUNTIME_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// Extra Ready problems from the kubelet itself, e.g. `|| pleg.problem().into_iter().collect()`.
 pub type ProblemsFn = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
-/// The running node status manager, Lease controller and runtime check.
+/// The running node status manager and Lease controller.
 pub struct NodeAgent {
     manager: Arc<NodeStatusManager>,
     stop: watch::Sender<bool>,
@@ -35,11 +35,10 @@ impl NodeAgent {
         client: kube::Client,
         cfg: &KubeletConfig,
         facts: NodeFacts,
-        runtime: Arc<dyn RuntimeService>,
+        state: Arc<RuntimeState>,
         images: Arc<dyn ImageService>,
         extra: ProblemsFn,
     ) -> NodeAgent {
-        let state = Arc::new(RuntimeState::default());
         let health_state = state.clone();
         let health = Arc::new(move || {
             let mut health = health_state.health(Instant::now());
@@ -57,18 +56,6 @@ impl NodeAgent {
             }
         };
         let mut tasks = Vec::new();
-        let shutdown = until_stopped();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(RUNTIME_CHECK_PERIOD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tokio::pin!(shutdown);
-            loop {
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = tick.tick() => state.check(runtime.as_ref()).await,
-                }
-            }
-        }));
         let m = manager.clone();
         let shutdown = until_stopped();
         tasks.push(tokio::spawn(async move { m.run(shutdown).await }));

@@ -70,6 +70,34 @@ impl RuntimeState {
         }
     }
 
+    /// Asks the runtime's `Status` every `period` until `shutdown`, recording each answer
+    /// (upstream's `updateRuntimeUp` loop). The first check is made at once.
+    pub async fn run_checks(
+        self: std::sync::Arc<Self>,
+        runtime: std::sync::Arc<dyn RuntimeService>,
+        period: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tick.tick() => self.check(runtime.as_ref()).await,
+            }
+        }
+    }
+
+    /// The network's not-ready error from the last answer, as upstream's `networkErrors`:
+    /// pods without hostNetwork are not synced while there is one.
+    pub fn network_error(&self) -> Option<String> {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|inner| inner.network_error.clone())
+    }
+
     /// Asks the runtime's `Status` once and records the answer.
     pub async fn check(&self, runtime: &dyn RuntimeService) {
         let resp = runtime.status(cri::StatusRequest { verbose: false }).await;
