@@ -92,6 +92,9 @@ pub struct KubeletConfig {
     pub pod_cidr: String,
     /// `nodeletPodBridge`: the built-in runtime's bridge.
     pub pod_bridge: String,
+    /// `nodeletPodMasquerade`: whether the built-in runtime masquerades pod traffic leaving the
+    /// pod CIDR.
+    pub pod_masquerade: bool,
 }
 
 impl Default for KubeletConfig {
@@ -123,6 +126,7 @@ impl Default for KubeletConfig {
             root_dir: PathBuf::from("/var/lib/nodelet"),
             pod_cidr: "10.88.0.0/16".to_string(),
             pod_bridge: "nodelet0".to_string(),
+            pod_masquerade: true,
         }
     }
 }
@@ -254,6 +258,7 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
                 cfg.pod_cidr = c;
             }
             "nodeletPodBridge" => cfg.pod_bridge = string(k, v)?,
+            "nodeletPodMasquerade" => cfg.pod_masquerade = boolean(k, v)?,
             _ => warnings.push(format!("unknown field {k:?} ignored")),
         }
     }

@@ -21,6 +21,7 @@ fn own_network(root: &Path) -> NetworkConfig {
         bridge: format!("nlt{}", std::process::id() % 100_000),
         pod_cidr: parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
         ipam_dir: root.join("ipam"),
+        masquerade: true,
     }
 }
 
@@ -98,6 +99,7 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     })
     .await;
     let net = net.expect("network config");
+    let _network = NetworkGuard(net.clone());
     let ipam_dir = net.ipam_dir.join(&net.bridge);
     let subnet = net.pod_cidr;
 
@@ -198,6 +200,34 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     assert!(err.message().contains(&host_port.to_string()), "{err}");
     assert_eq!(leases(&ipam_dir), 2);
 
+    // Traffic leaving the pod subnet is masqueraded: a host outside (a network namespace on a
+    // link with no route back to the pods) answers the node's address.
+    let outside = Outside::new();
+    let got = node
+        .exec(
+            &client,
+            &[
+                "wget",
+                "-q",
+                "-O",
+                "-",
+                &format!("http://{}:9000/", outside.addr),
+            ],
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "from-outside",
+        "stderr: {}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    let seen = outside.peer();
+    assert_eq!(
+        seen, outside.node_addr,
+        "the outside host saw {seen}, not the node"
+    );
+    drop(outside);
+
     // A restarted agent finds the addresses, and the node port still forwards.
     let rt = node.reopen().await;
     assert_eq!(pod_ip(&rt, &a.0).await, ip_a);
@@ -228,10 +258,110 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
 
     node.teardown().await;
     assert_eq!(leases(&ipam_dir), 0);
-    let _ = std::process::Command::new("ip")
-        .args(["link", "del", &net.bridge])
-        .status();
-    let _ = std::fs::remove_dir_all(&net.ipam_dir);
+    runtime::builtin::remove_node_network(&net).expect("remove the bridge and masquerade rule");
+    assert!(!Path::new("/sys/class/net").join(&net.bridge).exists());
+}
+
+/// Removes the test's bridge, masquerade rule and address book, also when the test fails
+/// (pods a failed test left behind are `scripts/cleanup-test-leftovers.sh`'s).
+struct NetworkGuard(NetworkConfig);
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        let _ = runtime::builtin::remove_node_network(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0.ipam_dir);
+    }
+}
+
+/// A host outside the node: a network namespace behind a veth pair on its own /30, with no
+/// route to the pod subnet, serving one HTTP answer on port 9000 and recording who asked.
+struct Outside {
+    ns: String,
+    link: String,
+    addr: Ipv4Addr,
+    node_addr: Ipv4Addr,
+    peer: std::sync::mpsc::Receiver<Ipv4Addr>,
+}
+
+impl Outside {
+    fn new() -> Outside {
+        let id = std::process::id() % 10_000;
+        let (ns, link, peer_link) = (
+            format!("nlout{id}"),
+            format!("nloh{id}"),
+            format!("nlop{id}"),
+        );
+        let n = std::process::id() % 250 + 1;
+        let node_addr = Ipv4Addr::new(10, 90, n as u8, 1);
+        let addr = Ipv4Addr::new(10, 90, n as u8, 2);
+        let ip = |args: &[&str]| {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("run ip");
+            assert!(st.success(), "ip {args:?}");
+        };
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &ns])
+            .status();
+        ip(&["netns", "add", &ns]);
+        ip(&[
+            "link", "add", &link, "type", "veth", "peer", "name", &peer_link,
+        ]);
+        ip(&["link", "set", &peer_link, "netns", &ns]);
+        ip(&["addr", "add", &format!("{node_addr}/30"), "dev", &link]);
+        ip(&["link", "set", &link, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", ns.as_str(), "ip"];
+            all.extend_from_slice(args);
+            ip(&all);
+        };
+        inside(&["addr", "add", &format!("{addr}/30"), "dev", &peer_link]);
+        inside(&["link", "set", &peer_link, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        let (tx, peer) = std::sync::mpsc::channel();
+        let (bound_tx, bound) = std::sync::mpsc::channel();
+        let ns_path = format!("/var/run/netns/{ns}");
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&ns_path).expect("open netns");
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let l = TcpListener::bind((addr, 9000)).expect("bind outside");
+            let _ = bound_tx.send(());
+            if let Ok((mut c, from)) = l.accept() {
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\nfrom-outside\n");
+                if let std::net::IpAddr::V4(v4) = from.ip() {
+                    let _ = tx.send(v4);
+                }
+            }
+        });
+        bound.recv().expect("outside listener");
+        Outside {
+            ns,
+            link,
+            addr,
+            node_addr,
+            peer,
+        }
+    }
+
+    fn peer(&self) -> Ipv4Addr {
+        self.peer
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the outside host was never reached")
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
 }
 
 /// A bridge name taken by a link that is no bridge: the runtime says its network is not ready
@@ -247,6 +377,7 @@ async fn a_broken_bridge_is_reported_not_ready() {
             bridge: "lo".into(),
             pod_cidr: parse_pod_cidr("10.89.0.0/24").expect("cidr"),
             ipam_dir: tmp.path().to_path_buf(),
+            masquerade: false,
         })
     })
     .await;

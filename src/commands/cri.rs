@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// The node's bridge pods are connected to (created when missing).
     #[arg(long, default_value = "nodelet0")]
     pub pod_bridge: String,
+    /// Masquerade pod traffic leaving the pod subnet (`--pod-masquerade false` when the network
+    /// routes the pod subnet).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub pod_masquerade: bool,
 }
 
 pub async fn run(root_dir: &Path, cmd: CriCommand) -> anyhow::Result<ExitCode> {
@@ -69,7 +73,11 @@ async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     cfg.cgroup_root = args.cgroup_root;
     cfg.registry.insecure = args.insecure;
     cfg.streaming.addr = args.streaming_addr;
-    cfg.network = Some(super::pod_network(&args.pod_bridge, &args.pod_cidr)?);
+    cfg.network = Some(super::pod_network(
+        &args.pod_bridge,
+        &args.pod_cidr,
+        args.pod_masquerade,
+    )?);
     let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
     let server_cfg = runtime::server::ServerConfig {
         request_timeout: Duration::from_secs(args.request_timeout),

@@ -14,11 +14,17 @@ pub async fn builtin(
     Ok(runtime::builtin::BuiltinRuntime::new(cfg).await?)
 }
 
-/// The built-in runtime's pod network on bridge `bridge` with subnet `cidr`.
-pub fn pod_network(bridge: &str, cidr: &str) -> anyhow::Result<runtime::builtin::NetworkConfig> {
+/// The built-in runtime's pod network on bridge `bridge` with subnet `cidr`, masquerading
+/// traffic that leaves the subnet when `masquerade`.
+pub fn pod_network(
+    bridge: &str,
+    cidr: &str,
+    masquerade: bool,
+) -> anyhow::Result<runtime::builtin::NetworkConfig> {
     Ok(runtime::builtin::NetworkConfig {
         bridge: bridge.to_string(),
         pod_cidr: runtime::builtin::parse_pod_cidr(cidr)?,
+        masquerade,
         ..Default::default()
     })
 }

@@ -58,7 +58,11 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
     };
     let rt = if cfg.container_runtime_endpoint.is_empty() {
         let mut builtin = runtime::builtin::Config::new(root_dir)?;
-        builtin.network = Some(super::pod_network(&cfg.pod_bridge, &cfg.pod_cidr)?);
+        builtin.network = Some(super::pod_network(
+            &cfg.pod_bridge,
+            &cfg.pod_cidr,
+            cfg.pod_masquerade,
+        )?);
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         kubelet::Runtime {
             runtime: Arc::new(rt.clone()),

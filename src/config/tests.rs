@@ -113,8 +113,14 @@ evictionHard:
 nodeletTesting:
   crashLoopBackOffInitial: 100ms
   crashLoopBackOffMax: 2s
+podCIDR: 10.99.0.0/20
+nodeletPodBridge: pods0
+nodeletPodMasquerade: false
 "#);
     assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.pod_cidr, "10.99.0.0/20");
+    assert_eq!(c.pod_bridge, "pods0");
+    assert!(!c.pod_masquerade);
     assert_eq!(
         c.static_pod_path,
         PathBuf::from("/etc/kubernetes/manifests")
@@ -296,4 +302,11 @@ fn load_reads_files_and_names_them() {
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("reading "), "{e}");
+}
+
+#[test]
+fn a_bad_pod_cidr_says_why() {
+    let e = err(&format!("{HEAD}podCIDR: 10.99.0.1/16\n"));
+    assert!(e.contains("podCIDR"), "{e}");
+    assert!(e.contains("host bits"), "{e}");
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
-pub use network::{NetworkConfig, parse_pod_cidr};
+pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
 use store::Records;
 
 /// The hidden subcommand under which the nodelet binary runs as a sandbox process.
@@ -144,6 +144,12 @@ impl BuiltinRuntime {
         };
         rt.adopt().await;
         rt.release_stale_addresses();
+        if let Some(net) = &rt.inner.network {
+            // Not fatal: Status reports it (NetworkReady=false) until it works.
+            if let Err(e) = net.ensure(true) {
+                tracing::warn!("setting up the pod network: {e}");
+            }
+        }
         Ok(rt)
     }
 

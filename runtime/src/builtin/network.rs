@@ -19,6 +19,10 @@ pub struct NetworkConfig {
     /// Where the addresses in use are recorded, one directory per bridge. On tmpfs, so that
     /// a reboot (which ends every pod) frees them all.
     pub ipam_dir: PathBuf,
+    /// Masquerade pod traffic leaving the pod subnet behind the node's address (and turn IPv4
+    /// forwarding on), as the CNI bridge plugin's `ipMasq`. Off when the network routes the
+    /// pod subnet itself.
+    pub masquerade: bool,
 }
 
 impl Default for NetworkConfig {
@@ -30,6 +34,7 @@ impl Default for NetworkConfig {
                 prefix_len: 16,
             },
             ipam_dir: PathBuf::from("/run/nodelet/ipam"),
+            masquerade: true,
         }
     }
 }
@@ -38,6 +43,12 @@ impl Default for NetworkConfig {
 pub fn parse_pod_cidr(cidr: &str) -> Result<Subnet> {
     cidr.parse::<Subnet>()
         .map_err(|e| Error::invalid_argument(e.to_string()))
+}
+
+/// Removes what the pod network of `cfg` set up on the node (the bridge and the masquerade
+/// rule), for a node being reset; addresses still held stay recorded.
+pub fn remove_node_network(cfg: &NetworkConfig) -> Result<()> {
+    sandbox::net::remove_node_network(&cfg.bridge).map_err(super::sandbox_error)
 }
 
 /// The network of a runtime: its settings and address book.
@@ -53,6 +64,17 @@ impl Network {
         let ipam = Ipam::new(cfg.ipam_dir.join(&cfg.bridge), cfg.pod_cidr)
             .map_err(|e| Error::internal(e.to_string()))?;
         Ok(Network { cfg, ipam })
+    }
+
+    /// Sets up (or checks and mends) what the node needs for pods: the bridge, and the
+    /// masquerading when asked for. `start` rewrites the masquerade rule (at start-up).
+    pub fn ensure(&self, start: bool) -> std::result::Result<(), String> {
+        let (bridge, cidr) = (&self.cfg.bridge, self.cfg.pod_cidr);
+        sandbox::net::ensure_bridge(bridge, cidr).map_err(|e| e.to_string())?;
+        if self.cfg.masquerade {
+            sandbox::net::ensure_masquerade(bridge, cidr, start).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     /// The node end of a sandbox's veth pair: derived from its id, 15 bytes at most.

@@ -214,21 +214,24 @@ impl RuntimeService for BuiltinRuntime {
         };
         let mut network = cond("NetworkReady");
         if let Some(net) = &self.inner.network {
-            // Checked (and mended) on every call: someone may have deleted the bridge.
-            let (bridge, cidr) = (net.cfg.bridge.clone(), net.cfg.pod_cidr);
-            let checked =
-                tokio::task::spawn_blocking(move || sandbox::net::ensure_bridge(&bridge, cidr))
-                    .await;
+            // Checked (and mended) on every call: someone may have deleted the bridge or
+            // flushed the ruleset.
+            let rt = self.clone();
+            let checked = tokio::task::spawn_blocking(move || match &rt.inner.network {
+                Some(net) => net.ensure(false),
+                None => Ok(()),
+            })
+            .await;
             let problem = match checked {
-                Ok(Ok(_)) => None,
-                Ok(Err(e)) => Some(e.to_string()),
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
                 Err(e) => Some(e.to_string()),
             };
             if let Some(message) = problem {
                 network.status = false;
                 network.reason = "NetworkPluginNotReady".into();
                 network.message = format!(
-                    "the pod network's bridge {} is not ready: {message}",
+                    "the pod network on bridge {} is not ready: {message}",
                     net.cfg.bridge
                 );
             }

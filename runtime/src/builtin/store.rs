@@ -226,11 +226,16 @@ mod tests {
             created_at: 1,
             stopped: false,
             cgroup_parent: "/x".into(),
+            ip: Some(std::net::Ipv4Addr::new(10, 88, 0, 7)),
         })
         .unwrap();
         std::fs::write(dir.path().join("sandboxes/broken.json"), b"{").unwrap();
         let again = Records::load(dir.path()).unwrap();
         assert_eq!(again.sandbox("s1").unwrap().cgroup_parent, "/x");
+        assert_eq!(
+            again.sandbox("s1").unwrap().ip,
+            Some(std::net::Ipv4Addr::new(10, 88, 0, 7))
+        );
         assert!(again.sandbox("broken").is_none());
         again.remove_sandbox("s1");
         assert!(Records::load(dir.path()).unwrap().sandbox("s1").is_none());

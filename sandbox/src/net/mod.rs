@@ -9,6 +9,7 @@
 //! process ends, its namespace goes and the veth pair with it.
 
 pub mod ipam;
+pub mod nat;
 mod netlink;
 pub mod ports;
 
@@ -88,6 +89,41 @@ fn ensure_bridge_with(nl: &mut Netlink, name: &str, subnet: Subnet) -> Result<u3
         .map_err(nl_error)?;
     nl.set_up(index, None).map_err(nl_error)?;
     Ok(index)
+}
+
+/// Makes sure pods can leave the node: IPv4 forwarding on, and the masquerade table of
+/// `bridge` for `subnet` in place (`replace` rewrites it even when present, e.g. at start-up,
+/// so that a changed subnet takes effect).
+pub fn ensure_masquerade(bridge: &str, subnet: Subnet, replace: bool) -> Result<()> {
+    let forward = "/proc/sys/net/ipv4/ip_forward";
+    if std::fs::read_to_string(forward)
+        .map(|v| v.trim() != "1")
+        .unwrap_or(true)
+    {
+        std::fs::write(forward, "1")
+            .map_err(|e| Error::io("enabling IPv4 forwarding in", forward, e))?;
+    }
+    if replace || !nat::installed(bridge)? {
+        nat::install(bridge, subnet)?;
+    }
+    Ok(())
+}
+
+/// Undoes [`ensure_bridge`] and [`ensure_masquerade`]: removes the masquerade table and the
+/// bridge `name` (which must be a bridge; pods still on it lose their network).
+pub fn remove_node_network(name: &str) -> Result<()> {
+    nat::remove(name)?;
+    let mut nl = Netlink::open().map_err(nl_error)?;
+    let Some(index) = nl.link_index(name).map_err(nl_error)? else {
+        return Ok(());
+    };
+    if nl.link_kind(index).map_err(nl_error)?.as_deref() != Some("bridge") {
+        return Err(Error::new(
+            Kind::FailedPrecondition,
+            format!("{name} is not a bridge; left alone"),
+        ));
+    }
+    nl.delete_link(index).map_err(nl_error)
 }
 
 /// What the sandbox process keeps of the node's network namespace across its unshare.

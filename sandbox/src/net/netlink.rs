@@ -202,6 +202,18 @@ impl Netlink {
         .map(drop)
     }
 
+    /// Deletes the link at `index`.
+    pub fn delete_link(&mut self, index: u32) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.request(
+            &format!("deleting link {index}"),
+            RouteNetlinkMessage::DelLink(msg),
+            0,
+        )
+        .map(drop)
+    }
+
     /// Brings the link at `index` up and, with `controller`, enslaves it to that bridge.
     pub fn set_up(&mut self, index: u32, controller: Option<u32>) -> Result<()> {
         let mut msg = LinkMessage::default();

@@ -1,0 +1,360 @@
+//! Masquerading of pod traffic that leaves the pod subnet, as the CNI bridge plugin's `ipMasq`
+//! does, with no iptables or nft binary: one nftables table per bridge, written over netlink.
+//!
+//! ```text
+//! table ip nodelet-<bridge> {
+//!     chain postrouting {
+//!         type nat hook postrouting priority srcnat; policy accept;
+//!         ip saddr <pod CIDR> ip daddr != <pod CIDR> masquerade
+//!     }
+//! }
+//! ```
+//!
+//! [`install`] replaces the table in one atomic batch (so a changed CIDR replaces the old rule);
+//! [`installed`] tells whether it is still there (someone may flush the ruleset).
+
+use std::time::Duration;
+
+use netlink_packet_core_09::{
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
+};
+use netlink_packet_netfilter::nftables::{
+    Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, Expressions, Hook, InetHookNumber,
+    NfTablesMessage, Operator, Payload, Register, RuleAttribute, RuleMessage, TableAttribute,
+    TableMessage,
+};
+use netlink_packet_netfilter::none::ControlMessage;
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::Socket;
+use netlink_sys::protocols::NETLINK_NETFILTER;
+
+use super::Subnet;
+use crate::{Error, Kind, Result};
+
+/// The nftables table of the bridge `bridge`.
+pub fn table_name(bridge: &str) -> String {
+    format!("nodelet-{bridge}")
+}
+
+const CHAIN: &str = "postrouting";
+/// Where the payload expression reads from: the network header.
+const NETWORK_HEADER: u32 = 1;
+const IPV4_SADDR: u32 = 12;
+const IPV4_DADDR: u32 = 16;
+/// `srcnat`, the priority of source NAT chains.
+const SRCNAT: u32 = 100;
+const ACCEPT: u32 = 1;
+
+fn fail(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(Kind::Internal, format!("{what}: {e}"))
+}
+
+fn message(
+    family: NetfilterProtoFamily,
+    inner: impl Into<NetfilterMessageInner>,
+    flags: u16,
+    seq: u32,
+) -> NetlinkMessage<NetfilterMessage> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = seq;
+    let mut m = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family, 0, 0),
+            inner,
+        )),
+    );
+    m.finalize();
+    m
+}
+
+fn batch_marker(begin: bool, seq: u32) -> NetlinkMessage<NetfilterMessage> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = seq;
+    let control = if begin {
+        ControlMessage::BatchBegin
+    } else {
+        ControlMessage::BatchEnd
+    };
+    let nftables = u16::from(libc::NFNL_SUBSYS_NFTABLES as u8);
+    let mut m = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, nftables),
+            control,
+        )),
+    );
+    m.finalize();
+    m
+}
+
+fn table(name: &str) -> TableMessage {
+    TableMessage {
+        attributes: vec![TableAttribute::Name(name.to_string())],
+    }
+}
+
+/// `ip <field> [!=|==] <subnet>`: load the address, mask it, compare it with the network.
+fn match_subnet(offset: u32, subnet: Subnet, op: Operator) -> Vec<Expressions> {
+    let mask = (u32::MAX << (32 - u32::from(subnet.prefix_len))).to_be_bytes();
+    vec![
+        Expressions::Payload(vec![
+            Payload::DestinationRegister(Register::Reg1),
+            Payload::Base(NETWORK_HEADER),
+            Payload::Offset(offset),
+            Payload::Len(4),
+        ]),
+        Expressions::Bitwise(vec![
+            Bitwise::SourceRegister(Register::Reg1),
+            Bitwise::DestinationRegister(Register::Reg1),
+            Bitwise::Length(4),
+            Bitwise::Mask(DataAttribute::Value(mask.to_vec())),
+            Bitwise::Xor(DataAttribute::Value(vec![0; 4])),
+        ]),
+        Expressions::Cmp(vec![
+            Cmp::SourceRegister(Register::Reg1),
+            Cmp::Op(op),
+            Cmp::Data(DataAttribute::Value(subnet.network.octets().to_vec())),
+        ]),
+    ]
+}
+
+/// The messages that replace the table of `bridge` with one masquerading `subnet`.
+fn replace_batch(bridge: &str, subnet: Subnet) -> Vec<NetlinkMessage<NetfilterMessage>> {
+    let name = table_name(bridge);
+    let ip = || NetfilterProtoFamily::IPv4;
+    let req = NLM_F_REQUEST | NLM_F_ACK;
+    let mut expressions = match_subnet(IPV4_SADDR, subnet, Operator::Equal);
+    expressions.extend(match_subnet(IPV4_DADDR, subnet, Operator::NotEqual));
+    expressions.push(Expressions::Other {
+        expression_type: "masq".to_string(),
+        attributes: Vec::new(),
+    });
+    vec![
+        batch_marker(true, 1),
+        // Create-then-delete-then-create: the delete always has a table to remove.
+        message(
+            ip(),
+            NfTablesMessage::NewTable(table(&name)),
+            req | NLM_F_CREATE,
+            2,
+        ),
+        message(ip(), NfTablesMessage::DeleteTable(table(&name)), req, 3),
+        message(
+            ip(),
+            NfTablesMessage::NewTable(table(&name)),
+            req | NLM_F_CREATE,
+            4,
+        ),
+        message(
+            ip(),
+            NfTablesMessage::NewChain(ChainMessage {
+                attributes: vec![
+                    ChainAttribute::Table(name.clone()),
+                    ChainAttribute::Name(CHAIN.to_string()),
+                    ChainAttribute::Type("nat".to_string()),
+                    ChainAttribute::Hook(vec![
+                        Hook::Number(InetHookNumber::PostRouting.into()),
+                        Hook::Priority(SRCNAT),
+                    ]),
+                    ChainAttribute::Policy(ACCEPT),
+                ],
+            }),
+            req | NLM_F_CREATE,
+            5,
+        ),
+        message(
+            ip(),
+            NfTablesMessage::NewRule(RuleMessage {
+                attributes: vec![
+                    RuleAttribute::Table(name),
+                    RuleAttribute::Chain(CHAIN.to_string()),
+                    RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
+                ],
+            }),
+            req | NLM_F_CREATE | NLM_F_APPEND,
+            6,
+        ),
+        batch_marker(false, 7),
+    ]
+}
+
+/// The kernel refused a request (or its answer could not be read): the errno.
+#[derive(Debug)]
+struct Refused(i32);
+
+impl Refused {
+    fn into_error(self, what: &str) -> Error {
+        let kind = if self.0 == libc::EPERM {
+            Kind::FailedPrecondition
+        } else {
+            Kind::Internal
+        };
+        Error::new(
+            kind,
+            format!("{what}: {}", std::io::Error::from_raw_os_error(self.0)),
+        )
+    }
+}
+
+struct Nfnl(Socket);
+
+impl Nfnl {
+    fn open() -> Result<Self> {
+        let mut s = Socket::new(NETLINK_NETFILTER).map_err(|e| fail("netfilter socket", e))?;
+        s.bind_auto().map_err(|e| fail("netfilter socket", e))?;
+        let timeout = nix::sys::time::TimeVal::from(libc::timeval {
+            tv_sec: Duration::from_secs(5).as_secs() as libc::time_t,
+            tv_usec: 0,
+        });
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+            .map_err(|e| fail("netfilter socket", e))?;
+        Ok(Nfnl(s))
+    }
+
+    fn send(&self, msgs: &[NetlinkMessage<NetfilterMessage>]) -> Result<()> {
+        let mut buf = Vec::new();
+        for m in msgs {
+            let start = buf.len();
+            buf.resize(start + m.buffer_len(), 0);
+            m.serialize(&mut buf[start..]);
+        }
+        self.0
+            .send(&buf, 0)
+            .map_err(|e| fail("netfilter send", e))?;
+        Ok(())
+    }
+
+    /// Reads answers until every sequence number in `waiting` is acknowledged (or answered),
+    /// or one of them fails. Returns the answered messages.
+    fn answers(&self, mut waiting: Vec<u32>) -> std::result::Result<Vec<NfTablesMessage>, Refused> {
+        let mut out = Vec::new();
+        let mut rx = vec![0u8; 64 * 1024];
+        while !waiting.is_empty() {
+            let n = self
+                .0
+                .recv(&mut &mut rx[..], 0)
+                .map_err(|e| Refused(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            let mut offset = 0;
+            while offset < n {
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&rx[offset..n])
+                    .map_err(|_| Refused(libc::EBADMSG))?;
+                let len = msg.header.length as usize;
+                let seq = msg.header.sequence_number;
+                match msg.payload {
+                    NetlinkPayload::Error(e) => {
+                        if let Some(code) = e.code {
+                            return Err(Refused(-code.get()));
+                        }
+                        waiting.retain(|&s| s != seq);
+                    }
+                    NetlinkPayload::InnerMessage(m) => {
+                        if let NetfilterMessageInner::NfTables(t) = m.inner {
+                            out.push(t);
+                        }
+                    }
+                    NetlinkPayload::Done(_) => waiting.retain(|&s| s != seq),
+                    _ => {}
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Replaces the masquerading table of `bridge` with one for `subnet`.
+pub fn install(bridge: &str, subnet: Subnet) -> Result<()> {
+    let nl = Nfnl::open()?;
+    nl.send(&replace_batch(bridge, subnet))?;
+    nl.answers(vec![2, 3, 4, 5, 6]).map(drop).map_err(|e| {
+        e.into_error(&format!(
+            "installing the masquerade rule of bridge {bridge}"
+        ))
+    })
+}
+
+/// Whether the masquerading table of `bridge` exists.
+pub fn installed(bridge: &str) -> Result<bool> {
+    let nl = Nfnl::open()?;
+    nl.send(&[message(
+        NetfilterProtoFamily::IPv4,
+        NfTablesMessage::GetTable(table(&table_name(bridge))),
+        NLM_F_REQUEST | NLM_F_ACK,
+        1,
+    )])?;
+    match nl.answers(vec![1]) {
+        Ok(_) => Ok(true),
+        Err(Refused(libc::ENOENT)) => Ok(false),
+        Err(e) => Err(e.into_error("looking up the masquerade table")),
+    }
+}
+
+/// Removes the masquerading table of `bridge`, if any.
+pub fn remove(bridge: &str) -> Result<()> {
+    let nl = Nfnl::open()?;
+    nl.send(&[
+        batch_marker(true, 1),
+        message(
+            NetfilterProtoFamily::IPv4,
+            NfTablesMessage::DeleteTable(table(&table_name(bridge))),
+            NLM_F_REQUEST | NLM_F_ACK,
+            2,
+        ),
+        batch_marker(false, 3),
+    ])?;
+    match nl.answers(vec![2]) {
+        Ok(_) | Err(Refused(libc::ENOENT)) => Ok(()),
+        Err(e) => Err(e.into_error("removing the masquerade table")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Install, look up, replace and remove a table in the node's nftables (root only; the
+    /// traffic itself is tested end to end in tests/builtin_network.rs).
+    #[test]
+    fn tables_are_installed_replaced_and_removed() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("SKIP (needs root): tables_are_installed_replaced_and_removed");
+            return;
+        }
+        let bridge = format!("nlnat{}", std::process::id() % 100_000);
+        assert!(!installed(&bridge).unwrap());
+        install(&bridge, "10.77.0.0/16".parse().unwrap()).unwrap();
+        assert!(installed(&bridge).unwrap());
+        if let Ok(out) = std::process::Command::new("nft")
+            .args(["list", "table", "ip", &table_name(&bridge)])
+            .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("ip saddr 10.77.0.0/16 ip daddr != 10.77.0.0/16 masquerade"),
+                "{text}"
+            );
+        }
+        // Installing again replaces (one rule, the new subnet).
+        install(&bridge, "10.78.0.0/16".parse().unwrap()).unwrap();
+        if let Ok(out) = std::process::Command::new("nft")
+            .args(["list", "table", "ip", &table_name(&bridge)])
+            .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.matches("masquerade").count(), 1, "{text}");
+            assert!(text.contains("10.78.0.0/16"), "{text}");
+        }
+        remove(&bridge).unwrap();
+        assert!(!installed(&bridge).unwrap());
+        remove(&bridge).unwrap();
+    }
+}
