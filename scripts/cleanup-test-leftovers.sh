@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Developer aid: stops sandbox processes, unmounts rootfs mounts and removes cgroups that an
-# interrupted test run left under /tmp (test roots are /tmp/nl*, /tmp/sbx*). Never touches
-# /var/lib/nodelet.
+# interrupted test run left under /tmp (test roots are /tmp/nl*, /tmp/sbx*), and the bridges
+# (ctdt<N>) of test containerds (tests/common/containerd.rs). Never touches /var/lib/nodelet.
 set -u
 pkill -9 -f "nodelet --root-dir /tmp/nl" 2>/dev/null
 for s in /tmp/nl*/sandboxes/*/sandbox.sock /tmp/sbx*/sb/sandbox.sock; do
@@ -19,5 +19,8 @@ for c in /sys/fs/cgroup/*/; do
   for d in "$c"nodelet-e2e-* "$c"nodelet-test "$c"nodelet; do
     [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
+done
+for b in /sys/class/net/ctdt*; do
+  [ -e "$b" ] && ip link del "$(basename "$b")" 2>/dev/null
 done
 exit 0

@@ -1,17 +1,17 @@
-//! The remote backend against a real containerd (Debian's `containerd` package, with `runc`):
-//! a private containerd (own config, root, state and socket in a temp dir; CRI plugin with
-//! `restrict_oom_score_adj`, cgroups on, CNI pointing at empty dirs) is driven through
-//! `RemoteRuntime`: version negotiation, status, images imported with `ctr`, and a hostNetwork
-//! pod whose sandbox image is the project's busybox re-tagged with a long-running command (no
-//! registry, so no real pause image), running a container to its exit code and an exec. Needs
-//! root and containerd; skips loudly otherwise.
+//! The remote backend against a real containerd (Debian's `containerd` package, with `runc`): a
+//! private containerd from `common::containerd` (own config, root, state and socket in a temp
+//! dir; CRI plugin with `restrict_oom_score_adj`, cgroups on; images from a local
+//! docker-registry; a CNI bridge on a private /24 when Debian's CNI plugins are installed) is
+//! driven through `RemoteRuntime`: version negotiation, status, PullImage through the registry,
+//! the sandbox image pulled by containerd itself, a pod running a container to its exit code
+//! and an exec. Needs root, containerd and docker-registry; skips loudly otherwise.
 
 mod common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::containerd::{Containerd, PAUSE, find, pause_archive};
+use common::containerd::{self, Containerd, PAUSE};
 use common::*;
 use runtime::remote::{self, RemoteRuntime};
 use runtime::{ImageService, RuntimeService, cri};
@@ -29,21 +29,76 @@ async fn create_and_start(
     start_container_on(rt, sandbox, container_config(name, cmd)).await
 }
 
+/// A private containerd and a `RemoteRuntime` connected to it, or `None` after a SKIP line.
+async fn start(test: &str) -> Option<(Containerd, RemoteRuntime)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    let bin = match containerd::prerequisites() {
+        Ok(bin) => bin,
+        Err(why) => {
+            eprintln!("SKIP ({why}): {test}");
+            return None;
+        }
+    };
+    let ctd = Containerd::start(&bin, &busybox_archive()).await;
+    let rt = remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
+    Some((ctd, rt))
+}
+
+/// Stops and removes the pods, checks nothing is listed, then drops containerd and checks it
+/// left no mount or process under its dir and no bridge.
+async fn remove_all(rt: &RemoteRuntime, ctd: Containerd, pods: &[&str]) {
+    for id in pods {
+        let stop = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
+        let remove = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        rt.remove_pod_sandbox(remove)
+            .await
+            .expect("RemovePodSandbox");
+    }
+    let left = rt
+        .list_containers(Default::default())
+        .await
+        .unwrap()
+        .containers;
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        rt.list_pod_sandbox(Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // containerd, its shims, its mounts and its bridge go with it.
+    let dir = ctd.dir().to_string_lossy().into_owned();
+    let bridge = ctd.pod_network().map(|n| n.bridge.clone());
+    drop(ctd);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&dir), "mounts left under {dir}");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(!cmdline.contains(&dir), "process left: {cmdline}");
+    }
+    if let Some(bridge) = bridge {
+        let link = Path::new("/sys/class/net").join(&bridge);
+        assert!(!link.exists(), "bridge {bridge} left behind");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn remote_runtime_drives_a_real_containerd() {
-    if !root_or_skip("remote_runtime_drives_a_real_containerd") {
-        return;
-    }
-    let (Some(bin), Some(_)) = (find("containerd"), find("ctr")) else {
-        eprintln!("SKIP (needs containerd): install Debian's containerd and runc packages");
+    let Some((ctd, rt)) = start("remote_runtime_drives_a_real_containerd").await else {
         return;
     };
     let began = Instant::now();
-    let mut ctd = Containerd::start(&bin);
-    ctd.wait_listening().await;
-    let rt = remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-        .await
-        .expect("connect to containerd");
     let v = rt.version_info().clone();
     eprintln!("containerd: {v:?}");
     assert_eq!(
@@ -59,8 +114,16 @@ async fn remote_runtime_drives_a_real_containerd() {
         .conditions;
     let ready = |t: &str| conditions.iter().any(|c| c.r#type == t && c.status);
     assert!(ready("RuntimeReady"), "{conditions:?}");
-    // No CNI config: the node network is not ready, which hostNetwork pods do not need.
-    assert!(!ready("NetworkReady"), "{conditions:?}");
+    // The network is ready with the CNI config; without one, it is not (and only hostNetwork
+    // pods run).
+    assert_eq!(
+        ready("NetworkReady"),
+        ctd.has_pod_network(),
+        "{conditions:?}"
+    );
+    if !ctd.has_pod_network() {
+        eprintln!("NOTE: no pod network here (see common::containerd): hostNetwork pod only");
+    }
     // Optional RPCs: answered, or Unimplemented by an older containerd (1.6 has neither).
     match rt.runtime_config(Default::default()).await {
         Ok(rc) => eprintln!("RuntimeConfig: {rc:?}"),
@@ -71,7 +134,7 @@ async fn remote_runtime_drives_a_real_containerd() {
         Err(e) => assert_eq!(e.code(), runtime::Code::Unimplemented, "{e}"),
     }
 
-    // Images, imported with ctr (no registry here).
+    // Images: busybox pulled through CRI from the local registry (docker.io's hosts.toml).
     assert!(
         rt.list_images(Default::default())
             .await
@@ -79,18 +142,20 @@ async fn remote_runtime_drives_a_real_containerd() {
             .images
             .is_empty()
     );
-    let work = tempfile::tempdir().unwrap();
-    let pause = work.path().join("pause.tar");
-    pause_archive(&busybox_archive(), &pause);
-    ctd.ctr(&["images", "import", busybox_archive().to_str().unwrap()]);
-    ctd.ctr(&["images", "import", pause.to_str().unwrap()]);
+    let image_ref = ctd.pull(&rt, BUSYBOX).await;
+    assert!(image_ref.starts_with("sha256:"), "{image_ref}");
     let images = rt.list_images(Default::default()).await.unwrap().images;
-    for name in [BUSYBOX, PAUSE] {
-        assert!(
-            images.iter().any(|i| i.repo_tags.iter().any(|t| t == name)),
-            "{name}: {images:?}"
-        );
-    }
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].id, image_ref);
+    assert_eq!(images[0].repo_tags, [BUSYBOX]);
+    // The repo digest names the upstream registry, not the mirror it came from.
+    assert!(
+        images[0]
+            .repo_digests
+            .iter()
+            .any(|d| d.starts_with("docker.io/library/busybox@sha256:")),
+        "{images:?}"
+    );
     let spec = |image: &str| cri::ImageSpec {
         image: image.into(),
         ..Default::default()
@@ -105,23 +170,38 @@ async fn remote_runtime_drives_a_real_containerd() {
     assert!(st.image.is_some());
     let fs = rt.image_fs_info(Default::default()).await.unwrap();
     assert!(!fs.image_filesystems.is_empty());
+    // A name the registry does not have fails (and is looked for nowhere else).
+    let missing = cri::PullImageRequest {
+        image: Some(spec("docker.io/library/no-such-image:1")),
+        ..Default::default()
+    };
+    let err = rt.pull_image(missing).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+    // A registry name without a hosts dir of its own goes to the local registry too (the
+    // `_default` dir): nothing listens on 127.0.0.1:1.
+    let elsewhere = "127.0.0.1:1/library/busybox:latest";
+    assert_eq!(ctd.pull(&rt, elsewhere).await, image_ref);
 
-    // A hostNetwork pod: a container runs to its exit code, another takes an exec.
+    // A pod (its own network when there is one, else the host's): containerd pulls its sandbox
+    // image itself; a container runs to its exit code, another takes an exec.
+    let work = tempfile::tempdir().unwrap();
     let logs = work.path().join("logs");
     let mut cfg = sandbox_config("ctd", &logs);
-    // A hostNetwork pod shares the node's UTS namespace: no hostname of its own (as the kubelet
-    // sends it; runc refuses to set one).
-    cfg.hostname = String::new();
-    cfg.linux = Some(cri::LinuxPodSandboxConfig {
-        security_context: Some(cri::LinuxSandboxSecurityContext {
-            namespace_options: Some(cri::NamespaceOption {
-                network: cri::NamespaceMode::Node as i32,
+    if !ctd.has_pod_network() {
+        // A hostNetwork pod shares the node's UTS namespace: no hostname of its own (as the
+        // kubelet sends it; runc refuses to set one).
+        cfg.hostname = String::new();
+        cfg.linux = Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
-        }),
-        ..Default::default()
-    });
+        });
+    }
     let run = cri::RunPodSandboxRequest {
         config: Some(cfg.clone()),
         runtime_handler: String::new(),
@@ -130,6 +210,13 @@ async fn remote_runtime_drives_a_real_containerd() {
         Ok(r) => r.pod_sandbox_id,
         Err(e) => panic!("RunPodSandbox: {e}\n{}", ctd.log()),
     };
+    let images = rt.list_images(Default::default()).await.unwrap().images;
+    assert!(
+        images
+            .iter()
+            .any(|i| i.repo_tags.iter().any(|t| t == PAUSE)),
+        "the sandbox image was pulled: {images:?}"
+    );
     let sb = (sb_id.clone(), cfg);
     let exiter = create_and_start(&rt, &sb, "exiter", &["sh", "-c", "echo hi; exit 3"]).await;
     let s = wait_exited(&rt, &exiter).await;
@@ -152,38 +239,6 @@ async fn remote_runtime_drives_a_real_containerd() {
     let err = rt.container_status(unknown).await.unwrap_err();
     assert_eq!(err.code(), runtime::Code::NotFound, "{err}");
 
-    let stop = cri::StopPodSandboxRequest {
-        pod_sandbox_id: sb_id.clone(),
-    };
-    rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
-    let remove = cri::RemovePodSandboxRequest {
-        pod_sandbox_id: sb_id,
-    };
-    rt.remove_pod_sandbox(remove)
-        .await
-        .expect("RemovePodSandbox");
-    let left = rt
-        .list_containers(Default::default())
-        .await
-        .unwrap()
-        .containers;
-    assert!(left.is_empty(), "{left:?}");
-    assert!(
-        rt.list_pod_sandbox(Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
-    // containerd, its shims and its mounts go with it.
-    let dir = ctd.dir().to_string_lossy().into_owned();
-    drop(ctd);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&dir), "mounts left under {dir}");
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(!cmdline.contains(&dir), "process left: {cmdline}");
-    }
+    remove_all(&rt, ctd, &[&sb_id]).await;
     eprintln!("containerd test took {:?}", began.elapsed());
 }
