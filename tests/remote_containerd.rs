@@ -4,10 +4,14 @@
 //! docker-registry; a CNI bridge on a private /24 when Debian's CNI plugins are installed) is
 //! driven through `RemoteRuntime`: version negotiation, status, PullImage through the registry,
 //! the sandbox image pulled by containerd itself, a pod running a container to its exit code
-//! and an exec. Needs root, containerd and docker-registry; skips loudly otherwise.
+//! and an exec; and the pod network: pod IPs in the private range, a server in a pod reached
+//! from the host by pod IP and through a hostPort on 127.0.0.1, and two pods reaching each
+//! other. Needs root, containerd and docker-registry; skips loudly otherwise.
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -241,4 +245,202 @@ async fn remote_runtime_drives_a_real_containerd() {
 
     remove_all(&rt, ctd, &[&sb_id]).await;
     eprintln!("containerd test took {:?}", began.elapsed());
+}
+
+/// The pod network containerd sets up through CNI (bridge + host-local + portmap): each pod's
+/// IP in PodSandboxStatus is in the instance's private /24 and is the address of the pod's
+/// eth0; a server in a pod answers the host at podIP:8080 and at 127.0.0.1:hostPort through
+/// its port mapping; two pods reach each other by IP. Removing the pods releases their IPs and
+/// their hostPort rules.
+#[tokio::test(flavor = "multi_thread")]
+async fn containerd_pod_network() {
+    let test = "containerd_pod_network";
+    let Some((ctd, rt)) = start(test).await else {
+        return;
+    };
+    let Some(net) = ctd.pod_network().cloned() else {
+        eprintln!(
+            "SKIP (needs the CNI plugins bridge, host-local, portmap and loopback in {}: \
+             Debian's containernetworking-plugins, scripts/setup.sh): {test}",
+            containerd::CNI_BIN_DIR
+        );
+        return;
+    };
+    ctd.pull_all(&rt).await;
+    let work = tempfile::tempdir().unwrap();
+    let logs = work.path().join("logs");
+    let host_port = i32::from(free_port());
+
+    // Two pods, each serving its own name over HTTP on 8080; `a` maps a hostPort to it.
+    let mut pods = Vec::new();
+    for name in ["a", "b"] {
+        let mut cfg = sandbox_config(&format!("net-{name}"), &logs);
+        if name == "a" {
+            cfg.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port,
+                host_ip: String::new(),
+            }];
+        }
+        let run = cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        };
+        let id = match rt.run_pod_sandbox(run).await {
+            Ok(r) => r.pod_sandbox_id,
+            Err(e) => panic!("RunPodSandbox {name}: {e}\n{}", ctd.log()),
+        };
+        let status = rt
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("PodSandboxStatus")
+            .status
+            .expect("status");
+        let network = status.network.expect("status.network");
+        let ip: Ipv4Addr = network
+            .ip
+            .parse()
+            .unwrap_or_else(|e| panic!("pod {name} IP {:?}: {e}", network.ip));
+        assert!(
+            net.contains(ip) && ip != net.gateway,
+            "pod {name}: {ip} not a pod address in {}/24",
+            net.subnet
+        );
+        let sb = (id, cfg);
+        let script = format!(
+            "mkdir -p /www && echo hello-from-{name} > /www/index.html && \
+             exec httpd -f -p 8080 -h /www"
+        );
+        let server = create_and_start(&rt, &sb, "server", &["sh", "-c", &script]).await;
+        pods.push((name, sb, ip, server));
+    }
+    let (a_ip, b_ip) = (pods[0].2, pods[1].2);
+    assert_ne!(a_ip, b_ip);
+
+    // The IP containerd reports is the pod's eth0 address.
+    for (name, _, ip, server) in &pods {
+        let r = exec(&rt, server, "ip -4 -o addr show eth0").await;
+        assert!(
+            r.contains(&format!(" {ip}/24 ")),
+            "pod {name}'s eth0 has {ip}: {r}"
+        );
+    }
+
+    // The host reaches each pod by its IP, and `a` through its hostPort on loopback.
+    for (name, _, ip, _) in &pods {
+        let body = http_get(SocketAddr::from((*ip, 8080))).await;
+        assert_eq!(body, format!("hello-from-{name}\n"), "{name} at {ip}:8080");
+    }
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port as u16));
+    assert_eq!(
+        http_get(loopback).await,
+        "hello-from-a\n",
+        "hostPort {loopback}"
+    );
+
+    // The pods reach each other by IP. (No `wget -T`: Debian's busybox 1.35 wget segfaults
+    // with it; ExecSync's timeout bounds the call.)
+    let r = exec(
+        &rt,
+        &pods[1].3,
+        &format!("wget -q -O - http://{a_ip}:8080/"),
+    )
+    .await;
+    assert_eq!(r, "hello-from-a\n", "b -> a");
+    let r = exec(
+        &rt,
+        &pods[0].3,
+        &format!("wget -q -O - http://{b_ip}:8080/"),
+    )
+    .await;
+    assert_eq!(r, "hello-from-b\n", "a -> b");
+
+    // Removing the pods releases their addresses (host-local's files) and the hostPort.
+    let ids: Vec<String> = pods.iter().map(|p| p.1.0.clone()).collect();
+    let ipam = ctd.dir().join("cni/ipam").join(&net.name);
+    for ip in [a_ip, b_ip] {
+        assert!(ipam.join(ip.to_string()).exists(), "{ip} held in {ipam:?}");
+    }
+    let dir = ctd.dir().to_path_buf();
+    for id in &ids {
+        let stop = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        };
+        rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
+    }
+    for ip in [a_ip, b_ip] {
+        assert!(!ipam.join(ip.to_string()).exists(), "{ip} released");
+    }
+    let nat = std::process::Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .expect("iptables-save");
+    let nat = String::from_utf8_lossy(&nat.stdout);
+    assert!(
+        !nat.contains(&format!("\\\"{}\\\"", net.name)),
+        "portmap rules of {} left: {nat}",
+        net.name
+    );
+    assert!(
+        TcpStream::connect_timeout(&loopback, Duration::from_secs(2)).is_err(),
+        "nothing answers {loopback} any more"
+    );
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    remove_all(&rt, ctd, &ids).await;
+    assert!(!dir.exists(), "{dir:?} removed");
+}
+
+/// `sh -c script` in a container through ExecSync; its stdout (asserting exit code 0).
+async fn exec(rt: &RemoteRuntime, id: &str, script: &str) -> String {
+    let r = rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: 20,
+        })
+        .await
+        .expect("ExecSync");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.exit_code, 0, "{script}: {err}");
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+/// The body of `GET /` from an HTTP server at `addr`, retried for a few seconds while the
+/// server starts.
+async fn http_get(addr: SocketAddr) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+            conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut reply = String::new();
+            conn.read_to_string(&mut reply)?;
+            Ok(reply)
+        })
+        .await
+        .expect("http_get task");
+        match attempt {
+            Ok(reply) if reply.starts_with("HTTP/1.") => {
+                assert!(reply.contains(" 200 "), "{addr}: {reply}");
+                return reply
+                    .split_once("\r\n\r\n")
+                    .map(|(_, body)| body.to_string())
+                    .unwrap_or_default();
+            }
+            other if Instant::now() >= deadline => panic!("GET http://{addr}/: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
 }
