@@ -13,12 +13,14 @@
 //!   imported; its sandbox processes are this bench binary re-executed (dispatched at the top of
 //!   `main`), as the nodelet binary re-executes itself;
 //! - **containerd**: `runtime::remote::connect` to a private containerd started with
-//!   `tests/common/containerd.rs`, busybox and the busybox-based pause image imported with `ctr`.
+//!   `tests/common/containerd.rs`, busybox and the busybox-based pause image pulled through CRI
+//!   from its local registry before the first round.
 //!
-//! For each N, N pods (one busybox container `sleep 3600`, hostNetwork, `IfNotPresent`, the
-//! image present) are handed to the pod workers at once (for N < 10, 10 / N rounds). Each pod's
-//! latency is the time from its `update_pod(Create)` until the status the kubelet computed (read
-//! from the `StatusManager`, polled every 2 ms) says phase Running with the container running.
+//! For each N, N pods (one busybox container `sleep 3600`, hostNetwork on both backends so that
+//! neither pays for a pod network, `IfNotPresent`, the image present) are handed to the pod
+//! workers at once (for N < 10, 10 / N rounds). Each pod's latency is the time from its
+//! `update_pod(Create)` until the status the kubelet computed (read from the `StatusManager`,
+//! polled every 2 ms) says phase Running with the container running.
 //! It prints the median and p99 (nearest rank) of those, the wall time until all N run (pods per
 //! second), the memory with the N pods running, the ratios builtin / containerd, and the time to
 //! kill all pods through the workers (grace 0). After each round it checks that nothing is left:
@@ -30,7 +32,8 @@
 //! every shim plus the shims' other children (the pause processes, any runc still running). The
 //! containers' own processes (`sleep 3600`) are shown apart and counted on neither side.
 //!
-//! Needs root, `containerd` and `ctr`; otherwise prints a SKIP line and exits 0.
+//! Needs root, `containerd`, `runc` and `docker-registry`; otherwise prints a SKIP line and exits
+//! 0.
 
 #[path = "../tests/common/containerd.rs"]
 mod containerd;
@@ -54,7 +57,7 @@ use nodelet::status_manager::StatusManager;
 use runtime::builtin::{BuiltinRuntime, Config, SANDBOX_SUBCOMMAND};
 use runtime::{ImageService, RuntimeService, cri};
 
-use containerd::{Containerd, find, pause_archive};
+use containerd::Containerd;
 
 const BUSYBOX: &str = "docker.io/library/busybox:latest";
 const DEFAULT_SIZES: &[usize] = &[1, 10, 100];
@@ -83,12 +86,12 @@ fn main() -> ExitCode {
         println!("SKIP (needs root): the pods benchmark runs real containers");
         return ExitCode::SUCCESS;
     }
-    let (Some(ctd_bin), Some(_)) = (find("containerd"), find("ctr")) else {
-        println!(
-            "SKIP (needs containerd): no `containerd`/`ctr` (Debian: apt-get install -y \
-             containerd runc, or scripts/setup.sh)"
-        );
-        return ExitCode::SUCCESS;
+    let ctd_bin = match containerd::prerequisites() {
+        Ok(bin) => bin,
+        Err(why) => {
+            println!("SKIP ({why}): the pods benchmark");
+            return ExitCode::SUCCESS;
+        }
     };
     let sizes = match sizes() {
         Ok(s) => s,
@@ -160,8 +163,7 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         .context("opening the built-in runtime")?;
 
     // The private containerd; dropping it kills it, its shims and their mounts.
-    let mut ctd = Containerd::start(ctd_bin);
-    ctd.wait_listening().await;
+    let ctd = Containerd::start(ctd_bin, &busybox).await;
 
     let result = run(&builtin, root.path(), &ctd, &busybox, work.path(), sizes).await;
 
@@ -291,15 +293,12 @@ async fn run(
         .image_store()
         .import(busybox)
         .context("importing busybox into the built-in runtime")?;
-    let pause = work.join("pause.tar");
-    pause_archive(busybox, &pause);
-    ctd.ctr(&["images", "import", &busybox.to_string_lossy()]);
-    ctd.ctr(&["images", "import", &pause.to_string_lossy()]);
     let remote = Arc::new(
         runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(120))
             .await
             .map_err(|e| anyhow!("connecting to containerd: {e}\n{}", ctd.log()))?,
     );
+    ctd.pull_all(remote.as_ref()).await;
     let b = Arc::new(builtin.clone());
     let kubelets = [
         Kubelet::new(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Developer aid: stops sandbox processes, unmounts rootfs mounts and removes cgroups that an
-# interrupted test run left under /tmp (test roots are /tmp/nl*, /tmp/sbx*). Never touches
-# /var/lib/nodelet.
+# interrupted test run left under /tmp (test roots are /tmp/nl*, /tmp/sbx*), and the bridges
+# (ctdt<N>) of test containerds (tests/common/containerd.rs). Never touches /var/lib/nodelet.
 set -u
 pkill -9 -f "nodelet --root-dir /tmp/nl" 2>/dev/null
 for s in /tmp/nl*/sandboxes/*/sandbox.sock /tmp/sbx*/sb/sandbox.sock; do
@@ -33,4 +33,8 @@ if command -v nft >/dev/null; then
 fi
 for n in $(ip netns list 2>/dev/null | awk '$1 ~ /^nlout[0-9]+$/ {print $1}'); do ip netns del "$n"; done
 for l in $(ls /sys/class/net | grep -E '^nloh[0-9]+$'); do ip link del "$l" 2>/dev/null; done
+# The private containerds' CNI bridges.
+for b in /sys/class/net/ctdt*; do
+  [ -e "$b" ] && ip link del "$(basename "$b")" 2>/dev/null
+done
 exit 0

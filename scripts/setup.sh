@@ -9,7 +9,9 @@ PKGS=(
   busybox             # the dynamic busybox with hard-linked applets: our test image
   runc                # the benchmark's baseline runtime
   containerd          # a real CRI v1 runtime for the remote backend test (tests/remote_containerd.rs)
-  docker-registry     # a local OCI registry on 127.0.0.1 for pull tests
+  docker-registry     # a local OCI registry on 127.0.0.1 for pull tests (and containerd's images)
+  containernetworking-plugins  # bridge, host-local, portmap, loopback in /usr/lib/cni: containerd's pod network in tests
+  iptables            # portmap's hostPort rules
   apache2-utils       # htpasswd, for the registry basic-auth pull test
   iproute2
   e2fsprogs

@@ -60,17 +60,23 @@ async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<Node> 
             None
         }
         Backend::Containerd => {
-            let (Some(bin), Some(_)) = (containerd::find("containerd"), containerd::find("ctr"))
-            else {
-                eprintln!("SKIP (needs containerd): {test}: install Debian's containerd and runc");
-                return None;
+            let bin = match containerd::prerequisites() {
+                Ok(bin) => bin,
+                Err(why) => {
+                    eprintln!("SKIP ({why}): {test}");
+                    return None;
+                }
             };
-            let mut ctd = containerd::Containerd::start(&bin);
-            ctd.wait_listening().await;
-            let pause = dir.path().join("pause.tar");
-            containerd::pause_archive(&busybox_archive(), &pause);
-            ctd.ctr(&["images", "import", busybox_archive().to_str().unwrap()]);
-            ctd.ctr(&["images", "import", pause.to_str().unwrap()]);
+            let ctd = containerd::Containerd::start(&bin, &busybox_archive()).await;
+            if !ctd.has_pod_network() {
+                eprintln!("NOTE: {test}: containerd has no pod network; hostNetwork pods");
+            }
+            // The node's images, pulled through CRI from containerd's local registry (the pods
+            // use `imagePullPolicy: Never`).
+            let rt = runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+                .await
+                .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
+            ctd.pull_all(&rt).await;
             runtime_endpoint = format!("containerRuntimeEndpoint: {}\n", ctd.endpoint());
             Some(ctd)
         }
@@ -121,15 +127,23 @@ fn start(node: &Node) -> Agent {
 }
 
 impl Node {
-    /// A pod bound to this node. On containerd, which has no CNI network here, pods use the
-    /// host's network; the built-in runtime gives them their own.
+    /// A pod bound to this node: on the pod network, or the host's on a containerd without
+    /// one (see `common::containerd`).
     fn pod(&self, name: &str, yaml_spec: &str) -> Pod {
-        let host_network = if self.containerd.is_some() {
-            "  hostNetwork: true\n"
-        } else {
-            ""
-        };
-        pod(name, &format!("{host_network}{yaml_spec}"))
+        pod(name, &format!("{}{yaml_spec}", self.host_network()))
+    }
+
+    /// `  hostNetwork: true` for a pod spec where the runtime has no pod network.
+    fn host_network(&self) -> &'static str {
+        match &self.containerd {
+            Some(ctd) if !ctd.has_pod_network() => "  hostNetwork: true\n",
+            _ => "",
+        }
+    }
+
+    /// Whether pods get a network of their own (always on the built-in runtime).
+    fn has_pod_network(&self) -> bool {
+        self.host_network().is_empty()
     }
 }
 
@@ -237,7 +251,7 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
         node.manifests.join("static.yaml"),
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\n  namespace: default\nspec:\n{}  terminationGracePeriodSeconds: 1\n  containers:\n{}",
-            if node.containerd.is_some() { "  hostNetwork: true\n" } else { "" },
+            node.host_network(),
             busybox("main", "sleep 1000")
         ),
     )
@@ -298,11 +312,11 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
     assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
     assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
 
-    // The node is registered, Ready, and its Lease is renewed. On containerd without a CNI
+    // The node is registered, Ready, and its Lease is renewed. On a containerd without a CNI
     // network the node is NotReady for the network, as upstream reports it (hostNetwork pods
     // still run).
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let want_ready = backend == Backend::Builtin;
+    let want_ready = node.has_pod_network();
     let n = wait_for("node registered with its Ready condition", 60, async || {
         let n = nodes.get_opt(NODE).await.ok().flatten()?;
         let ready = n.status.as_ref()?.conditions.iter().flatten().any(|c| {
@@ -377,6 +391,16 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
         assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
     }
     assert!(st.host_ip.is_some());
+    // On containerd's pod network, the pod IP the kubelet reports is from its private /24.
+    if let Some(net) = node.containerd.as_ref().and_then(|c| c.pod_network()) {
+        let ip = st.pod_ip.as_deref().and_then(|ip| ip.parse().ok());
+        assert!(
+            ip.is_some_and(|ip| net.contains(ip) && ip != net.gateway),
+            "web's podIP {:?} is in {}/24",
+            st.pod_ip,
+            net.subnet
+        );
+    }
     let main_id = container_id(&st, "main").unwrap();
     let out = wait_for("web main log", 20, async || {
         Some(read_log(&node.logs, "web", "main")).filter(|l| l.contains(" b"))

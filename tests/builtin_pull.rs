@@ -3,10 +3,8 @@
 //! missing tag and an unreachable registry, and a container run from the pulled image.
 
 mod common;
-#[path = "../images/tests/common/mod.rs"]
-#[allow(dead_code)]
-mod registry;
 
+use common::containerd::registry;
 use common::*;
 use runtime::builtin::BuiltinRuntime;
 use runtime::{Code, ImageService, cri};

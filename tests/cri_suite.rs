@@ -4,12 +4,13 @@
 //! (`containerd::<scenario>`), so both are held to one expectation. Where they legitimately
 //! differ, the scenario matches on [`Kind`] and says why.
 //!
-//! containerd runs here without CNI (see `common::containerd`), so its pods are hostNetwork; the
-//! built-in runtime gets the same hostNetwork pods wherever the scenario needs no network of its
-//! own. A scenario that needs a pod network namespace runs on the built-in runtime only.
+//! containerd gets its images from a local registry and, with Debian's CNI plugins, a bridge
+//! network on a private /24 (see `common::containerd`), so pods get a network namespace of their
+//! own on both backends; without the plugins, containerd's pods fall back to hostNetwork (with a
+//! NOTE line). `host_network_namespace` runs hostNetwork pods on both.
 //!
-//! Needs root (real containers) and, for the containerd half, Debian's `containerd` package
-//! (`containerd`, `ctr`, `runc`); skips loudly otherwise.
+//! Needs root (real containers) and, for the containerd half, Debian's `containerd`, `runc` and
+//! `docker-registry`; skips loudly otherwise.
 
 mod common;
 
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::containerd::{Containerd, PAUSE, find, pause_archive};
+use common::containerd::{Containerd, PAUSE};
 use common::*;
 use runtime::builtin::BuiltinRuntime;
 use runtime::{Code, ImageService, RuntimeService, cri};
@@ -41,13 +42,13 @@ enum Owned {
 }
 
 /// A runtime behind the CRI traits, with busybox (and for containerd the sandbox image)
-/// imported, and a log dir for its pods. [`Backend::teardown`] removes every sandbox and checks
+/// present, and a log dir for its pods. [`Backend::teardown`] removes every sandbox and checks
 /// nothing is left.
 struct Backend {
     kind: Kind,
     rt: Arc<dyn RuntimeService>,
     images: Arc<dyn ImageService>,
-    /// Holds the pods' log dirs (and containerd's sandbox image archive).
+    /// Holds the pods' log dirs.
     work: tempfile::TempDir,
     /// Taken by [`Backend::teardown`]; what is left on drop (a failed scenario) is cleaned up
     /// by `Drop`.
@@ -89,24 +90,23 @@ impl Backend {
                 }
             }
             Kind::Containerd => {
-                let (Some(bin), Some(_)) = (find("containerd"), find("ctr")) else {
-                    eprintln!(
-                        "SKIP (needs containerd): {test}: install Debian's containerd and runc \
-                         packages"
-                    );
-                    return None;
+                let bin = match common::containerd::prerequisites() {
+                    Ok(bin) => bin,
+                    Err(why) => {
+                        eprintln!("SKIP ({why}): {test}");
+                        return None;
+                    }
                 };
-                let mut ctd = Containerd::start(&bin);
-                ctd.wait_listening().await;
+                let ctd = Containerd::start(&bin, &busybox_archive()).await;
                 let rt = runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
                     .await
                     .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
-                // No registry here: busybox, and busybox re-tagged as the sandbox image
+                if !ctd.has_pod_network() {
+                    eprintln!("NOTE: {test}: containerd has no pod network; hostNetwork pods");
+                }
+                // Pulled through CRI from the local registry: busybox, and the sandbox image
                 // containerd needs for every pod (the built-in runtime needs none).
-                let pause = work.path().join("pause.tar");
-                pause_archive(&busybox_archive(), &pause);
-                ctd.ctr(&["images", "import", busybox_archive().to_str().unwrap()]);
-                ctd.ctr(&["images", "import", pause.to_str().unwrap()]);
+                ctd.pull_all(&rt).await;
                 let rt = Arc::new(rt);
                 Backend {
                     kind,
@@ -145,9 +145,29 @@ impl Backend {
         self.work.path().join("logs")
     }
 
-    /// A hostNetwork pod `name` (the only kind containerd can run without CNI) with an
-    /// annotation, as the kubelet sends it: no hostname, since the pod shares the node's UTS
-    /// namespace with its network (runc refuses to set one).
+    /// Whether pods get a network namespace of their own: always on the built-in runtime;
+    /// on containerd when it has a CNI network (see `common::containerd`).
+    fn has_pod_network(&self) -> bool {
+        match self.owned.as_ref().expect("running") {
+            Owned::Builtin { .. } => true,
+            Owned::Containerd(c) => c.has_pod_network(),
+        }
+    }
+
+    /// A pod `name` with an annotation, on the pod network (its own network namespace and
+    /// hostname), or hostNetwork where the runtime has no pod network.
+    fn pod_config(&self, name: &str) -> cri::PodSandboxConfig {
+        if !self.has_pod_network() {
+            return self.host_network_pod(name);
+        }
+        let mut cfg = sandbox_config(name, &self.log_dir());
+        cfg.annotations = [("suite/pod".to_string(), name.to_string())].into();
+        cfg
+    }
+
+    /// A hostNetwork pod `name` with an annotation, as the kubelet sends it: no hostname,
+    /// since the pod shares the node's UTS namespace with its network (runc refuses to set
+    /// one).
     fn host_network_pod(&self, name: &str) -> cri::PodSandboxConfig {
         let mut cfg = sandbox_config(name, &self.log_dir());
         cfg.hostname = String::new();
@@ -177,7 +197,7 @@ impl Backend {
     }
 
     async fn pod(&self, name: &str) -> Pod {
-        self.run_pod(self.host_network_pod(name)).await
+        self.run_pod(self.pod_config(name)).await
     }
 
     async fn create(&self, pod: &Pod, config: cri::ContainerConfig) -> runtime::Result<String> {
@@ -526,8 +546,6 @@ suite!(
     errors,
     update_container_resources,
     host_network_namespace,
-    // Built-in only: the pod gets a network namespace of its own, which containerd cannot
-    // give without CNI here.
     private_pod_network_namespace,
 );
 
@@ -542,6 +560,7 @@ suite!(
     errors,
     update_container_resources,
     host_network_namespace,
+    private_pod_network_namespace,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -576,10 +595,9 @@ async fn version_status_images_and_pods(b: &Backend) {
             .status
     };
     assert!(cond("RuntimeReady"), "{st:?}");
-    // The built-in runtime needs no CNI (pods get loopback only), so its network is ready;
-    // containerd's has no CNI config here, so it reports the network not ready, which
-    // hostNetwork pods do not need.
-    assert_eq!(cond("NetworkReady"), b.kind == Kind::Builtin, "{st:?}");
+    // The built-in runtime needs no CNI, so its network is ready; containerd's is ready with
+    // its CNI config, and not ready without one (hostNetwork pods do not need it).
+    assert_eq!(cond("NetworkReady"), b.has_pod_network(), "{st:?}");
 
     // Images.
     let images = b
@@ -742,10 +760,10 @@ async fn container_lifecycle_logs_and_exit_codes(b: &Backend) {
         .unwrap()
         .image
         .unwrap();
-    // The image ref is the image's id or one of its repo digests (containerd: the id, as ctr
-    // imported it under a tag only).
+    // The image ref is one of the image's repo digests: both runtimes hold busybox with one
+    // (imported from its archive, or pulled from containerd's registry).
     assert!(
-        s.image_ref == img.id || img.repo_digests.contains(&s.image_ref),
+        img.repo_digests.contains(&s.image_ref),
         "image_ref {:?} of {img:?}",
         s.image_ref
     );
@@ -1285,7 +1303,7 @@ fn cgroup_v2() -> bool {
 /// A hostNetwork pod's containers see the node's network namespace.
 async fn host_network_namespace(b: &Backend) {
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
-    let pod = b.pod("hostnet").await;
+    let pod = b.run_pod(b.host_network_pod("hostnet")).await;
     let a = b.run(&pod, "a", &["sleep", "600"]).await;
     let r = b.exec(&a, &["readlink", "/proc/self/ns/net"]).await;
     assert_eq!(r.out.trim(), host.to_string_lossy(), "{r:?}");
@@ -1295,10 +1313,13 @@ async fn host_network_namespace(b: &Backend) {
     assert_eq!(r.out.trim(), node.trim(), "{r:?}");
 }
 
-/// Built-in only (containerd has no CNI here, so it cannot give a pod a network namespace): a
-/// pod's containers share a network namespace of its own, not the node's, and its hostname.
+/// A pod's containers share a network namespace of its own, not the node's, and its hostname.
+/// (Skipped on a containerd without pod network.)
 async fn private_pod_network_namespace(b: &Backend) {
-    assert_eq!(b.kind, Kind::Builtin);
+    if !b.has_pod_network() {
+        eprintln!("SKIP (containerd has no pod network here): private_pod_network_namespace");
+        return;
+    }
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
     let cfg = sandbox_config("ownnet", &b.log_dir());
     let pod = b.run_pod(cfg).await;

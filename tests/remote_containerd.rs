@@ -1,17 +1,21 @@
-//! The remote backend against a real containerd (Debian's `containerd` package, with `runc`):
-//! a private containerd (own config, root, state and socket in a temp dir; CRI plugin with
-//! `restrict_oom_score_adj`, cgroups on, CNI pointing at empty dirs) is driven through
-//! `RemoteRuntime`: version negotiation, status, images imported with `ctr`, and a hostNetwork
-//! pod whose sandbox image is the project's busybox re-tagged with a long-running command (no
-//! registry, so no real pause image), running a container to its exit code and an exec. Needs
-//! root and containerd; skips loudly otherwise.
+//! The remote backend against a real containerd (Debian's `containerd` package, with `runc`): a
+//! private containerd from `common::containerd` (own config, root, state and socket in a temp
+//! dir; CRI plugin with `restrict_oom_score_adj`, cgroups on; images from a local
+//! docker-registry; a CNI bridge on a private /24 when Debian's CNI plugins are installed) is
+//! driven through `RemoteRuntime`: version negotiation, status, PullImage through the registry,
+//! the sandbox image pulled by containerd itself, a pod running a container to its exit code
+//! and an exec; and the pod network: pod IPs in the private range, a server in a pod reached
+//! from the host by pod IP and through a hostPort on 127.0.0.1, and two pods reaching each
+//! other. Needs root, containerd and docker-registry; skips loudly otherwise.
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::containerd::{Containerd, PAUSE, find, pause_archive};
+use common::containerd::{self, Containerd, PAUSE};
 use common::*;
 use runtime::remote::{self, RemoteRuntime};
 use runtime::{ImageService, RuntimeService, cri};
@@ -29,21 +33,76 @@ async fn create_and_start(
     start_container_on(rt, sandbox, container_config(name, cmd)).await
 }
 
+/// A private containerd and a `RemoteRuntime` connected to it, or `None` after a SKIP line.
+async fn start(test: &str) -> Option<(Containerd, RemoteRuntime)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    let bin = match containerd::prerequisites() {
+        Ok(bin) => bin,
+        Err(why) => {
+            eprintln!("SKIP ({why}): {test}");
+            return None;
+        }
+    };
+    let ctd = Containerd::start(&bin, &busybox_archive()).await;
+    let rt = remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
+    Some((ctd, rt))
+}
+
+/// Stops and removes the pods, checks nothing is listed, then drops containerd and checks it
+/// left no mount or process under its dir and no bridge.
+async fn remove_all(rt: &RemoteRuntime, ctd: Containerd, pods: &[&str]) {
+    for id in pods {
+        let stop = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
+        let remove = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        rt.remove_pod_sandbox(remove)
+            .await
+            .expect("RemovePodSandbox");
+    }
+    let left = rt
+        .list_containers(Default::default())
+        .await
+        .unwrap()
+        .containers;
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        rt.list_pod_sandbox(Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // containerd, its shims, its mounts and its bridge go with it.
+    let dir = ctd.dir().to_string_lossy().into_owned();
+    let bridge = ctd.pod_network().map(|n| n.bridge.clone());
+    drop(ctd);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&dir), "mounts left under {dir}");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(!cmdline.contains(&dir), "process left: {cmdline}");
+    }
+    if let Some(bridge) = bridge {
+        let link = Path::new("/sys/class/net").join(&bridge);
+        assert!(!link.exists(), "bridge {bridge} left behind");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn remote_runtime_drives_a_real_containerd() {
-    if !root_or_skip("remote_runtime_drives_a_real_containerd") {
-        return;
-    }
-    let (Some(bin), Some(_)) = (find("containerd"), find("ctr")) else {
-        eprintln!("SKIP (needs containerd): install Debian's containerd and runc packages");
+    let Some((ctd, rt)) = start("remote_runtime_drives_a_real_containerd").await else {
         return;
     };
     let began = Instant::now();
-    let mut ctd = Containerd::start(&bin);
-    ctd.wait_listening().await;
-    let rt = remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-        .await
-        .expect("connect to containerd");
     let v = rt.version_info().clone();
     eprintln!("containerd: {v:?}");
     assert_eq!(
@@ -59,8 +118,16 @@ async fn remote_runtime_drives_a_real_containerd() {
         .conditions;
     let ready = |t: &str| conditions.iter().any(|c| c.r#type == t && c.status);
     assert!(ready("RuntimeReady"), "{conditions:?}");
-    // No CNI config: the node network is not ready, which hostNetwork pods do not need.
-    assert!(!ready("NetworkReady"), "{conditions:?}");
+    // The network is ready with the CNI config; without one, it is not (and only hostNetwork
+    // pods run).
+    assert_eq!(
+        ready("NetworkReady"),
+        ctd.has_pod_network(),
+        "{conditions:?}"
+    );
+    if !ctd.has_pod_network() {
+        eprintln!("NOTE: no pod network here (see common::containerd): hostNetwork pod only");
+    }
     // Optional RPCs: answered, or Unimplemented by an older containerd (1.6 has neither).
     match rt.runtime_config(Default::default()).await {
         Ok(rc) => eprintln!("RuntimeConfig: {rc:?}"),
@@ -71,7 +138,7 @@ async fn remote_runtime_drives_a_real_containerd() {
         Err(e) => assert_eq!(e.code(), runtime::Code::Unimplemented, "{e}"),
     }
 
-    // Images, imported with ctr (no registry here).
+    // Images: busybox pulled through CRI from the local registry (docker.io's hosts.toml).
     assert!(
         rt.list_images(Default::default())
             .await
@@ -79,18 +146,20 @@ async fn remote_runtime_drives_a_real_containerd() {
             .images
             .is_empty()
     );
-    let work = tempfile::tempdir().unwrap();
-    let pause = work.path().join("pause.tar");
-    pause_archive(&busybox_archive(), &pause);
-    ctd.ctr(&["images", "import", busybox_archive().to_str().unwrap()]);
-    ctd.ctr(&["images", "import", pause.to_str().unwrap()]);
+    let image_ref = ctd.pull(&rt, BUSYBOX).await;
+    assert!(image_ref.starts_with("sha256:"), "{image_ref}");
     let images = rt.list_images(Default::default()).await.unwrap().images;
-    for name in [BUSYBOX, PAUSE] {
-        assert!(
-            images.iter().any(|i| i.repo_tags.iter().any(|t| t == name)),
-            "{name}: {images:?}"
-        );
-    }
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].id, image_ref);
+    assert_eq!(images[0].repo_tags, [BUSYBOX]);
+    // The repo digest names the upstream registry, not the mirror it came from.
+    assert!(
+        images[0]
+            .repo_digests
+            .iter()
+            .any(|d| d.starts_with("docker.io/library/busybox@sha256:")),
+        "{images:?}"
+    );
     let spec = |image: &str| cri::ImageSpec {
         image: image.into(),
         ..Default::default()
@@ -105,23 +174,38 @@ async fn remote_runtime_drives_a_real_containerd() {
     assert!(st.image.is_some());
     let fs = rt.image_fs_info(Default::default()).await.unwrap();
     assert!(!fs.image_filesystems.is_empty());
+    // A name the registry does not have fails (and is looked for nowhere else).
+    let missing = cri::PullImageRequest {
+        image: Some(spec("docker.io/library/no-such-image:1")),
+        ..Default::default()
+    };
+    let err = rt.pull_image(missing).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+    // A registry name without a hosts dir of its own goes to the local registry too (the
+    // `_default` dir): nothing listens on 127.0.0.1:1.
+    let elsewhere = "127.0.0.1:1/library/busybox:latest";
+    assert_eq!(ctd.pull(&rt, elsewhere).await, image_ref);
 
-    // A hostNetwork pod: a container runs to its exit code, another takes an exec.
+    // A pod (its own network when there is one, else the host's): containerd pulls its sandbox
+    // image itself; a container runs to its exit code, another takes an exec.
+    let work = tempfile::tempdir().unwrap();
     let logs = work.path().join("logs");
     let mut cfg = sandbox_config("ctd", &logs);
-    // A hostNetwork pod shares the node's UTS namespace: no hostname of its own (as the kubelet
-    // sends it; runc refuses to set one).
-    cfg.hostname = String::new();
-    cfg.linux = Some(cri::LinuxPodSandboxConfig {
-        security_context: Some(cri::LinuxSandboxSecurityContext {
-            namespace_options: Some(cri::NamespaceOption {
-                network: cri::NamespaceMode::Node as i32,
+    if !ctd.has_pod_network() {
+        // A hostNetwork pod shares the node's UTS namespace: no hostname of its own (as the
+        // kubelet sends it; runc refuses to set one).
+        cfg.hostname = String::new();
+        cfg.linux = Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
-        }),
-        ..Default::default()
-    });
+        });
+    }
     let run = cri::RunPodSandboxRequest {
         config: Some(cfg.clone()),
         runtime_handler: String::new(),
@@ -130,6 +214,13 @@ async fn remote_runtime_drives_a_real_containerd() {
         Ok(r) => r.pod_sandbox_id,
         Err(e) => panic!("RunPodSandbox: {e}\n{}", ctd.log()),
     };
+    let images = rt.list_images(Default::default()).await.unwrap().images;
+    assert!(
+        images
+            .iter()
+            .any(|i| i.repo_tags.iter().any(|t| t == PAUSE)),
+        "the sandbox image was pulled: {images:?}"
+    );
     let sb = (sb_id.clone(), cfg);
     let exiter = create_and_start(&rt, &sb, "exiter", &["sh", "-c", "echo hi; exit 3"]).await;
     let s = wait_exited(&rt, &exiter).await;
@@ -152,38 +243,204 @@ async fn remote_runtime_drives_a_real_containerd() {
     let err = rt.container_status(unknown).await.unwrap_err();
     assert_eq!(err.code(), runtime::Code::NotFound, "{err}");
 
-    let stop = cri::StopPodSandboxRequest {
-        pod_sandbox_id: sb_id.clone(),
-    };
-    rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
-    let remove = cri::RemovePodSandboxRequest {
-        pod_sandbox_id: sb_id,
-    };
-    rt.remove_pod_sandbox(remove)
-        .await
-        .expect("RemovePodSandbox");
-    let left = rt
-        .list_containers(Default::default())
-        .await
-        .unwrap()
-        .containers;
-    assert!(left.is_empty(), "{left:?}");
-    assert!(
-        rt.list_pod_sandbox(Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
-    // containerd, its shims and its mounts go with it.
-    let dir = ctd.dir().to_string_lossy().into_owned();
-    drop(ctd);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&dir), "mounts left under {dir}");
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(!cmdline.contains(&dir), "process left: {cmdline}");
-    }
+    remove_all(&rt, ctd, &[&sb_id]).await;
     eprintln!("containerd test took {:?}", began.elapsed());
+}
+
+/// The pod network containerd sets up through CNI (bridge + host-local + portmap): each pod's
+/// IP in PodSandboxStatus is in the instance's private /24 and is the address of the pod's
+/// eth0; a server in a pod answers the host at podIP:8080 and at 127.0.0.1:hostPort through
+/// its port mapping; two pods reach each other by IP. Removing the pods releases their IPs and
+/// their hostPort rules.
+#[tokio::test(flavor = "multi_thread")]
+async fn containerd_pod_network() {
+    let test = "containerd_pod_network";
+    let Some((ctd, rt)) = start(test).await else {
+        return;
+    };
+    let Some(net) = ctd.pod_network().cloned() else {
+        eprintln!(
+            "SKIP (needs the CNI plugins bridge, host-local, portmap and loopback in {}: \
+             Debian's containernetworking-plugins, scripts/setup.sh): {test}",
+            containerd::CNI_BIN_DIR
+        );
+        return;
+    };
+    ctd.pull_all(&rt).await;
+    let work = tempfile::tempdir().unwrap();
+    let logs = work.path().join("logs");
+    let host_port = i32::from(free_port());
+
+    // Two pods, each serving its own name over HTTP on 8080; `a` maps a hostPort to it.
+    let mut pods = Vec::new();
+    for name in ["a", "b"] {
+        let mut cfg = sandbox_config(&format!("net-{name}"), &logs);
+        if name == "a" {
+            cfg.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port,
+                host_ip: String::new(),
+            }];
+        }
+        let run = cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        };
+        let id = match rt.run_pod_sandbox(run).await {
+            Ok(r) => r.pod_sandbox_id,
+            Err(e) => panic!("RunPodSandbox {name}: {e}\n{}", ctd.log()),
+        };
+        let status = rt
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("PodSandboxStatus")
+            .status
+            .expect("status");
+        let network = status.network.expect("status.network");
+        let ip: Ipv4Addr = network
+            .ip
+            .parse()
+            .unwrap_or_else(|e| panic!("pod {name} IP {:?}: {e}", network.ip));
+        assert!(
+            net.contains(ip) && ip != net.gateway,
+            "pod {name}: {ip} not a pod address in {}/24",
+            net.subnet
+        );
+        let sb = (id, cfg);
+        let script = format!(
+            "mkdir -p /www && echo hello-from-{name} > /www/index.html && \
+             exec httpd -f -p 8080 -h /www"
+        );
+        let server = create_and_start(&rt, &sb, "server", &["sh", "-c", &script]).await;
+        pods.push((name, sb, ip, server));
+    }
+    let (a_ip, b_ip) = (pods[0].2, pods[1].2);
+    assert_ne!(a_ip, b_ip);
+
+    // The IP containerd reports is the pod's eth0 address.
+    for (name, _, ip, server) in &pods {
+        let r = exec(&rt, server, "ip -4 -o addr show eth0").await;
+        assert!(
+            r.contains(&format!(" {ip}/24 ")),
+            "pod {name}'s eth0 has {ip}: {r}"
+        );
+    }
+
+    // The host reaches each pod by its IP, and `a` through its hostPort on loopback.
+    for (name, _, ip, _) in &pods {
+        let body = http_get(SocketAddr::from((*ip, 8080))).await;
+        assert_eq!(body, format!("hello-from-{name}\n"), "{name} at {ip}:8080");
+    }
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port as u16));
+    assert_eq!(
+        http_get(loopback).await,
+        "hello-from-a\n",
+        "hostPort {loopback}"
+    );
+
+    // The pods reach each other by IP. (No `wget -T`: Debian's busybox 1.35 wget segfaults
+    // with it; ExecSync's timeout bounds the call.)
+    let r = exec(
+        &rt,
+        &pods[1].3,
+        &format!("wget -q -O - http://{a_ip}:8080/"),
+    )
+    .await;
+    assert_eq!(r, "hello-from-a\n", "b -> a");
+    let r = exec(
+        &rt,
+        &pods[0].3,
+        &format!("wget -q -O - http://{b_ip}:8080/"),
+    )
+    .await;
+    assert_eq!(r, "hello-from-b\n", "a -> b");
+
+    // Removing the pods releases their addresses (host-local's files) and the hostPort.
+    let ids: Vec<String> = pods.iter().map(|p| p.1.0.clone()).collect();
+    let ipam = ctd.dir().join("cni/ipam").join(&net.name);
+    for ip in [a_ip, b_ip] {
+        assert!(ipam.join(ip.to_string()).exists(), "{ip} held in {ipam:?}");
+    }
+    let dir = ctd.dir().to_path_buf();
+    for id in &ids {
+        let stop = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        };
+        rt.stop_pod_sandbox(stop).await.expect("StopPodSandbox");
+    }
+    for ip in [a_ip, b_ip] {
+        assert!(!ipam.join(ip.to_string()).exists(), "{ip} released");
+    }
+    let nat = std::process::Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .expect("iptables-save");
+    let nat = String::from_utf8_lossy(&nat.stdout);
+    assert!(
+        !nat.contains(&format!("\\\"{}\\\"", net.name)),
+        "portmap rules of {} left: {nat}",
+        net.name
+    );
+    assert!(
+        TcpStream::connect_timeout(&loopback, Duration::from_secs(2)).is_err(),
+        "nothing answers {loopback} any more"
+    );
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    remove_all(&rt, ctd, &ids).await;
+    assert!(!dir.exists(), "{dir:?} removed");
+}
+
+/// `sh -c script` in a container through ExecSync; its stdout (asserting exit code 0).
+async fn exec(rt: &RemoteRuntime, id: &str, script: &str) -> String {
+    let r = rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: 20,
+        })
+        .await
+        .expect("ExecSync");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.exit_code, 0, "{script}: {err}");
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+/// The body of `GET /` from an HTTP server at `addr`, retried for a few seconds while the
+/// server starts.
+async fn http_get(addr: SocketAddr) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+            conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut reply = String::new();
+            conn.read_to_string(&mut reply)?;
+            Ok(reply)
+        })
+        .await
+        .expect("http_get task");
+        match attempt {
+            Ok(reply) if reply.starts_with("HTTP/1.") => {
+                assert!(reply.contains(" 200 "), "{addr}: {reply}");
+                return reply
+                    .split_once("\r\n\r\n")
+                    .map(|(_, body)| body.to_string())
+                    .unwrap_or_default();
+            }
+            other if Instant::now() >= deadline => panic!("GET http://{addr}/: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
 }
