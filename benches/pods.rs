@@ -4,6 +4,7 @@
 //! ```sh
 //! sudo cargo bench --bench pods                 # N = 1, 10, 100
 //! sudo BENCH_PODS=1,10 cargo bench --bench pods
+//! sudo BENCH_NETWORK=pod cargo bench --bench pods   # pods on the pod network (needs the CNI plugins)
 //! ```
 //!
 //! Both backends are driven by the same kubelet logic: `nodelet::kubelet::Syncer` +
@@ -17,7 +18,8 @@
 //!   from its local registry before the first round.
 //!
 //! For each N, N pods (one busybox container `sleep 3600`, hostNetwork on both backends so that
-//! neither pays for a pod network, `IfNotPresent`, the image present) are handed to the pod
+//! neither pays for a pod network — with `BENCH_NETWORK=pod` on the pod network instead: the
+//! built-in runtime's bridge against containerd's CNI bridge —, `IfNotPresent`, the image present) are handed to the pod
 //! workers at once (for N < 10, 10 / N rounds). Each pod's latency is the time from its
 //! `update_pod(Create)` until the status the kubelet computed (read from the `StatusManager`,
 //! polled every 2 ms) says phase Running with the container running.
@@ -164,6 +166,10 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
 
     // The private containerd; dropping it kills it, its shims and their mounts.
     let ctd = Containerd::start(ctd_bin, &busybox).await;
+    ensure!(
+        !pod_network() || ctd.has_pod_network(),
+        "BENCH_NETWORK=pod needs the CNI plugins for containerd (scripts/setup.sh)"
+    );
 
     let result = run(&builtin, root.path(), &ctd, &busybox, work.path(), sizes).await;
 
@@ -326,7 +332,12 @@ async fn run(
 
     println!("== pods through the kubelet logic (Syncer + PodWorkers + StatusManager)");
     println!(
-        "   pod: busybox `sleep 3600`, hostNetwork, IfNotPresent (present); {} CPUs; load {}",
+        "   pod: busybox `sleep 3600`, {}, IfNotPresent (present); {} CPUs; load {}",
+        if pod_network() {
+            "pod network"
+        } else {
+            "hostNetwork"
+        },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg()
     );
@@ -435,7 +446,7 @@ fn bench_pod(backend: &str, n: usize, round: usize, i: usize) -> Result<Pod> {
             "uid": format!("{backend}-{name}-{}", std::process::id()),
         },
         "spec": {
-            "hostNetwork": true,
+            "hostNetwork": !pod_network(),
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": 0,
             "containers": [{
@@ -447,6 +458,11 @@ fn bench_pod(backend: &str, n: usize, round: usize, i: usize) -> Result<Pod> {
         },
     });
     serde_json::from_value(pod).context("building the pod")
+}
+
+/// Whether the pods go on the pod network (`BENCH_NETWORK=pod`) instead of the node's.
+fn pod_network() -> bool {
+    std::env::var("BENCH_NETWORK").is_ok_and(|v| v == "pod")
 }
 
 fn running(status: &PodStatus) -> bool {
