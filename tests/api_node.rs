@@ -211,7 +211,47 @@ impl Drop for Node {
                 eprintln!("{l}");
             }
         }
+        if self.containerd.is_none() {
+            remove_builtin_pods(&self.root);
+        }
     }
+}
+
+/// Removes every pod the (killed) agent left in the built-in runtime under `root`, as a reset
+/// node would: their sandbox processes, mounts, cgroups and pod addresses. On a thread of its
+/// own, since a test's runtime is still running while its `Node` drops.
+fn remove_builtin_pods(root: &std::path::Path) {
+    if !root.join("cri").exists() {
+        return;
+    }
+    let root = root.to_path_buf();
+    let done = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let Ok(b) =
+                runtime::builtin::BuiltinRuntime::new(config(&root, "/nodelet-e2e-unused")).await
+            else {
+                return;
+            };
+            use runtime::RuntimeService;
+            if let Ok(list) = b.list_pod_sandbox(Default::default()).await {
+                for sb in list.items {
+                    let req = runtime::cri::RemovePodSandboxRequest {
+                        pod_sandbox_id: sb.id,
+                    };
+                    if let Err(e) = b.remove_pod_sandbox(req).await {
+                        eprintln!("removing a pod the test left: {e}");
+                    }
+                }
+            }
+        });
+    });
+    let _ = done.join();
 }
 
 fn read_log(logs: &Path, pod: &str, container: &str) -> String {
