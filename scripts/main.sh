@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install what is needed, build nodelet, build a busybox image
 # from Debian's packages and import it (air-gapped style), then start a standalone node with the
-# built-in runtime (no cluster, no containerd, no CNI) running a static pod: a hostNetwork busybox
-# httpd on 127.0.0.1:8080 that you can curl. Needs root. The node keeps running in the background;
+# built-in runtime (no cluster, no containerd, no CNI) running a static pod: a busybox httpd on
+# the pod network (bridge nodelet0, 10.88.0.0/16), published on the node's port 8080 (a hostPort)
+# that you can curl. Needs root. The node keeps running in the background;
 # the script prints how to look at it and how to stop it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +31,15 @@ kind: Pod
 metadata:
   name: web
 spec:
-  hostNetwork: true
   terminationGracePeriodSeconds: 5
   containers:
   - name: httpd
     image: docker.io/library/busybox:latest
     imagePullPolicy: Never
-    command: ["sh", "-c", "mkdir -p /www && echo 'hello from a nodelet static pod' > /www/index.html && exec httpd -f -p 127.0.0.1:$PORT -h /www"]
+    command: ["sh", "-c", "mkdir -p /www && echo \"hello from a nodelet static pod at \$(hostname -i)\" > /www/index.html && exec httpd -f -p 80 -h /www"]
+    ports:
+    - containerPort: 80
+      hostPort: $PORT
 YAML
 
 if pgrep -f "nodelet --root-dir $ROOT run-node" >/dev/null; then
@@ -53,7 +56,8 @@ done
 cat <<TXT
 
 The node runs the static pods in $ETC/manifests (add, edit or delete manifests there).
-  curl http://127.0.0.1:$PORT/                      # the pod's page
+  curl http://127.0.0.1:$PORT/                      # the pod's page, through its hostPort
+  ip addr show nodelet0                             # the pods' bridge (pods get 10.88.x.y)
   $NODELET --root-dir $ROOT pods      # what runs
   ls /var/log/pods/                                 # container logs, as the upstream kubelet lays them out
   pkill -f 'nodelet --root-dir $ROOT run-node'      # stop the node agent (pods keep running; a restart adopts them)
