@@ -77,6 +77,24 @@ async fn pull_run_mirror_and_errors() {
     assert_eq!(s.exit_code, 0);
     let recs = log_records(std::path::Path::new(&s.log_path));
     assert!(recs.iter().any(|r| r.2 == "pulled-ok"), "{recs:?}");
+    // One image identifier across the APIs (critest's image_id consistency specs): PullImage's
+    // image_ref, Image.id, ContainerStatus.image_id and Container.image_id.
+    assert_eq!(img.id, image_ref);
+    assert_eq!(s.image_id, image_ref);
+    let listed = runtime::RuntimeService::list_containers(
+        &node.rt,
+        cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                id: id.clone(),
+                ..Default::default()
+            }),
+        },
+    )
+    .await
+    .unwrap()
+    .containers;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].image_id, image_ref);
 
     // A missing tag is NotFound and changes nothing.
     let before = node
@@ -137,6 +155,7 @@ async fn pull_run_mirror_and_errors() {
         .await
         .expect("pull through mirror")
         .image_ref;
+    // The same image under another name (another registry's) has the same id.
     assert_eq!(id3, config_digest);
     let st = rt3
         .image_status(cri::ImageStatusRequest {

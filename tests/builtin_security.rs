@@ -227,6 +227,46 @@ async fn user_and_groups() {
         "exec as the container's user: {out}"
     );
     assert_eq!(ids(lines[1]), ids("65534 1234"), "{out}");
+    // ContainerStatus.user reports that identity (critest's SupplementalGroupsPolicy specs
+    // compare it with `id -G`), for Merge and for Strict.
+    let user = |s: &cri::ContainerStatus| {
+        s.user
+            .as_ref()
+            .and_then(|u| u.linux.clone())
+            .map(|l| (l.uid, l.gid, l.supplemental_groups))
+    };
+    assert_eq!(
+        user(&node.status(&id).await),
+        Some((65534, 65534, vec![1234, 65534]))
+    );
+    let strict = secure(sleeper("uid-strict"), |sc| {
+        sc.run_as_user = Some(cri::Int64Value { value: 65534 });
+        sc.supplemental_groups = vec![4321];
+        sc.supplemental_groups_policy = cri::SupplementalGroupsPolicy::Strict as i32;
+    });
+    let strict = node.container_with(&sb, strict).await;
+    assert_eq!(
+        user(&node.status(&strict).await),
+        Some((65534, 65534, vec![4321, 65534]))
+    );
+    let (code, out, err) = sh(&node, &strict, "id -G").await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ids(out.trim()), ids("65534 4321"), "{out}");
+    // The runtime says it honours the policy, and which mounts it can make read-only.
+    let st = node
+        .rt
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap();
+    assert!(st.features.is_some_and(|f| f.supplemental_groups_policy));
+    let default = st.runtime_handlers.iter().find(|h| h.name.is_empty());
+    assert!(
+        default
+            .and_then(|h| h.features.as_ref())
+            .is_some_and(|f| f.recursive_read_only_mounts && !f.user_namespaces),
+        "{:?}",
+        st.runtime_handlers
+    );
     node.teardown().await;
 }
 
@@ -1104,5 +1144,93 @@ async fn cpu_resources() {
     )
     .await;
     assert_eq!(out, "50000\n100000\n0\nCpus_allowed_list:\t0\n", "{err}");
+    node.teardown().await;
+}
+
+/// Recursive read-only mounts (CRI `recursive_read_only`, as critest's "Container Mount
+/// Readonly" specs check them): a read-only bind of a directory with a tmpfs mounted inside
+/// leaves that tmpfs writable unless the mount is recursively read-only; a recursive read-only
+/// mount that is not read-only, or does not have private propagation, is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn recursive_read_only_mounts() {
+    if !root_or_skip("recursive_read_only_mounts") {
+        return;
+    }
+    let node = Node::new("rro").await;
+    let sb = node.sandbox("rro").await;
+    let host = tempfile::tempdir().unwrap();
+    let sub = host.path().join("tmpfs");
+    std::fs::create_dir(&sub).unwrap();
+    nix::mount::mount(
+        Some("none"),
+        &sub,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount a tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(sub.clone());
+    let with_mount = |name: &str, readonly: bool, rro: bool, propagation: cri::MountPropagation| {
+        let mut cfg = sleeper(name);
+        cfg.mounts = vec![cri::Mount {
+            container_path: "/mnt".into(),
+            host_path: host.path().to_string_lossy().into_owned(),
+            readonly,
+            recursive_read_only: rro,
+            propagation: propagation as i32,
+            ..Default::default()
+        }];
+        cfg
+    };
+    use cri::MountPropagation as P;
+    let plain = node
+        .container_with(&sb, with_mount("ro", true, false, P::PropagationPrivate))
+        .await;
+    let (code, _, err) = sh(&node, &plain, "touch /mnt/tmpfs/a").await;
+    assert_eq!(
+        code, 0,
+        "a read-only mount leaves its submounts writable: {err}"
+    );
+    let (code, _, err) = sh(&node, &plain, "touch /mnt/b").await;
+    assert_ne!(code, 0, "but not itself");
+    assert!(err.contains("Read-only file system"), "{err}");
+    let rro = node
+        .container_with(&sb, with_mount("rro", true, true, P::PropagationPrivate))
+        .await;
+    let (code, _, err) = sh(&node, &rro, "touch /mnt/tmpfs/c").await;
+    assert_ne!(
+        code, 0,
+        "a recursive read-only mount makes its submounts read-only"
+    );
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert!(!sub.join("c").exists());
+    for (name, readonly, prop, why) in [
+        ("rw", false, P::PropagationPrivate, "needs readonly"),
+        (
+            "slave",
+            true,
+            P::PropagationHostToContainer,
+            "private propagation",
+        ),
+        (
+            "shared",
+            true,
+            P::PropagationBidirectional,
+            "private propagation",
+        ),
+    ] {
+        let e = node
+            .try_create(&sb, with_mount(name, readonly, true, prop))
+            .await
+            .expect_err(name);
+        assert_eq!(e.code(), Code::InvalidArgument, "{name}: {e}");
+        assert!(e.message().contains(why), "{name}: {e}");
+    }
     node.teardown().await;
 }

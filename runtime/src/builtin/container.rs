@@ -199,6 +199,13 @@ impl BuiltinRuntime {
             if let Some(process) = oci.process() {
                 create_working_dir(&rootfs, process.cwd())?;
             }
+            let user = oci.process().as_ref().map(|p| {
+                let u = p.user();
+                let mut groups = u.additional_gids().clone().unwrap_or_default();
+                groups.sort_unstable();
+                groups.dedup();
+                (u.uid(), u.gid(), groups)
+            });
             oci.save(bundle.join("config.json"))
                 .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
             self.client(&sandbox_id)
@@ -225,6 +232,7 @@ impl BuiltinRuntime {
                     .as_deref()
                     .and_then(spec::parse_signal),
                 config: config.clone(),
+                user,
             };
             self.inner.records.save_container(&rec)
         }
@@ -386,7 +394,16 @@ impl BuiltinRuntime {
                     windows: None,
                 }),
             image_id: rec.image_id.clone(),
-            user: None,
+            user: rec
+                .user
+                .as_ref()
+                .map(|(uid, gid, groups)| cri::ContainerUser {
+                    linux: Some(cri::LinuxContainerUser {
+                        uid: i64::from(*uid),
+                        gid: i64::from(*gid),
+                        supplemental_groups: groups.iter().map(|&g| i64::from(g)).collect(),
+                    }),
+                }),
         }
     }
 

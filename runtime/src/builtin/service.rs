@@ -241,8 +241,21 @@ impl RuntimeService for BuiltinRuntime {
                 conditions: vec![cond("RuntimeReady"), network],
             }),
             info: Default::default(),
-            runtime_handlers: Vec::new(),
-            features: None,
+            // The default handler (and its alias "nodelet"): recursive read-only mounts
+            // (`mount_setattr`), no user namespaces yet; supplemental groups policies.
+            runtime_handlers: ["", "nodelet"]
+                .into_iter()
+                .map(|name| cri::RuntimeHandler {
+                    name: name.to_string(),
+                    features: Some(cri::RuntimeHandlerFeatures {
+                        recursive_read_only_mounts: true,
+                        user_namespaces: false,
+                    }),
+                })
+                .collect(),
+            features: Some(cri::RuntimeFeatures {
+                supplemental_groups_policy: true,
+            }),
         })
     }
 

@@ -43,6 +43,11 @@ pub struct ContainerRecord {
     pub log_path: String,
     /// The image's stop signal, already parsed.
     pub stop_signal: Option<i32>,
+    /// The identity the container's process runs as (uid, gid, supplementary groups), as
+    /// resolved at creation from the security context and the image's /etc/passwd and
+    /// /etc/group.
+    #[serde(default)]
+    pub user: Option<(u32, u32, Vec<u32>)>,
 }
 
 /// Records in memory, mirrored to `dir/{sandboxes,containers}/<id>.json`.
