@@ -47,6 +47,7 @@ impl Tracker {
         }
         Tracked {
             io,
+            rewriter: super::authority::Rewriter::default(),
             _guard: Guard {
                 id,
                 registry: Arc::downgrade(&self.inner),
@@ -97,9 +98,11 @@ impl Drop for Guard {
     }
 }
 
-/// An accepted unix stream known to the [`Tracker`].
+/// An accepted unix stream known to the [`Tracker`]. What the client sends goes through the
+/// `:authority` fix-up (see `super::authority`) on its way to the HTTP/2 server.
 pub(super) struct Tracked {
     io: UnixStream,
+    rewriter: super::authority::Rewriter,
     _guard: Guard,
 }
 
@@ -117,7 +120,29 @@ impl AsyncRead for Tracked {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let this = &mut *self;
+        loop {
+            if this.rewriter.has_output() {
+                let n = this.rewriter.drain_into(buf.initialize_unfilled());
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.io).poll_read(cx, &mut read) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {
+                    if let Err(super::authority::Broken(why)) = this.rewriter.feed(read.filled()) {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("CRI server: {why}"),
+                        )));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! (a request missing its config comes back as whatever the runtime says: `InvalidArgument`).
 
 mod adapter;
+mod authority;
 mod conn;
 
 use std::future::Future;

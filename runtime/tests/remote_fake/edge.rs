@@ -220,3 +220,85 @@ async fn container_events_stream_through() {
         .expect("stream ends");
     assert!(end.as_ref().is_none_or(|r| r.is_err()), "{end:?}");
 }
+
+/// A client that sends the socket path as `:authority`, as grpc-go did before Kubernetes set
+/// `localhost` (and as grpc-java does): raw HTTP/2 frames on the socket, the request's headers
+/// indexed into the client's HPACK table as grpc-go does, twice. Both Version calls get
+/// answered, where the HTTP/2 server alone would reset the streams.
+#[tokio::test]
+async fn a_socket_path_as_authority_is_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = socket(&dir);
+    let served = serve(&path, Arc::new(FakeRuntime::new())).await;
+    let mut conn = tokio::net::UnixStream::connect(&path).await.unwrap();
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+    let authority = path.to_string_lossy().into_owned();
+    let headers: Vec<(&[u8], &[u8])> = vec![
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/runtime.v1.RuntimeService/Version"),
+        (b":authority", authority.as_bytes()),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ];
+    let mut enc = loona_hpack::Encoder::new();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    for stream in [1u32, 3] {
+        out.extend(frame(
+            0x1,
+            0x4,
+            stream,
+            &enc.encode(headers.iter().copied()),
+        ));
+        // An empty VersionRequest: a gRPC message header with length 0.
+        out.extend(frame(0x0, 0x1, stream, &[0, 0, 0, 0, 0]));
+    }
+    conn.write_all(&out).await.unwrap();
+
+    let mut dec = loona_hpack::Decoder::new();
+    let mut answered = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered.len() < 2 {
+        assert!(Instant::now() < deadline, "answers so far: {answered:?}");
+        let mut head = [0u8; 9];
+        tokio::time::timeout(Duration::from_secs(10), conn.read_exact(&mut head))
+            .await
+            .expect("an answer")
+            .expect("read");
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).await.unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        match head[3] {
+            0x4 if head[4] & 0x1 == 0 => conn.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap(),
+            0x1 => {
+                let h = dec.decode(&payload).expect("server headers");
+                if let Some((_, status)) = h.iter().find(|(n, _)| n.as_slice() == b":status") {
+                    assert_eq!(status.as_slice(), b"200", "stream {stream}: {h:?}");
+                }
+            }
+            0x0 if !payload.is_empty() => {
+                let text = String::from_utf8_lossy(&payload).into_owned();
+                assert!(
+                    text.contains(FAKE_RUNTIME_NAME),
+                    "stream {stream}: {text:?}"
+                );
+                answered.insert(stream, text);
+            }
+            0x3 => panic!("stream {stream} reset: {payload:?}"),
+            0x7 => panic!("GOAWAY: {:?}", String::from_utf8_lossy(&payload)),
+            _ => {}
+        }
+    }
+    assert_eq!(answered.keys().copied().collect::<Vec<_>>(), vec![1, 3]);
+    drop(conn);
+    served.stop().await;
+}
