@@ -1,7 +1,7 @@
 //! `nodelet run-node`: the kubelet. It runs the static pods of the configuration's
 //! `staticPodPath` (and `staticPodURL`) and, given `--kubeconfig`, the pods the API server binds
 //! to the node, with the built-in runtime, or with a remote CRI runtime when
-//! `containerRuntimeEndpoint` is set.
+//! `containerRuntimeEndpoint` is set (its images from `imageServiceEndpoint` when that differs).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -56,29 +56,7 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
         None => None,
     };
-    let rt = if cfg.container_runtime_endpoint.is_empty() {
-        let mut builtin = runtime::builtin::Config::new(root_dir)?;
-        builtin.network = Some(super::pod_network(
-            &cfg.pod_bridge,
-            &cfg.pod_cidr,
-            cfg.pod_masquerade,
-        )?);
-        let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
-        kubelet::Runtime {
-            runtime: Arc::new(rt.clone()),
-            images: Arc::new(rt),
-        }
-    } else {
-        let remote = runtime::remote::connect(
-            &cfg.container_runtime_endpoint,
-            std::time::Duration::from_secs(10),
-        )
-        .await?;
-        kubelet::Runtime {
-            runtime: Arc::new(remote.clone()),
-            images: Arc::new(remote),
-        }
-    };
+    let rt = open_runtime(&cfg, root_dir).await?;
     if let Some(listen) = &args.cri_listen {
         let socket = runtime::endpoint::unix_socket_path(listen)?;
         let bound = runtime::server::bind_unix(&socket)?;
@@ -104,4 +82,46 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// The runtime the configuration asks for: the built-in one, or the remote CRI runtime at
+/// `containerRuntimeEndpoint` with its images from `imageServiceEndpoint` when that is set and
+/// different (as upstream: the image service defaults to the runtime's endpoint).
+pub async fn open_runtime(
+    cfg: &config::KubeletConfig,
+    root_dir: &Path,
+) -> anyhow::Result<kubelet::Runtime> {
+    const CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
+    if cfg.container_runtime_endpoint.is_empty() {
+        if !cfg.image_service_endpoint.is_empty() {
+            anyhow::bail!(
+                "imageServiceEndpoint {:?} needs a containerRuntimeEndpoint: the built-in runtime \
+                 runs containers from its own image store",
+                cfg.image_service_endpoint
+            );
+        }
+        let mut builtin = runtime::builtin::Config::new(root_dir)?;
+        builtin.network = Some(super::pod_network(
+            &cfg.pod_bridge,
+            &cfg.pod_cidr,
+            cfg.pod_masquerade,
+        )?);
+        let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
+        return Ok(kubelet::Runtime {
+            runtime: Arc::new(rt.clone()),
+            images: Arc::new(rt),
+        });
+    }
+    let remote = runtime::remote::connect(&cfg.container_runtime_endpoint, CONNECT).await?;
+    let images = if cfg.image_service_endpoint.is_empty()
+        || cfg.image_service_endpoint == cfg.container_runtime_endpoint
+    {
+        remote.clone()
+    } else {
+        runtime::remote::connect(&cfg.image_service_endpoint, CONNECT).await?
+    };
+    Ok(kubelet::Runtime {
+        runtime: Arc::new(remote),
+        images: Arc::new(images),
+    })
 }
