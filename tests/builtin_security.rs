@@ -1234,3 +1234,111 @@ async fn recursive_read_only_mounts() {
     }
     node.teardown().await;
 }
+
+/// A pod user namespace (CRI `userns_options` mode POD, as critest's UserNamespaces specs ask):
+/// the containers see the mapping in /proc/self/uid_map and run as root inside, as the host's
+/// unprivileged ID outside; the pod's network is theirs (owned by the namespace); bad mappings
+/// and modes are refused with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_user_namespace() {
+    if !root_or_skip("pod_user_namespace") {
+        return;
+    }
+    let node = Node::new("userns").await;
+    let mapping = |container_id: u32, host_id: u32, length: u32| cri::IdMapping {
+        container_id,
+        host_id,
+        length,
+    };
+    let userns = |mode: cri::NamespaceMode, uids: Vec<cri::IdMapping>| {
+        move |c: &mut cri::PodSandboxConfig| {
+            c.linux = Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        userns_options: Some(cri::UserNamespace {
+                            mode: mode as i32,
+                            uids: uids.clone(),
+                            gids: uids.clone(),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
+    };
+    let sb = node
+        .sandbox_with(
+            "userns",
+            userns(cri::NamespaceMode::Pod, vec![mapping(0, 100_000, 65_536)]),
+        )
+        .await;
+    let id = node.container(&sb, "c", &["sleep", "300"]).await;
+    let (code, out, err) = sh(
+        &node,
+        &id,
+        "cat /proc/self/uid_map /proc/self/gid_map; id -u",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0], ["0", "100000", "65536"], "{out}");
+    assert_eq!(lines[1], ["0", "100000", "65536"], "{out}");
+    assert_eq!(lines[2], ["0"], "{out}");
+    // The image's files belong to the node's root, which has no ID in the namespace.
+    let (code, out, err) = sh(&node, &id, "stat -c %u /bin/sh").await;
+    assert_eq!((code, out.trim()), (0, "65534"), "{err}");
+    // The pod's network namespace belongs to its user namespace: CAP_NET_ADMIN there is
+    // enough to change it.
+    let admin = secure(sleeper("netadmin"), |sc| {
+        sc.capabilities = Some(cri::Capability {
+            add_capabilities: vec!["NET_ADMIN".into()],
+            ..Default::default()
+        });
+    });
+    let admin = node.container_with(&sb, admin).await;
+    let (code, out, err) = sh(
+        &node,
+        &admin,
+        "ip link set lo mtu 1500 && echo owns-its-network",
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "owns-its-network"), "{err}");
+    // Refusals, as critest expects them.
+    for (name, tweak, why) in [
+        (
+            "two",
+            userns(
+                cri::NamespaceMode::Pod,
+                vec![mapping(0, 100_000, 1000), mapping(1000, 200_000, 1000)],
+            ),
+            "exactly one",
+        ),
+        (
+            "noroot",
+            userns(cri::NamespaceMode::Pod, vec![mapping(1, 100_000, 65_536)]),
+            "container ID 0",
+        ),
+        (
+            "ctr",
+            userns(cri::NamespaceMode::Container, vec![]),
+            "only POD and NODE",
+        ),
+        (
+            "target",
+            userns(cri::NamespaceMode::Target, vec![]),
+            "only POD and NODE",
+        ),
+    ] {
+        let mut cfg = sandbox_config(name, &node.log_dir());
+        tweak(&mut cfg);
+        let e = node.try_sandbox(cfg).await.expect_err(name);
+        assert_eq!(e.code(), Code::InvalidArgument, "{name}: {e}");
+        assert!(e.message().contains(why), "{name}: {e}");
+    }
+    node.teardown().await;
+}

@@ -19,9 +19,9 @@ mod spec;
 pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec, launch};
 pub use error::{Error, Kind, Result};
 pub use spec::{
-    ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, Layout, NamespaceMode,
-    Namespaces, PodNetwork, PortMapping, Protocol, SandboxState, Spec, State, StreamExecSpec,
-    now_ns,
+    ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, IdMappings, IdRange, Layout,
+    NamespaceMode, Namespaces, PodNetwork, PortMapping, Protocol, SandboxState, Spec, State,
+    StreamExecSpec, now_ns,
 };
 
 pub use oci_spec;

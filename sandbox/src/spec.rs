@@ -67,6 +67,25 @@ pub struct Spec {
     /// loopback only (or the node's network with a node network namespace).
     #[serde(default)]
     pub network: Option<PodNetwork>,
+    /// A user namespace for the pod, with these ID mappings: the pod's network, IPC and UTS
+    /// namespaces are then created inside it (so its containers, which join it, own them).
+    #[serde(default)]
+    pub user_namespace: Option<IdMappings>,
+}
+
+/// One contiguous range of IDs: `size` IDs from `container` inside map to `host` outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdRange {
+    pub container: u32,
+    pub host: u32,
+    pub size: u32,
+}
+
+/// The UID and GID mappings of a user namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMappings {
+    pub uids: IdRange,
+    pub gids: IdRange,
 }
 
 /// A pod's `eth0`: one end of a veth pair whose other end is on a bridge of the node.
@@ -242,6 +261,9 @@ pub struct SandboxState {
     pub pid: i32,
     /// PID of the process holding the pod's PID namespace, when the pod shares one.
     pub pid_ns_holder: Option<i32>,
+    /// PID of the process holding the pod's user namespace, when it has one.
+    #[serde(default)]
+    pub userns_holder: Option<i32>,
     pub containers: Vec<ContainerStatus>,
 }
 

@@ -188,6 +188,7 @@ impl BuiltinRuntime {
                 rootfs: &rootfs,
                 sandbox_pid: live.pid,
                 pid_ns_holder: live.pid_ns_holder,
+                userns_holder: live.userns_holder,
                 target_pid,
                 cgroup_parent: &sandbox_rec.cgroup_parent,
                 etc_hosts: &etc.hosts(),
@@ -198,6 +199,12 @@ impl BuiltinRuntime {
             create_bind_sources(&oci)?;
             if let Some(process) = oci.process() {
                 create_working_dir(&rootfs, process.cwd())?;
+            }
+            if live.userns_holder.is_some() {
+                // Inside the pod's user namespace the container's root is not the owner of
+                // the image's files (the rootfs is not ID-mapped), so it could not create its
+                // mount points: the runtime does, as the node's root.
+                create_mount_points(&rootfs, &oci)?;
             }
             let user = oci.process().as_ref().map(|p| {
                 let u = p.user();
@@ -545,6 +552,36 @@ fn create_bind_sources(oci: &oci_spec::runtime::Spec) -> Result<()> {
                 })?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Creates, inside the rootfs, the destination of every mount the image lacks: a file for a
+/// bind of a file, else a directory. Paths resolve inside the rootfs, symlinks included.
+fn create_mount_points(rootfs: &Path, oci: &oci_spec::runtime::Spec) -> Result<()> {
+    for m in oci.mounts().iter().flatten() {
+        let dest = m.destination();
+        let Some(path) = spec::resolve_in_root(rootfs, dest) else {
+            return Err(Error::invalid_argument(format!(
+                "mount at {}: cannot be resolved in the image",
+                dest.display()
+            )));
+        };
+        if path.exists() {
+            continue;
+        }
+        let file = m.source().as_ref().is_some_and(|s| s.is_file());
+        let made = if file {
+            path.parent()
+                .map(std::fs::create_dir_all)
+                .transpose()
+                .and_then(|_| std::fs::File::create(&path).map(drop))
+        } else {
+            std::fs::create_dir_all(&path)
+        };
+        made.map_err(|e| {
+            Error::invalid_argument(format!("creating mount point {}: {e}", dest.display()))
+        })?;
     }
     Ok(())
 }

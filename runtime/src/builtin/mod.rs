@@ -126,6 +126,24 @@ impl BuiltinRuntime {
             std::fs::create_dir_all(&d)
                 .map_err(|e| Error::internal(format!("creating {}: {e}", d.display())))?;
         }
+        // Containers in a pod user namespace are the host's unprivileged IDs while libcontainer
+        // sets them up: they must be able to pass through the root dir to their rootfs and the
+        // pod's /etc files (search only, as containerd's 0711 root dir allows; nothing is
+        // listed or read through it).
+        for d in [
+            cfg.root_dir.clone(),
+            cfg.root_dir.join("sandboxes"),
+            cfg.root_dir.join("containers"),
+        ] {
+            use std::os::unix::fs::PermissionsExt;
+            let meta = std::fs::metadata(&d)
+                .map_err(|e| Error::internal(format!("reading {}: {e}", d.display())))?;
+            let mode = meta.permissions().mode();
+            if mode & 0o011 != 0o011 {
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode | 0o011))
+                    .map_err(|e| Error::internal(format!("opening up {}: {e}", d.display())))?;
+            }
+        }
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
         let records = Records::load(&cfg.root_dir.join("cri"))?;
         let (events, _) = broadcast::channel(1024);

@@ -27,6 +27,72 @@ pub(super) fn namespace_options(config: &cri::PodSandboxConfig) -> cri::Namespac
         .unwrap_or_default()
 }
 
+/// The pod's user namespace from its namespace options: `None` for the node's (mode NODE, or
+/// none asked), the ID mappings for mode POD. As critest expects: one UID and one GID mapping,
+/// each starting at container ID 0; CONTAINER and TARGET are refused. The pod must have its own
+/// network, IPC and PID namespaces (the kubelet asks nothing else).
+fn user_namespace(opts: &cri::NamespaceOption) -> Result<Option<sandbox::IdMappings>> {
+    let Some(u) = opts.userns_options.as_ref() else {
+        return Ok(None);
+    };
+    match cri::NamespaceMode::try_from(u.mode) {
+        Ok(cri::NamespaceMode::Node) => return Ok(None),
+        Ok(cri::NamespaceMode::Pod) => {}
+        Ok(m) => {
+            return Err(Error::invalid_argument(format!(
+                "user namespace mode {}: only POD and NODE are supported",
+                m.as_str_name()
+            )));
+        }
+        Err(_) => {
+            return Err(Error::invalid_argument(format!(
+                "unknown user namespace mode {}",
+                u.mode
+            )));
+        }
+    }
+    let one = |what: &str, maps: &[cri::IdMapping]| -> Result<sandbox::IdRange> {
+        let [m] = maps else {
+            return Err(Error::invalid_argument(format!(
+                "user namespace: exactly one {what} mapping is supported, got {}",
+                maps.len()
+            )));
+        };
+        if m.container_id != 0 {
+            return Err(Error::invalid_argument(format!(
+                "user namespace: {what} mapping must start at container ID 0 (the container's \
+                 root), not {}",
+                m.container_id
+            )));
+        }
+        if m.length == 0 || m.host_id.checked_add(m.length).is_none() {
+            return Err(Error::invalid_argument(format!(
+                "user namespace: {what} mapping {} -> {} of length {} is empty or overflows",
+                m.container_id, m.host_id, m.length
+            )));
+        }
+        if m.host_id == 0 {
+            return Err(Error::invalid_argument(format!(
+                "user namespace: the {what} mapping would give the pod the node's root (host ID 0)"
+            )));
+        }
+        Ok(sandbox::IdRange {
+            container: m.container_id,
+            host: m.host_id,
+            size: m.length,
+        })
+    };
+    let uids = one("UID", &u.uids)?;
+    let gids = one("GID", &u.gids)?;
+    let node = |m: i32| ns_mode(m) == sandbox::NamespaceMode::Node;
+    if node(opts.network) || node(opts.ipc) || node(opts.pid) {
+        return Err(Error::invalid_argument(
+            "user namespace: the pod must not use the node's network, IPC or PID namespace",
+        ));
+    }
+    Ok(Some(sandbox::IdMappings { uids, gids }))
+}
+
 /// Checks a DNS label-ish name from CRI metadata.
 fn check_name(what: &str, value: &str) -> Result<()> {
     if value.is_empty() {
@@ -128,15 +194,7 @@ impl BuiltinRuntime {
             )));
         }
         let opts = namespace_options(&config);
-        if opts
-            .userns_options
-            .as_ref()
-            .is_some_and(|u| u.mode == cri::NamespaceMode::Pod as i32)
-        {
-            return Err(Error::invalid_argument(
-                "user namespaces are not supported by the built-in runtime",
-            ));
-        }
+        let user_namespace = user_namespace(&opts)?;
         if let Some(linux) = &config.linux {
             check_sysctls(&linux.sysctls, &opts)?;
         }
@@ -224,6 +282,7 @@ impl BuiltinRuntime {
                 })
                 .unwrap_or_else(BTreeMap::new),
             network,
+            user_namespace,
         };
         if !config.log_directory.is_empty() {
             std::fs::create_dir_all(&config.log_directory).map_err(|e| {

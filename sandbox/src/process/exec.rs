@@ -198,12 +198,20 @@ fn exec_process(oci: &Spec, args: &[String], tty: bool) -> Result<(Process, Exec
     process.set_console_size(None);
     let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
     let caps = process.capabilities().clone();
-    let lend_sys_admin = seccomp.is_some()
-        && process.no_new_privileges() != Some(true)
-        && !caps
-            .as_ref()
-            .and_then(|c| c.effective().as_ref())
-            .is_some_and(|e| e.contains(&Capability::SysAdmin));
+    // A container in the pod's user namespace: libcontainer's exec joins all its namespaces but
+    // that one, so the executor joins it (see `ExecSeccomp::exec`), with CAP_SYS_ADMIN lent.
+    let userns = match user_namespace_path(oci) {
+        Some(path) => Some(std::sync::Arc::new(
+            std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, e))?,
+        )),
+        None => None,
+    };
+    let has_admin = caps
+        .as_ref()
+        .and_then(|c| c.effective().as_ref())
+        .is_some_and(|e| e.contains(&Capability::SysAdmin));
+    let lend_sys_admin = userns.is_some()
+        || (seccomp.is_some() && process.no_new_privileges() != Some(true) && !has_admin);
     let restore = if lend_sys_admin {
         let original = caps.clone().unwrap_or_default();
         let mut lent = original.clone();
@@ -215,7 +223,34 @@ fn exec_process(oci: &Spec, args: &[String], tty: bool) -> Result<(Process, Exec
     } else {
         None
     };
-    Ok((process, ExecSeccomp { seccomp, restore }))
+    let user = userns.as_ref().map(|_| {
+        let u = process.user();
+        (
+            u.uid(),
+            u.gid(),
+            u.additional_gids().clone().unwrap_or_default(),
+        )
+    });
+    Ok((
+        process,
+        ExecSeccomp {
+            seccomp,
+            restore,
+            userns,
+            user,
+        },
+    ))
+}
+
+/// The user namespace a container joined, from its OCI spec.
+fn user_namespace_path(oci: &Spec) -> Option<std::path::PathBuf> {
+    oci.linux()
+        .as_ref()?
+        .namespaces()
+        .as_ref()?
+        .iter()
+        .find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User)
+        .and_then(|n| n.path().clone())
 }
 
 /// Runs an exec'd command under its container's seccomp filter (see [`exec_process`]).
@@ -225,10 +260,64 @@ struct ExecSeccomp {
     /// The container's capabilities, restored after loading the filter with a lent
     /// CAP_SYS_ADMIN; `None` when nothing was lent.
     restore: Option<LinuxCapabilities>,
+    /// The container's user namespace, joined before anything else when it has one.
+    userns: Option<std::sync::Arc<std::fs::File>>,
+    /// The process's uid, gid and groups, taken again inside that namespace.
+    user: Option<(u32, u32, Vec<u32>)>,
 }
 
 impl Executor for ExecSeccomp {
     fn exec(&self, spec: &Spec) -> std::result::Result<(), ExecutorError> {
+        if let (Some(ns), Some((uid, gid, groups))) = (&self.userns, &self.user) {
+            let failed = |what: &str, e: &dyn std::fmt::Display| {
+                ExecutorError::Other(format!("{what} for an exec in a user namespace: {e}"))
+            };
+            let syscall = create_syscall();
+            if let Some(original) = &self.restore {
+                let mut raised = original.clone();
+                let mut lent = original.permitted().clone().unwrap_or_default();
+                lent.insert(Capability::SysAdmin);
+                raised.set_effective(Some(lent.clone()));
+                raised.set_permitted(Some(lent));
+                raised.set_inheritable(None);
+                raised.set_ambient(None);
+                drop_privileges(&raised, &*syscall)
+                    .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))?;
+            }
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUSER)
+                .map_err(|e| failed("joining the user namespace", &e))?;
+            // Full capabilities in the namespace now; become the process's user there, keeping
+            // them until the container's own sets are restored below.
+            nix::sys::prctl::set_keepcaps(true).map_err(|e| failed("keeping capabilities", &e))?;
+            let gids: Vec<nix::unistd::Gid> = groups
+                .iter()
+                .map(|&g| nix::unistd::Gid::from_raw(g))
+                .collect();
+            nix::unistd::setgroups(&gids).map_err(|e| failed("setting the groups", &e))?;
+            let (g, u) = (
+                nix::unistd::Gid::from_raw(*gid),
+                nix::unistd::Uid::from_raw(*uid),
+            );
+            nix::unistd::setresgid(g, g, g).map_err(|e| failed("setting the gid", &e))?;
+            nix::unistd::setresuid(u, u, u).map_err(|e| failed("setting the uid", &e))?;
+            let _ = nix::sys::prctl::set_keepcaps(false);
+            let mut all = LinuxCapabilities::default();
+            let full: HashSet<Capability> = self
+                .restore
+                .as_ref()
+                .and_then(|o| o.bounding().clone())
+                .unwrap_or_default()
+                .into_iter()
+                .chain([Capability::SysAdmin])
+                .collect();
+            all.set_bounding(Some(full.clone()));
+            all.set_effective(Some(full.clone()));
+            all.set_permitted(Some(full));
+            all.set_inheritable(None);
+            all.set_ambient(None);
+            drop_privileges(&all, &*syscall)
+                .map_err(|e| failed("taking the capabilities back", &e))?;
+        }
         if let Some(filter) = &self.seccomp {
             let syscall = create_syscall();
             let failed = |what: &str, e: &dyn std::fmt::Display| {
@@ -258,6 +347,9 @@ impl Executor for ExecSeccomp {
                 drop_privileges(original, &*syscall)
                     .map_err(|e| failed("restoring the capabilities", &e))?;
             }
+        } else if let (Some(_), Some(original)) = (&self.userns, &self.restore) {
+            drop_privileges(original, &*create_syscall())
+                .map_err(|e| ExecutorError::Other(format!("restoring the capabilities: {e}")))?;
         }
         DefaultExecutor {}.exec(spec)
     }

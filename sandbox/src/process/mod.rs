@@ -100,9 +100,9 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
     }
-    let port_proxy = ns::enter_pod_namespaces(&spec)?;
+    let helpers = ns::enter_pod_namespaces(&spec)?;
     let pid_holder = if spec.namespaces.pid == NamespaceMode::Pod {
-        Some(ns::start_pid_namespace_holder()?)
+        Some(ns::start_pid_namespace_holder(helpers.userns_holder)?)
     } else {
         None
     };
@@ -110,7 +110,7 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     for dir in [layout.container_root(), layout.status_dir()] {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
     }
-    let server = server::Server::bind(layout.clone(), spec, pid_holder, port_proxy)?;
+    let server = server::Server::bind(layout.clone(), spec, pid_holder, helpers)?;
     std::fs::write(layout.pid_file(), getpid().to_string())
         .map_err(|e| Error::io("writing", layout.pid_file(), e))?;
     Ok(server)

@@ -17,11 +17,20 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what}: {e}"))
 }
 
-/// Unshares the pod's network, IPC and UTS namespaces as the spec asks, sets the hostname,
-/// brings loopback up, plumbs the pod's network interface and applies the sysctls. Returns the
-/// node-port proxy's PID when the pod forwards node ports. Must be called while the process is
-/// single-threaded.
-pub fn enter_pod_namespaces(spec: &Spec) -> Result<Option<Pid>> {
+/// The helper processes [`enter_pod_namespaces`] started.
+#[derive(Debug, Default)]
+pub struct Helpers {
+    /// The node-port proxy, when the pod forwards node ports.
+    pub port_proxy: Option<Pid>,
+    /// The holder of the pod's user namespace, when it has one.
+    pub userns_holder: Option<Pid>,
+}
+
+/// Unshares the pod's network, IPC and UTS namespaces as the spec asks (or, with a user
+/// namespace, joins those a holder process made inside it), sets the hostname, brings loopback
+/// up, plumbs the pod's network interface and applies the sysctls. Must be called while the
+/// process is single-threaded.
+pub fn enter_pod_namespaces(spec: &Spec) -> Result<Helpers> {
     let mut flags = CloneFlags::empty();
     let own_net = spec.namespaces.network != NamespaceMode::Node;
     if own_net {
@@ -36,7 +45,28 @@ pub fn enter_pod_namespaces(spec: &Spec) -> Result<Option<Pid>> {
         Some(net) if own_net => Some((net, crate::net::prepare(net)?)),
         _ => None,
     };
-    if !flags.is_empty() {
+    let mut helpers = Helpers::default();
+    if let Some(maps) = &spec.user_namespace {
+        if !own_net || spec.namespaces.ipc == NamespaceMode::Node {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                "a pod user namespace needs the pod's own network and IPC namespaces",
+            ));
+        }
+        // The pod's namespaces belong to its user namespace; this process stays in the node's
+        // (it goes on creating containers, cgroups and mounts) and joins them.
+        let holder = start_userns_holder(maps)?;
+        helpers.userns_holder = Some(holder);
+        for (name, flag) in [
+            ("net", CloneFlags::CLONE_NEWNET),
+            ("uts", CloneFlags::CLONE_NEWUTS),
+            ("ipc", CloneFlags::CLONE_NEWIPC),
+        ] {
+            let path = format!("/proc/{holder}/ns/{name}");
+            let f = std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, e))?;
+            nix::sched::setns(f, flag).map_err(|e| internal(&format!("joining {path}"), e))?;
+        }
+    } else if !flags.is_empty() {
         unshare(flags).map_err(|e| internal("unsharing the pod's namespaces", e))?;
     }
     if own_net {
@@ -54,9 +84,79 @@ pub fn enter_pod_namespaces(spec: &Spec) -> Result<Option<Pid>> {
         None => None,
     };
     set_sysctls(&spec.sysctls)?;
-    match network {
-        Some((net, node)) => crate::net::ports::spawn_proxy(node.listeners, net.address),
-        None => Ok(None),
+    if let Some((net, node)) = network {
+        helpers.port_proxy = crate::net::ports::spawn_proxy(node.listeners, net.address)?;
+    }
+    Ok(helpers)
+}
+
+/// Starts the holder of a new user namespace with `maps`, with the pod's network, UTS and IPC
+/// namespaces made inside it, and returns its PID. It dies with the sandbox process.
+/// Must be called while the process is single-threaded.
+fn start_userns_holder(maps: &crate::spec::IdMappings) -> Result<Pid> {
+    let (from_child, to_parent) = pipe().map_err(|e| internal("pipe", e))?;
+    let (from_parent, to_child) = pipe().map_err(|e| internal("pipe", e))?;
+    let parent = nix::unistd::getpid();
+    // SAFETY: the sandbox process is single-threaded here, so the child may run arbitrary code.
+    match unsafe { fork() }.map_err(|e| internal("fork", e))? {
+        ForkResult::Child => {
+            drop(from_child);
+            drop(to_child);
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            let step = |done: &[u8]| -> bool {
+                let mut b = [0u8; 1];
+                write(&to_parent, done).is_ok()
+                    && (done == b"n"
+                        || matches!(
+                            read(std::os::fd::AsRawFd::as_raw_fd(&from_parent), &mut b),
+                            Ok(1)
+                        ))
+            };
+            let ok = nix::unistd::getppid() == parent
+                && unshare(CloneFlags::CLONE_NEWUSER).is_ok()
+                && step(b"u")
+                && unshare(
+                    CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC,
+                )
+                .is_ok()
+                && step(b"n");
+            if !ok {
+                std::process::exit(1);
+            }
+            drop(to_parent);
+            isolate_fds(-1);
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        ForkResult::Parent { child } => {
+            drop(to_parent);
+            drop(from_parent);
+            let fail = |what: &str| {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                internal("starting the pod's user namespace", what)
+            };
+            let mut b = [0u8; 1];
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&from_child);
+            if !matches!(read(raw, &mut b), Ok(1)) || b[0] != b'u' {
+                return Err(fail("the holder could not unshare a user namespace"));
+            }
+            for (file, r) in [("uid_map", maps.uids), ("gid_map", maps.gids)] {
+                let path = format!("/proc/{child}/{file}");
+                let line = format!("{} {} {}\n", r.container, r.host, r.size);
+                if let Err(e) = std::fs::write(&path, line) {
+                    return Err(fail(&format!("writing {path}: {e}")));
+                }
+            }
+            if write(&to_child, b"m").is_err() {
+                return Err(fail("the holder went away"));
+            }
+            if !matches!(read(raw, &mut b), Ok(1)) || b[0] != b'n' {
+                return Err(fail("the holder could not make the pod's namespaces"));
+            }
+            Ok(child)
+        }
     }
 }
 
@@ -116,14 +216,31 @@ fn loopback_up() -> Result<()> {
 /// Starts the holder of a new PID namespace for the pod and returns its PID (as seen by the
 /// caller). The holder is PID 1 in the new namespace: it reaps orphans and otherwise sleeps.
 /// Must be called while the process is single-threaded.
-pub fn start_pid_namespace_holder() -> Result<Pid> {
+pub fn start_pid_namespace_holder(userns_holder: Option<Pid>) -> Result<Pid> {
+    // With a pod user namespace the PID namespace belongs to it (its containers mount /proc).
+    let userns = match userns_holder {
+        Some(h) => {
+            let path = format!("/proc/{h}/ns/user");
+            Some(std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, e))?)
+        }
+        None => None,
+    };
     let (r, w) = pipe().map_err(|e| internal("pipe", e))?;
     // SAFETY: the sandbox process is single-threaded here, so the child may run arbitrary code.
     match unsafe { fork() }.map_err(|e| internal("fork", e))? {
         ForkResult::Child => {
             drop(r);
+            let joined = match userns {
+                Some(f) => nix::sched::setns(f, CloneFlags::CLONE_NEWUSER).is_ok(),
+                None => true,
+            };
             isolate_fds(std::os::fd::AsRawFd::as_raw_fd(&w));
-            let code = match unshare(CloneFlags::CLONE_NEWPID) {
+            let unshared = if joined {
+                unshare(CloneFlags::CLONE_NEWPID)
+            } else {
+                Err(nix::errno::Errno::EPERM)
+            };
+            let code = match unshared {
                 // SAFETY: still single-threaded in the child.
                 Ok(()) => match unsafe { fork() } {
                     Ok(ForkResult::Child) => {
@@ -158,6 +275,7 @@ pub fn start_pid_namespace_holder() -> Result<Pid> {
 /// Points stdio at /dev/null and closes every other inherited descriptor but `keep`, so the
 /// holder keeps no pipe of the sandbox (or its launcher) open.
 fn isolate_fds(keep: i32) {
+    // `keep` -1: close them all.
     if let Ok(null) = std::fs::File::open("/dev/null") {
         for fd in 0..3 {
             let _ = nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);

@@ -43,6 +43,8 @@ pub struct Server {
     pid_holder: Option<Pid>,
     /// The process forwarding node ports to the pod, when it has any.
     port_proxy: Option<Pid>,
+    /// The process holding the pod's user namespace, when it has one.
+    userns_holder: Option<Pid>,
     containers: BTreeMap<String, Ctr>,
     execs: Vec<(Exec, UnixStream)>,
     stops: Vec<StopWait>,
@@ -64,7 +66,7 @@ impl Server {
         layout: Layout,
         spec: Spec,
         pid_holder: Option<Pid>,
-        port_proxy: Option<Pid>,
+        helpers: super::ns::Helpers,
     ) -> Result<Self> {
         let path = layout.socket();
         if path.as_os_str().len() >= 108 {
@@ -86,7 +88,8 @@ impl Server {
             spec,
             listener,
             pid_holder,
-            port_proxy,
+            port_proxy: helpers.port_proxy,
+            userns_holder: helpers.userns_holder,
             containers: BTreeMap::new(),
             execs: Vec::new(),
             stops: Vec::new(),
@@ -355,6 +358,7 @@ impl Server {
             id: self.spec.id.clone(),
             pid: nix::unistd::getpid().as_raw(),
             pid_ns_holder: self.pid_holder.map(Pid::as_raw),
+            userns_holder: self.userns_holder.map(Pid::as_raw),
             containers: self.containers.values().map(|c| c.status.clone()).collect(),
         }
     }
@@ -492,6 +496,9 @@ impl Server {
         } else if Some(pid) == self.pid_holder {
             tracing::error!("the pod's PID namespace holder exited");
             self.pid_holder = None;
+        } else if Some(pid) == self.userns_holder {
+            tracing::error!("the pod's user namespace holder exited ({ws:?})");
+            self.userns_holder = None;
         } else if Some(pid) == self.port_proxy {
             tracing::error!("the pod's node-port proxy exited ({ws:?}); its node ports are closed");
             self.port_proxy = None;
@@ -607,6 +614,7 @@ impl Server {
         self.reap();
         super::stop_helper(self.pid_holder.take());
         super::stop_helper(self.port_proxy.take());
+        super::stop_helper(self.userns_holder.take());
         super::release_cgroups(&self.spec);
         let _ = std::fs::remove_file(self.layout.socket());
         let _ = std::fs::write(self.layout.stopped_marker(), b"");

@@ -76,6 +76,8 @@ pub struct SpecInput<'a> {
     pub sandbox_pid: i32,
     /// PID of the pod's PID-namespace holder when the pod shares one (`NamespaceMode::Pod`).
     pub pid_ns_holder: Option<i32>,
+    /// PID of the holder of the pod's user namespace, when the pod has one.
+    pub userns_holder: Option<i32>,
     /// For `NamespaceMode::Target`: the target container's init PID.
     pub target_pid: Option<i32>,
     /// The pod cgroup; the container's `cgroupsPath` is `<cgroup_parent>/<container_id>`.

@@ -414,6 +414,7 @@ mod tests {
                 rootfs: std::path::Path::new("/rootfs"),
                 sandbox_pid: 1,
                 pid_ns_holder: None,
+                userns_holder: None,
                 target_pid: None,
                 cgroup_parent: "",
                 etc_hosts: std::path::Path::new(""),

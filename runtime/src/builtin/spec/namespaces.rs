@@ -51,15 +51,22 @@ pub(super) fn namespaces(
     let pod_opts =
         sandbox_security_context(input.sandbox).and_then(|s| s.namespace_options.as_ref());
     let ctr_opts = sc.namespace_options.as_ref();
-    for (who, opts) in [("pod", pod_opts), ("container", ctr_opts)] {
-        if let Some(u) = opts.and_then(|o| o.userns_options.as_ref()) {
-            if mode(u.mode, &format!("{who} user namespace"))? != cri::NamespaceMode::Node {
-                return Err(invalid(format!(
-                    "{who} user namespace mode {}: user namespaces are not supported",
-                    u.mode
-                )));
-            }
-        }
+    // The pod's user namespace (RunPodSandbox checked its options): containers join it; a
+    // container may repeat the pod's mode, not ask for another.
+    let userns_mode = |opts: Option<&cri::NamespaceOption>, who: &str| match opts
+        .and_then(|o| o.userns_options.as_ref())
+    {
+        Some(u) => mode(u.mode, &format!("{who} user namespace")),
+        None => Ok(cri::NamespaceMode::Node),
+    };
+    let pod_userns = userns_mode(pod_opts, "pod")?;
+    let ctr_userns = userns_mode(ctr_opts, "container")?;
+    if ctr_opts.and_then(|o| o.userns_options.as_ref()).is_some() && ctr_userns != pod_userns {
+        return Err(invalid(format!(
+            "container user namespace mode {} differs from the pod's {}",
+            ctr_userns.as_str_name(),
+            pod_userns.as_str_name()
+        )));
     }
     let pod = pod_opts.cloned().unwrap_or_default();
     let network = mode(pod.network, "network namespace")?;
@@ -69,18 +76,34 @@ pub(super) fn namespaces(
         None => cri::NamespaceMode::Container,
     };
 
+    // The pod's network, UTS and IPC namespaces, by a process's /proc entry: the sandbox
+    // process's, or with a pod user namespace its holder's (a container inside that namespace
+    // may not look at the sandbox process, which is outside it).
+    let pod_ns_pid = match (pod_userns, input.userns_holder) {
+        (cri::NamespaceMode::Pod, Some(holder)) => holder,
+        _ => input.sandbox_pid,
+    };
     let mut out = vec![ns(LinuxNamespaceType::Mount, None)?];
+    if pod_userns == cri::NamespaceMode::Pod {
+        let holder = input.userns_holder.ok_or_else(|| {
+            invalid("user namespace mode POD: the pod sandbox has no user namespace")
+        })?;
+        out.push(ns(
+            LinuxNamespaceType::User,
+            proc_ns(holder, "user", "user namespace")?,
+        )?);
+    }
     match network {
         cri::NamespaceMode::Node => {}
         cri::NamespaceMode::Pod => {
             out.push(ns(
                 LinuxNamespaceType::Network,
-                proc_ns(input.sandbox_pid, "net", "network namespace")?,
+                proc_ns(pod_ns_pid, "net", "network namespace")?,
             )?);
             // UTS follows the network namespace, as in Kubernetes.
             out.push(ns(
                 LinuxNamespaceType::Uts,
-                proc_ns(input.sandbox_pid, "uts", "UTS namespace")?,
+                proc_ns(pod_ns_pid, "uts", "UTS namespace")?,
             )?);
         }
         m => {
@@ -94,7 +117,7 @@ pub(super) fn namespaces(
         cri::NamespaceMode::Node => {}
         cri::NamespaceMode::Pod => out.push(ns(
             LinuxNamespaceType::Ipc,
-            proc_ns(input.sandbox_pid, "ipc", "IPC namespace")?,
+            proc_ns(pod_ns_pid, "ipc", "IPC namespace")?,
         )?),
         m => {
             return Err(invalid(format!(

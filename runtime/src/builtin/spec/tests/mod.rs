@@ -17,6 +17,7 @@ struct Fixture {
     sandbox: cri::PodSandboxConfig,
     image: images::ImageConfig,
     pid_ns_holder: Option<i32>,
+    userns_holder: Option<i32>,
     target_pid: Option<i32>,
     host: Host,
 }
@@ -56,6 +57,7 @@ impl Fixture {
             },
             image: images::ImageConfig::default(),
             pid_ns_holder: Some(4321),
+            userns_holder: None,
             target_pid: None,
             host: Host {
                 cgroup_v2: true,
@@ -77,6 +79,7 @@ impl Fixture {
                 rootfs: self.rootfs.path(),
                 sandbox_pid: 1234,
                 pid_ns_holder: self.pid_ns_holder,
+                userns_holder: self.userns_holder,
                 target_pid: self.target_pid,
                 cgroup_parent: "/kubepods/pod-uid-1",
                 etc_hosts: Path::new("/var/lib/nodelet/sb/etc/hosts"),
@@ -295,7 +298,29 @@ fn namespace_defaults_errors_and_cgroup_v1() {
         }),
         ..Default::default()
     });
-    assert!(invalid_message(f.spec()).contains("user namespaces are not supported"));
+    assert!(invalid_message(f.spec()).contains("differs from the pod's"));
+
+    // A pod user namespace: containers join the holder's; without a holder, an error.
+    let userns = || {
+        Some(cri::NamespaceOption {
+            userns_options: Some(cri::UserNamespace {
+                mode: cri::NamespaceMode::Pod as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    let mut f = Fixture::new();
+    f.pod_sc().namespace_options = userns();
+    assert!(invalid_message(f.spec()).contains("has no user namespace"));
+    f.userns_holder = Some(777);
+    let got = namespaces(&f.spec().unwrap());
+    assert!(
+        got.iter()
+            .any(|(t, p)| *t == LinuxNamespaceType::User
+                && p.as_deref() == Some("/proc/777/ns/user")),
+        "{got:?}"
+    );
 
     // Privileged containers keep the host's cgroup namespace.
     let mut f = Fixture::new();
