@@ -1289,6 +1289,50 @@ async fn pod_user_namespace() {
     assert_eq!(lines[0], ["0", "100000", "65536"], "{out}");
     assert_eq!(lines[1], ["0", "100000", "65536"], "{out}");
     assert_eq!(lines[2], ["0"], "{out}");
+    // The container's own process too (critest reads it from the container's log), and the
+    // node sees it as the mapped ID.
+    let (code, out, err) = node
+        .run_to_exit(
+            &sb,
+            container_config(
+                "log",
+                &[
+                    "sh",
+                    "-c",
+                    "cat /proc/self/uid_map; grep ^Uid: /proc/self/status",
+                ],
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{err}");
+    let first: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(first, ["0", "100000", "65536"], "{out}");
+    let host_uid = std::fs::read_to_string(format!(
+        "/proc/{}/status",
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with("sleep\0300"))
+                    && std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()
+                        != std::fs::read_link("/proc/self/ns/user").ok()
+            })
+            .expect("the container's sleep on the node")
+    ))
+    .unwrap();
+    assert!(
+        host_uid
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.contains("100000")),
+        "{host_uid}"
+    );
     // The image's files belong to the node's root, which has no ID in the namespace.
     let (code, out, err) = sh(&node, &id, "stat -c %u /bin/sh").await;
     assert_eq!((code, out.trim()), (0, "65534"), "{err}");
