@@ -1320,7 +1320,7 @@ async fn pod_user_namespace() {
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
             .find(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.starts_with("sleep\0300"))
+                    .is_ok_and(|c| c.starts_with("sleep\u{0}300"))
                     && std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()
                         != std::fs::read_link("/proc/self/ns/user").ok()
             })
