@@ -162,12 +162,6 @@ impl BuiltinRuntime {
         };
         rt.adopt().await;
         rt.release_stale_addresses();
-        if let Some(net) = &rt.inner.network {
-            // Not fatal: Status reports it (NetworkReady=false) until it works.
-            if let Err(e) = net.ensure(true) {
-                tracing::warn!("setting up the pod network: {e}");
-            }
-        }
         Ok(rt)
     }
 

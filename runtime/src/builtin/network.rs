@@ -55,6 +55,9 @@ pub fn remove_node_network(cfg: &NetworkConfig) -> Result<()> {
 pub(super) struct Network {
     pub cfg: NetworkConfig,
     pub ipam: Ipam,
+    /// Set once [`Network::ensure`] has set the node up (and written the masquerade rule
+    /// afresh); later calls only check and mend.
+    set_up: std::sync::atomic::AtomicBool,
 }
 
 impl Network {
@@ -63,17 +66,31 @@ impl Network {
             .map_err(|e| Error::invalid_argument(format!("bridge: {e}")))?;
         let ipam = Ipam::new(cfg.ipam_dir.join(&cfg.bridge), cfg.pod_cidr)
             .map_err(|e| Error::internal(e.to_string()))?;
-        Ok(Network { cfg, ipam })
+        Ok(Network {
+            cfg,
+            ipam,
+            set_up: Default::default(),
+        })
+    }
+
+    /// Whether [`Network::ensure`] has succeeded once.
+    pub fn is_set_up(&self) -> bool {
+        self.set_up.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets up (or checks and mends) what the node needs for pods: the bridge, and the
-    /// masquerading when asked for. `start` rewrites the masquerade rule (at start-up).
-    pub fn ensure(&self, start: bool) -> std::result::Result<(), String> {
+    /// masquerading when asked for. The first success rewrites the masquerade rule, so that a
+    /// changed pod CIDR takes effect. Called on the first pod and by `Status`, never when the
+    /// runtime is merely opened (`nodelet images`, `nodelet pods` leave the node's network be).
+    pub fn ensure(&self) -> std::result::Result<(), String> {
         let (bridge, cidr) = (&self.cfg.bridge, self.cfg.pod_cidr);
         sandbox::net::ensure_bridge(bridge, cidr).map_err(|e| e.to_string())?;
         if self.cfg.masquerade {
-            sandbox::net::ensure_masquerade(bridge, cidr, start).map_err(|e| e.to_string())?;
+            sandbox::net::ensure_masquerade(bridge, cidr, !self.is_set_up())
+                .map_err(|e| e.to_string())?;
         }
+        self.set_up
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -246,6 +246,11 @@ impl BuiltinRuntime {
         };
         let network = match &self.inner.network {
             Some(net) if own_network => {
+                if !net.is_set_up() {
+                    self.ensure_network().await.map_err(|e| {
+                        Error::failed_precondition(format!("the pod network is not ready: {e}"))
+                    })?;
+                }
                 let address = net
                     .ipam
                     .allocate(&id, &self.inner.cfg.root_dir.to_string_lossy())
@@ -442,6 +447,18 @@ impl BuiltinRuntime {
             containers_statuses: Vec::new(),
             timestamp: sandbox::now_ns(),
         })
+    }
+
+    /// [`super::network::Network::ensure`], off the async threads (netlink and nftables
+    /// requests); Ok without a pod network.
+    pub(super) async fn ensure_network(&self) -> std::result::Result<(), String> {
+        let rt = self.clone();
+        tokio::task::spawn_blocking(move || match &rt.inner.network {
+            Some(net) => net.ensure(),
+            None => Ok(()),
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
     }
 
     /// Frees the pod address `ip` of sandbox `id`, if it has one.

@@ -216,17 +216,7 @@ impl RuntimeService for BuiltinRuntime {
         if let Some(net) = &self.inner.network {
             // Checked (and mended) on every call: someone may have deleted the bridge or
             // flushed the ruleset.
-            let rt = self.clone();
-            let checked = tokio::task::spawn_blocking(move || match &rt.inner.network {
-                Some(net) => net.ensure(false),
-                None => Ok(()),
-            })
-            .await;
-            let problem = match checked {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(e) => Some(e.to_string()),
-            };
+            let problem = self.ensure_network().await.err();
             if let Some(message) = problem {
                 network.status = false;
                 network.reason = "NetworkPluginNotReady".into();

@@ -170,10 +170,10 @@ impl Rewriter {
             .decoder
             .decode(&p.block)
             .map_err(|e| Broken(format!("an undecodable header block: {e:?}")))?;
-        let bad = headers.iter().any(|(name, value)| {
-            name.as_slice() == b":authority"
-                && http::uri::Authority::try_from(value.as_slice()).is_err()
-        });
+        let invalid = |name: &[u8], value: &[u8]| {
+            name == b":authority" && http::uri::Authority::try_from(value).is_err()
+        };
+        let bad = headers.iter().any(|(n, v)| invalid(n, v));
         if !bad && !self.reencoding {
             self.output.extend(p.raw);
             return Ok(());
@@ -186,9 +186,7 @@ impl Rewriter {
         self.reencoding = true;
         let mut block = Vec::new();
         for (name, value) in &headers {
-            let value: &[u8] = if name.as_slice() == b":authority"
-                && http::uri::Authority::try_from(value.as_slice()).is_err()
-            {
+            let value: &[u8] = if invalid(name, value) {
                 b"localhost"
             } else {
                 value

@@ -33,21 +33,27 @@ impl std::str::FromStr for Subnet {
         let (addr, len) = s.split_once('/').ok_or_else(|| bad("no prefix length"))?;
         let addr: Ipv4Addr = addr.parse().map_err(|_| bad("not an IPv4 address"))?;
         let prefix_len: u8 = len.parse().map_err(|_| bad("bad prefix length"))?;
-        if !(8..=29).contains(&prefix_len) {
-            return Err(bad("the prefix length must be between 8 and 29"));
-        }
-        let mask = u32::MAX << (32 - u32::from(prefix_len));
-        if u32::from(addr) & !mask != 0 {
+        let subnet = Subnet::containing(addr, prefix_len).map_err(|e| bad(&e))?;
+        if subnet.network != addr {
             return Err(bad("host bits are set"));
         }
-        Ok(Subnet {
-            network: addr,
-            prefix_len,
-        })
+        Ok(subnet)
     }
 }
 
 impl Subnet {
+    /// The subnet of length `prefix_len` (8 to 29) that holds `addr`.
+    pub fn containing(addr: Ipv4Addr, prefix_len: u8) -> std::result::Result<Self, String> {
+        if !(8..=29).contains(&prefix_len) {
+            return Err("the prefix length must be between 8 and 29".to_string());
+        }
+        let mask = u32::MAX << (32 - u32::from(prefix_len));
+        Ok(Subnet {
+            network: Ipv4Addr::from(u32::from(addr) & mask),
+            prefix_len,
+        })
+    }
+
     fn host_bits(&self) -> u32 {
         u32::MAX >> u32::from(self.prefix_len)
     }

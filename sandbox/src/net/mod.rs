@@ -139,21 +139,8 @@ pub struct NodeSide {
 /// and binds the node ports (a port in use fails the pod here, with a message naming it).
 pub fn prepare(net: &PodNetwork) -> Result<NodeSide> {
     check_interface_name(&net.host_interface)?;
-    if !(8..=29).contains(&net.prefix_len) {
-        return Err(Error::new(
-            Kind::InvalidArgument,
-            format!(
-                "pod prefix length {} is not between 8 and 29",
-                net.prefix_len
-            ),
-        ));
-    }
-    let subnet = Subnet {
-        network: std::net::Ipv4Addr::from(
-            u32::from(net.gateway) & (u32::MAX << (32 - u32::from(net.prefix_len))),
-        ),
-        prefix_len: net.prefix_len,
-    };
+    let subnet = Subnet::containing(net.gateway, net.prefix_len)
+        .map_err(|e| Error::new(Kind::InvalidArgument, format!("pod network: {e}")))?;
     if !subnet.assignable(net.address) || subnet.gateway() != net.gateway {
         return Err(Error::new(
             Kind::InvalidArgument,

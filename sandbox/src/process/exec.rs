@@ -253,12 +253,30 @@ fn user_namespace_path(oci: &Spec) -> Option<std::path::PathBuf> {
         .and_then(|n| n.path().clone())
 }
 
+/// The container's capability sets with CAP_SYS_ADMIN added to the effective and permitted
+/// ones (not the bounding set): what an exec needs for a moment to load a seccomp filter or to
+/// join a user namespace.
+fn with_sys_admin(original: &LinuxCapabilities) -> LinuxCapabilities {
+    let with_admin = |set: &Option<HashSet<Capability>>| {
+        let mut set = set.clone().unwrap_or_default();
+        set.insert(Capability::SysAdmin);
+        Some(set)
+    };
+    let mut raised = LinuxCapabilities::default();
+    raised.set_bounding(original.bounding().clone());
+    raised.set_effective(with_admin(original.effective()));
+    raised.set_permitted(with_admin(original.permitted()));
+    raised.set_inheritable(None);
+    raised.set_ambient(None);
+    raised
+}
+
 /// Runs an exec'd command under its container's seccomp filter (see [`exec_process`]).
 #[derive(Clone)]
 struct ExecSeccomp {
     seccomp: Option<LinuxSeccomp>,
-    /// The container's capabilities, restored after loading the filter with a lent
-    /// CAP_SYS_ADMIN; `None` when nothing was lent.
+    /// The container's capabilities, restored after CAP_SYS_ADMIN was lent to load the filter
+    /// or join the user namespace; `None` when nothing was lent.
     restore: Option<LinuxCapabilities>,
     /// The container's user namespace, joined before anything else when it has one.
     userns: Option<std::sync::Arc<std::fs::File>>,
@@ -268,26 +286,24 @@ struct ExecSeccomp {
 
 impl Executor for ExecSeccomp {
     fn exec(&self, spec: &Spec) -> std::result::Result<(), ExecutorError> {
-        if let (Some(ns), Some((uid, gid, groups))) = (&self.userns, &self.user) {
-            let failed = |what: &str, e: &dyn std::fmt::Display| {
-                ExecutorError::Other(format!("{what} for an exec in a user namespace: {e}"))
-            };
-            let syscall = create_syscall();
-            if let Some(original) = &self.restore {
-                let mut raised = original.clone();
-                let mut lent = original.permitted().clone().unwrap_or_default();
-                lent.insert(Capability::SysAdmin);
-                raised.set_effective(Some(lent.clone()));
-                raised.set_permitted(Some(lent));
-                raised.set_inheritable(None);
-                raised.set_ambient(None);
-                drop_privileges(&raised, &*syscall)
-                    .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))?;
-            }
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            ExecutorError::Other(format!("exec: {what}: {e}"))
+        };
+        let syscall = create_syscall();
+        let raise = |original: &LinuxCapabilities| {
+            drop_privileges(&with_sys_admin(original), &*syscall)
+                .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))
+        };
+        if let Some(original) = &self.restore {
+            raise(original)?;
+        }
+        if let (Some(ns), Some((uid, gid, groups)), Some(original)) =
+            (&self.userns, &self.user, &self.restore)
+        {
             nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUSER)
                 .map_err(|e| failed("joining the user namespace", &e))?;
             // Full capabilities in the namespace now; become the process's user there, keeping
-            // them until the container's own sets are restored below.
+            // them (KEEPCAPS) until the container's own sets are restored below.
             nix::sys::prctl::set_keepcaps(true).map_err(|e| failed("keeping capabilities", &e))?;
             let gids: Vec<nix::unistd::Gid> = groups
                 .iter()
@@ -301,55 +317,19 @@ impl Executor for ExecSeccomp {
             nix::unistd::setresgid(g, g, g).map_err(|e| failed("setting the gid", &e))?;
             nix::unistd::setresuid(u, u, u).map_err(|e| failed("setting the uid", &e))?;
             let _ = nix::sys::prctl::set_keepcaps(false);
-            let mut all = LinuxCapabilities::default();
-            let full: HashSet<Capability> = self
-                .restore
-                .as_ref()
-                .and_then(|o| o.bounding().clone())
-                .unwrap_or_default()
-                .into_iter()
-                .chain([Capability::SysAdmin])
-                .collect();
-            all.set_bounding(Some(full.clone()));
-            all.set_effective(Some(full.clone()));
-            all.set_permitted(Some(full));
-            all.set_inheritable(None);
-            all.set_ambient(None);
-            drop_privileges(&all, &*syscall)
-                .map_err(|e| failed("taking the capabilities back", &e))?;
+            raise(original)?;
         }
         if let Some(filter) = &self.seccomp {
-            let syscall = create_syscall();
-            let failed = |what: &str, e: &dyn std::fmt::Display| {
-                ExecutorError::Other(format!("{what} for the exec's seccomp filter: {e}"))
-            };
-            if let Some(original) = &self.restore {
-                let mut raised = LinuxCapabilities::default();
-                let with_admin = |set: &Option<HashSet<Capability>>| {
-                    let mut set = set.clone().unwrap_or_default();
-                    set.insert(Capability::SysAdmin);
-                    Some(set)
-                };
-                raised.set_bounding(original.bounding().clone());
-                raised.set_effective(with_admin(original.effective()));
-                raised.set_permitted(with_admin(original.permitted()));
-                raised.set_inheritable(None);
-                raised.set_ambient(None);
-                drop_privileges(&raised, &*syscall)
-                    .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))?;
-            }
-            let notify = initialize_seccomp(filter).map_err(|e| failed("loading", &e))?;
+            let notify =
+                initialize_seccomp(filter).map_err(|e| failed("loading the seccomp filter", &e))?;
             if let Some(fd) = notify {
                 // Nobody listens for an exec's notifications; the kernel answers ENOSYS.
                 let _ = nix::unistd::close(fd);
             }
-            if let Some(original) = &self.restore {
-                drop_privileges(original, &*syscall)
-                    .map_err(|e| failed("restoring the capabilities", &e))?;
-            }
-        } else if let (Some(_), Some(original)) = (&self.userns, &self.restore) {
-            drop_privileges(original, &*create_syscall())
-                .map_err(|e| ExecutorError::Other(format!("restoring the capabilities: {e}")))?;
+        }
+        if let Some(original) = &self.restore {
+            drop_privileges(original, &*syscall)
+                .map_err(|e| failed("restoring the capabilities", &e))?;
         }
         DefaultExecutor {}.exec(spec)
     }
