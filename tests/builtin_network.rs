@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
@@ -23,40 +23,6 @@ fn own_network(root: &Path) -> NetworkConfig {
         ipam_dir: root.join("ipam"),
         masquerade: true,
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// A plain HTTP/1.0 GET of `/`: the body, or the error.
-fn http_get(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
-}
-
-/// Retries `http_get` for up to 20 s (the web server in the pod takes a moment to listen).
-async fn eventually_get(addr: SocketAddr) -> String {
-    let mut last = String::new();
-    for _ in 0..100 {
-        match http_get(addr) {
-            Ok(body) if !body.is_empty() => return body,
-            Ok(_) => last = "an empty answer".into(),
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("GET http://{addr}/ never answered: {last}");
 }
 
 async fn pod_ip(rt: &dyn RuntimeService, id: &str) -> String {
@@ -155,13 +121,11 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
 
     // The node reaches the pod at its address, and at the node port.
     assert_eq!(
-        eventually_get(SocketAddr::new(ip.into(), 8080))
-            .await
-            .trim(),
+        http_get(SocketAddr::new(ip.into(), 8080)).await.trim(),
         "hello-from-pod-a"
     );
     let node_port = SocketAddr::from(([127, 0, 0, 1], host_port));
-    assert_eq!(eventually_get(node_port).await.trim(), "hello-from-pod-a");
+    assert_eq!(http_get(node_port).await.trim(), "hello-from-pod-a");
 
     // Another pod reaches it by address.
     let b = node.sandbox("pod-b").await;
@@ -231,10 +195,7 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     // A restarted agent finds the addresses, and the node port still forwards.
     let rt = node.reopen().await;
     assert_eq!(pod_ip(&rt, &a.0).await, ip_a);
-    assert_eq!(
-        http_get(node_port).expect("node port after restart").trim(),
-        "hello-from-pod-a"
-    );
+    assert_eq!(http_get(node_port).await.trim(), "hello-from-pod-a");
 
     // Stopping the pod frees its address, its veth pair and its node port.
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {

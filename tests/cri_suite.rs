@@ -1352,10 +1352,7 @@ async fn pod_network(b: &Backend) {
         eprintln!("SKIP (containerd has no pod network here): pod_network");
         return;
     }
-    let host_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let host_port = free_port();
     let mut pods = Vec::new();
     for name in ["web-a", "web-b"] {
         let mut cfg = b.pod_config(name);
@@ -1415,35 +1412,6 @@ async fn pod_network(b: &Backend) {
         std::net::TcpStream::connect_timeout(&node_port, Duration::from_secs(2)).is_err(),
         "the hostPort {node_port} still answers after StopPodSandbox"
     );
-}
-
-/// The body of `GET /` at `addr`, retried for up to 10 s while the server starts.
-async fn http_get(addr: std::net::SocketAddr) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            use std::io::{Read, Write};
-            let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-            conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-            let mut reply = String::new();
-            conn.read_to_string(&mut reply)?;
-            Ok(reply)
-        })
-        .await
-        .expect("http_get task");
-        match attempt {
-            Ok(reply) if reply.starts_with("HTTP/1.") => {
-                assert!(reply.contains(" 200 "), "{addr}: {reply}");
-                return reply
-                    .split_once("\r\n\r\n")
-                    .map(|(_, body)| body.to_string())
-                    .unwrap_or_default();
-            }
-            other if Instant::now() >= deadline => panic!("GET http://{addr}/: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
 }
 
 /// The CRI contract's idempotence for objects that do not exist (critest's Idempotence specs):

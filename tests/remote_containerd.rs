@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -407,40 +406,4 @@ async fn exec(rt: &RemoteRuntime, id: &str, script: &str) -> String {
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.exit_code, 0, "{script}: {err}");
     String::from_utf8_lossy(&r.stdout).into_owned()
-}
-
-/// The body of `GET /` from an HTTP server at `addr`, retried for a few seconds while the
-/// server starts.
-async fn http_get(addr: SocketAddr) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-            conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-            let mut reply = String::new();
-            conn.read_to_string(&mut reply)?;
-            Ok(reply)
-        })
-        .await
-        .expect("http_get task");
-        match attempt {
-            Ok(reply) if reply.starts_with("HTTP/1.") => {
-                assert!(reply.contains(" 200 "), "{addr}: {reply}");
-                return reply
-                    .split_once("\r\n\r\n")
-                    .map(|(_, body)| body.to_string())
-                    .unwrap_or_default();
-            }
-            other if Instant::now() >= deadline => panic!("GET http://{addr}/: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
 }

@@ -420,3 +420,43 @@ pub fn log_output(path: &Path) -> (String, String) {
     }
     (out, err)
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// The body of `GET /` (HTTP/1.0) from a server at `addr`, retried for up to 20 s while the
+/// server starts; the answer must be 200.
+pub async fn http_get(addr: std::net::SocketAddr) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            use std::io::{Read, Write};
+            let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+            conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut reply = String::new();
+            conn.read_to_string(&mut reply)?;
+            Ok(reply)
+        })
+        .await
+        .expect("http_get task");
+        match attempt {
+            Ok(reply) if reply.starts_with("HTTP/1.") => {
+                assert!(reply.contains(" 200 "), "{addr}: {reply}");
+                return reply
+                    .split_once("\r\n\r\n")
+                    .map(|(_, body)| body.to_string())
+                    .unwrap_or_default();
+            }
+            other if std::time::Instant::now() >= deadline => {
+                panic!("GET http://{addr}/: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
