@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use common::{is_root, loadavg, remove_cgroup, unmount_under};
+use common::{is_root, loadavg, median_sorted, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodelet::kubelet::Syncer;
 use nodelet::pod::{Backoff, ContainerOptions, SandboxOptions};
@@ -788,46 +788,6 @@ fn pss(pid: u32) -> Result<u64> {
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and helpers.
-
-struct Stats {
-    median: f64,
-    p99: f64,
-    min: f64,
-    n: usize,
-}
-
-/// Median, 99th percentile (nearest rank) and minimum, in ms.
-fn stats(samples: &[Duration]) -> Stats {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let n = ms.len();
-    if n == 0 {
-        return Stats {
-            median: f64::NAN,
-            p99: f64::NAN,
-            min: f64::NAN,
-            n,
-        };
-    }
-    let rank = |q: f64| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-    Stats {
-        median: median_sorted(&ms),
-        p99: rank(0.99),
-        min: ms[0],
-        n,
-    }
-}
-
-fn median_sorted(v: &[f64]) -> f64 {
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 fn median_f(v: &[f64]) -> f64 {
     let mut v = v.to_vec();

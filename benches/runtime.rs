@@ -31,7 +31,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use common::{is_root, loadavg, remove_cgroup, unmount_under};
+use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
 use futures::StreamExt;
 use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{EventStream, RuntimeService, cri};
@@ -870,40 +870,6 @@ fn mapping_path(line: &str) -> Option<&str> {
 
 // ---------------------------------------------------------------------------------------------
 // Output.
-
-/// Median, 90th percentile (nearest rank) and minimum, in ms.
-struct Stats {
-    median: f64,
-    p90: f64,
-    min: f64,
-    n: usize,
-}
-
-fn stats(samples: &[Duration]) -> Stats {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let n = ms.len();
-    if n == 0 {
-        return Stats {
-            median: f64::NAN,
-            p90: f64::NAN,
-            min: f64::NAN,
-            n,
-        };
-    }
-    let median = if n % 2 == 1 {
-        ms[n / 2]
-    } else {
-        (ms[n / 2 - 1] + ms[n / 2]) / 2.0
-    };
-    let rank = (n * 9).div_ceil(10).max(1);
-    Stats {
-        median,
-        p90: ms[rank - 1],
-        min: ms[0],
-        n,
-    }
-}
 
 fn line(label: &str, samples: &[Duration]) -> Stats {
     let s = stats(samples);

@@ -90,3 +90,47 @@ pub fn remove_cgroup_dir(dir: &Path) -> Result<()> {
     }
     std::fs::remove_dir(dir).with_context(|| format!("removing cgroup {}", dir.display()))
 }
+
+/// Median, 90th and 99th percentiles (nearest rank) and minimum of samples, in ms.
+pub struct Stats {
+    pub median: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub min: f64,
+    pub n: usize,
+}
+
+pub fn stats(samples: &[std::time::Duration]) -> Stats {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let n = ms.len();
+    if n == 0 {
+        return Stats {
+            median: f64::NAN,
+            p90: f64::NAN,
+            p99: f64::NAN,
+            min: f64::NAN,
+            n,
+        };
+    }
+    let rank = |q: f64| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Stats {
+        median: median_sorted(&ms),
+        p90: rank(0.9),
+        p99: rank(0.99),
+        min: ms[0],
+        n,
+    }
+}
+
+/// The median of sorted values (NaN for none).
+pub fn median_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
