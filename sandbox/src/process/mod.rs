@@ -8,12 +8,13 @@ mod containers;
 mod exec;
 mod ns;
 mod server;
+mod wire;
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use nix::unistd::{ForkResult, Pid, fork, getpid, pipe, setsid};
+use nix::unistd::{ForkResult, fork, getpid, pipe, setsid};
 
 use crate::spec::{Layout, NamespaceMode, Spec};
 use crate::{Error, Kind, Result, cgroup, files};
@@ -100,17 +101,15 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
     }
-    let helpers = ns::enter_pod_namespaces(&spec)?;
-    let pid_holder = if spec.namespaces.pid == NamespaceMode::Pod {
-        Some(ns::start_pid_namespace_holder(helpers.userns_holder)?)
-    } else {
-        None
-    };
+    let mut helpers = ns::enter_pod_namespaces(&spec)?;
+    if spec.namespaces.pid == NamespaceMode::Pod {
+        helpers.pid_ns_holder = Some(ns::start_pid_namespace_holder(helpers.userns_holder)?);
+    }
     files::write_pod_files(layout, &spec)?;
     for dir in [layout.container_root(), layout.status_dir()] {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
     }
-    let server = server::Server::bind(layout.clone(), spec, pid_holder, helpers)?;
+    let server = server::Server::bind(layout.clone(), spec, helpers)?;
     std::fs::write(layout.pid_file(), getpid().to_string())
         .map_err(|e| Error::io("writing", layout.pid_file(), e))?;
     Ok(server)
@@ -139,14 +138,6 @@ fn release_cgroups(spec: &Spec) {
         if let Err(e) = cgroup::remove(&spec.cgroup_parent) {
             tracing::warn!("{e}");
         }
-    }
-}
-
-/// Kills a helper process (the PID namespace holder, the port proxy), if any, and reaps it.
-fn stop_helper(pid: Option<Pid>) {
-    if let Some(pid) = pid {
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(pid, None);
     }
 }
 

@@ -17,13 +17,51 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what}: {e}"))
 }
 
-/// The helper processes [`enter_pod_namespaces`] started.
+/// The sandbox's helper processes: those [`enter_pod_namespaces`] started, and the holder of a
+/// shared PID namespace.
 #[derive(Debug, Default)]
 pub struct Helpers {
     /// The node-port proxy, when the pod forwards node ports.
     pub port_proxy: Option<Pid>,
     /// The holder of the pod's user namespace, when it has one.
     pub userns_holder: Option<Pid>,
+    /// The holder of the pod's PID namespace, when its containers share one.
+    pub pid_ns_holder: Option<Pid>,
+}
+
+impl Helpers {
+    fn all(&mut self) -> [(&mut Option<Pid>, &'static str); 3] {
+        [
+            (&mut self.pid_ns_holder, "PID namespace holder"),
+            (&mut self.userns_holder, "user namespace holder"),
+            (
+                &mut self.port_proxy,
+                "node-port proxy (its node ports are closed)",
+            ),
+        ]
+    }
+
+    /// Forgets the helper `pid` if it is one (it exited); false when it is none of them.
+    pub fn exited(&mut self, pid: Pid, ws: nix::sys::wait::WaitStatus) -> bool {
+        for (slot, what) in self.all() {
+            if *slot == Some(pid) {
+                tracing::error!("the pod's {what} exited ({ws:?})");
+                *slot = None;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Kills every helper and reaps it.
+    pub fn stop_all(&mut self) {
+        for (slot, _) in self.all() {
+            if let Some(pid) = slot.take() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+            }
+        }
+    }
 }
 
 /// Unshares the pod's network, IPC and UTS namespaces as the spec asks (or, with a user

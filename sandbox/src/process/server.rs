@@ -3,18 +3,18 @@
 //! stop with a grace period, an exec) are parked and answered when their process exits.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
-use nix::sys::socket::{MsgFlags, send};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::containers::{self, Ctr, Drained};
 use super::exec::{self, Exec, ExecIo};
+use super::wire::{error_response, reply, reply_with_fd, send_all};
 use crate::protocol::{MAX_EXEC_OUTPUT, MAX_MESSAGE, Request, Response};
 use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State, StreamExecSpec};
 use crate::{Error, Kind, Result};
@@ -40,11 +40,8 @@ pub struct Server {
     layout: Layout,
     spec: Spec,
     listener: UnixListener,
-    pid_holder: Option<Pid>,
-    /// The process forwarding node ports to the pod, when it has any.
-    port_proxy: Option<Pid>,
-    /// The process holding the pod's user namespace, when it has one.
-    userns_holder: Option<Pid>,
+    /// The helper processes (namespace holders, the node-port proxy).
+    helpers: super::ns::Helpers,
     containers: BTreeMap<String, Ctr>,
     execs: Vec<(Exec, UnixStream)>,
     stops: Vec<StopWait>,
@@ -62,12 +59,7 @@ enum Token {
 }
 
 impl Server {
-    pub fn bind(
-        layout: Layout,
-        spec: Spec,
-        pid_holder: Option<Pid>,
-        helpers: super::ns::Helpers,
-    ) -> Result<Self> {
+    pub fn bind(layout: Layout, spec: Spec, helpers: super::ns::Helpers) -> Result<Self> {
         let path = layout.socket();
         if path.as_os_str().len() >= 108 {
             return Err(Error::new(
@@ -87,9 +79,7 @@ impl Server {
             layout,
             spec,
             listener,
-            pid_holder,
-            port_proxy: helpers.port_proxy,
-            userns_holder: helpers.userns_holder,
+            helpers,
             containers: BTreeMap::new(),
             execs: Vec::new(),
             stops: Vec::new(),
@@ -357,8 +347,8 @@ impl Server {
         SandboxState {
             id: self.spec.id.clone(),
             pid: nix::unistd::getpid().as_raw(),
-            pid_ns_holder: self.pid_holder.map(Pid::as_raw),
-            userns_holder: self.userns_holder.map(Pid::as_raw),
+            pid_ns_holder: self.helpers.pid_ns_holder.map(Pid::as_raw),
+            userns_holder: self.helpers.userns_holder.map(Pid::as_raw),
             containers: self.containers.values().map(|c| c.status.clone()).collect(),
         }
     }
@@ -493,15 +483,8 @@ impl Server {
         } else if let Some((e, _)) = self.execs.iter_mut().find(|(e, _)| e.pid == pid) {
             e.exit_code = Some(code);
             e.pidfd = None;
-        } else if Some(pid) == self.pid_holder {
-            tracing::error!("the pod's PID namespace holder exited");
-            self.pid_holder = None;
-        } else if Some(pid) == self.userns_holder {
-            tracing::error!("the pod's user namespace holder exited ({ws:?})");
-            self.userns_holder = None;
-        } else if Some(pid) == self.port_proxy {
-            tracing::error!("the pod's node-port proxy exited ({ws:?}); its node ports are closed");
-            self.port_proxy = None;
+        } else {
+            self.helpers.exited(pid, ws);
         }
     }
 
@@ -612,58 +595,11 @@ impl Server {
             );
         }
         self.reap();
-        super::stop_helper(self.pid_holder.take());
-        super::stop_helper(self.port_proxy.take());
-        super::stop_helper(self.userns_holder.take());
+        self.helpers.stop_all();
         super::release_cgroups(&self.spec);
         let _ = std::fs::remove_file(self.layout.socket());
         let _ = std::fs::write(self.layout.stopped_marker(), b"");
     }
-}
-
-fn error_response(e: &Error) -> Response {
-    Response::Error {
-        kind: e.kind(),
-        message: e.to_string(),
-    }
-}
-
-/// Writes one response line; a client that went away is not an error for the sandbox.
-fn reply(conn: &UnixStream, response: &Response) {
-    let mut line = serde_json::to_vec(response).unwrap_or_else(|e| {
-        format!("{{\"Error\":{{\"kind\":\"Internal\",\"message\":\"encoding response: {e}\"}}}}")
-            .into_bytes()
-    });
-    line.push(b'\n');
-    send_all(conn, &line, true);
-}
-
-/// Writes one response line with a descriptor attached; false if that failed.
-fn reply_with_fd(conn: &UnixStream, response: &Response, fd: BorrowedFd<'_>) -> bool {
-    let Ok(mut line) = serde_json::to_vec(response) else {
-        return false;
-    };
-    line.push(b'\n');
-    match crate::fdpass::send(conn, &line, &[fd]) {
-        Ok(n) => send_all(conn, &line[n..], true),
-        Err(_) => false,
-    }
-}
-
-/// Sends all of `data` without ever raising SIGPIPE. Returns false if the peer is gone (or, when
-/// not `blocking`, too slow to take the data).
-fn send_all(conn: &UnixStream, mut data: &[u8], blocking: bool) -> bool {
-    while !data.is_empty() {
-        match send(conn.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL) {
-            Ok(n) => data = &data[n..],
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(nix::errno::Errno::EAGAIN) if blocking => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(_) => return false,
-        }
-    }
-    true
 }
 
 impl Error {
