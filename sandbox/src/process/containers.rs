@@ -52,6 +52,28 @@ pub(super) fn output_pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
+/// The error lines a failed container init left on its stderr pipe, as `": line; line"`.
+fn init_errors(stderr: &OwnedFd) -> String {
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    while text.len() < 64 * 1024 {
+        match nix::unistd::read(stderr.as_raw_fd(), &mut buf) {
+            Ok(n) if n > 0 => text.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once(" ERROR ").map(|(_, msg)| msg.trim()))
+        .collect();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", lines.join("; "))
+    }
+}
+
 pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what}: {e}"))
 }
@@ -144,9 +166,12 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
         Err(e) => {
             // libcontainer may leave its state dir behind on failure.
             let _ = std::fs::remove_dir_all(layout.container_root().join(&spec.id));
+            // The init logs why it failed (libcontainer's message does not say) on its
+            // stderr, which is ours to read.
+            let why = out[1].as_ref().map(init_errors).unwrap_or_default();
             return Err(Error::new(
                 Kind::InvalidArgument,
-                format!("creating container {}: {e}", spec.id),
+                format!("creating container {}: {e}{why}", spec.id),
             ));
         }
     };
