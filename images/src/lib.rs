@@ -10,6 +10,7 @@
 mod digest;
 mod error;
 mod fsinfo;
+pub mod idmap;
 mod import;
 mod index;
 mod mounts;
@@ -29,5 +30,6 @@ mod unpack;
 
 pub use error::{Error, Kind, Result};
 pub use reference::normalize_reference;
+pub use rootfs::RootfsIdMap;
 pub use store::Store;
 pub use types::{FsInfo, Image, ImageConfig, RegistryAuth, RegistryConfig};

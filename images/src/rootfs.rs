@@ -3,10 +3,12 @@
 //! holds, so that images in use are not removed.
 
 use crate::error::{Error, Result};
+use crate::idmap;
 use crate::mounts;
 use crate::paths::{Paths, write_atomic};
 use crate::store::{Store, find};
 use serde::{Deserialize, Serialize};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
 const RECORD: &str = "rootfs.json";
@@ -79,12 +81,70 @@ fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
 }
 
+/// The user namespace a rootfs is ID-mapped through, and the host IDs its root has.
+#[derive(Debug, Clone, Copy)]
+pub struct RootfsIdMap<'a> {
+    /// A `/proc/<pid>/ns/user` of a process in the namespace.
+    pub userns: BorrowedFd<'a>,
+    pub root_uid: u32,
+    pub root_gid: u32,
+}
+
+/// The overlay over ID-mapped clones of the layers. The clones are attached under
+/// `dir/idmapped/` only while the overlay is mounted (it keeps its own references), as
+/// overlayfs itself cannot be ID-mapped; the upper dir is given to the namespace's root.
+fn mount_mapped(
+    dir: &Path,
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    idmap: &RootfsIdMap<'_>,
+    force_fds: bool,
+) -> Result<()> {
+    let staged = dir.join("idmapped");
+    let mut attached = Vec::new();
+    let result = (|| {
+        for (i, layer) in lower.iter().enumerate() {
+            let at = staged.join(i.to_string());
+            mkdir(&at)?;
+            idmap::bind_mapped(layer, &at, idmap.userns, false)?;
+            attached.push(at);
+        }
+        std::os::unix::fs::chown(upper, Some(idmap.root_uid), Some(idmap.root_gid))
+            .map_err(|e| Error::io("giving the upper dir to the namespace's root", upper, e))?;
+        mounts::mount_overlay(&attached, upper, work, target, force_fds)
+    })();
+    for at in &attached {
+        if let Err(e) = idmap::detach(at) {
+            tracing::warn!(error = %e, "leaving an ID-mapped layer attached");
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(&staged) {
+        tracing::warn!(dir = %staged.display(), error = %e, "removing the ID-mapped layers' dir");
+    }
+    result
+}
+
 impl Store {
     /// Mounts an overlay rootfs for container `key` at `target` (created if missing): the
     /// image's layer snapshots under a fresh upper/work dir in `root/containers/<key>/`.
     /// Idempotent for the same key and image. While it exists, the image cannot be removed.
     pub fn prepare_rootfs(&self, image_id: &str, key: &str, target: &Path) -> Result<()> {
-        self.prepare_rootfs_with(image_id, key, target, false)
+        self.prepare_rootfs_with(image_id, key, target, None, false)
+    }
+
+    /// [`Store::prepare_rootfs`] for a container in a user namespace: the layers are ID-mapped
+    /// through it, so the image's files belong to the namespace's own IDs, and the upper dir
+    /// belongs to the namespace's root, so what the container writes does too.
+    pub fn prepare_rootfs_mapped(
+        &self,
+        image_id: &str,
+        key: &str,
+        target: &Path,
+        idmap: &RootfsIdMap<'_>,
+    ) -> Result<()> {
+        self.prepare_rootfs_with(image_id, key, target, Some(idmap), false)
     }
 
     pub(crate) fn prepare_rootfs_with(
@@ -92,6 +152,7 @@ impl Store {
         image_id: &str,
         key: &str,
         target: &Path,
+        idmap: Option<&RootfsIdMap<'_>>,
         force_fds: bool,
     ) -> Result<()> {
         check_key(key)?;
@@ -155,7 +216,11 @@ impl Store {
         if mounts::is_mountpoint(&target)? {
             return Ok(());
         }
-        if let Err(e) = mounts::mount_overlay(&lower, &upper, &work, &target, force_fds) {
+        let mounted = match idmap {
+            None => mounts::mount_overlay(&lower, &upper, &work, &target, force_fds),
+            Some(idmap) => mount_mapped(&dir, &lower, &upper, &work, &target, idmap, force_fds),
+        };
+        if let Err(e) = mounted {
             if fresh {
                 let _ = std::fs::remove_dir_all(&dir);
             }

@@ -423,3 +423,128 @@ async fn pulls_from_a_local_registry() {
     }
     drop(registry);
 }
+
+/// A process in a fresh user namespace mapping IDs 0..65536 to 100000..165536, killed on drop.
+struct UserNamespace(std::process::Child);
+
+impl UserNamespace {
+    fn new() -> Self {
+        let child = Command::new("unshare")
+            .args(["--user", "sleep", "300"])
+            .spawn()
+            .expect("running unshare");
+        let ns = UserNamespace(child);
+        let pid = ns.0.id();
+        let own = std::fs::read_link("/proc/self/ns/user").unwrap();
+        for _ in 0..200 {
+            if std::fs::read_link(format!("/proc/{pid}/ns/user")).is_ok_and(|l| l != own) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        std::fs::write(format!("/proc/{pid}/uid_map"), "0 100000 65536\n").unwrap();
+        std::fs::write(format!("/proc/{pid}/setgroups"), "deny").unwrap();
+        std::fs::write(format!("/proc/{pid}/gid_map"), "0 100000 65536\n").unwrap();
+        ns
+    }
+
+    /// Runs a shell command as the namespace's root.
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("nsenter")
+            .args([
+                "--user",
+                "--target",
+                &self.0.id().to_string(),
+                "sh",
+                "-c",
+                script,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for UserNamespace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn owner(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
+
+#[test]
+fn an_id_mapped_rootfs_belongs_to_the_namespace_root() {
+    if !is_root() {
+        eprintln!("SKIP (needs root): ID-mapped rootfs");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let oci = dir.path().join("busybox-oci.tar");
+    build_image(&oci, "oci", "docker.io/library/busybox:latest");
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let image = store.import(&oci).unwrap().remove(0);
+    let ns = UserNamespace::new();
+    let userns = std::fs::File::open(format!("/proc/{}/ns/user", ns.0.id())).unwrap();
+    let target = dir.path().join("rootfs");
+    let _unmount = UnmountOnDrop(target.clone());
+    let idmap = images::RootfsIdMap {
+        userns: std::os::fd::AsFd::as_fd(&userns),
+        root_uid: 100_000,
+        root_gid: 100_000,
+    };
+    store
+        .prepare_rootfs_mapped(&image.id, "mapped", &target, &idmap)
+        .unwrap();
+    // Idempotent, as for a plain rootfs.
+    store
+        .prepare_rootfs_mapped(&image.id, "mapped", &target, &idmap)
+        .unwrap();
+    // The node sees the image's files, and the root dir, as the namespace root's...
+    assert_eq!(owner(&target.join("bin/busybox")), (100_000, 100_000));
+    assert_eq!(owner(&target), (100_000, 100_000));
+    // ... while the shared snapshot keeps them the node root's.
+    let snapshot = find_snapshot_with(store.root(), "bin/busybox");
+    assert_eq!(owner(&snapshot.join("bin/busybox")), (0, 0));
+    // Inside, they are root's, and root can change them (a copy-up) and add files.
+    let t = target.display();
+    let out = ns.sh(&format!(
+        "stat -c %u:%g {t}/bin/busybox {t}/etc/passwd && echo x >> {t}/etc/passwd && \
+         mkdir {t}/new && echo y > {t}/new/file && stat -c %u {t}/new/file"
+    ));
+    assert_eq!(out, "0:0\n0:0\n0\n", "{out}");
+    let upper = store.root().join("containers/mapped/upper");
+    assert_eq!(owner(&upper.join("etc/passwd")), (100_000, 100_000));
+    assert_eq!(owner(&upper.join("new/file")), (100_000, 100_000));
+    assert_eq!(owner(&snapshot.join("etc/passwd")), (0, 0));
+    // The ID-mapped layers are attached only while the overlay is being mounted (it keeps its
+    // own references to them): the one mount left is the rootfs.
+    assert!(!store.root().join("containers/mapped/idmapped").exists());
+    let mentions = mountinfo_mentions(store.root());
+    let points: Vec<&str> = mentions
+        .iter()
+        .filter_map(|l| l.split(' ').nth(4))
+        .collect();
+    assert_eq!(points, [target.canonicalize().unwrap().to_str().unwrap()]);
+    store.release_rootfs("mapped", &target).unwrap();
+    assert!(mountinfo_mentions(&target.canonicalize().unwrap()).is_empty());
+    assert!(mountinfo_mentions(store.root()).is_empty());
+    // A namespace that cannot map (the node's own) is an error, not a plain mount.
+    let node_ns = std::fs::File::open("/proc/self/ns/user").unwrap();
+    let node = images::RootfsIdMap {
+        userns: std::os::fd::AsFd::as_fd(&node_ns),
+        ..idmap
+    };
+    let err = store
+        .prepare_rootfs_mapped(&image.id, "gone", &target, &node)
+        .unwrap_err();
+    assert!(err.to_string().contains("ID-mapping"), "{err}");
+    assert!(mountinfo_mentions(store.root()).is_empty());
+    assert!(!store.root().join("containers/gone").exists());
+}

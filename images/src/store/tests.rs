@@ -375,7 +375,7 @@ fn rootfs_through_fd_paths_and_conflicting_keys() {
     let target = dir.path().join("t");
     let _unmount = UnmountOnDrop(target.clone());
     store
-        .prepare_rootfs_with("fds:1", "k", &target, true)
+        .prepare_rootfs_with("fds:1", "k", &target, None, true)
         .unwrap();
     assert_eq!(std::fs::read(target.join("x")).unwrap(), b"lower");
     assert_eq!(std::fs::read(target.join("y")).unwrap(), b"upper");

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxBuilder, LinuxNamespaceType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use crate::{Error, Result, cri};
@@ -120,6 +120,8 @@ pub(crate) struct Host {
     /// Our own effective capabilities (`CapEff`, bit n = capability n): what "ALL" and
     /// privileged grant. `None` when unreadable: every capability known.
     pub capabilities: Option<u64>,
+    /// The cgroup v1 hierarchies (none on a v2 node).
+    pub cgroup_v1: Vec<mounts::CgroupHierarchy>,
 }
 
 impl Host {
@@ -137,6 +139,9 @@ impl Host {
                     .find_map(|l| l.strip_prefix("CapEff:"))
                     .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             }),
+            cgroup_v1: read("/proc/self/mountinfo")
+                .map(|text| mounts::cgroup_v1_hierarchies(&text))
+                .unwrap_or_default(),
         }
     }
 }
@@ -271,7 +276,14 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
     };
     let profile = sc.seccomp.as_ref().or(deprecated.as_ref());
     let seccomp = seccomp::seccomp(profile, privileged, &capabilities)?;
-    let (mounts, rootfs_propagation) = mounts::mounts(input, &sc)?;
+    let (mut mounts, rootfs_propagation) = mounts::mounts(input, &sc)?;
+    let cgroups_path = cgroups_path(input.cgroup_parent, input.container_id)?;
+    let joins_pid_namespace = namespaces
+        .iter()
+        .any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_some());
+    if let (false, true, Some(path)) = (host.cgroup_v2, joins_pid_namespace, &cgroups_path) {
+        mounts::spell_out_cgroup_v1(&mut mounts, &host.cgroup_v1, path, privileged)?;
+    }
     let (devices, device_rules) = devices::devices(&config.devices, privileged, &host.dev_dir)?;
 
     let mut resources = config
@@ -320,7 +332,7 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
         .readonly_paths(readonly)
         .build()
         .map_err(oci_error("linux section"))?;
-    linux.set_cgroups_path(cgroups_path(input.cgroup_parent, input.container_id)?);
+    linux.set_cgroups_path(cgroups_path);
     linux.set_seccomp(seccomp);
     linux.set_rootfs_propagation(rootfs_propagation);
     linux.set_sysctl(None);
