@@ -252,7 +252,8 @@ async fn user_and_groups() {
     let (code, out, err) = sh(&node, &strict, "id -G").await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(ids(out.trim()), ids("65534 4321"), "{out}");
-    // The runtime says it honours the policy, and which mounts it can make read-only.
+    // The runtime says it honours the policy, that it can make mounts recursively read-only,
+    // and that it runs pods in user namespaces (ID-mapped rootfs and volumes included).
     let st = node
         .rt
         .status(cri::StatusRequest { verbose: false })
@@ -263,7 +264,7 @@ async fn user_and_groups() {
     assert!(
         default
             .and_then(|h| h.features.as_ref())
-            .is_some_and(|f| f.recursive_read_only_mounts && !f.user_namespaces),
+            .is_some_and(|f| f.recursive_read_only_mounts && f.user_namespaces),
         "{:?}",
         st.runtime_handlers
     );
@@ -1067,9 +1068,57 @@ async fn pid_namespace_sharing() {
         if !shared {
             let (_, out, _) = sh(&node, &b, "cat /proc/1/cmdline | tr '\\0' ' '").await;
             assert_eq!(out, "sleep 600 ", "b's own init is PID 1");
+            continue;
         }
+        // A container whose PID in the pod's namespace no process of the node has: on a
+        // cgroup v1 node libcontainer used to look its cgroups up by that PID in the node's
+        // /proc and fail the start. Its own cgroups are still what /sys/fs/cgroup shows.
+        let a_pid = host_pid_of("sleep\u{0}4242");
+        let next = (500..4_000_000)
+            .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+            .expect("a free PID");
+        let set = std::process::Command::new("nsenter")
+            .args(["--pid", &format!("--target={a_pid}"), "--", "sh", "-c"])
+            .arg(format!("echo {} > /proc/sys/kernel/ns_last_pid", next - 1))
+            .status()
+            .unwrap();
+        assert!(set.success());
+        let mut c = shell(
+            "c",
+            "echo pid $$; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || \
+             cat /sys/fs/cgroup/memory.max; sleep 600",
+        );
+        c.linux.get_or_insert_with(Default::default).resources =
+            Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 96 << 20,
+                ..Default::default()
+            });
+        let c = node.container_with(&sb, with_mode(c)).await;
+        let log = node.status(&c).await.log_path;
+        let mut seen = String::new();
+        for _ in 0..100 {
+            seen = log_output(Path::new(&log)).0;
+            if seen.lines().count() >= 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(seen, format!("pid {next}\n{}\n", 96 << 20));
     }
     node.teardown().await;
+}
+
+/// The node's PID of the process whose command line starts with `cmdline` (NUL-separated).
+fn host_pid_of(cmdline: &str) -> u32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(cmdline))
+        })
+        .unwrap_or_else(|| panic!("no process {cmdline:?} on the node"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1333,9 +1382,77 @@ async fn pod_user_namespace() {
             .any(|l| l.starts_with("Uid:") && l.contains("100000")),
         "{host_uid}"
     );
-    // The image's files belong to the node's root, which has no ID in the namespace.
-    let (code, out, err) = sh(&node, &id, "stat -c %u /bin/sh").await;
-    assert_eq!((code, out.trim()), (0, "65534"), "{err}");
+    // The rootfs is ID-mapped: the image's files, and the rootfs itself, are the container
+    // root's, and what that root writes the node sees as the pod's mapped root (upper dir).
+    let (code, out, err) = sh(
+        &node,
+        &id,
+        "stat -c %u:%g /bin/sh / /etc/passwd && echo x >> /etc/passwd && mkdir /made && \
+         touch /made/inside && stat -c %u:%g /made/inside",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "0:0\n0:0\n0:0\n0:0\n"), "{err}");
+    let rootfs = node.root.path().join("containers").join(&id).join("rootfs");
+    let owner = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+    assert_eq!(owner(&rootfs.join("made/inside")), (100_000, 100_000));
+    assert_eq!(owner(&rootfs.join("bin/busybox")), (100_000, 100_000));
+    // Volumes are ID-mapped too: a directory and a file of the node's root are the
+    // container root's, at mount points the image lacks, and what the container's root
+    // writes there is the node root's, as without a user namespace. So are the pod's /etc files.
+    let volume = tempfile::tempdir().unwrap();
+    std::fs::write(volume.path().join("f"), "from the node\n").unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "a file\n").unwrap();
+    let mut cfg = sleeper("volumes");
+    cfg.mounts = vec![
+        // As the kubelet sends it: with the pod's mappings repeated.
+        cri::Mount {
+            container_path: "/data/vol".into(),
+            host_path: volume.path().to_string_lossy().into_owned(),
+            uid_mappings: vec![mapping(0, 100_000, 65_536)],
+            gid_mappings: vec![mapping(0, 100_000, 65_536)],
+            ..Default::default()
+        },
+        cri::Mount {
+            container_path: "/conf/file".into(),
+            host_path: file.path().to_string_lossy().into_owned(),
+            readonly: true,
+            ..Default::default()
+        },
+    ];
+    let vols = node.container_with(&sb, cfg).await;
+    let (code, out, err) = sh(
+        &node,
+        &vols,
+        "stat -c %u:%g /data/vol /data/vol/f /conf/file /etc/hosts && cat /conf/file && \
+         echo new > /data/vol/new && echo '# ok' >> /etc/hosts && echo wrote",
+    )
+    .await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "0:0\n0:0\n0:0\n0:0\na file\nwrote\n"),
+        "{err}"
+    );
+    assert_eq!(owner(&volume.path().join("new")), (0, 0));
+    assert_eq!(
+        std::fs::read_to_string(volume.path().join("new")).unwrap(),
+        "new\n"
+    );
+    // The staged ID-mapped clones are gone once the container exists.
+    let bundle = node.root.path().join("containers").join(&vols);
+    assert!(!bundle.join("idmapped").exists());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l
+            .split(' ')
+            .nth(4)
+            .is_some_and(|p| p.contains("/idmapped/"))),
+        "{mounts}"
+    );
     // The pod's network namespace belongs to its user namespace: CAP_NET_ADMIN there is
     // enough to change it.
     let admin = secure(sleeper("netadmin"), |sc| {

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use super::store::ContainerRecord;
-use super::{BuiltinRuntime, image_error, new_id, pod, sandbox_error, spec};
+use super::{BuiltinRuntime, image_error, new_id, pod, sandbox_error, spec, userns};
 use crate::{Error, Result, cri};
 
 /// Joins the sandbox's log directory and the container's relative log path, refusing escapes.
@@ -175,10 +175,20 @@ impl BuiltinRuntime {
         let bundle = self.bundle_dir(&id);
         let rootfs = bundle.join("rootfs");
         let result = async {
-            self.inner
-                .images
-                .prepare_rootfs(&image.id, &id, &rootfs)
-                .map_err(image_error)?;
+            let userns = live
+                .userns_holder
+                .map(userns::PodUserns::of_holder)
+                .transpose()?;
+            match &userns {
+                None => self.inner.images.prepare_rootfs(&image.id, &id, &rootfs),
+                Some(ns) => self.inner.images.prepare_rootfs_mapped(
+                    &image.id,
+                    &id,
+                    &rootfs,
+                    &ns.rootfs_idmap(),
+                ),
+            }
+            .map_err(image_error)?;
             let etc = sandbox::Layout::new(self.sandbox_dir(&sandbox_id));
             let mut oci = spec::container_spec(&spec::SpecInput {
                 container_id: &id,
@@ -198,13 +208,14 @@ impl BuiltinRuntime {
             spec::annotate_sandbox_id(&mut oci, &sandbox_id);
             create_bind_sources(&oci)?;
             if let Some(process) = oci.process() {
-                create_working_dir(&rootfs, process.cwd())?;
+                for made in create_working_dir(&rootfs, process.cwd())? {
+                    if let Some(ns) = &userns {
+                        ns.give_to_root(&made)?;
+                    }
+                }
             }
-            if live.userns_holder.is_some() {
-                // Inside the pod's user namespace the container's root is not the owner of
-                // the image's files (the rootfs is not ID-mapped), so it could not create its
-                // mount points: the runtime does, as the node's root.
-                create_mount_points(&rootfs, &oci)?;
+            if let Some(ns) = &userns {
+                ns.stage_binds(&mut oci, &bundle)?;
             }
             let user = oci.process().as_ref().map(|p| {
                 let u = p.user();
@@ -215,7 +226,8 @@ impl BuiltinRuntime {
             });
             oci.save(bundle.join("config.json"))
                 .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
-            self.client(&sandbox_id)
+            let created = self
+                .client(&sandbox_id)
                 .create(sandbox::ContainerSpec {
                     id: id.clone(),
                     bundle: bundle.clone(),
@@ -223,8 +235,10 @@ impl BuiltinRuntime {
                     stdin: config.stdin,
                     stdin_once: config.stdin_once,
                 })
-                .await
-                .map_err(sandbox_error)?;
+                .await;
+            // The container has its binds now; the staged clones are not needed.
+            userns::unstage(&bundle);
+            created.map_err(sandbox_error)?;
             let rec = ContainerRecord {
                 id: id.clone(),
                 sandbox_id: sandbox_id.clone(),
@@ -255,6 +269,7 @@ impl BuiltinRuntime {
     /// Unmounts and deletes a container's rootfs and bundle.
     fn release(&self, id: &str) {
         let bundle = self.bundle_dir(id);
+        userns::unstage(&bundle);
         if let Err(e) = self.inner.images.release_rootfs(id, &bundle.join("rootfs")) {
             tracing::warn!(container = %id, "releasing rootfs: {e}");
         }
@@ -546,7 +561,8 @@ fn create_bind_sources(oci: &oci_spec::runtime::Spec) -> Result<()> {
             .as_ref()
             .is_some_and(|o| o.iter().any(|x| x == "bind" || x == "rbind"));
         if let (true, Some(src)) = (is_bind, m.source()) {
-            if !src.exists() {
+            // The container's own cgroups (spec::spell_out_cgroup_v1) are made by libcontainer.
+            if !src.exists() && !src.starts_with("/sys/fs/cgroup") {
                 std::fs::create_dir_all(src).map_err(|e| {
                     Error::invalid_argument(format!("creating mount source {}: {e}", src.display()))
                 })?;
@@ -556,52 +572,28 @@ fn create_bind_sources(oci: &oci_spec::runtime::Spec) -> Result<()> {
     Ok(())
 }
 
-/// Creates, inside the rootfs, the destination of every mount the image lacks: a file for a
-/// bind of a file, else a directory. Paths resolve inside the rootfs, symlinks included.
-fn create_mount_points(rootfs: &Path, oci: &oci_spec::runtime::Spec) -> Result<()> {
-    for m in oci.mounts().iter().flatten() {
-        let dest = m.destination();
-        let Some(path) = spec::resolve_in_root(rootfs, dest) else {
-            return Err(Error::invalid_argument(format!(
-                "mount at {}: cannot be resolved in the image",
-                dest.display()
-            )));
-        };
-        if path.exists() {
-            continue;
-        }
-        let file = m.source().as_ref().is_some_and(|s| s.is_file());
-        let made = if file {
-            path.parent()
-                .map(std::fs::create_dir_all)
-                .transpose()
-                .and_then(|_| std::fs::File::create(&path).map(drop))
-        } else {
-            std::fs::create_dir_all(&path)
-        };
-        made.map_err(|e| {
-            Error::invalid_argument(format!("creating mount point {}: {e}", dest.display()))
-        })?;
-    }
-    Ok(())
-}
-
 /// Creates the working directory in the rootfs when the image lacks it, as runc does (root's,
 /// 0755) and containerd counts on; libcontainer would fail the start instead. The path is
-/// resolved inside the rootfs, its symlinks included.
-fn create_working_dir(rootfs: &Path, cwd: &Path) -> Result<()> {
+/// resolved inside the rootfs, its symlinks included. Returns the directories it created.
+fn create_working_dir(rootfs: &Path, cwd: &Path) -> Result<Vec<PathBuf>> {
     let dir = spec::resolve_in_root(rootfs, cwd).ok_or_else(|| {
         Error::invalid_argument(format!(
             "working directory {}: cannot be resolved in the image",
             cwd.display()
         ))
     })?;
+    let mut made = Vec::new();
+    let mut missing = Some(dir.as_path());
+    while let Some(p) = missing.filter(|p| p.starts_with(rootfs) && !p.exists()) {
+        made.push(p.to_path_buf());
+        missing = p.parent();
+    }
     if !dir.is_dir() {
         std::fs::create_dir_all(&dir).map_err(|e| {
             Error::invalid_argument(format!("creating working directory {}: {e}", cwd.display()))
         })?;
     }
-    Ok(())
+    Ok(made)
 }
 
 #[cfg(test)]
@@ -612,8 +604,18 @@ mod tests {
     fn working_dir_is_created_inside_the_rootfs() {
         let rootfs = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
-        create_working_dir(rootfs.path(), Path::new("/work/dir")).unwrap();
+        let made = create_working_dir(rootfs.path(), Path::new("/work/dir")).unwrap();
         assert!(rootfs.path().join("work/dir").is_dir());
+        // What it made, deepest first, so that a user namespace's root can be given it.
+        assert_eq!(
+            made,
+            [rootfs.path().join("work/dir"), rootfs.path().join("work")]
+        );
+        assert!(
+            create_working_dir(rootfs.path(), Path::new("/work"))
+                .unwrap()
+                .is_empty()
+        );
         // An absolute symlink in the image points into the rootfs, not at the host.
         std::os::unix::fs::symlink(outside.path(), rootfs.path().join("link")).unwrap();
         create_working_dir(rootfs.path(), Path::new("/link/sub")).unwrap();

@@ -16,6 +16,7 @@ pub mod spec;
 mod stats;
 mod store;
 mod streaming;
+mod userns;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -232,14 +232,15 @@ impl RuntimeService for BuiltinRuntime {
             }),
             info: Default::default(),
             // The default handler (and its alias "nodelet"): recursive read-only mounts
-            // (`mount_setattr`), no user namespaces yet; supplemental groups policies.
+            // (`mount_setattr`), user namespaces with ID-mapped rootfs and volumes;
+            // supplemental groups policies.
             runtime_handlers: ["", "nodelet"]
                 .into_iter()
                 .map(|name| cri::RuntimeHandler {
                     name: name.to_string(),
                     features: Some(cri::RuntimeHandlerFeatures {
                         recursive_read_only_mounts: true,
-                        user_namespaces: false,
+                        user_namespaces: true,
                     }),
                 })
                 .collect(),
