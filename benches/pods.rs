@@ -266,15 +266,23 @@ impl Kubelet {
             ..Default::default()
         };
         let status = StatusManager::new(None);
+        // No pod of the bench asks for a user namespace.
+        let userns = nodelet::kubelet::userns::UsernsManager::new(
+            &opts.pods_dir,
+            nodelet::kubelet::userns::DEFAULT_RANGE,
+        )?;
         let syncer = Arc::new(Syncer::new(
-            rt.clone(),
-            images,
+            nodelet::kubelet::Runtime {
+                runtime: rt.clone(),
+                images,
+            },
             opts,
             version.runtime_name,
             Backoff::default(),
             status.clone(),
             // Never checked: the bench's runtimes have their network ready (or use the node's).
             Arc::new(nodelet::node::RuntimeState::default()),
+            Arc::new(userns),
         ));
         let workers = PodWorkers::new(syncer, Timing::default());
         Ok(Kubelet {

@@ -1,6 +1,8 @@
-//! The kubelet holds pods on the pod network back while the runtime reports its network not
-//! ready (upstream's "network is not ready"), and starts them once it is; hostNetwork pods
-//! start regardless. Runs the kubelet in-process on the fake runtime, standalone.
+//! The kubelet holds pods back while the runtime cannot run them, and starts them once it can:
+//! pods on the pod network while the runtime reports its network not ready (upstream's "network
+//! is not ready"; hostNetwork pods start regardless), and `hostUsers: false` pods while its
+//! handler offers no user namespaces. Runs the kubelet in-process on the fake runtime,
+//! standalone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +100,89 @@ async fn pods_on_the_pod_network_wait_for_the_runtimes_network() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(started, "the pod never started once the network was ready");
+    let _ = stop.send(());
+    run.await.expect("join").expect("kubelet run");
+}
+
+/// `hostUsers: false` needs a runtime whose default handler offers user namespaces: until the
+/// runtime says it does, the pod gets no sandbox (upstream refuses it too); then its sandbox
+/// asks for the pod's own user namespace, a block of 65536 host IDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_users_false_waits_for_a_runtime_with_user_namespaces() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).expect("mkdir");
+    let pod = manifest("no-host-users", false).replace("spec:\n", "spec:\n  hostUsers: false\n");
+    std::fs::write(manifests.join("a.yaml"), pod).expect("write");
+    let cfg = KubeletConfig {
+        static_pod_path: manifests,
+        root_dir: dir.path().join("root"),
+        pod_logs_dir: dir.path().join("logs"),
+        node_name: "userns-node".into(),
+        node_ip: Some("127.0.0.1".parse().expect("ip")),
+        file_check_frequency: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let fake = Arc::new(FakeRuntime::new());
+    fake.set_fake_images(&["docker.io/library/busybox:latest"]);
+    let handler = |user_namespaces: bool| {
+        vec![cri::RuntimeHandler {
+            name: String::new(),
+            features: Some(cri::RuntimeHandlerFeatures {
+                recursive_read_only_mounts: false,
+                user_namespaces,
+            }),
+        }]
+    };
+    fake.set_runtime_handlers(handler(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let rt = kubelet::Runtime {
+        runtime: fake.clone(),
+        images: fake.clone(),
+    };
+    let run = tokio::spawn(kubelet::run(cfg, rt, None, async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !sandbox_of(&fake, "no-host-users"),
+        "a hostUsers: false pod got a sandbox from a runtime without user namespaces"
+    );
+    fake.set_runtime_handlers(handler(true));
+    let mut sandbox = None;
+    for _ in 0..400 {
+        sandbox = fake
+            .sandboxes()
+            .into_iter()
+            .find(|s| s.metadata.name.starts_with("no-host-users"));
+        if sandbox.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sandbox = sandbox.expect("the pod never started once the runtime offered user namespaces");
+    let userns = sandbox
+        .config
+        .linux
+        .and_then(|l| l.security_context)
+        .and_then(|s| s.namespace_options)
+        .and_then(|o| o.userns_options)
+        .expect("the sandbox asks for a user namespace");
+    assert_eq!(userns.mode, cri::NamespaceMode::Pod as i32);
+    let one = |host_id| {
+        vec![cri::IdMapping {
+            container_id: 0,
+            host_id,
+            length: 65536,
+        }]
+    };
+    // The first block of the kubelet's range (65536 up, unless /etc/subuid says otherwise).
+    let (first, _) = nodelet::kubelet::userns::kubelet_range(
+        std::path::Path::new("/etc/subuid"),
+        std::path::Path::new("/etc/subgid"),
+    )
+    .expect("range");
+    assert_eq!((userns.uids, userns.gids), (one(first), one(first)));
     let _ = stop.send(());
     run.await.expect("join").expect("kubelet run");
 }

@@ -7,6 +7,7 @@
 pub mod mirror;
 pub mod pleg;
 mod syncer;
+pub mod userns;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub use syncer::Syncer;
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The runtime the kubelet drives.
+#[derive(Clone)]
 pub struct Runtime {
     pub runtime: Arc<dyn RuntimeService>,
     pub images: Arc<dyn ImageService>,
@@ -87,14 +89,22 @@ pub async fn run(
             let _ = checks_stopped.await;
         },
     ));
+    // Pods with `hostUsers: false` get blocks of the kubelet's range of host IDs.
+    let userns = Arc::new(userns::UsernsManager::new(
+        &opts.pods_dir,
+        userns::kubelet_range(
+            std::path::Path::new("/etc/subuid"),
+            std::path::Path::new("/etc/subgid"),
+        )?,
+    )?);
     let syncer = Arc::new(Syncer::new(
-        rt.runtime.clone(),
-        rt.images.clone(),
+        rt.clone(),
         opts,
         version.runtime_name.clone(),
         backoff,
         status.clone(),
         runtime_state.clone(),
+        userns.clone(),
     ));
     let workers = PodWorkers::new(
         syncer.clone(),
@@ -216,6 +226,7 @@ pub async fn run(
                 workers.forget_terminated(&desired);
                 if expected_sources.iter().all(|s| merger.seen_source(s)) {
                     remove_orphans(rt.runtime.as_ref(), &desired, &workers).await;
+                    userns.release_others(|uid| desired.iter().any(|d| d == uid) || workers.state(uid).is_some());
                 }
                 if let Some(mm) = &mirror_manager {
                     if merger.seen_source(sources::API_SOURCE) {

@@ -21,6 +21,7 @@ pub struct Syncer {
     backoff: tokio::sync::Mutex<Backoff>,
     status: Arc<StatusManager>,
     runtime_state: Arc<crate::node::RuntimeState>,
+    userns: Arc<super::userns::UsernsManager>,
 }
 
 fn err(e: impl std::fmt::Display) -> SyncError {
@@ -33,23 +34,41 @@ fn uid(pod: &Pod) -> String {
 
 impl Syncer {
     pub fn new(
-        rt: Arc<dyn RuntimeService>,
-        images: Arc<dyn ImageService>,
+        rt: super::Runtime,
         opts: ContainerOptions,
         runtime_name: String,
         backoff: Backoff,
         status: Arc<StatusManager>,
         runtime_state: Arc<crate::node::RuntimeState>,
+        userns: Arc<super::userns::UsernsManager>,
     ) -> Self {
         Syncer {
-            rt,
-            images,
+            rt: rt.runtime,
+            images: rt.images,
             opts,
             runtime_name,
             backoff: tokio::sync::Mutex::new(backoff),
             status,
             runtime_state,
+            userns,
         }
+    }
+
+    /// The options for syncing `pod`: with its user namespace when it asks for one
+    /// (`hostUsers: false`), which the runtime must offer (upstream refuses the pod otherwise).
+    fn pod_options(&self, pod: &Pod) -> Result<ContainerOptions, String> {
+        let mut opts = self.opts.clone();
+        if pod.spec.as_ref().and_then(|s| s.host_users) == Some(false)
+            && !self.runtime_state.supports_user_namespaces()
+        {
+            return Err(
+                "the container runtime's handler \"\" does not support user namespaces \
+                 (spec.hostUsers: false)"
+                    .to_string(),
+            );
+        }
+        opts.sandbox.user_namespace = self.userns.user_namespace(pod).map_err(|e| e.to_string())?;
+        Ok(opts)
     }
 
     fn record_status(
@@ -103,6 +122,13 @@ impl PodSyncer for Syncer {
                 return Err(SyncError(format!("network is not ready: {e}")));
             }
         }
+        let opts = match self.pod_options(pod) {
+            Ok(opts) => opts,
+            Err(e) => {
+                self.record_status(pod, &snapshot, HashMap::new());
+                return Err(SyncError(e));
+            }
+        };
         let now = SystemTime::now();
         let mut backoff = self.backoff.lock().await;
         let actions = pod::compute_pod_actions(pod, &snapshot.status, &backoff, now);
@@ -113,7 +139,7 @@ impl PodSyncer for Syncer {
             &snapshot,
             &actions,
             &mut backoff,
-            &self.opts,
+            &opts,
             now,
         )
         .await
@@ -157,6 +183,7 @@ impl PodSyncer for Syncer {
                 .await
                 .map_err(err)?;
         }
+        self.userns.release(&uid(pod));
         self.status.terminated(pod);
         Ok(())
     }

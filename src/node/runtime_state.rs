@@ -98,6 +98,20 @@ impl RuntimeState {
             .and_then(|inner| inner.network_error.clone())
     }
 
+    /// Whether the runtime's default handler (`""`) runs pods in user namespaces, as it last
+    /// said; false before it said anything.
+    pub fn supports_user_namespaces(&self) -> bool {
+        self.inner.lock().ok().is_some_and(|inner| {
+            inner.handlers.iter().flatten().any(|h| {
+                h.name.as_deref() == Some("")
+                    && h.features
+                        .as_ref()
+                        .and_then(|f| f.user_namespaces)
+                        .unwrap_or(false)
+            })
+        })
+    }
+
     /// Asks the runtime's `Status` once and records the answer.
     pub async fn check(&self, runtime: &dyn RuntimeService) {
         let resp = runtime.status(cri::StatusRequest { verbose: false }).await;
@@ -291,6 +305,21 @@ mod tests {
             ]
         );
         assert_eq!(h.features.unwrap().supplemental_groups_policy, Some(true));
+        // User namespaces are the default handler's to offer.
+        assert!(!s.supports_user_namespaces());
+        resp.runtime_handlers[1].features = Some(cri::RuntimeHandlerFeatures {
+            recursive_read_only_mounts: false,
+            user_namespaces: true,
+        });
+        s.record(&resp, t0);
+        assert!(!s.supports_user_namespaces());
+        resp.runtime_handlers[0]
+            .features
+            .as_mut()
+            .unwrap()
+            .user_namespaces = true;
+        s.record(&resp, t0);
+        assert!(s.supports_user_namespaces());
     }
 
     #[tokio::test]

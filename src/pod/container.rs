@@ -259,11 +259,15 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
                 )));
             }
         };
+        // As upstream: in the pod's user namespace every mount is ID-mapped through it.
+        let userns = opts.sandbox.user_namespace.as_ref();
         out.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
             readonly: m.read_only.unwrap_or(false),
             propagation: propagation as i32,
+            uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
+            gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),
             ..Default::default()
         });
     }
@@ -348,7 +352,10 @@ fn security(
             ..Default::default()
         }),
         privileged,
-        namespace_options: Some(namespace_options(spec)),
+        namespace_options: Some(namespace_options(
+            spec,
+            opts.sandbox.user_namespace.as_ref(),
+        )),
         run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
         run_as_group: sc
             .run_as_group

@@ -338,3 +338,47 @@ fn rejects_bad_input() {
     };
     assert!(container_config(&p, &other, 0, &ContainerOptions::default()).is_err());
 }
+
+#[test]
+fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
+    let p = pod(
+        json!({"hostUsers": false, "containers": [{"name": "app", "image": "busybox",
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}],
+        "volumes": [{"name": "scratch", "emptyDir": {}}]}),
+    );
+    let c = p.spec.as_ref().unwrap().containers[0].clone();
+    let map = |host_id| cri::IdMapping {
+        container_id: 0,
+        host_id,
+        length: 65536,
+    };
+    let userns = cri::UserNamespace {
+        mode: cri::NamespaceMode::Pod as i32,
+        uids: vec![map(131072)],
+        gids: vec![map(131072)],
+    };
+    let mut opts = ContainerOptions::default();
+    opts.sandbox.user_namespace = Some(userns.clone());
+    let cfg = container_config(&p, &c, 0, &opts).unwrap();
+    let ns = cfg
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .and_then(|o| o.userns_options.as_ref());
+    assert_eq!(ns, Some(&userns));
+    // As upstream, every mount carries the pod's mappings.
+    assert_eq!(cfg.mounts.len(), 1);
+    assert_eq!(cfg.mounts[0].uid_mappings, userns.uids);
+    assert_eq!(cfg.mounts[0].gid_mappings, userns.gids);
+    // Without one, neither.
+    let cfg = container_config(&p, &c, 0, &ContainerOptions::default()).unwrap();
+    assert!(cfg.mounts[0].uid_mappings.is_empty());
+    let sb = crate::pod::sandbox_config(&p, &opts.sandbox).unwrap();
+    let sb_ns = sb
+        .linux
+        .and_then(|l| l.security_context)
+        .and_then(|s| s.namespace_options)
+        .and_then(|o| o.userns_options);
+    assert_eq!(sb_ns, Some(userns));
+}

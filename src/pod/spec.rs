@@ -34,6 +34,8 @@ pub struct SandboxOptions {
     pub seccomp_profile_root: PathBuf,
     /// Use `RuntimeDefault` when the pod sets no seccomp profile (kubelet `seccompDefault`).
     pub seccomp_default: bool,
+    /// The pod's own user namespace (`hostUsers: false`), with the host IDs the kubelet gave it.
+    pub user_namespace: Option<cri::UserNamespace>,
 }
 
 impl Default for SandboxOptions {
@@ -46,6 +48,7 @@ impl Default for SandboxOptions {
             cluster_domain: "cluster.local".into(),
             seccomp_profile_root: PathBuf::from("/var/lib/nodelet/seccomp"),
             seccomp_default: false,
+            user_namespace: None,
         }
     }
 }
@@ -149,7 +152,7 @@ pub fn sandbox_config(pod: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandbo
             .unwrap_or(false)
     });
     let security_context = cri::LinuxSandboxSecurityContext {
-        namespace_options: Some(namespace_options(spec)),
+        namespace_options: Some(namespace_options(spec, opts.user_namespace.as_ref())),
         run_as_user: psc.run_as_user.map(|value| cri::Int64Value { value }),
         run_as_group: psc.run_as_group.map(|value| cri::Int64Value { value }),
         supplemental_groups,
@@ -194,8 +197,11 @@ pub fn sandbox_config(pod: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandbo
 }
 
 /// The pod's namespace modes: hostNetwork/hostPID/hostIPC → NODE, shareProcessNamespace → POD
-/// pid, otherwise POD network/ipc and CONTAINER pid.
-pub fn namespace_options(spec: &PodSpec) -> cri::NamespaceOption {
+/// pid, otherwise POD network/ipc and CONTAINER pid; the pod's own user namespace if it has one.
+pub fn namespace_options(
+    spec: &PodSpec,
+    user_namespace: Option<&cri::UserNamespace>,
+) -> cri::NamespaceOption {
     let mode = |host: Option<bool>, otherwise: cri::NamespaceMode| {
         if host.unwrap_or(false) {
             cri::NamespaceMode::Node as i32
@@ -212,6 +218,7 @@ pub fn namespace_options(spec: &PodSpec) -> cri::NamespaceOption {
         network: mode(spec.host_network, cri::NamespaceMode::Pod),
         pid: mode(spec.host_pid, pid_default),
         ipc: mode(spec.host_ipc, cri::NamespaceMode::Pod),
+        userns_options: user_namespace.cloned(),
         ..Default::default()
     }
 }

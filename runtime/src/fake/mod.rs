@@ -43,7 +43,8 @@
 //! * Stats are zero-valued; `ListContainerStats` covers running containers
 //!   only.
 //! * `Version` reports [`FAKE_RUNTIME_NAME`] and API version `v1`; `Status`
-//!   reports the conditions set by [`FakeRuntime::set_runtime_conditions`];
+//!   reports the conditions and handlers set by [`FakeRuntime::set_runtime_conditions`] and
+//!   [`FakeRuntime::set_runtime_handlers`];
 //!   `RuntimeConfig` reports the cgroupfs driver; `UpdateRuntimeConfig`
 //!   stores the pod CIDR ([`FakeRuntime::pod_cidr`]).
 //! * `CheckpointContainer` succeeds for an existing container; the metrics
@@ -106,6 +107,7 @@ pub(crate) struct State {
     pub(crate) images: Vec<cri::Image>,
     pub(crate) exec_sync: cri::ExecSyncResponse,
     pub(crate) conditions: Vec<cri::RuntimeCondition>,
+    pub(crate) handlers: Vec<cri::RuntimeHandler>,
     pub(crate) pod_cidr: Option<String>,
     counter: u64,
     id_hasher: std::hash::RandomState,
@@ -147,6 +149,7 @@ impl FakeRuntime {
                     condition("RuntimeReady", true),
                     condition("NetworkReady", true),
                 ],
+                handlers: Vec::new(),
                 pod_cidr: None,
                 counter: 0,
                 id_hasher: std::hash::RandomState::new(),
@@ -242,6 +245,11 @@ impl FakeRuntime {
     /// `NetworkReady`, both true).
     pub fn set_runtime_conditions(&self, conditions: Vec<cri::RuntimeCondition>) {
         self.lock().conditions = conditions;
+    }
+
+    /// Sets the runtime handlers (and their features) `Status` reports (default: none).
+    pub fn set_runtime_handlers(&self, handlers: Vec<cri::RuntimeHandler>) {
+        self.lock().handlers = handlers;
     }
 
     /// The pod CIDR last set by `UpdateRuntimeConfig`, if any.

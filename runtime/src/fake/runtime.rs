@@ -414,6 +414,7 @@ impl RuntimeService for FakeRuntime {
             status: Some(cri::RuntimeStatus {
                 conditions: st.conditions.clone(),
             }),
+            runtime_handlers: st.handlers.clone(),
             ..Default::default()
         })
     }
