@@ -8,6 +8,7 @@ mod containers;
 mod exec;
 mod ns;
 mod server;
+mod streams;
 mod wire;
 
 use std::io::Write;

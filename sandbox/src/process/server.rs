@@ -14,9 +14,9 @@ use nix::unistd::Pid;
 
 use super::containers::{self, Ctr, Drained};
 use super::exec::{self, Exec, ExecIo};
-use super::wire::{error_response, reply, reply_with_fd, send_all};
+use super::wire::{error_response, reply, send_all};
 use crate::protocol::{MAX_EXEC_OUTPUT, MAX_MESSAGE, Request, Response};
-use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State, StreamExecSpec};
+use crate::spec::{Event, ExecResult, Layout, SandboxState, Spec, State};
 use crate::{Error, Kind, Result};
 
 /// A request waiting for a container to exit.
@@ -37,13 +37,13 @@ struct StopWait {
 const RESEND_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Server {
-    layout: Layout,
+    pub(super) layout: Layout,
     spec: Spec,
     listener: UnixListener,
     /// The helper processes (namespace holders, the node-port proxy).
     helpers: super::ns::Helpers,
     containers: BTreeMap<String, Ctr>,
-    execs: Vec<(Exec, UnixStream)>,
+    pub(super) execs: Vec<(Exec, UnixStream)>,
     stops: Vec<StopWait>,
     subscribers: Vec<UnixStream>,
     shutdown: Option<UnixStream>,
@@ -250,94 +250,13 @@ impl Server {
         reply(&conn, &response);
     }
 
-    /// Starts an exec on the caller's descriptors (or a new terminal), answers `ExecStarted`
-    /// (with the terminal's master) and parks the connection for the exit code.
-    fn exec_stream(&mut self, spec: &StreamExecSpec, conn: UnixStream, fds: Vec<OwnedFd>) {
-        let io = if spec.tty {
-            Ok(ExecIo::Tty)
-        } else {
-            <[OwnedFd; 3]>::try_from(fds)
-                .map(ExecIo::Fds)
-                .map_err(|fds| {
-                    Error::new(
-                        Kind::InvalidArgument,
-                        format!("a streaming exec needs 3 descriptors, got {}", fds.len()),
-                    )
-                })
-        };
-        let started = io.and_then(|io| {
-            self.container(&spec.container_id)
-                .and_then(|c| exec::exec(&self.layout, c, &spec.args, 0, io))
-        });
-        match started {
-            Ok((e, master)) => {
-                let started = Response::ExecStarted {
-                    pid: e.pid.as_raw(),
-                };
-                let sent = match &master {
-                    Some(m) => reply_with_fd(&conn, &started, m.as_fd()),
-                    None => {
-                        reply(&conn, &started);
-                        true
-                    }
-                };
-                if !sent {
-                    let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
-                }
-                // Still reaped (and answered, to nobody) through the exec list.
-                self.execs.push((e, conn));
-            }
-            Err(e) => reply(&conn, &error_response(&e)),
-        }
-    }
-
-    /// Answers `Attached` (with a descriptor of the container's stdin if asked) and adds the
-    /// connection to the container's followers.
-    fn attach(&mut self, id: &str, stdin: bool, conn: UnixStream) {
-        let c = match self.container_mut(id) {
-            Ok(c) => c,
-            Err(e) => return reply(&conn, &error_response(&e)),
-        };
-        if c.status.state != State::Running {
-            let e = Error::new(
-                Kind::FailedPrecondition,
-                format!("container {id} is not running"),
-            );
-            return reply(&conn, &error_response(&e));
-        }
-        let input = match (stdin, &c.stdin) {
-            (true, Some(fd)) => match fd.try_clone() {
-                Ok(fd) => Some(fd),
-                Err(e) => {
-                    let e = Error::new(Kind::Internal, format!("duplicating stdin: {e}"));
-                    return reply(&conn, &error_response(&e));
-                }
-            },
-            _ => None,
-        };
-        let sent = match &input {
-            Some(fd) => reply_with_fd(&conn, &Response::Attached, fd.as_fd()),
-            None => {
-                reply(&conn, &Response::Attached);
-                true
-            }
-        };
-        if sent && conn.set_nonblocking(true).is_ok() {
-            c.attached.push(containers::Attacher {
-                conn,
-                stdin: input.is_some(),
-                eof: false,
-            });
-        }
-    }
-
-    fn container(&self, id: &str) -> Result<&Ctr> {
+    pub(super) fn container(&self, id: &str) -> Result<&Ctr> {
         self.containers
             .get(id)
             .ok_or_else(|| Error::new(Kind::NotFound, format!("container {id} not found")))
     }
 
-    fn container_mut(&mut self, id: &str) -> Result<&mut Ctr> {
+    pub(super) fn container_mut(&mut self, id: &str) -> Result<&mut Ctr> {
         self.containers
             .get_mut(id)
             .ok_or_else(|| Error::new(Kind::NotFound, format!("container {id} not found")))
