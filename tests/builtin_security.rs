@@ -1073,7 +1073,7 @@ async fn pid_namespace_sharing() {
         // A container whose PID in the pod's namespace no process of the node has: on a
         // cgroup v1 node libcontainer used to look its cgroups up by that PID in the node's
         // /proc and fail the start. Its own cgroups are still what /sys/fs/cgroup shows.
-        let a_pid = host_pid_of("sleep\u{0}4242");
+        let a_pid = host_pid_of("sleep\u{0}4242", |_| true);
         let next = (500..4_000_000)
             .find(|p| !Path::new(&format!("/proc/{p}")).exists())
             .expect("a free PID");
@@ -1108,15 +1108,17 @@ async fn pid_namespace_sharing() {
     node.teardown().await;
 }
 
-/// The node's PID of the process whose command line starts with `cmdline` (NUL-separated).
-fn host_pid_of(cmdline: &str) -> u32 {
+/// The node's PID of a process whose command line starts with `cmdline` (NUL-separated) and
+/// that `also` accepts.
+fn host_pid_of(cmdline: &str, also: impl Fn(u32) -> bool) -> u32 {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
+        .find(|&pid| {
             std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| c.starts_with(cmdline))
+                && also(pid)
         })
         .unwrap_or_else(|| panic!("no process {cmdline:?} on the node"))
 }
@@ -1361,21 +1363,11 @@ async fn pod_user_namespace() {
         .split_whitespace()
         .collect();
     assert_eq!(first, ["0", "100000", "65536"], "{out}");
-    let host_uid = std::fs::read_to_string(format!(
-        "/proc/{}/status",
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .find(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.starts_with("sleep\u{0}300"))
-                    && std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()
-                        != std::fs::read_link("/proc/self/ns/user").ok()
-            })
-            .expect("the container's sleep on the node")
-    ))
-    .unwrap();
+    let sleeper_pid = host_pid_of("sleep\u{0}300", |pid| {
+        std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()
+            != std::fs::read_link("/proc/self/ns/user").ok()
+    });
+    let host_uid = std::fs::read_to_string(format!("/proc/{sleeper_pid}/status")).unwrap();
     assert!(
         host_uid
             .lines()

@@ -7,12 +7,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use runtime::builtin::BuiltinRuntime;
-use runtime::{RuntimeService, cri};
 
 fn manifest(name: &str) -> String {
     format!(
@@ -66,37 +63,13 @@ async fn host_users_false_gets_a_user_namespace() {
     if !root_or_skip("host_users_false_gets_a_user_namespace") {
         return;
     }
-    let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let root = dir.path().join("root");
-    let manifests = dir.path().join("manifests");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&manifests).unwrap();
-    import_busybox(&root);
-    let config_file = dir.path().join("config.yaml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\n",
-            manifests.display(),
-            logs.display()
-        ),
-    )
-    .unwrap();
+    let node = standalone::Standalone::new("");
+    let (root, manifests, logs) = (&node.root, &node.manifests, &node.logs);
     std::fs::write(manifests.join("a.yaml"), manifest("ua")).unwrap();
-    let agent = KillOnDrop(
-        Command::new(nodelet_bin())
-            .arg("--root-dir")
-            .arg(&root)
-            .args(["run-node", "--hostname-override", "e2e-node", "--config"])
-            .arg(&config_file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nodelet run-node"),
-    );
+    let agent = node.start();
 
-    let out = wait_for("pod ua's output", || finished_log(&logs, "ua")).await;
-    let blocks = pod_dirs_with_userns(&root);
+    let out = wait_for("pod ua's output", || finished_log(logs, "ua")).await;
+    let blocks = pod_dirs_with_userns(root);
     assert_eq!(blocks.len(), 1, "{blocks:?}");
     let (pod_dir, host) = blocks[0].clone();
     assert_eq!(host % 65536, 0);
@@ -116,8 +89,8 @@ async fn host_users_false_gets_a_user_namespace() {
 
     // A second pod gets another block.
     std::fs::write(manifests.join("b.yaml"), manifest("ub")).unwrap();
-    let out_b = wait_for("pod ub's output", || finished_log(&logs, "ub")).await;
-    let blocks = pod_dirs_with_userns(&root);
+    let out_b = wait_for("pod ub's output", || finished_log(logs, "ub")).await;
+    let blocks = pod_dirs_with_userns(root);
     assert_eq!(blocks.len(), 2, "{blocks:?}");
     let other = blocks
         .iter()
@@ -141,22 +114,9 @@ async fn host_users_false_gets_a_user_namespace() {
     .await;
     std::fs::remove_file(manifests.join("b.yaml")).unwrap();
     wait_for("ub's block given back", || {
-        pod_dirs_with_userns(&root).is_empty().then_some(())
+        pod_dirs_with_userns(root).is_empty().then_some(())
     })
     .await;
     drop(agent);
-    let rt = BuiltinRuntime::new(config(&root, "/nodelet-e2e-unused"))
-        .await
-        .unwrap();
-    let sandboxes = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .unwrap();
-    for sb in sandboxes.items {
-        let _ = rt
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: sb.id,
-            })
-            .await;
-    }
+    node.assert_all_gone().await;
 }

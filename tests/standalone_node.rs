@@ -7,28 +7,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use runtime::builtin::BuiltinRuntime;
 use runtime::{RuntimeService, cri};
-
-type Agent = KillOnDrop;
-
-fn start_agent(root: &Path, config: &Path) -> Agent {
-    KillOnDrop(
-        Command::new(nodelet_bin())
-            .arg("--root-dir")
-            .arg(root)
-            .args(["run-node", "--hostname-override", "e2e-node", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nodelet run-node"),
-    )
-}
 
 fn manifest(name: &str, policy: &str, script: &str) -> String {
     format!(
@@ -82,22 +65,10 @@ async fn static_pods_lifecycle() {
     if !root_or_skip("static_pods_lifecycle") {
         return;
     }
-    let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let root = dir.path().join("root");
-    let manifests = dir.path().join("manifests");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&manifests).unwrap();
-    import_busybox(&root);
-    let config_file = dir.path().join("config.yaml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
-            manifests.display(),
-            logs.display()
-        ),
-    )
-    .unwrap();
+    let node = standalone::Standalone::new(
+        "nodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+    );
+    let (root, manifests, logs) = (&node.root, &node.manifests, &node.logs);
     std::fs::write(
         manifests.join("ticker.yaml"),
         manifest(
@@ -117,14 +88,14 @@ async fn static_pods_lifecycle() {
         manifest("crasher", "Always", "echo run; exit 1"),
     )
     .unwrap();
-    let mut agent = start_agent(&root, &config_file);
+    let mut agent = node.start();
 
     let ticker = wait_for("ticker running", async || {
-        running(&containers(&root).await, "ticker-e2e-node")
+        running(&containers(root).await, "ticker-e2e-node")
     })
     .await;
     // Logs live where the upstream kubelet puts them.
-    let pod_dirs: Vec<PathBuf> = std::fs::read_dir(&logs)
+    let pod_dirs: Vec<PathBuf> = std::fs::read_dir(logs)
         .unwrap()
         .flatten()
         .map(|e| e.path())
@@ -142,7 +113,7 @@ async fn static_pods_lifecycle() {
 
     // restartPolicy Always: the crasher is restarted (attempt 1 and more), with back-off.
     wait_for("crasher restarted", async || {
-        containers(&root)
+        containers(root)
             .await
             .iter()
             .any(|c| c.0 == "crasher-e2e-node" && c.3 >= 1)
@@ -154,9 +125,9 @@ async fn static_pods_lifecycle() {
     agent.0.kill().unwrap();
     let _ = agent.0.wait();
     drop(agent);
-    let agent = start_agent(&root, &config_file);
+    let agent = node.start();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let list = containers(&root).await;
+    let list = containers(root).await;
     assert_eq!(
         running(&list, "ticker-e2e-node"),
         Some(ticker.clone()),
@@ -179,7 +150,7 @@ async fn static_pods_lifecycle() {
     )
     .unwrap();
     let edited = wait_for("edited ticker running", async || {
-        running(&containers(&root).await, "ticker-e2e-node").filter(|id| *id != ticker)
+        running(&containers(root).await, "ticker-e2e-node").filter(|id| *id != ticker)
     })
     .await;
     assert_ne!(edited, ticker);
@@ -187,7 +158,7 @@ async fn static_pods_lifecycle() {
     // Deleting the manifest stops and removes the pod; the crasher is untouched by it.
     std::fs::remove_file(manifests.join("ticker.yaml")).unwrap();
     wait_for("ticker removed", async || {
-        (!containers(&root)
+        (!containers(root)
             .await
             .iter()
             .any(|c| c.0 == "ticker-e2e-node"))
@@ -195,24 +166,16 @@ async fn static_pods_lifecycle() {
     })
     .await;
     assert!(
-        containers(&root)
+        containers(root)
             .await
             .iter()
             .any(|c| c.0 == "crasher-e2e-node")
     );
     std::fs::remove_file(manifests.join("crasher.yaml")).unwrap();
     wait_for("crasher removed", async || {
-        containers(&root).await.is_empty().then_some(())
+        containers(root).await.is_empty().then_some(())
     })
     .await;
     drop(agent);
-    let rt = BuiltinRuntime::new(config(&root, "/nodelet-e2e-unused"))
-        .await
-        .unwrap();
-    let sandboxes = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .unwrap();
-    assert!(sandboxes.items.is_empty(), "no sandbox left");
-    assert_no_leaks(&root, "/nodelet-e2e-unused");
+    node.assert_all_gone().await;
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod containerd;
+pub mod standalone;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -1,0 +1,85 @@
+//! A standalone node for the tests that drive the real binary (`nodelet run-node`): a temp dir
+//! with the runtime's root (busybox imported), a static pod manifest directory, the pod logs
+//! directory and a KubeletConfiguration naming them.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use runtime::builtin::BuiltinRuntime;
+use runtime::{RuntimeService, cri};
+
+use super::{KillOnDrop, assert_no_leaks, config, import_busybox, nodelet_bin};
+
+pub struct Standalone {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub manifests: PathBuf,
+    pub logs: PathBuf,
+    pub config_file: PathBuf,
+}
+
+/// The cgroup root the tests' own runtime handles use (they create no cgroup).
+const UNUSED_CGROUP_ROOT: &str = "/nodelet-e2e-unused";
+
+impl Standalone {
+    /// The directories, with `extra` (YAML lines) added to the kubelet's configuration.
+    pub fn new(extra: &str) -> Standalone {
+        let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+        let root = dir.path().join("root");
+        let manifests = dir.path().join("manifests");
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&manifests).unwrap();
+        import_busybox(&root);
+        let config_file = dir.path().join("config.yaml");
+        std::fs::write(
+            &config_file,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\n{extra}",
+                manifests.display(),
+                logs.display()
+            ),
+        )
+        .unwrap();
+        Standalone {
+            dir,
+            root,
+            manifests,
+            logs,
+            config_file,
+        }
+    }
+
+    /// Starts `nodelet run-node` on the node (killed when dropped).
+    pub fn start(&self) -> KillOnDrop {
+        KillOnDrop(
+            Command::new(nodelet_bin())
+                .arg("--root-dir")
+                .arg(&self.root)
+                .args(["run-node", "--hostname-override", "e2e-node", "--config"])
+                .arg(&self.config_file)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start nodelet run-node"),
+        )
+    }
+
+    /// A handle on the node's runtime, opened afresh from its root dir.
+    pub async fn runtime(&self) -> BuiltinRuntime {
+        BuiltinRuntime::new(config(&self.root, UNUSED_CGROUP_ROOT))
+            .await
+            .expect("open runtime")
+    }
+
+    /// Checks (with the agent stopped) that the kubelet left no sandbox, mount or process.
+    pub async fn assert_all_gone(&self) {
+        let sandboxes = self
+            .runtime()
+            .await
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .unwrap();
+        assert!(sandboxes.items.is_empty(), "no sandbox left");
+        assert_no_leaks(&self.root, UNUSED_CGROUP_ROOT);
+    }
+}
