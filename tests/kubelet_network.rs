@@ -41,33 +41,64 @@ fn sandbox_of(fake: &FakeRuntime, pod: &str) -> bool {
         .any(|s| s.metadata.name.starts_with(pod))
 }
 
+/// A kubelet running in-process, standalone, on `fake` with the given static pods; stopped
+/// (and checked to have ended well) by [`Kubelet::stop`].
+struct Kubelet {
+    _dir: tempfile::TempDir,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Kubelet {
+    fn start(fake: &Arc<FakeRuntime>, pods: &[(&str, String)]) -> Kubelet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir_all(&manifests).expect("mkdir");
+        for (file, manifest) in pods {
+            std::fs::write(manifests.join(file), manifest).expect("write");
+        }
+        let cfg = KubeletConfig {
+            static_pod_path: manifests,
+            root_dir: dir.path().join("root"),
+            pod_logs_dir: dir.path().join("logs"),
+            node_name: "test-node".into(),
+            node_ip: Some("127.0.0.1".parse().expect("ip")),
+            file_check_frequency: Duration::from_secs(1),
+            ..Default::default()
+        };
+        fake.set_fake_images(&["docker.io/library/busybox:latest"]);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let rt = kubelet::Runtime {
+            runtime: fake.clone(),
+            images: fake.clone(),
+        };
+        let run = tokio::spawn(kubelet::run(cfg, rt, None, async move {
+            let _ = stopped.await;
+        }));
+        Kubelet {
+            _dir: dir,
+            stop,
+            run,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.run.await.expect("join").expect("kubelet run");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_on_the_pod_network_wait_for_the_runtimes_network() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir_all(&manifests).expect("mkdir");
-    std::fs::write(manifests.join("a.yaml"), manifest("on-pod-net", false)).expect("write");
-    std::fs::write(manifests.join("b.yaml"), manifest("on-host-net", true)).expect("write");
-    let cfg = KubeletConfig {
-        static_pod_path: manifests,
-        root_dir: dir.path().join("root"),
-        pod_logs_dir: dir.path().join("logs"),
-        node_name: "net-node".into(),
-        node_ip: Some("127.0.0.1".parse().expect("ip")),
-        file_check_frequency: Duration::from_secs(1),
-        ..Default::default()
-    };
     let fake = Arc::new(FakeRuntime::new());
-    fake.set_fake_images(&["docker.io/library/busybox:latest"]);
     fake.set_runtime_conditions(network(false));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let rt = kubelet::Runtime {
-        runtime: fake.clone(),
-        images: fake.clone(),
-    };
-    let run = tokio::spawn(kubelet::run(cfg, rt, None, async move {
-        let _ = stopped.await;
-    }));
+    let kubelet = Kubelet::start(
+        &fake,
+        &[
+            ("a.yaml", manifest("on-pod-net", false)),
+            ("b.yaml", manifest("on-host-net", true)),
+        ],
+    );
 
     // The hostNetwork pod starts; the other one gets no sandbox while the network is down.
     let mut started = false;
@@ -100,8 +131,7 @@ async fn pods_on_the_pod_network_wait_for_the_runtimes_network() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(started, "the pod never started once the network was ready");
-    let _ = stop.send(());
-    run.await.expect("join").expect("kubelet run");
+    kubelet.stop().await;
 }
 
 /// `hostUsers: false` needs a runtime whose default handler offers user namespaces: until the
@@ -109,22 +139,7 @@ async fn pods_on_the_pod_network_wait_for_the_runtimes_network() {
 /// asks for the pod's own user namespace, a block of 65536 host IDs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_users_false_waits_for_a_runtime_with_user_namespaces() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir_all(&manifests).expect("mkdir");
-    let pod = manifest("no-host-users", false).replace("spec:\n", "spec:\n  hostUsers: false\n");
-    std::fs::write(manifests.join("a.yaml"), pod).expect("write");
-    let cfg = KubeletConfig {
-        static_pod_path: manifests,
-        root_dir: dir.path().join("root"),
-        pod_logs_dir: dir.path().join("logs"),
-        node_name: "userns-node".into(),
-        node_ip: Some("127.0.0.1".parse().expect("ip")),
-        file_check_frequency: Duration::from_secs(1),
-        ..Default::default()
-    };
     let fake = Arc::new(FakeRuntime::new());
-    fake.set_fake_images(&["docker.io/library/busybox:latest"]);
     let handler = |user_namespaces: bool| {
         vec![cri::RuntimeHandler {
             name: String::new(),
@@ -135,14 +150,8 @@ async fn host_users_false_waits_for_a_runtime_with_user_namespaces() {
         }]
     };
     fake.set_runtime_handlers(handler(false));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let rt = kubelet::Runtime {
-        runtime: fake.clone(),
-        images: fake.clone(),
-    };
-    let run = tokio::spawn(kubelet::run(cfg, rt, None, async move {
-        let _ = stopped.await;
-    }));
+    let pod = manifest("no-host-users", false).replace("spec:\n", "spec:\n  hostUsers: false\n");
+    let kubelet = Kubelet::start(&fake, &[("a.yaml", pod)]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !sandbox_of(&fake, "no-host-users"),
@@ -183,6 +192,5 @@ async fn host_users_false_waits_for_a_runtime_with_user_namespaces() {
     )
     .expect("range");
     assert_eq!((userns.uids, userns.gids), (one(first), one(first)));
-    let _ = stop.send(());
-    run.await.expect("join").expect("kubelet run");
+    kubelet.stop().await;
 }
