@@ -30,12 +30,23 @@ impl Drop for Server {
 
 impl Server {
     fn start(root: &Path, endpoint: &str, cgroup_root: &str, log: PathBuf) -> Server {
+        Server::start_with(root, endpoint, cgroup_root, log, &[])
+    }
+
+    fn start_with(
+        root: &Path,
+        endpoint: &str,
+        cgroup_root: &str,
+        log: PathBuf,
+        extra: &[&str],
+    ) -> Server {
         let err = std::fs::File::create(&log).expect("server log");
         let child = Command::new(nodelet_bin())
             .arg("--root-dir")
             .arg(root)
             .args(["cri", "serve", "--listen", endpoint])
             .args(["--cgroup-root", cgroup_root])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
@@ -474,6 +485,64 @@ async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
     assert!(snapshot(&rt).await.is_empty());
     server.terminate().await;
     assert!(!socket.exists(), "the server left its socket behind");
+    remove_cgroup_root(&cgroup_root);
+    assert_no_leaks(root.path(), &cgroup_root);
+}
+
+/// CRI says an ExecSync without a timeout runs until its command ends: the server's request
+/// timeout does not cut it short (one with a timeout gets the request timeout on top).
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_sync_without_a_timeout_outlives_the_request_timeout() {
+    if !root_or_skip("exec_sync_without_a_timeout_outlives_the_request_timeout") {
+        return;
+    }
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let cgroup_root = format!("/nodelet-e2e-crix-{}", std::process::id());
+    let socket = root.path().join("cri.sock");
+    let endpoint = format!("unix://{}", socket.display());
+    import_busybox(root.path());
+    let mut server = Server::start_with(
+        root.path(),
+        &endpoint,
+        &cgroup_root,
+        logs.path().join("server.log"),
+        &["--request-timeout", "3"],
+    );
+    server.wait_listening(&socket).await;
+    let rt = remote::connect(&endpoint, Duration::from_secs(30))
+        .await
+        .expect("connect");
+    let cfg = sandbox_config("crix", &root.path().join("logs"));
+    let sb_id = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox")
+        .pod_sandbox_id;
+    let sleeper = run_container(&rt, &(sb_id.clone(), cfg), "sleeper", &["sleep", "600"]).await;
+    let started = Instant::now();
+    let r = rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: sleeper.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "sleep 4; echo done".into()],
+            timeout: 0,
+        })
+        .await
+        .expect("an ExecSync without a timeout");
+    assert_eq!(
+        (r.exit_code, r.stdout.as_slice()),
+        (0, b"done\n".as_slice())
+    );
+    assert!(started.elapsed() >= Duration::from_secs(4));
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb_id,
+    })
+    .await
+    .unwrap();
+    server.terminate().await;
     remove_cgroup_root(&cgroup_root);
     assert_no_leaks(root.path(), &cgroup_root);
 }

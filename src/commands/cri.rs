@@ -21,7 +21,8 @@ pub struct ServeArgs {
     /// The socket to serve on: unix:///path or a plain path.
     #[arg(long, default_value = "unix:///run/nodelet/cri.sock")]
     pub listen: String,
-    /// Deadline of each CRI call but PullImage, in seconds.
+    /// Deadline of each CRI call, in seconds; PullImage has its own, an ExecSync with a
+    /// timeout gets it on top, one without runs until its command ends.
     #[arg(long, default_value_t = 120)]
     pub request_timeout: u64,
     /// Deadline of PullImage, in seconds.

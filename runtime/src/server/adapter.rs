@@ -66,6 +66,16 @@ pub(super) fn extended(base: Duration, secs: i64) -> Duration {
     base.saturating_add(Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
 }
 
+/// ExecSync's deadline: none (`Duration::MAX`, which `tokio::time::timeout` treats as no
+/// timer) for a command without a timeout, else [`extended`].
+pub(super) fn exec_sync_deadline(base: Duration, timeout: i64) -> Duration {
+    if timeout > 0 {
+        extended(base, timeout)
+    } else {
+        Duration::MAX
+    }
+}
+
 /// The events stream as sent to the client.
 type Events =
     Pin<Box<dyn Stream<Item = std::result::Result<cri::ContainerEventResponse, Status>> + Send>>;
@@ -112,7 +122,6 @@ runtime_rpcs! {
         UpdateContainerResourcesRequest -> UpdateContainerResourcesResponse);
     reopen_container_log => ReopenContainerLog(
         ReopenContainerLogRequest -> ReopenContainerLogResponse);
-    exec_sync => ExecSync(ExecSyncRequest -> ExecSyncResponse) + timeout;
     exec => Exec(ExecRequest -> ExecResponse);
     attach => Attach(AttachRequest -> AttachResponse);
     port_forward => PortForward(PortForwardRequest -> PortForwardResponse);
@@ -134,6 +143,17 @@ runtime_rpcs! {
     runtime_config => RuntimeConfig(RuntimeConfigRequest -> RuntimeConfigResponse);
     {
         type GetContainerEventsStream = Events;
+
+        /// A command without a timeout runs until it ends, as CRI says; one with a timeout
+        /// gets the request timeout on top of its own.
+        async fn exec_sync(
+            &self,
+            request: Request<cri::ExecSyncRequest>,
+        ) -> std::result::Result<Response<cri::ExecSyncResponse>, Status> {
+            let req = request.into_inner();
+            let deadline = exec_sync_deadline(self.cfg.request_timeout, req.timeout);
+            call("ExecSync", deadline, self.inner.exec_sync(req)).await
+        }
 
         /// The runtime's stream, passed through: an `Err` item becomes the stream's final
         /// status. The deadline covers opening the stream only; the stream itself lasts until
@@ -274,6 +294,21 @@ mod tests {
         .unwrap_err();
         assert_eq!(slow.code(), tonic::Code::DeadlineExceeded);
         assert!(slow.message().contains("Slow"), "{slow:?}");
+    }
+
+    #[tokio::test]
+    async fn exec_sync_without_a_timeout_has_no_deadline() {
+        let base = Duration::from_millis(20);
+        assert_eq!(exec_sync_deadline(base, 0), Duration::MAX);
+        assert_eq!(exec_sync_deadline(base, -1), Duration::MAX);
+        assert_eq!(exec_sync_deadline(base, 2), Duration::from_millis(2020));
+        // Longer than the request timeout, and still answered.
+        let long = call("ExecSync", exec_sync_deadline(base, 0), async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(1)
+        })
+        .await;
+        assert_eq!(long.unwrap().into_inner(), 1);
     }
 
     #[test]
