@@ -512,6 +512,17 @@ async fn bind_mounts() {
     let (_, info, _) = sh(&node, &id, "cat /proc/self/mountinfo").await;
     let line = mountinfo_line(&info, "/shared");
     assert!(line.contains("shared:"), "bidirectional is shared: {line}");
+
+    // A mount the container's init cannot make (a file over the image's /bin directory) is
+    // refused with the init's own reason, not just libcontainer's "failed to prepare rootfs".
+    let mut cfg = sleeper("file-over-dir");
+    cfg.mounts = vec![mount("/bin", &file, true, P::PropagationPrivate)];
+    let err = node.try_create(&sb, cfg).await.unwrap_err();
+    assert!(
+        err.message().contains("failed to prepare rootfs: ")
+            && err.message().contains("libcontainer::rootfs"),
+        "{err}"
+    );
     node.teardown().await;
 }
 
