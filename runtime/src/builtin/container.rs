@@ -170,15 +170,14 @@ impl BuiltinRuntime {
             }
             _ => None,
         };
-        let _ = opts;
         let id = new_id()?;
         let bundle = self.bundle_dir(&id);
         let rootfs = bundle.join("rootfs");
         let result = async {
-            let userns = live
-                .userns_holder
-                .map(userns::PodUserns::of_holder)
-                .transpose()?;
+            let userns = match (live.userns_holder, pod::user_namespace(&opts)?) {
+                (Some(holder), Some(maps)) => Some(userns::PodUserns::of_holder(holder, &maps)?),
+                _ => None,
+            };
             match &userns {
                 None => self.inner.images.prepare_rootfs(&image.id, &id, &rootfs),
                 Some(ns) => self.inner.images.prepare_rootfs_mapped(
@@ -237,7 +236,9 @@ impl BuiltinRuntime {
                 })
                 .await;
             // The container has its binds now; the staged clones are not needed.
-            userns::unstage(&bundle);
+            if userns.is_some() {
+                userns::unstage(&bundle);
+            }
             created.map_err(sandbox_error)?;
             let rec = ContainerRecord {
                 id: id.clone(),

@@ -31,7 +31,7 @@ pub(super) fn namespace_options(config: &cri::PodSandboxConfig) -> cri::Namespac
 /// none asked), the ID mappings for mode POD. As critest expects: one UID and one GID mapping,
 /// each starting at container ID 0; CONTAINER and TARGET are refused. The pod must have its own
 /// network, IPC and PID namespaces (the kubelet asks nothing else).
-fn user_namespace(opts: &cri::NamespaceOption) -> Result<Option<sandbox::IdMappings>> {
+pub(super) fn user_namespace(opts: &cri::NamespaceOption) -> Result<Option<sandbox::IdMappings>> {
     let Some(u) = opts.userns_options.as_ref() else {
         return Ok(None);
     };

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use oci_spec::runtime::Spec;
 
@@ -25,35 +25,18 @@ pub(super) struct PodUserns {
     root_gid: u32,
 }
 
-/// The host ID that container ID 0 maps to, from a `uid_map`/`gid_map` text.
-fn host_root(map: &str) -> Option<u32> {
-    map.lines().find_map(|line| {
-        let mut fields = line.split_whitespace().map(str::parse::<u32>);
-        match (fields.next(), fields.next()) {
-            (Some(Ok(0)), Some(Ok(host))) => Some(host),
-            _ => None,
-        }
-    })
-}
-
 impl PodUserns {
-    /// The user namespace of the sandbox's holder process.
-    pub fn of_holder(pid: i32) -> Result<Self> {
-        let proc = PathBuf::from(format!("/proc/{pid}"));
-        let unusable = |what: &str, e: &dyn std::fmt::Display| {
-            Error::failed_precondition(format!(
-                "the pod's user namespace (holder {pid}): {what}: {e}"
-            ))
-        };
-        let ns = File::open(proc.join("ns/user")).map_err(|e| unusable("opening", &e))?;
-        let root = |name: &str| -> Result<u32> {
-            let text = std::fs::read_to_string(proc.join(name)).map_err(|e| unusable(name, &e))?;
-            host_root(&text).ok_or_else(|| unusable(name, &"container ID 0 is not mapped"))
-        };
+    /// The user namespace of the sandbox's holder process, which RunPodSandbox made with
+    /// `maps` (each starting at container ID 0: its host ID is the container root's).
+    pub fn of_holder(pid: i32, maps: &sandbox::IdMappings) -> Result<Self> {
+        let path = format!("/proc/{pid}/ns/user");
+        let ns = File::open(&path).map_err(|e| {
+            Error::failed_precondition(format!("the pod's user namespace ({path}): {e}"))
+        })?;
         Ok(PodUserns {
-            root_uid: root("uid_map")?,
-            root_gid: root("gid_map")?,
             ns,
+            root_uid: maps.uids.host,
+            root_gid: maps.gids.host,
         })
     }
 
@@ -80,6 +63,8 @@ impl PodUserns {
             return Ok(());
         };
         let staged = bundle.join(STAGED);
+        std::fs::create_dir_all(&staged)
+            .map_err(|e| Error::internal(format!("creating {}: {e}", staged.display())))?;
         for (i, m) in mounts.iter_mut().enumerate() {
             let options = m.options().clone().unwrap_or_default();
             let recursive = options.iter().any(|o| o == "rbind");
@@ -94,13 +79,11 @@ impl PodUserns {
                 continue;
             }
             let at = staged.join(i.to_string());
-            let made = std::fs::create_dir_all(&staged).and_then(|()| {
-                if source.is_dir() {
-                    std::fs::create_dir(&at)
-                } else {
-                    File::create(&at).map(drop)
-                }
-            });
+            let made = if source.is_dir() {
+                std::fs::create_dir(&at)
+            } else {
+                File::create(&at).map(drop)
+            };
             made.map_err(|e| Error::internal(format!("staging mount {}: {e}", at.display())))?;
             images::idmap::bind_mapped(&source, &at, self.ns.as_fd(), recursive).map_err(|e| {
                 Error::invalid_argument(format!(
@@ -129,22 +112,5 @@ pub(super) fn unstage(bundle: &Path) {
     }
     if let Err(e) = std::fs::remove_dir_all(&staged) {
         tracing::warn!(dir = %staged.display(), "removing staged mounts: {e}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_host_root_is_read_from_the_map() {
-        assert_eq!(
-            host_root("         0     100000      65536\n"),
-            Some(100_000)
-        );
-        assert_eq!(host_root("1 5 1\n0 7 1\n"), Some(7));
-        assert_eq!(host_root("1 100000 65536\n"), None);
-        assert_eq!(host_root(""), None);
-        assert_eq!(host_root("0 x 1\n"), None);
     }
 }
