@@ -30,6 +30,7 @@ use oci_spec::runtime::{
 use crate::{Error, Result, cri};
 
 mod caps;
+mod cgroups;
 mod devices;
 mod mounts;
 mod namespaces;
@@ -121,14 +122,15 @@ pub(crate) struct Host {
     /// privileged grant. `None` when unreadable: every capability known.
     pub capabilities: Option<u64>,
     /// The cgroup v1 hierarchies (none on a v2 node).
-    pub cgroup_v1: Vec<mounts::CgroupHierarchy>,
+    pub cgroup_v1: &'static [cgroups::CgroupHierarchy],
 }
 
 impl Host {
     pub(crate) fn current() -> Host {
         let read = |p: &str| std::fs::read_to_string(p).ok();
+        let cgroup_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
         Host {
-            cgroup_v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+            cgroup_v2,
             oom_score_adj: read("/proc/self/oom_score_adj").and_then(|s| s.trim().parse().ok()),
             hostname: read("/proc/sys/kernel/hostname")
                 .map(|s| s.trim().to_string())
@@ -139,9 +141,11 @@ impl Host {
                     .find_map(|l| l.strip_prefix("CapEff:"))
                     .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             }),
-            cgroup_v1: read("/proc/self/mountinfo")
-                .map(|text| mounts::cgroup_v1_hierarchies(&text))
-                .unwrap_or_default(),
+            cgroup_v1: if cgroup_v2 {
+                &[]
+            } else {
+                cgroups::node_hierarchies()
+            },
         }
     }
 }
@@ -282,7 +286,7 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
         .iter()
         .any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_some());
     if let (false, true, Some(path)) = (host.cgroup_v2, joins_pid_namespace, &cgroups_path) {
-        mounts::spell_out_cgroup_v1(&mut mounts, &host.cgroup_v1, path, privileged)?;
+        cgroups::spell_out_cgroup_v1(&mut mounts, host.cgroup_v1, path, privileged)?;
     }
     let (devices, device_rules) = devices::devices(&config.devices, privileged, &host.dev_dir)?;
 

@@ -65,7 +65,7 @@ impl Fixture {
                 hostname: "node".into(),
                 dev_dir: PathBuf::from("/dev"),
                 capabilities: None,
-                cgroup_v1: Vec::new(),
+                cgroup_v1: &[],
             },
         }
     }
