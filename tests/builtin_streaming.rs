@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::cri_serve::CriNode;
 use common::*;
 use futures::{SinkExt, StreamExt};
 use runtime::{Code, RuntimeService, cri};
@@ -454,72 +455,17 @@ async fn port_forward_over_websocket() {
     node.teardown().await;
 }
 
-/// A `nodelet cri serve` child, SIGKILLed when dropped.
-struct CriServe(std::process::Child);
-
-impl Drop for CriServe {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_url_from_cri_serve_works() {
     if !root_or_skip("exec_url_from_cri_serve_works") {
         return;
     }
-    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let cgroup_root = format!("/nodelet-e2e-crist-{}", std::process::id());
-    let archive = busybox_archive();
-    let import = std::process::Command::new(nodelet_bin())
-        .arg("--root-dir")
-        .arg(root.path())
-        .args(["images", "import", archive.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(import.status.success(), "{import:?}");
-    let socket = root.path().join("cri.sock");
-    let endpoint = format!("unix://{}", socket.display());
-    let log = root.path().join("serve.log");
-    let mut server = CriServe(
-        std::process::Command::new(nodelet_bin())
-            .arg("--root-dir")
-            .arg(root.path())
-            .args(["cri", "serve", "--listen", &endpoint])
-            .args(["--cgroup-root", &cgroup_root])
-            .args(["--streaming-addr", "127.0.0.1:0"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    for _ in 0..600 {
-        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            break;
-        }
-        if let Ok(Some(st)) = server.0.try_wait() {
-            panic!(
-                "cri serve exited: {st}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let rt = runtime::remote::connect(&endpoint, Duration::from_secs(30))
-        .await
-        .expect("connect");
-    let cfg = sandbox_config("crist", logs.path());
-    let sandbox_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cfg.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("RunPodSandbox")
-        .pod_sandbox_id;
+    let node = CriNode::new("crist");
+    let server = node
+        .serve("serve.log", &["--streaming-addr", "127.0.0.1:0"])
+        .await;
+    let rt = node.connect().await;
+    let (sandbox_id, cfg) = run_sandbox_on(&rt, "crist", node.logs.path()).await;
     let id = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.clone(),
@@ -566,19 +512,7 @@ async fn exec_url_from_cri_serve_works() {
     .await
     .expect("RemovePodSandbox");
     drop(server);
-    for ctrl in [
-        "memory", "cpu", "cpuacct", "cpuset", "pids", "blkio", "devices", "freezer",
-    ] {
-        let _ = std::fs::remove_dir(
-            std::path::Path::new("/sys/fs/cgroup")
-                .join(ctrl)
-                .join(cgroup_root.trim_start_matches('/')),
-        );
-    }
-    let _ = std::fs::remove_dir(
-        std::path::Path::new("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/')),
-    );
-    assert_no_leaks(root.path(), &cgroup_root);
+    node.assert_all_gone();
 }
 
 #[tokio::test(flavor = "multi_thread")]

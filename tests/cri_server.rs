@@ -6,114 +6,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::cri_serve::CriNode;
 use common::*;
 use futures::StreamExt;
-use runtime::remote::{self, RemoteRuntime};
+use runtime::remote::RemoteRuntime;
 use runtime::{Code, ImageService, RuntimeService, cri};
-
-/// A `nodelet cri serve` child process, SIGKILLed when dropped.
-struct Server {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(root: &Path, endpoint: &str, cgroup_root: &str, log: PathBuf) -> Server {
-        Server::start_with(root, endpoint, cgroup_root, log, &[])
-    }
-
-    fn start_with(
-        root: &Path,
-        endpoint: &str,
-        cgroup_root: &str,
-        log: PathBuf,
-        extra: &[&str],
-    ) -> Server {
-        let err = std::fs::File::create(&log).expect("server log");
-        let child = Command::new(nodelet_bin())
-            .arg("--root-dir")
-            .arg(root)
-            .args(["cri", "serve", "--listen", endpoint])
-            .args(["--cgroup-root", cgroup_root])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("spawn nodelet cri serve");
-        Server { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the socket accepts connections.
-    async fn wait_listening(&mut self, socket: &Path) {
-        let start = Instant::now();
-        while std::os::unix::net::UnixStream::connect(socket).is_err() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("nodelet cri serve exited with {st}:\n{}", self.log());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "not listening after 30s:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    async fn terminate(mut self) {
-        let pid = self.child.id().to_string();
-        let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(st.success());
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(st.success(), "exit after SIGTERM: {st}\n{}", self.log());
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "no exit after SIGTERM"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn nodelet(root: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(nodelet_bin())
-        .arg("--root-dir")
-        .arg(root)
-        .args(args)
-        .output()
-        .expect("running nodelet")
-}
-
-fn remove_cgroup_root(cgroup_root: &str) {
-    for ctrl in [
-        "memory", "cpu", "cpuacct", "cpuset", "pids", "blkio", "devices", "freezer",
-    ] {
-        let p = Path::new("/sys/fs/cgroup").join(ctrl);
-        let _ = std::fs::remove_dir(p.join(cgroup_root.trim_start_matches('/')));
-    }
-    let _ =
-        std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(cgroup_root.trim_start_matches('/')));
-}
 
 async fn status(rt: &RemoteRuntime, id: &str) -> runtime::Result<cri::ContainerStatus> {
     rt.container_status(cri::ContainerStatusRequest {
@@ -185,39 +85,17 @@ async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
     if !root_or_skip("cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart") {
         return;
     }
-    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let cgroup_root = format!("/nodelet-e2e-cri-{}", std::process::id());
-    let socket = root.path().join("cri.sock");
-    let endpoint = format!("unix://{}", socket.display());
-    let archive = busybox_archive();
-    let out = nodelet(
-        root.path(),
-        &["images", "import", archive.to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "import: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let mut server = Server::start(
-        root.path(),
-        &endpoint,
-        &cgroup_root,
-        logs.path().join("1.log"),
-    );
-    server.wait_listening(&socket).await;
-    let rt = remote::connect(&endpoint, Duration::from_secs(30))
-        .await
-        .expect("connect");
+    let node = CriNode::new("cri");
+    let (root, socket) = (&node.root, &node.socket);
+    let server = node.serve("1.log", &[]).await;
+    let rt = node.connect().await;
     let v = rt.version_info();
     assert_eq!(
         (v.runtime_name.as_str(), v.runtime_api_version.as_str()),
         ("nodelet", "v1")
     );
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    let mode = std::fs::metadata(socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o660);
 
     // Images.
@@ -259,16 +137,8 @@ async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
     // A pod: one container exits with 3, one sleeps and runs execs.
     let mut events = rt.get_container_events(Default::default()).await.unwrap();
     let log_dir = root.path().join("logs");
-    let cfg = sandbox_config("crisrv", &log_dir);
-    let sb_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cfg.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("RunPodSandbox")
-        .pod_sandbox_id;
-    let sb = (sb_id.clone(), cfg);
+    let sb = run_sandbox_on(&rt, "crisrv", &log_dir).await;
+    let sb_id = sb.0.clone();
     let exiter = run_container(&rt, &sb, "exiter", &["sh", "-c", "echo hi; exit 3"]).await;
     let s = wait_exited(&rt, &exiter).await;
     assert_eq!(s.exit_code, 3);
@@ -422,13 +292,7 @@ async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
     let down = rt.status(Default::default()).await.unwrap_err();
     assert_eq!(down.code(), Code::Unavailable, "{down}");
     let restarted = Instant::now();
-    let mut server = Server::start(
-        root.path(),
-        &endpoint,
-        &cgroup_root,
-        logs.path().join("2.log"),
-    );
-    server.wait_listening(&socket).await;
+    let server = node.serve("2.log", &[]).await;
     let s = loop {
         match status(&rt, &sleeper).await {
             Ok(s) => break s,
@@ -485,8 +349,7 @@ async fn cri_serve_runs_a_pod_for_a_remote_client_and_survives_a_restart() {
     assert!(snapshot(&rt).await.is_empty());
     server.terminate().await;
     assert!(!socket.exists(), "the server left its socket behind");
-    remove_cgroup_root(&cgroup_root);
-    assert_no_leaks(root.path(), &cgroup_root);
+    node.assert_all_gone();
 }
 
 /// CRI says an ExecSync without a timeout runs until its command ends: the server's request
@@ -496,32 +359,10 @@ async fn exec_sync_without_a_timeout_outlives_the_request_timeout() {
     if !root_or_skip("exec_sync_without_a_timeout_outlives_the_request_timeout") {
         return;
     }
-    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let cgroup_root = format!("/nodelet-e2e-crix-{}", std::process::id());
-    let socket = root.path().join("cri.sock");
-    let endpoint = format!("unix://{}", socket.display());
-    import_busybox(root.path());
-    let mut server = Server::start_with(
-        root.path(),
-        &endpoint,
-        &cgroup_root,
-        logs.path().join("server.log"),
-        &["--request-timeout", "3"],
-    );
-    server.wait_listening(&socket).await;
-    let rt = remote::connect(&endpoint, Duration::from_secs(30))
-        .await
-        .expect("connect");
-    let cfg = sandbox_config("crix", &root.path().join("logs"));
-    let sb_id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cfg.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("RunPodSandbox")
-        .pod_sandbox_id;
+    let node = CriNode::new("crix");
+    let server = node.serve("server.log", &["--request-timeout", "3"]).await;
+    let rt = node.connect().await;
+    let (sb_id, cfg) = run_sandbox_on(&rt, "crix", &node.root.path().join("logs")).await;
     let sleeper = run_container(&rt, &(sb_id.clone(), cfg), "sleeper", &["sleep", "600"]).await;
     let started = Instant::now();
     let r = rt
@@ -543,6 +384,5 @@ async fn exec_sync_without_a_timeout_outlives_the_request_timeout() {
     .await
     .unwrap();
     server.terminate().await;
-    remove_cgroup_root(&cgroup_root);
-    assert_no_leaks(root.path(), &cgroup_root);
+    node.assert_all_gone();
 }

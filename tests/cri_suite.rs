@@ -383,15 +383,9 @@ impl Backend {
             }
             Owned::Containerd(ctd) => {
                 // containerd, its shims and its mounts go with it.
-                let dir = ctd.dir().to_string_lossy().into_owned();
+                let dir = ctd.dir().to_path_buf();
                 drop(ctd);
-                let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-                assert!(!mounts.contains(&dir), "mounts left under {dir}");
-                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-                    let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-                    let cmdline = String::from_utf8_lossy(&cmdline);
-                    assert!(!cmdline.contains(&dir), "process left: {cmdline}");
-                }
+                assert_nothing_under(&dir);
             }
         }
     }

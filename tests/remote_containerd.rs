@@ -80,16 +80,10 @@ async fn remove_all(rt: &RemoteRuntime, ctd: Containerd, pods: &[&str]) {
             .is_empty()
     );
     // containerd, its shims, its mounts and its bridge go with it.
-    let dir = ctd.dir().to_string_lossy().into_owned();
+    let dir = ctd.dir().to_path_buf();
     let bridge = ctd.pod_network().map(|n| n.bridge.clone());
     drop(ctd);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&dir), "mounts left under {dir}");
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(!cmdline.contains(&dir), "process left: {cmdline}");
-    }
+    assert_nothing_under(&dir);
     if let Some(bridge) = bridge {
         let link = Path::new("/sys/class/net").join(&bridge);
         assert!(!link.exists(), "bridge {bridge} left behind");

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod containerd;
+pub mod cri_serve;
 pub mod standalone;
 
 use std::path::{Path, PathBuf};
@@ -117,17 +118,7 @@ impl Node {
     }
 
     pub async fn sandbox(&self, name: &str) -> (String, cri::PodSandboxConfig) {
-        let cfg = sandbox_config(name, &self.log_dir());
-        let id = self
-            .rt
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(cfg.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .expect("RunPodSandbox")
-            .pod_sandbox_id;
-        (id, cfg)
+        run_sandbox_on(&self.rt, name, &self.log_dir()).await
     }
 
     pub async fn container(
@@ -191,43 +182,67 @@ impl Node {
                 .await
                 .expect("RemovePodSandbox");
         }
-        let _ = runtime_cgroup_remove(&self.cgroup_root);
+        remove_cgroup_root(&self.cgroup_root);
         assert_no_leaks(self.root.path(), &self.cgroup_root);
     }
 }
 
-fn runtime_cgroup_remove(path: &str) -> std::io::Result<()> {
+/// Removes a cgroup root the tests gave a runtime (v1 controllers and the v2 dir alike).
+pub fn remove_cgroup_root(path: &str) {
+    let path = path.trim_start_matches('/');
     for ctrl in [
         "memory", "cpu", "cpuacct", "cpuset", "pids", "blkio", "devices", "freezer", "systemd",
         "unified",
     ] {
-        let p = Path::new("/sys/fs/cgroup")
-            .join(ctrl)
-            .join(path.trim_start_matches('/'));
-        let _ = std::fs::remove_dir(p);
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(path));
     }
-    Ok(())
+    let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(path));
 }
 
-pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
+/// Checks that no mount and no process mentions `dir` any more.
+pub fn assert_nothing_under(dir: &Path) {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let root_s = root.to_string_lossy().to_string();
-    let leaked: Vec<&str> = mounts.lines().filter(|l| l.contains(&root_s)).collect();
+    let dir_s = dir.to_string_lossy().to_string();
+    let leaked: Vec<&str> = mounts.lines().filter(|l| l.contains(&dir_s)).collect();
     assert!(leaked.is_empty(), "mounts left behind: {leaked:?}");
+    let mut procs = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains(&dir_s) {
+            procs.push(cmdline.into_owned());
+        }
+    }
+    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
+
+/// Checks that a runtime in `root` under `cgroup_root` left no mount, cgroup or process.
+pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
+    assert_nothing_under(root);
     for ctrl in ["memory", "pids", "cpu"] {
         let p = Path::new("/sys/fs/cgroup")
             .join(ctrl)
             .join(cgroup_root.trim_start_matches('/'));
         assert!(!p.exists(), "cgroup {} left behind", p.display());
     }
-    let mut procs = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(&root_s) {
-            procs.push(entry.file_name());
-        }
-    }
-    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
+
+/// RunPodSandbox of `sandbox_config(name)` on any CRI runtime; returns the id and the config.
+pub async fn run_sandbox_on(
+    rt: &dyn RuntimeService,
+    name: &str,
+    log_dir: &Path,
+) -> (String, cri::PodSandboxConfig) {
+    let cfg = sandbox_config(name, log_dir);
+    let id = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox")
+        .pod_sandbox_id;
+    (id, cfg)
 }
 
 /// CreateContainer then StartContainer on any CRI runtime; returns the container id.
