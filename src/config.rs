@@ -3,12 +3,20 @@
 //! defaults. Unknown fields are collected as warnings (a config written for the upstream
 //! kubelet still loads); invalid values are errors naming the field. Settings that come from
 //! flags (node name, node IP, kubeconfig, root dir) are plain fields the CLI sets afterwards.
+//!
+//! The file is read with serde into `RawConfig` (the v1beta1 names, every field optional),
+//! which one conversion turns into [`KubeletConfig`], defaulting and checking each value.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 /// The only accepted `apiVersion`.
@@ -79,6 +87,12 @@ pub struct KubeletConfig {
     /// Hard eviction thresholds, signal → value (`"100Mi"`, `"10%"`). A file that sets
     /// `evictionHard` replaces the defaults entirely, as upstream does.
     pub eviction_hard: BTreeMap<String, String>,
+    /// `serializeImagePulls`: pull one image at a time. Unset, true unless
+    /// `maxParallelImagePulls` is more than 1 (upstream's default).
+    pub serialize_image_pulls: bool,
+    /// `maxParallelImagePulls`: at most this many pulls at once when they are not serialized;
+    /// `None`: no limit. More than 1 requires `serialize_image_pulls` false.
+    pub max_parallel_image_pulls: Option<u32>,
     pub testing: TestingConfig,
     /// `--hostname-override`, else the host name, lowercased.
     pub node_name: String,
@@ -119,6 +133,8 @@ impl Default for KubeletConfig {
             cluster_domain: String::new(),
             register_node: true,
             eviction_hard: default_eviction_hard(),
+            serialize_image_pulls: true,
+            max_parallel_image_pulls: None,
             testing: TestingConfig::default(),
             node_name: host_name(),
             node_ip: None,
@@ -188,14 +204,14 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
         path: PathBuf::new(),
         message: e.to_string(),
     })?;
-    let Value::Object(map) = value else {
+    let Value::Object(mut map) = value else {
         return Err(ConfigError::Invalid(
             "the configuration must be a mapping".to_string(),
         ));
     };
-    let mut cfg = KubeletConfig::default();
-    let mut warnings = Vec::new();
-    match map.get("apiVersion") {
+    // The type's identity first, so a file of another kind is refused as such and not for
+    // its fields.
+    match map.remove("apiVersion") {
         None => {
             return Err(invalid(
                 "apiVersion",
@@ -205,86 +221,270 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
         Some(Value::String(v)) if v == API_VERSION => {}
         Some(v) => return Err(invalid("apiVersion", format!("{v} is not {API_VERSION}"))),
     }
-    match map.get("kind") {
+    match map.remove("kind") {
         None => return Err(invalid("kind", format!("missing, must be {KIND}"))),
         Some(Value::String(v)) if v == KIND => {}
         Some(v) => return Err(invalid("kind", format!("{v} is not {KIND}"))),
     }
-    for (key, v) in &map {
-        let k = key.as_str();
-        match k {
-            "apiVersion" | "kind" => {}
-            "staticPodPath" => cfg.static_pod_path = PathBuf::from(string(k, v)?),
-            "staticPodURL" => cfg.static_pod_url = string(k, v)?,
-            "syncFrequency" => cfg.sync_frequency = positive_duration(k, v)?,
-            "fileCheckFrequency" => cfg.file_check_frequency = positive_duration(k, v)?,
-            "httpCheckFrequency" => cfg.http_check_frequency = positive_duration(k, v)?,
-            "nodeStatusUpdateFrequency" => {
-                cfg.node_status_update_frequency = positive_duration(k, v)?
-            }
-            "nodeStatusReportFrequency" => {
-                cfg.node_status_report_frequency = positive_duration(k, v)?
-            }
-            "nodeLeaseDurationSeconds" => {
-                cfg.node_lease_duration_seconds = int_at_least(k, v, 1)?;
-            }
-            "maxPods" => cfg.max_pods = int_at_least(k, v, 1)?,
-            "podPidsLimit" => {
-                let n = integer(k, v)?;
-                if n != -1 && n < 1 {
-                    return Err(invalid(k, "must be -1 (unlimited) or >= 1".to_string()));
-                }
-                cfg.pod_pids_limit = n;
-            }
-            "podLogsDir" => {
-                let s = string(k, v)?;
-                if !s.starts_with('/') {
-                    return Err(invalid(k, format!("{s:?} is not an absolute path")));
-                }
-                cfg.pod_logs_dir = PathBuf::from(s);
-            }
-            "containerRuntimeEndpoint" => cfg.container_runtime_endpoint = string(k, v)?,
-            "imageServiceEndpoint" => cfg.image_service_endpoint = string(k, v)?,
-            "cgroupRoot" => cfg.cgroup_root = string(k, v)?,
-            "cgroupsPerQOS" => cfg.cgroups_per_qos = boolean(k, v)?,
-            "clusterDNS" => cfg.cluster_dns = ip_list(k, v)?,
-            "clusterDomain" => cfg.cluster_domain = string(k, v)?,
-            "registerNode" => cfg.register_node = boolean(k, v)?,
-            "evictionHard" => cfg.eviction_hard = eviction(k, v)?,
-            "nodeletTesting" => cfg.testing = testing(v, &mut warnings)?,
-            "podCIDR" => {
-                let c = string(k, v)?;
-                sandbox_subnet_check(&c).map_err(|e| invalid(k, e))?;
-                cfg.pod_cidr = c;
-            }
-            "nodeletPodBridge" => cfg.pod_bridge = string(k, v)?,
-            "nodeletPodMasquerade" => cfg.pod_masquerade = boolean(k, v)?,
-            _ => warnings.push(format!("unknown field {k:?} ignored")),
-        }
-    }
-    Ok((cfg, warnings))
+    // A value of the wrong type is refused with its path in the file: `clusterDNS[1]: ...`.
+    let raw: RawConfig = serde_path_to_error::deserialize(Value::Object(map))
+        .map_err(|e| invalid(&e.path().to_string(), e.into_inner().to_string()))?;
+    raw.into_config()
 }
 
-fn testing(v: &Value, warnings: &mut Vec<String>) -> Result<TestingConfig, ConfigError> {
-    let Value::Object(map) = v else {
-        return Err(invalid("nodeletTesting", "must be a mapping".to_string()));
-    };
-    let mut t = TestingConfig::default();
-    for (key, v) in map {
-        let k = format!("nodeletTesting.{key}");
-        match key.as_str() {
-            "crashLoopBackOffInitial" => t.crash_loop_back_off_initial = positive_duration(&k, v)?,
-            "crashLoopBackOffMax" => t.crash_loop_back_off_max = positive_duration(&k, v)?,
-            _ => warnings.push(format!("unknown field {k:?} ignored")),
+/// The file as written: the `KubeletConfiguration` (v1beta1) fields nodelet reads, by their
+/// names there, `None` when unset (or `null`). Anything else lands in `other`, to be warned
+/// about. [`RawConfig::into_config`] applies the defaults and checks the values.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawConfig {
+    static_pod_path: Option<Typed<String>>,
+    #[serde(rename = "staticPodURL")]
+    static_pod_url: Option<Typed<String>>,
+    sync_frequency: Option<Typed<Duration>>,
+    file_check_frequency: Option<Typed<Duration>>,
+    http_check_frequency: Option<Typed<Duration>>,
+    node_status_update_frequency: Option<Typed<Duration>>,
+    node_status_report_frequency: Option<Typed<Duration>>,
+    node_lease_duration_seconds: Option<Typed<i64>>,
+    max_pods: Option<Typed<i64>>,
+    pod_pids_limit: Option<Typed<i64>>,
+    pod_logs_dir: Option<Typed<String>>,
+    container_runtime_endpoint: Option<Typed<String>>,
+    image_service_endpoint: Option<Typed<String>>,
+    cgroup_root: Option<Typed<String>>,
+    #[serde(rename = "cgroupsPerQOS")]
+    cgroups_per_qos: Option<Typed<bool>>,
+    #[serde(rename = "clusterDNS")]
+    cluster_dns: Option<IpList>,
+    cluster_domain: Option<Typed<String>>,
+    register_node: Option<Typed<bool>>,
+    eviction_hard: Option<Thresholds>,
+    serialize_image_pulls: Option<Typed<bool>>,
+    max_parallel_image_pulls: Option<Typed<i64>>,
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<Typed<String>>,
+    nodelet_pod_bridge: Option<Typed<String>>,
+    nodelet_pod_masquerade: Option<Typed<bool>>,
+    nodelet_testing: Option<Testing>,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+/// `nodeletTesting` as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawTesting {
+    crash_loop_back_off_initial: Option<Typed<Duration>>,
+    crash_loop_back_off_max: Option<Typed<Duration>>,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+impl RawConfig {
+    /// The effective configuration: upstream's defaults for what is unset, every value
+    /// checked. Returns the warnings too (unknown fields, in the order of their paths).
+    fn into_config(self) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
+        let d = KubeletConfig::default();
+        let mut warnings: Vec<String> = self.other.keys().map(|k| unknown(k)).collect();
+
+        let testing = match self.nodelet_testing {
+            None => d.testing,
+            Some(Testing(t)) => {
+                warnings.extend(
+                    t.other
+                        .keys()
+                        .map(|k| unknown(&format!("nodeletTesting.{k}"))),
+                );
+                t.into_config()?
+            }
+        };
+        warnings.sort();
+
+        let pod_pids_limit = match get(self.pod_pids_limit) {
+            None => d.pod_pids_limit,
+            Some(n) if n == -1 || n >= 1 => n,
+            Some(_) => {
+                return Err(invalid(
+                    "podPidsLimit",
+                    "must be -1 (unlimited) or >= 1".to_string(),
+                ));
+            }
+        };
+        let pod_logs_dir = match get(self.pod_logs_dir) {
+            None => d.pod_logs_dir,
+            Some(s) if s.starts_with('/') => PathBuf::from(s),
+            Some(s) => {
+                return Err(invalid(
+                    "podLogsDir",
+                    format!("{s:?} is not an absolute path"),
+                ));
+            }
+        };
+        let eviction_hard = match self.eviction_hard {
+            None => d.eviction_hard,
+            Some(Thresholds(map)) => {
+                for (signal, threshold) in &map {
+                    let field = format!("evictionHard.{signal}");
+                    if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+                        return Err(invalid(&field, "unknown eviction signal".to_string()));
+                    }
+                    check_threshold(threshold).map_err(|e| invalid(&field, e))?;
+                }
+                map
+            }
+        };
+        let pod_cidr = match get(self.pod_cidr) {
+            None => d.pod_cidr,
+            Some(c) => {
+                sandbox_subnet_check(&c).map_err(|e| invalid("podCIDR", e))?;
+                c
+            }
+        };
+
+        // Upstream: unset, serializeImagePulls is true unless maxParallelImagePulls asks for
+        // more than one pull at a time; set true, it cannot.
+        let max_parallel_image_pulls = match get(self.max_parallel_image_pulls) {
+            None => None,
+            Some(n) if n < 1 => {
+                return Err(invalid(
+                    "maxParallelImagePulls",
+                    format!("{n} must be a positive number"),
+                ));
+            }
+            Some(n) => Some(int32("maxParallelImagePulls", n)?),
+        };
+        let many_pulls = max_parallel_image_pulls.is_some_and(|n| n > 1);
+        let serialize_image_pulls = get(self.serialize_image_pulls).unwrap_or(!many_pulls);
+        if serialize_image_pulls && many_pulls {
+            return Err(invalid(
+                "maxParallelImagePulls",
+                "cannot be larger than 1 unless serializeImagePulls is false".to_string(),
+            ));
         }
+
+        let cfg = KubeletConfig {
+            static_pod_path: get(self.static_pod_path).map_or(d.static_pod_path, PathBuf::from),
+            static_pod_url: get(self.static_pod_url).unwrap_or(d.static_pod_url),
+            sync_frequency: positive("syncFrequency", self.sync_frequency, d.sync_frequency)?,
+            file_check_frequency: positive(
+                "fileCheckFrequency",
+                self.file_check_frequency,
+                d.file_check_frequency,
+            )?,
+            http_check_frequency: positive(
+                "httpCheckFrequency",
+                self.http_check_frequency,
+                d.http_check_frequency,
+            )?,
+            node_status_update_frequency: positive(
+                "nodeStatusUpdateFrequency",
+                self.node_status_update_frequency,
+                d.node_status_update_frequency,
+            )?,
+            node_status_report_frequency: positive(
+                "nodeStatusReportFrequency",
+                self.node_status_report_frequency,
+                d.node_status_report_frequency,
+            )?,
+            node_lease_duration_seconds: at_least_one(
+                "nodeLeaseDurationSeconds",
+                self.node_lease_duration_seconds,
+                d.node_lease_duration_seconds,
+            )?,
+            max_pods: at_least_one("maxPods", self.max_pods, d.max_pods)?,
+            pod_pids_limit,
+            pod_logs_dir,
+            container_runtime_endpoint: get(self.container_runtime_endpoint)
+                .unwrap_or(d.container_runtime_endpoint),
+            image_service_endpoint: get(self.image_service_endpoint)
+                .unwrap_or(d.image_service_endpoint),
+            cgroup_root: get(self.cgroup_root).unwrap_or(d.cgroup_root),
+            cgroups_per_qos: get(self.cgroups_per_qos).unwrap_or(d.cgroups_per_qos),
+            cluster_dns: self.cluster_dns.map_or(d.cluster_dns, |IpList(ips)| ips),
+            cluster_domain: get(self.cluster_domain).unwrap_or(d.cluster_domain),
+            register_node: get(self.register_node).unwrap_or(d.register_node),
+            eviction_hard,
+            serialize_image_pulls,
+            max_parallel_image_pulls,
+            testing,
+            pod_cidr,
+            pod_bridge: get(self.nodelet_pod_bridge).unwrap_or(d.pod_bridge),
+            pod_masquerade: get(self.nodelet_pod_masquerade).unwrap_or(d.pod_masquerade),
+            // Set from flags.
+            node_name: d.node_name,
+            node_ip: d.node_ip,
+            kubeconfig: d.kubeconfig,
+            root_dir: d.root_dir,
+        };
+        Ok((cfg, warnings))
     }
-    if t.crash_loop_back_off_max < t.crash_loop_back_off_initial {
-        return Err(invalid(
-            "nodeletTesting.crashLoopBackOffMax",
-            "must be >= crashLoopBackOffInitial".to_string(),
-        ));
+}
+
+impl RawTesting {
+    fn into_config(self) -> Result<TestingConfig, ConfigError> {
+        let d = TestingConfig::default();
+        let t = TestingConfig {
+            crash_loop_back_off_initial: positive(
+                "nodeletTesting.crashLoopBackOffInitial",
+                self.crash_loop_back_off_initial,
+                d.crash_loop_back_off_initial,
+            )?,
+            crash_loop_back_off_max: positive(
+                "nodeletTesting.crashLoopBackOffMax",
+                self.crash_loop_back_off_max,
+                d.crash_loop_back_off_max,
+            )?,
+        };
+        if t.crash_loop_back_off_max < t.crash_loop_back_off_initial {
+            return Err(invalid(
+                "nodeletTesting.crashLoopBackOffMax",
+                "must be >= crashLoopBackOffInitial".to_string(),
+            ));
+        }
+        Ok(t)
     }
-    Ok(t)
+}
+
+fn unknown(path: &str) -> String {
+    format!("unknown field {path:?} ignored")
+}
+
+fn invalid(field: &str, what: String) -> ConfigError {
+    ConfigError::Invalid(format!("{field}: {what}"))
+}
+
+/// A set field's value.
+fn get<T>(field: Option<Typed<T>>) -> Option<T> {
+    field.map(|Typed(v)| v)
+}
+
+fn positive(
+    k: &str,
+    field: Option<Typed<Duration>>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match get(field) {
+        None => Ok(default),
+        Some(d) if d.is_zero() => Err(invalid(k, "must be greater than zero".to_string())),
+        Some(d) => Ok(d),
+    }
+}
+
+fn at_least_one(k: &str, field: Option<Typed<i64>>, default: u32) -> Result<u32, ConfigError> {
+    match get(field) {
+        None => Ok(default),
+        Some(n) if n < 1 => Err(invalid(k, "must be >= 1".to_string())),
+        Some(n) => u32::try_from(n).map_err(|_| invalid(k, format!("{n} is too large"))),
+    }
+}
+
+/// A positive `int32` (upstream's type) as a `u32`.
+fn int32(k: &str, n: i64) -> Result<u32, ConfigError> {
+    i32::try_from(n)
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| invalid(k, format!("{n} is too large")))
 }
 
 /// A pod CIDR the built-in runtime can use (one IPv4 subnet).
@@ -294,83 +494,177 @@ fn sandbox_subnet_check(cidr: &str) -> Result<(), String> {
         .map_err(|e| e.message().to_string())
 }
 
-fn invalid(field: &str, what: String) -> ConfigError {
-    ConfigError::Invalid(format!("{field}: {what}"))
+/// A scalar field's value: read as whatever the file holds, then checked, so a value of the
+/// wrong type is refused in the file's terms (`must be an integer, not "many"`) rather than
+/// serde's; [`parse`] puts the field's path in front.
+struct Typed<T>(T);
+
+/// How a scalar is read from the file's value.
+trait FromValue: Sized {
+    fn from_value(v: Value) -> Result<Self, String>;
 }
 
-fn string(k: &str, v: &Value) -> Result<String, ConfigError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        other => Err(invalid(k, format!("must be a string, not {other}"))),
+impl<'de, T: FromValue> Deserialize<'de> for Typed<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::from_value(Value::deserialize(d)?)
+            .map(Typed)
+            .map_err(de::Error::custom)
     }
 }
 
-fn boolean(k: &str, v: &Value) -> Result<bool, ConfigError> {
-    v.as_bool()
-        .ok_or_else(|| invalid(k, format!("must be true or false, not {v}")))
-}
-
-fn integer(k: &str, v: &Value) -> Result<i64, ConfigError> {
-    v.as_i64()
-        .ok_or_else(|| invalid(k, format!("must be an integer, not {v}")))
-}
-
-fn int_at_least(k: &str, v: &Value, min: i64) -> Result<u32, ConfigError> {
-    let n = integer(k, v)?;
-    if n < min {
-        return Err(invalid(k, format!("must be >= {min}")));
-    }
-    u32::try_from(n).map_err(|_| invalid(k, format!("{n} is too large")))
-}
-
-fn positive_duration(k: &str, v: &Value) -> Result<Duration, ConfigError> {
-    let Value::String(s) = v else {
-        return Err(invalid(
-            k,
-            format!("must be a duration string like \"10s\", not {v}"),
-        ));
-    };
-    let d = parse_duration(s).map_err(|e| invalid(k, e))?;
-    if d.is_zero() {
-        return Err(invalid(k, "must be greater than zero".to_string()));
-    }
-    Ok(d)
-}
-
-fn ip_list(k: &str, v: &Value) -> Result<Vec<IpAddr>, ConfigError> {
-    let Value::Array(items) = v else {
-        return Err(invalid(k, "must be a list of IP addresses".to_string()));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let s = string(&format!("{k}[{i}]"), item)?;
-            s.parse()
-                .map_err(|_| invalid(&format!("{k}[{i}]"), format!("invalid IP address {s:?}")))
-        })
-        .collect()
-}
-
-fn eviction(k: &str, v: &Value) -> Result<BTreeMap<String, String>, ConfigError> {
-    let Value::Object(map) = v else {
-        return Err(invalid(
-            k,
-            "must be a mapping of signal to threshold".to_string(),
-        ));
-    };
-    let mut out = BTreeMap::new();
-    for (signal, value) in map {
-        let field = format!("{k}.{signal}");
-        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-            return Err(invalid(&field, "unknown eviction signal".to_string()));
+impl FromValue for String {
+    fn from_value(v: Value) -> Result<Self, String> {
+        match v {
+            Value::String(s) => Ok(s),
+            // A list item or mapping value written as `null` (a field is then unset).
+            Value::Null => Ok(String::new()),
+            other => Err(format!("must be a string, not {other}")),
         }
-        let s = string(&field, value)?;
-        check_threshold(&s).map_err(|e| invalid(&field, e))?;
-        out.insert(signal.clone(), s);
     }
-    Ok(out)
+}
+
+impl FromValue for bool {
+    fn from_value(v: Value) -> Result<Self, String> {
+        v.as_bool()
+            .ok_or_else(|| format!("must be true or false, not {v}"))
+    }
+}
+
+impl FromValue for i64 {
+    fn from_value(v: Value) -> Result<Self, String> {
+        v.as_i64()
+            .ok_or_else(|| format!("must be an integer, not {v}"))
+    }
+}
+
+/// A Go duration string (`"1m30s"`).
+impl FromValue for Duration {
+    fn from_value(v: Value) -> Result<Self, String> {
+        match v {
+            Value::String(s) => parse_duration(&s),
+            other => Err(format!(
+                "must be a duration string like \"10s\", not {other}"
+            )),
+        }
+    }
+}
+
+impl FromValue for IpAddr {
+    fn from_value(v: Value) -> Result<Self, String> {
+        let s = String::from_value(v)?;
+        s.parse().map_err(|_| format!("invalid IP address {s:?}"))
+    }
+}
+
+/// `clusterDNS`.
+struct IpList(Vec<IpAddr>);
+
+impl<'de> Deserialize<'de> for IpList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ips: Vec<Typed<IpAddr>> = d.deserialize_any(Shaped::list("a list of IP addresses"))?;
+        Ok(IpList(ips.into_iter().map(|Typed(ip)| ip).collect()))
+    }
+}
+
+/// `evictionHard`: signal → threshold, checked by [`RawConfig::into_config`].
+struct Thresholds(BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Thresholds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map: BTreeMap<String, Typed<String>> =
+            d.deserialize_any(Shaped::mapping("a mapping of signal to threshold"))?;
+        Ok(Thresholds(
+            map.into_iter().map(|(k, Typed(v))| (k, v)).collect(),
+        ))
+    }
+}
+
+/// `nodeletTesting`.
+struct Testing(RawTesting);
+
+impl<'de> Deserialize<'de> for Testing {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Shaped::mapping("a mapping")).map(Testing)
+    }
+}
+
+/// Reads a `T` written as a list (or as a mapping), through the file's own sequence (or map)
+/// so that errors inside keep their path (`clusterDNS[1]`, `nodeletTesting.crashLoopBackOffMax`);
+/// refuses anything else as `must be {what}, not ...`.
+struct Shaped<T> {
+    what: &'static str,
+    list: bool,
+    t: PhantomData<T>,
+}
+
+impl<T> Shaped<T> {
+    fn list(what: &'static str) -> Self {
+        Shaped {
+            what,
+            list: true,
+            t: PhantomData,
+        }
+    }
+
+    fn mapping(what: &'static str) -> Self {
+        Shaped {
+            what,
+            list: false,
+            t: PhantomData,
+        }
+    }
+
+    fn refuse<E: de::Error>(&self, got: impl fmt::Display) -> E {
+        E::custom(format!("must be {}, not {got}", self.what))
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Shaped<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.what)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+        if self.list {
+            T::deserialize(SeqAccessDeserializer::new(seq))
+        } else {
+            Err(self.refuse("a list"))
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        if self.list {
+            Err(self.refuse("a mapping"))
+        } else {
+            T::deserialize(MapAccessDeserializer::new(map))
+        }
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+        Err(self.refuse(Value::Null))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<T, E> {
+        Err(self.refuse(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        Err(self.refuse(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        Err(self.refuse(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+        Err(self.refuse(Value::from(v)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        Err(self.refuse(Value::from(v)))
+    }
 }
 
 /// A threshold is a percentage (`"10%"`) or a quantity (`"100Mi"`, `"1G"`, `"500"`).

@@ -310,3 +310,140 @@ fn a_bad_pod_cidr_says_why() {
     assert!(e.contains("podCIDR"), "{e}");
     assert!(e.contains("host bits"), "{e}");
 }
+
+#[test]
+fn image_pulls() {
+    let (c, _) = ok("");
+    assert!(c.serialize_image_pulls);
+    assert_eq!(c.max_parallel_image_pulls, None);
+
+    let (c, _) = ok("serializeImagePulls: false\n");
+    assert!(!c.serialize_image_pulls);
+    assert_eq!(c.max_parallel_image_pulls, None, "no limit");
+
+    let (c, _) = ok("serializeImagePulls: false\nmaxParallelImagePulls: 5\n");
+    assert!(!c.serialize_image_pulls);
+    assert_eq!(c.max_parallel_image_pulls, Some(5));
+
+    // Upstream's default: unset, serializeImagePulls follows maxParallelImagePulls.
+    let (c, _) = ok("maxParallelImagePulls: 3\n");
+    assert!(!c.serialize_image_pulls);
+    assert_eq!(c.max_parallel_image_pulls, Some(3));
+    let (c, _) = ok("maxParallelImagePulls: 1\n");
+    assert!(c.serialize_image_pulls);
+    assert_eq!(c.max_parallel_image_pulls, Some(1));
+    let (c, _) = ok("serializeImagePulls: true\nmaxParallelImagePulls: 1\n");
+    assert!(c.serialize_image_pulls);
+
+    let cases: &[(&str, &str)] = &[
+        (
+            "serializeImagePulls: true\nmaxParallelImagePulls: 2",
+            "maxParallelImagePulls: cannot be larger than 1 unless serializeImagePulls is false",
+        ),
+        (
+            "maxParallelImagePulls: 0",
+            "maxParallelImagePulls: 0 must be a positive number",
+        ),
+        (
+            "serializeImagePulls: false\nmaxParallelImagePulls: -3",
+            "maxParallelImagePulls: -3 must be a positive number",
+        ),
+        (
+            "serializeImagePulls: false\nmaxParallelImagePulls: 3000000000",
+            "maxParallelImagePulls: 3000000000 is too large",
+        ),
+        (
+            "maxParallelImagePulls: \"2\"",
+            "maxParallelImagePulls: must be an integer, not \"2\"",
+        ),
+        (
+            "serializeImagePulls: 1",
+            "serializeImagePulls: must be true or false, not 1",
+        ),
+    ];
+    for (body, want) in cases {
+        let got = err(&format!("{HEAD}{body}\n"));
+        assert_eq!(&got, want, "{body:?}");
+    }
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("maxPods: [1]", "maxPods: must be an integer, not [1]"),
+        ("maxPods: 1.5", "maxPods: must be an integer, not 1.5"),
+        (
+            "registerNode: \"true\"",
+            "registerNode: must be true or false, not \"true\"",
+        ),
+        (
+            "cgroupRoot: {a: 1}",
+            "cgroupRoot: must be a string, not {\"a\":1}",
+        ),
+        (
+            "syncFrequency: 10",
+            "syncFrequency: must be a duration string like \"10s\", not 10",
+        ),
+        (
+            "clusterDNS: {a: 1}",
+            "clusterDNS: must be a list of IP addresses, not a mapping",
+        ),
+        (
+            "clusterDNS: [10.0.0.1, [1]]",
+            "clusterDNS[1]: must be a string, not [1]",
+        ),
+        (
+            "evictionHard: [memory.available]",
+            "evictionHard: must be a mapping of signal to threshold, not a list",
+        ),
+        (
+            "evictionHard: {memory.available: 5}",
+            "evictionHard.memory.available: must be a string, not 5",
+        ),
+        (
+            "nodeletTesting: 5s",
+            "nodeletTesting: must be a mapping, not \"5s\"",
+        ),
+        (
+            "nodeletTesting: {crashLoopBackOffMax: true}",
+            "nodeletTesting.crashLoopBackOffMax: must be a duration string like \"10s\", not true",
+        ),
+        (
+            "nodeletTesting: {crashLoopBackOffMax: 0s}",
+            "nodeletTesting.crashLoopBackOffMax: must be greater than zero",
+        ),
+    ];
+    for (body, want) in cases {
+        let got = err(&format!("{HEAD}{body}\n"));
+        assert_eq!(&got, want, "{body:?}");
+    }
+}
+
+#[test]
+fn null_leaves_a_field_unset() {
+    let (c, w) = ok("maxPods: null\ncgroupRoot: ~\nclusterDNS: null\nnodeletTesting: null\n");
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c, KubeletConfig::default());
+}
+
+#[test]
+fn unknown_nested_fields_are_warned_by_path() {
+    let (c, w) = ok(r#"
+zzz: 1
+nodeletTesting:
+  crashLoopBackOffMax: 20s
+  fastForward: true
+  aNested: {deeper: 1}
+authentication: {anonymous: {enabled: false}}
+"#);
+    assert_eq!(c.testing.crash_loop_back_off_max, Duration::from_secs(20));
+    assert_eq!(
+        w,
+        vec![
+            "unknown field \"authentication\" ignored".to_string(),
+            "unknown field \"nodeletTesting.aNested\" ignored".to_string(),
+            "unknown field \"nodeletTesting.fastForward\" ignored".to_string(),
+            "unknown field \"zzz\" ignored".to_string(),
+        ]
+    );
+}
