@@ -4,6 +4,7 @@
 //! from `staticPodPath` and `staticPodURL`; with an API server (a kubeconfig), the pods bound
 //! to the node come from it too, static pods get mirror pods, and statuses are written back.
 
+pub mod gc;
 pub mod mirror;
 pub mod pleg;
 mod syncer;
