@@ -30,18 +30,38 @@ pub enum UpdateType {
     Kill,
 }
 
-/// A failure of one sync; the worker retries after a back-off.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SyncError(pub String);
+pub use crate::pod::SyncError;
+
+/// How a sync of a running pod ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// The pod finished on its own (every container exited for good under its restart policy).
+    pub finished: bool,
+    /// Sync again after this long at the latest (a back-off ends then), instead of at the next
+    /// resync.
+    pub requeue_after: Option<Duration>,
+}
+
+impl SyncOutcome {
+    /// The pod runs on; sync it at the next resync.
+    pub const RUNNING: SyncOutcome = SyncOutcome {
+        finished: false,
+        requeue_after: None,
+    };
+    /// The pod has finished.
+    pub const FINISHED: SyncOutcome = SyncOutcome {
+        finished: true,
+        requeue_after: None,
+    };
+}
 
 /// The lifecycle operations the workers drive. Implemented over the runtime traits by the
 /// kubelet, and by recording fakes in tests.
 #[async_trait::async_trait]
 pub trait PodSyncer: Send + Sync + 'static {
-    /// Brings the pod towards its spec. Returns `true` once the pod has finished on its own
-    /// (all containers exited for good under its restart policy).
-    async fn sync_pod(&self, update: UpdateType, pod: &Pod) -> Result<bool, SyncError>;
+    /// Brings the pod towards its spec; says whether it has finished on its own and when it
+    /// wants to be synced again. An error is retried after the worker's error back-off.
+    async fn sync_pod(&self, update: UpdateType, pod: &Pod) -> Result<SyncOutcome, SyncError>;
     /// Stops every container of the pod, giving each at most `grace` to exit.
     async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError>;
     /// Releases what the stopped pod still holds (sandbox, volumes, cgroups).
@@ -233,19 +253,19 @@ async fn run_worker(syncer: Arc<dyn PodSyncer>, timing: Timing, slot: Arc<Slot>)
         let state = *lock(&slot.state);
         let result = match state {
             WorkerState::Syncing => match syncer.sync_pod(update, &current).await {
-                Ok(true) => {
+                Ok(o) if o.finished => {
                     // Finished on its own: stop what is left, then clean up.
                     *lock(&slot.state) = WorkerState::Terminating;
                     grace = Duration::ZERO;
-                    Ok(true)
+                    Ok(None)
                 }
-                Ok(false) => Ok(false),
+                Ok(o) => Ok(Some(o.requeue_after)),
                 Err(e) => Err(e),
             },
             WorkerState::Terminating => match syncer.sync_terminating_pod(&current, grace).await {
                 Ok(()) => {
                     *lock(&slot.state) = WorkerState::Terminated;
-                    Ok(true)
+                    Ok(None)
                 }
                 Err(e) => Err(e),
             },
@@ -259,10 +279,10 @@ async fn run_worker(syncer: Arc<dyn PodSyncer>, timing: Timing, slot: Arc<Slot>)
         };
         next_wait = match result {
             // A state change: go on at once.
-            Ok(true) => Duration::ZERO,
-            Ok(false) => {
+            Ok(None) => Duration::ZERO,
+            Ok(Some(requeue)) => {
                 retry = timing.backoff;
-                timing.resync
+                requeue.map_or(timing.resync, |r| r.min(timing.resync))
             }
             Err(e) => {
                 tracing::warn!(pod = %uid_of(&current), "sync failed, retrying in {retry:?}: {e}");

@@ -191,6 +191,14 @@ impl StatusManager {
         }
     }
 
+    /// [`run`](Self::run) until `cancel` fires.
+    pub async fn run_until(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = self.run() => {}
+        }
+    }
+
     async fn write(&self, client: &Client, entry: Entry) {
         let api: Api<Pod> = Api::namespaced(client.clone(), &entry.namespace);
         let target_uid = match &entry.mirror_hash {
@@ -204,7 +212,7 @@ impl StatusManager {
         if entry.written < entry.version {
             let patch = serde_json::json!({
                 "metadata": { "uid": target_uid },
-                "status": entry.status,
+                "status": status_patch(&entry.status),
             });
             match api
                 .patch_status(
@@ -260,6 +268,39 @@ impl StatusManager {
             lock(&self.entries).remove(&entry.uid);
         }
     }
+}
+
+/// The status as a strategic merge patch body. A container's `state` and `lastState` hold
+/// exactly one of `waiting`, `running` and `terminated`: the patch names the other two as
+/// `null`, or merging it into the stored status would leave, say, `running` beside the new
+/// `terminated` (upstream's status manager sends a computed diff, which does the same).
+fn status_patch(status: &PodStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(status).unwrap_or_default();
+    for list in [
+        "containerStatuses",
+        "initContainerStatuses",
+        "ephemeralContainerStatuses",
+    ] {
+        let Some(items) = v.get_mut(list).and_then(|l| l.as_array_mut()) else {
+            continue;
+        };
+        for item in items {
+            for field in ["state", "lastState"] {
+                let Some(obj) = item.as_object_mut() else {
+                    continue;
+                };
+                let state = obj
+                    .entry(field)
+                    .or_insert_with(|| serde_json::Value::Object(Default::default()));
+                if let Some(state) = state.as_object_mut() {
+                    for key in ["waiting", "running", "terminated"] {
+                        state.entry(key).or_insert(serde_json::Value::Null);
+                    }
+                }
+            }
+        }
+    }
+    v
 }
 
 /// True when the parts of the status the kubelet owns are the same in both.

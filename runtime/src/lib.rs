@@ -22,6 +22,7 @@
 
 pub use k8s_cri::v1 as cri;
 
+pub mod clock;
 pub mod error;
 pub mod service;
 

@@ -1,12 +1,19 @@
-//! The kubelet's wiring: pod sources feed a merger; the sync loop hands every change, runtime
-//! event and housekeeping tick to the pod workers; the workers sync pods through [`Syncer`]
-//! over the runtime traits and hand the statuses to the [`StatusManager`]. Static pods come
-//! from `staticPodPath` and `staticPodURL`; with an API server (a kubeconfig), the pods bound
-//! to the node come from it too, static pods get mirror pods, and statuses are written back.
+//! The kubelet's wiring ([`Kubelet`]): pod sources feed a merger; the sync loop
+//! ([`sync_loop`]) hands every change, PLEG event and housekeeping tick to the pod workers; the
+//! workers sync pods through [`Syncer`] over the runtime traits and hand the statuses to the
+//! [`StatusManager`]. Static pods come from `staticPodPath` and `staticPodURL`; with an API
+//! server (a kubeconfig), the pods bound to the node come from it too, static pods get mirror
+//! pods, and statuses are written back. Every background task (sources, status manager, PLEG,
+//! housekeeping, node agent, runtime checks, event sink) lives in one task set under one
+//! cancellation token; shutdown cancels and joins them all.
 
+pub mod events;
 pub mod gc;
+pub mod housekeeping;
 pub mod mirror;
 pub mod pleg;
+pub mod pod_cache;
+pub mod sync_loop;
 mod syncer;
 pub mod userns;
 
@@ -14,24 +21,29 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use runtime::{ImageService, RuntimeService, cri};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission;
 use crate::config::KubeletConfig;
 use crate::node::agent::RUNTIME_CHECK_PERIOD;
 use crate::node::{NodeAgent, NodeFacts, RuntimeState};
+use crate::pod::sync::ImagePulls;
 use crate::pod::{self, Backoff, ContainerOptions, SandboxOptions};
 use crate::pod_workers::{PodWorkers, Timing, UpdateType};
 use crate::sources::{self, PodOp, PodUpdate, merge::Merger};
-use crate::status_manager::{self, StatusManager};
+use crate::status_manager::StatusManager;
 
-pub use syncer::Syncer;
+pub use syncer::{Syncer, SyncerParts};
 
-/// How often housekeeping runs (orphaned pods, forgotten workers).
+/// How often housekeeping runs (orphaned pods, forgotten workers, garbage collection).
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long shutdown waits for the background tasks before aborting them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The runtime the kubelet drives.
 #[derive(Clone)]
@@ -48,225 +60,239 @@ pub async fn run(
     client: Option<kube::Client>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let version = rt.runtime.version(cri::VersionRequest::default()).await?;
-    tracing::info!(
-        node = %cfg.node_name,
-        runtime = %version.runtime_name,
-        mode = if client.is_some() { "API server" } else { "standalone" },
-        "kubelet starting"
-    );
-    let facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
-    // Admission checks pods against the registered Node, or against this one before that.
-    let local_node = crate::node::build_node(&facts, &cfg);
-    let opts = ContainerOptions {
-        sandbox: SandboxOptions {
-            pod_logs_dir: cfg.pod_logs_dir.clone(),
-            cluster_dns: cfg.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
-            cluster_domain: cfg.cluster_domain.clone(),
-            seccomp_profile_root: cfg.root_dir.join("seccomp"),
-            ..Default::default()
-        },
-        pods_dir: cfg.root_dir.join("pods"),
-        node_name: cfg.node_name.clone(),
-        host_ips: vec![facts.node_ip.to_string()],
-        node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
-        ..Default::default()
-    };
-    let backoff = Backoff::new(
-        cfg.testing.crash_loop_back_off_initial,
-        cfg.testing.crash_loop_back_off_max,
-    );
-    let status = StatusManager::new(client.clone());
-    tokio::spawn(status.clone().run());
-    // The runtime's Status, asked now and then every few seconds: Ready reports it, and pods
-    // with a pod network wait while the runtime's network is not ready.
-    let runtime_state = Arc::new(RuntimeState::default());
-    runtime_state.check(rt.runtime.as_ref()).await;
-    let (checks_stop, checks_stopped) = tokio::sync::oneshot::channel::<()>();
-    let checks = tokio::spawn(runtime_state.clone().run_checks(
-        rt.runtime.clone(),
-        RUNTIME_CHECK_PERIOD,
-        async move {
-            let _ = checks_stopped.await;
-        },
-    ));
-    // Pods with `hostUsers: false` get blocks of the kubelet's range of host IDs.
-    let userns = Arc::new(userns::UsernsManager::new(
-        &opts.pods_dir,
-        userns::kubelet_range(
-            std::path::Path::new("/etc/subuid"),
-            std::path::Path::new("/etc/subgid"),
-        )?,
-    )?);
-    let syncer = Arc::new(Syncer::new(
-        rt.clone(),
-        opts,
-        version.runtime_name.clone(),
-        backoff,
-        status.clone(),
-        runtime_state.clone(),
-        userns.clone(),
-    ));
-    let workers = PodWorkers::new(
-        syncer.clone(),
-        Timing {
-            resync: cfg.sync_frequency,
-            ..Default::default()
-        },
-    );
-
-    let (tx, mut rx) = mpsc::channel::<PodUpdate>(64);
-    let (problems_tx, mut problems) = mpsc::unbounded_channel::<String>();
-    let recorder = client
-        .as_ref()
-        .map(|c| crate::api::events::Recorder::new(c.clone(), cfg.node_name.clone()));
-    let mut expected_sources = Vec::new();
-    if !cfg.static_pod_path.as_os_str().is_empty() {
-        let src = sources::file::FileSource::new(
-            cfg.static_pod_path.clone(),
-            cfg.node_name.clone(),
-            cfg.file_check_frequency,
-        )
-        .report_to(problems_tx.clone());
-        tokio::spawn(src.run(tx.clone()));
-        expected_sources.push(sources::FILE_SOURCE);
-    }
-    if !cfg.static_pod_url.is_empty() {
-        let src = sources::http::HttpSource::new(
-            cfg.static_pod_url.clone(),
-            cfg.node_name.clone(),
-            cfg.http_check_frequency,
-        )
-        .report_to(problems_tx.clone());
-        tokio::spawn(src.run(tx.clone()));
-        expected_sources.push(sources::HTTP_SOURCE);
-    }
-    let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
-    let node_agent = client.as_ref().map(|c| {
-        let health = pleg_health.clone();
-        NodeAgent::spawn(
-            c.clone(),
-            &cfg,
-            facts.clone(),
-            runtime_state.clone(),
-            rt.images.clone(),
-            Arc::new(move || health.problem().into_iter().collect()),
-        )
-    });
-    let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
-    status.set_mirrors(mirrors.clone());
-    let mirror_manager = client.as_ref().map(|c| {
-        let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
-        tokio::spawn(src.run(tx.clone()));
-        expected_sources.push(sources::API_SOURCE);
-        mirror::MirrorManager::new(c.clone(), cfg.node_name.clone())
-    });
-    drop(tx);
-    drop(problems_tx);
-
-    let mut events = match rt
-        .runtime
-        .get_container_events(cri::GetEventsRequest {})
-        .await
-    {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::info!("no runtime events ({e}); relying on resyncs");
-            None
-        }
-    };
-    let mut relister = pleg::Relister::new();
-    let mut relist = tokio::time::interval(pleg::RELIST_PERIOD);
-    relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut merger = Merger::new();
-    let mut rejected = HashSet::new();
-    let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(update) = rx.recv() => {
-                let node = node_agent.as_ref().and_then(NodeAgent::node).unwrap_or_else(|| local_node.clone());
-                for change in merger.merge(update) {
-                    dispatch(&workers, &status, &mut rejected, &merger, &node, change);
-                }
-            }
-            Some(problem) = problems.recv() => {
-                if let Some(r) = recorder.clone() {
-                    // Off the loop: the API server may be slow or away.
-                    tokio::spawn(async move {
-                        r.warning(r.node_ref(), crate::api::events::FAILED_VALIDATION, &problem).await;
-                    });
-                }
-            }
-            Some(ev) = next_event(&mut events) => {
-                pleg_health.mark_active();
-                if let Some(uid) = pod_of_container(rt.runtime.as_ref(), &ev.container_id).await {
-                    sync_pod_by_uid(&workers, &merger, &uid);
-                }
-            }
-            _ = relist.tick(), if events.is_none() => {
-                let began = std::time::Instant::now();
-                match relister.relist(rt.runtime.as_ref()).await {
-                    Ok(changed) => {
-                        pleg_health.record_relist(began.elapsed());
-                        pleg_health.mark_active();
-                        for uid in changed {
-                            sync_pod_by_uid(&workers, &merger, &uid);
-                        }
-                    }
-                    Err(e) => tracing::warn!("PLEG relist: {e}"),
-                }
-            }
-            _ = housekeeping.tick() => {
-                if events.is_some() {
-                    // A live event stream is a working PLEG.
-                    pleg_health.mark_active();
-                }
-                let desired: Vec<String> = merger.pods().iter().filter_map(|p| p.metadata.uid.clone()).collect();
-                workers.forget_terminated(&desired);
-                if expected_sources.iter().all(|s| merger.seen_source(s)) {
-                    remove_orphans(rt.runtime.as_ref(), &desired, &workers).await;
-                    userns.release_others(|uid| desired.iter().any(|d| d == uid) || workers.state(uid).is_some());
-                }
-                if let Some(mm) = &mirror_manager {
-                    if merger.seen_source(sources::API_SOURCE) {
-                        let static_pods: Vec<Pod> = merger.pods().into_iter().filter(|p| !status_manager::is_api_pod(p)).collect();
-                        let current = mirrors.borrow().clone();
-                        let node_uid = node_agent.as_ref().and_then(NodeAgent::node).and_then(|n| n.metadata.uid);
-                        mm.sync(&static_pods, &current, node_uid.as_deref()).await;
-                        // A mirror created afresh, or changed by someone else, gets the status.
-                        for p in &static_pods {
-                            if let Some(m) = current.get(&sources::pod_full_name(p)) {
-                                status.reconcile_status(sources::pod_uid(p), m.status.as_ref());
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    tracing::info!("kubelet stopping; pods keep running");
-    if let Some(agent) = node_agent {
-        agent.stop().await;
-    }
-    let _ = checks_stop.send(());
-    let _ = checks.await;
+    let kubelet = Kubelet::start(cfg, rt, client).await?;
+    shutdown.await;
+    kubelet.stop().await;
     Ok(())
 }
 
-async fn next_event(
-    events: &mut Option<runtime::EventStream>,
-) -> Option<cri::ContainerEventResponse> {
-    match events {
-        Some(s) => match s.next().await {
-            Some(Ok(ev)) => Some(ev),
-            _ => {
-                *events = None;
-                None
-            }
-        },
-        None => std::future::pending().await,
+/// A running kubelet: its parts wired together, its tasks under one token.
+pub struct Kubelet {
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+    node_agent: Option<Arc<NodeAgent>>,
+    status: Arc<StatusManager>,
+}
+
+impl Kubelet {
+    /// Wires the parts and starts every task.
+    pub async fn start(
+        cfg: KubeletConfig,
+        rt: Runtime,
+        client: Option<kube::Client>,
+    ) -> anyhow::Result<Kubelet> {
+        let version = rt.runtime.version(cri::VersionRequest::default()).await?;
+        tracing::info!(
+            node = %cfg.node_name,
+            runtime = %version.runtime_name,
+            mode = if client.is_some() { "API server" } else { "standalone" },
+            "kubelet starting"
+        );
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
+        // Admission checks pods against the registered Node, or against this one before that.
+        let local_node = crate::node::build_node(&facts, &cfg);
+        let opts = ContainerOptions {
+            sandbox: SandboxOptions {
+                pod_logs_dir: cfg.pod_logs_dir.clone(),
+                cluster_dns: cfg.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+                cluster_domain: cfg.cluster_domain.clone(),
+                seccomp_profile_root: cfg.root_dir.join("seccomp"),
+                ..Default::default()
+            },
+            pods_dir: cfg.root_dir.join("pods"),
+            node_name: cfg.node_name.clone(),
+            host_ips: vec![facts.node_ip.to_string()],
+            node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
+            ..Default::default()
+        };
+        let status = StatusManager::new(client.clone());
+        tasks.spawn(status.clone().run_until(cancel.clone()));
+        // The runtime's Status, asked now and then every few seconds: Ready reports it, and
+        // pods with a pod network wait while the runtime's network is not ready.
+        let runtime_state = Arc::new(RuntimeState::default());
+        runtime_state.check(rt.runtime.as_ref()).await;
+        {
+            let c = cancel.clone();
+            tasks.spawn(runtime_state.clone().run_checks(
+                rt.runtime.clone(),
+                RUNTIME_CHECK_PERIOD,
+                async move { c.cancelled().await },
+            ));
+        }
+        // Pods with `hostUsers: false` get blocks of the kubelet's range of host IDs.
+        let userns = Arc::new(userns::UsernsManager::new(
+            &opts.pods_dir,
+            userns::kubelet_range(
+                std::path::Path::new("/etc/subuid"),
+                std::path::Path::new("/etc/subgid"),
+            )?,
+        )?);
+        let (recorder, sink) = events::EventRecorder::new(client.clone(), cfg.node_name.clone());
+        tasks.spawn(sink);
+        let pod_events = Arc::new(events::KubeletEvents::new(recorder.clone()));
+
+        // The PLEG and the pod cache.
+        let cache = Arc::new(pod_cache::PodCache::new());
+        let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
+        let (changed_tx, changed_rx) = mpsc::unbounded_channel();
+        let (refresh_tx, refresh_rx) = mpsc::unbounded_channel();
+        let pleg = pleg::Pleg {
+            rt: rt.runtime.clone(),
+            cache: cache.clone(),
+            health: pleg_health.clone(),
+            changed: changed_tx,
+            refresh: refresh_rx,
+            config: pleg::PlegConfig::default(),
+        };
+        tasks.spawn(pleg.run(cancel.clone()));
+
+        let syncer = Arc::new(Syncer::new(
+            rt.clone(),
+            SyncerParts {
+                opts: opts.clone(),
+                runtime_name: version.runtime_name.clone(),
+                backoff: Backoff::new(
+                    cfg.testing.crash_loop_back_off_initial,
+                    cfg.testing.crash_loop_back_off_max,
+                ),
+                pulls: ImagePulls::new(cfg.serialize_image_pulls, cfg.max_parallel_image_pulls),
+                status: status.clone(),
+                runtime_state: runtime_state.clone(),
+                userns: userns.clone(),
+                cache: cache.clone(),
+                refresh: refresh_tx,
+                events: pod_events,
+            },
+        ));
+        let workers = PodWorkers::new(
+            syncer.clone(),
+            Timing {
+                resync: cfg.sync_frequency,
+                ..Default::default()
+            },
+        );
+
+        // Sources.
+        let (tx, rx) = mpsc::channel::<PodUpdate>(64);
+        let (problems_tx, problems) = mpsc::unbounded_channel::<String>();
+        let mut expected_sources = Vec::new();
+        if !cfg.static_pod_path.as_os_str().is_empty() {
+            let src = sources::file::FileSource::new(
+                cfg.static_pod_path.clone(),
+                cfg.node_name.clone(),
+                cfg.file_check_frequency,
+            )
+            .report_to(problems_tx.clone());
+            tasks.spawn(src.run(tx.clone()));
+            expected_sources.push(sources::FILE_SOURCE);
+        }
+        if !cfg.static_pod_url.is_empty() {
+            let src = sources::http::HttpSource::new(
+                cfg.static_pod_url.clone(),
+                cfg.node_name.clone(),
+                cfg.http_check_frequency,
+            )
+            .report_to(problems_tx.clone());
+            tasks.spawn(src.run(tx.clone()));
+            expected_sources.push(sources::HTTP_SOURCE);
+        }
+        let node_agent = client.as_ref().map(|c| {
+            let health = pleg_health.clone();
+            Arc::new(NodeAgent::spawn(
+                c.clone(),
+                &cfg,
+                facts.clone(),
+                runtime_state.clone(),
+                rt.images.clone(),
+                Arc::new(move || health.problem().into_iter().collect()),
+            ))
+        });
+        let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
+        status.set_mirrors(mirrors.clone());
+        let mirror_manager = client.as_ref().map(|c| {
+            let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
+            tasks.spawn(src.run(tx.clone()));
+            expected_sources.push(sources::API_SOURCE);
+            mirror::MirrorManager::new(c.clone(), cfg.node_name.clone())
+        });
+        drop(tx);
+        drop(problems_tx);
+
+        // Housekeeping, off the loop.
+        let (desired_tx, desired_rx) = watch::channel(housekeeping::Desired::default());
+        let hk = housekeeping::Housekeeping {
+            rt: rt.runtime.clone(),
+            workers: workers.clone(),
+            userns,
+            syncer: syncer.clone(),
+            status: status.clone(),
+            gc: gc::GarbageCollector::new(
+                rt.runtime.clone(),
+                opts.pods_dir.clone(),
+                cfg.pod_logs_dir.clone(),
+            ),
+            mirror_manager,
+            mirrors,
+            node_agent: node_agent.clone(),
+            cache: cache.clone(),
+        };
+        tasks.spawn(hk.run(desired_rx, cancel.clone()));
+
+        let node = {
+            let agent = node_agent.clone();
+            Box::new(move || {
+                agent
+                    .as_ref()
+                    .and_then(|a| a.node())
+                    .unwrap_or_else(|| local_node.clone())
+            })
+        };
+        let status_for_kubelet = status.clone();
+        let sync_loop = sync_loop::SyncLoop {
+            workers,
+            status,
+            merger: Merger::new(),
+            rejected: HashSet::new(),
+            node,
+            expected_sources,
+            recorder,
+            desired: desired_tx,
+        };
+        tasks.spawn(sync_loop.run(rx, changed_rx, problems, cancel.clone()));
+        Ok(Kubelet {
+            cancel,
+            tasks,
+            node_agent,
+            status: status_for_kubelet,
+        })
+    }
+
+    /// The status the kubelet last computed for the pod `uid`.
+    pub fn pod_status(&self, uid: &str) -> Option<k8s_openapi::api::core::v1::PodStatus> {
+        self.status.status(uid)
+    }
+
+    /// Stops every task and waits for them (aborting those that do not end within a few
+    /// seconds). Pods keep running: a restarted kubelet adopts them.
+    pub async fn stop(mut self) {
+        tracing::info!("kubelet stopping; pods keep running");
+        self.cancel.cancel();
+        let joined = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if joined.is_err() {
+            tracing::warn!(
+                "background tasks did not stop within {SHUTDOWN_GRACE:?}; aborting them"
+            );
+            self.tasks.shutdown().await;
+        }
+        // Every other holder of the agent was a task, joined above.
+        if let Some(agent) = self.node_agent.take().and_then(Arc::into_inner) {
+            agent.stop().await;
+        }
     }
 }
 
@@ -344,26 +370,6 @@ fn rejected_status(pod: &Pod, why: &admission::Rejection) -> k8s_openapi::api::c
         qos_class: Some(pod::qos_class(pod).to_string()),
         ..Default::default()
     }
-}
-
-/// Syncs the pod with this UID now, if a source still wants it.
-fn sync_pod_by_uid(workers: &PodWorkers, merger: &Merger, uid: &str) {
-    if let Some(p) = merger.pod(uid) {
-        workers.update_pod(p.clone(), UpdateType::Sync, None);
-    }
-}
-
-/// The pod UID label of a container, if the runtime still knows it.
-async fn pod_of_container(rt: &dyn RuntimeService, id: &str) -> Option<String> {
-    let st = rt
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: false,
-        })
-        .await
-        .ok()?
-        .status?;
-    st.labels.get(pod::LABEL_POD_UID).cloned()
 }
 
 /// Stops and removes sandboxes of pods that no source wants and no worker owns (pods deleted

@@ -1,15 +1,25 @@
 //! The kubelet's [`PodSyncer`]: each pod worker's sync, terminating and terminated steps carried
 //! out over the runtime traits with the decision functions of [`crate::pod`].
+//!
+//! A sync reads the pod's runtime view from the [`PodCache`] (asking the PLEG for a fresh read
+//! when the cache holds none newer than the pod's last sync), computes the actions, carries them
+//! out and hands the status to the status manager. Nothing is held across pods: the back-off
+//! states are behind locks taken for a lookup, image pulls wait for their own limiter, so pods
+//! sync concurrently.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use runtime::{ImageService, RuntimeService, cri};
+use runtime::{ImageService, RuntimeService};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use crate::pod::{self, Backoff, ContainerOptions, StatusContext};
-use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+use super::pod_cache::PodCache;
+use crate::pod::sync::{ImagePulls, PodEvents, RuntimeSnapshot, SyncContext};
+use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting};
+use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
 use crate::status_manager::StatusManager;
 
 /// Syncs pods against a runtime and hands each computed status to the status manager.
@@ -18,14 +28,36 @@ pub struct Syncer {
     pub images: Arc<dyn ImageService>,
     pub opts: ContainerOptions,
     pub runtime_name: String,
-    backoff: tokio::sync::Mutex<Backoff>,
+    backoff: Mutex<Backoff>,
+    image_backoff: Mutex<Backoff>,
+    pulls: ImagePulls,
     status: Arc<StatusManager>,
     runtime_state: Arc<crate::node::RuntimeState>,
     userns: Arc<super::userns::UsernsManager>,
+    cache: Arc<PodCache>,
+    /// Asks the PLEG to read a pod from the runtime into the cache.
+    refresh: mpsc::UnboundedSender<String>,
+    events: Arc<dyn PodEvents>,
+    /// Per pod: when its last sync's actions were done, and why containers then waited.
+    synced: Mutex<HashMap<String, (Instant, HashMap<String, Waiting>)>>,
 }
 
-fn err(e: impl std::fmt::Display) -> SyncError {
-    SyncError(e.to_string())
+/// What a [`Syncer`] is built from besides the runtime.
+pub struct SyncerParts {
+    pub opts: ContainerOptions,
+    pub runtime_name: String,
+    pub backoff: Backoff,
+    pub pulls: ImagePulls,
+    pub status: Arc<StatusManager>,
+    pub runtime_state: Arc<crate::node::RuntimeState>,
+    pub userns: Arc<super::userns::UsernsManager>,
+    pub cache: Arc<PodCache>,
+    pub refresh: mpsc::UnboundedSender<String>,
+    pub events: Arc<dyn PodEvents>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn uid(pod: &Pod) -> String {
@@ -33,25 +65,30 @@ fn uid(pod: &Pod) -> String {
 }
 
 impl Syncer {
-    pub fn new(
-        rt: super::Runtime,
-        opts: ContainerOptions,
-        runtime_name: String,
-        backoff: Backoff,
-        status: Arc<StatusManager>,
-        runtime_state: Arc<crate::node::RuntimeState>,
-        userns: Arc<super::userns::UsernsManager>,
-    ) -> Self {
+    pub fn new(rt: super::Runtime, parts: SyncerParts) -> Self {
+        let image_backoff = Backoff::new(crate::pod::backoff::INITIAL, crate::pod::backoff::MAX);
         Syncer {
             rt: rt.runtime,
             images: rt.images,
-            opts,
-            runtime_name,
-            backoff: tokio::sync::Mutex::new(backoff),
-            status,
-            runtime_state,
-            userns,
+            opts: parts.opts,
+            runtime_name: parts.runtime_name,
+            backoff: Mutex::new(parts.backoff),
+            image_backoff: Mutex::new(image_backoff),
+            pulls: parts.pulls,
+            status: parts.status,
+            runtime_state: parts.runtime_state,
+            userns: parts.userns,
+            cache: parts.cache,
+            refresh: parts.refresh,
+            events: parts.events,
+            synced: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Drops the back-off entries nobody needs any more (housekeeping).
+    pub fn gc_backoff(&self, now: SystemTime) {
+        lock(&self.backoff).gc(now);
+        lock(&self.image_backoff).gc(now);
     }
 
     /// The options for syncing `pod`: with its user namespace when it asks for one
@@ -71,14 +108,40 @@ impl Syncer {
         Ok(opts)
     }
 
+    /// The pod's runtime view, read after its last sync's actions: from the cache, after asking
+    /// the PLEG for a fresh read when the cache has none that new.
+    async fn view(&self, pod: &Pod) -> Result<Arc<RuntimeSnapshot>, SyncError> {
+        let uid = uid(pod);
+        let min = lock(&self.synced).get(&uid).map(|(at, _)| *at);
+        if self.cache.newer_than(&uid, min).is_none() {
+            let _ = self.refresh.send(uid.clone());
+        }
+        self.cache
+            .get_newer_than(&uid, min)
+            .await
+            .map_err(SyncError::Runtime)
+    }
+
+    /// Remembers the end of a sync of `pod` (its actions are done) and why containers wait.
+    fn mark_synced(&self, pod: &Pod, waiting: HashMap<String, Waiting>) {
+        lock(&self.synced).insert(uid(pod), (Instant::now(), waiting));
+    }
+
+    fn last_waiting(&self, pod: &Pod) -> HashMap<String, Waiting> {
+        lock(&self.synced)
+            .get(&uid(pod))
+            .map(|(_, w)| w.clone())
+            .unwrap_or_default()
+    }
+
     fn record_status(
         &self,
         pod: &Pod,
-        snapshot: &pod::sync::RuntimeSnapshot,
-        waiting: HashMap<String, (String, String)>,
+        snapshot: &RuntimeSnapshot,
+        waiting: HashMap<String, Waiting>,
     ) -> PodStatus {
         let ctx = StatusContext {
-            now: SystemTime::now(),
+            now: runtime::clock::now(),
             previous: self.status.status(&uid(pod)),
             host_ips: self.opts.host_ips.clone(),
             runtime_name: self.runtime_name.clone(),
@@ -91,99 +154,112 @@ impl Syncer {
         status
     }
 
-    async fn stop_all(
-        &self,
-        pod: &Pod,
-        grace: Duration,
-    ) -> Result<pod::sync::RuntimeSnapshot, SyncError> {
+    /// Reads the pod from the runtime now (termination wants what runs this moment) and
+    /// puts the view in the cache.
+    async fn read_now(&self, pod: &Pod) -> Result<RuntimeSnapshot, SyncError> {
+        let at = Instant::now();
         let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
             .await
-            .map_err(err)?;
-        let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
-        let errors = pod::sync::kill_pod(self.rt.as_ref(), &snapshot.status, timeout).await;
-        if !errors.is_empty() {
-            return Err(SyncError(errors.join("; ")));
-        }
+            .map_err(SyncError::runtime)?;
+        self.cache.set(&uid(pod), Ok(snapshot.clone()), at);
         Ok(snapshot)
     }
 }
 
 #[async_trait::async_trait]
 impl PodSyncer for Syncer {
-    async fn sync_pod(&self, _update: UpdateType, pod: &Pod) -> Result<bool, SyncError> {
-        let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
-            .await
-            .map_err(err)?;
+    async fn sync_pod(&self, _update: UpdateType, pod: &Pod) -> Result<SyncOutcome, SyncError> {
+        let snapshot = self.view(pod).await?;
         // As upstream: a pod on the pod network waits (and its worker retries) while the
         // runtime reports its network not ready.
         if !pod::host_network(pod) {
             if let Some(e) = self.runtime_state.network_error() {
-                self.record_status(pod, &snapshot, HashMap::new());
-                return Err(SyncError(format!("network is not ready: {e}")));
+                self.record_status(pod, &snapshot, self.last_waiting(pod));
+                return Err(SyncError::NetworkNotReady(e));
             }
         }
         let opts = match self.pod_options(pod) {
             Ok(opts) => opts,
             Err(e) => {
-                self.record_status(pod, &snapshot, HashMap::new());
-                return Err(SyncError(e));
+                self.record_status(pod, &snapshot, self.last_waiting(pod));
+                return Err(SyncError::Unsupported(e));
             }
         };
-        let now = SystemTime::now();
-        let mut backoff = self.backoff.lock().await;
-        let actions = pod::compute_pod_actions(pod, &snapshot.status, &backoff, now);
-        let result = pod::sync::sync_pod(
-            self.rt.as_ref(),
-            self.images.as_ref(),
-            pod,
-            &snapshot,
-            &actions,
-            &mut backoff,
-            &opts,
+        let now = runtime::clock::now();
+        let actions = {
+            let backoff = lock(&self.backoff);
+            pod::compute_pod_actions(pod, &snapshot.status, &backoff, now)
+        };
+        let cx = SyncContext {
+            rt: self.rt.as_ref(),
+            images: self.images.as_ref(),
+            opts: &opts,
+            backoff: &self.backoff,
+            image_backoff: &self.image_backoff,
+            pulls: &self.pulls,
+            events: self.events.as_ref(),
             now,
-        )
-        .await
-        .map_err(err)?;
-        drop(backoff);
-        // Status from what the runtime shows after the actions.
-        let after = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
-            .await
-            .map_err(err)?;
-        let status = self.record_status(pod, &after, result.waiting.clone());
-        if !result.errors.is_empty() {
-            return Err(SyncError(result.errors.join("; ")));
+        };
+        let result = pod::sync::sync_pod(&cx, pod, &snapshot, &actions).await;
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.mark_synced(pod, HashMap::new());
+                self.record_status(pod, &snapshot, HashMap::new());
+                return Err(SyncError::runtime(e));
+            }
+        };
+        self.mark_synced(pod, result.waiting.clone());
+        // The status of what the sync started from, with the reasons it found: what it started
+        // shows up with the PLEG's next view of the pod.
+        let status = self.record_status(pod, &snapshot, result.waiting.clone());
+        let finished = Phase::parse(status.phase.as_deref()).is_terminal();
+        match result.error() {
+            // A back-off (crash loop, image pull) ends on its own: sync again then.
+            Some(e) if result.requeue_after.is_some() && result.errors.is_empty() => {
+                tracing::info!(pod = %crate::sources::pod_full_name(pod), "{e}");
+                Ok(SyncOutcome {
+                    finished,
+                    requeue_after: result.requeue_after,
+                })
+            }
+            Some(e) => Err(e),
+            None => Ok(SyncOutcome {
+                finished,
+                requeue_after: result.requeue_after,
+            }),
         }
-        let phase = status.phase.as_deref().unwrap_or("Pending");
-        Ok(matches!(phase, "Succeeded" | "Failed"))
     }
 
     async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError> {
-        let snapshot = self.stop_all(pod, grace).await?;
-        self.record_status(pod, &snapshot, HashMap::new());
+        let before = self.read_now(pod).await?;
+        let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+        let errors = pod::sync::kill_pod(
+            self.rt.as_ref(),
+            self.events.as_ref(),
+            pod,
+            &before.status,
+            timeout,
+        )
+        .await;
+        if !errors.is_empty() {
+            return Err(SyncError::Runtime(errors.join("; ")));
+        }
+        let after = self.read_now(pod).await?;
+        self.record_status(pod, &after, HashMap::new());
         Ok(())
     }
 
+    /// What the stopped pod still holds besides its containers: its user namespace block and
+    /// the kubelet's memory of it. Its dead containers and sandboxes stay for `kubectl logs`
+    /// (the newest per container) until the garbage collector removes them, all of them once
+    /// no source wants the pod.
     async fn sync_terminated_pod(&self, pod: &Pod) -> Result<(), SyncError> {
-        let snapshot = pod::sync::runtime_pod_status(self.rt.as_ref(), &uid(pod))
-            .await
-            .map_err(err)?;
-        for c in &snapshot.containers {
-            self.rt
-                .remove_container(cri::RemoveContainerRequest {
-                    container_id: c.id.clone(),
-                })
-                .await
-                .map_err(err)?;
-        }
-        for sb in &snapshot.sandboxes {
-            self.rt
-                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                    pod_sandbox_id: sb.id.clone(),
-                })
-                .await
-                .map_err(err)?;
-        }
-        self.userns.release(&uid(pod));
+        let uid = uid(pod);
+        self.userns.release(&uid);
+        lock(&self.backoff).forget_pod(&uid);
+        lock(&self.image_backoff).forget_pod(&uid);
+        lock(&self.synced).remove(&uid);
         self.status.terminated(pod);
         Ok(())
     }

@@ -4,16 +4,20 @@
 //! built from CRI `PodSandboxStatus`/`ContainerStatus`); [`compute_pod_actions`] compares it with
 //! the pod spec and returns [`PodActions`]: kill and recreate the sandbox when none is ready, more
 //! than one is, or its network mode changed (then every container is started again per the
-//! restart policy); otherwise run the init containers one at a time, in order, to completion;
-//! then start the app containers that should run, restart those whose spec hash changed, kill
-//! those not in the spec, and hold back containers in CrashLoopBackOff (`wait`).
+//! restart policy); otherwise run the init containers in order (sidecars, the init containers
+//! with `restartPolicy: Always`, started and kept running; the others one at a time to
+//! completion); then start the app containers that should run, restart those whose spec hash
+//! changed, kill those not in the spec, and hold back containers in CrashLoopBackOff (`waiting`,
+//! and `wait` for when the first back-off ends).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::cri;
 
 use super::backoff::{self, Backoff};
+use super::types::{RestartPolicy, Waiting, WaitingReason};
 use super::{
     ANNOTATION_CONTAINER_HASH, container_hash, host_network, pod_identity, restart_policy,
 };
@@ -161,26 +165,32 @@ pub struct PodActions {
     pub sandbox_id: Option<String>,
     /// Containers to stop, by runtime id, with the reason.
     pub kill_containers: Vec<(String, String)>,
-    /// The init container to start next.
-    pub start_init: Option<String>,
-    /// App containers to start, in spec order.
+    /// Init containers to start, in order: sidecars (`restartPolicy: Always`) that are not
+    /// running, then at most one regular init container. Each starts only once the ones
+    /// before it started.
+    pub start_init: Vec<String>,
+    /// App containers to start, in spec order (after `start_init`).
     pub start_containers: Vec<String>,
-    /// Sync again after this long (a container is in CrashLoopBackOff).
+    /// Containers held back by their CrashLoopBackOff, with the waiting reason to show.
+    pub waiting: HashMap<String, Waiting>,
+    /// Sync again after this long (a container's back-off ends then).
     pub wait: Option<Duration>,
+}
+
+/// Whether an init container is a sidecar (a restartable init container: its own
+/// `restartPolicy: Always`).
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// Whether a container whose newest instance is `latest` should be (re)started under `policy`
 /// (upstream `ShouldContainerBeRestarted`).
-fn should_start(latest: Option<&ContainerInfo>, policy: &str) -> bool {
+fn should_start(latest: Option<&ContainerInfo>, policy: RestartPolicy) -> bool {
     let Some(c) = latest else { return true };
     match c.state {
         RunState::Running => false,
         RunState::Created | RunState::Unknown => true,
-        RunState::Exited => match policy {
-            "Never" => false,
-            "OnFailure" => c.exit_code != 0,
-            _ => true,
-        },
+        RunState::Exited => policy.restarts(c.exit_code),
     }
 }
 
@@ -188,22 +198,136 @@ fn succeeded(c: &ContainerInfo) -> bool {
     c.state == RunState::Exited && c.exit_code == 0
 }
 
-/// `None` when `c` (whose latest instance is `latest`) may start now, else how long to wait.
-fn backoff_wait(
-    pod_uid: &str,
+/// The pod as upstream names it in back-off messages: `name_namespace(uid)`.
+fn pod_desc(pod: &Pod) -> String {
+    let (uid, name, namespace) = pod_identity(pod);
+    format!("{name}_{namespace}({uid})")
+}
+
+/// Decides whether `c` (whose newest instance is `latest`) may start now. `Err` holds the
+/// time left in its CrashLoopBackOff and the waiting state to show meanwhile.
+fn check_backoff(
+    pod: &Pod,
     c: &Container,
     latest: Option<&ContainerInfo>,
     backoff: &Backoff,
     now: SystemTime,
-) -> Option<Duration> {
-    let finished = latest
-        .filter(|l| l.state == RunState::Exited)?
-        .finished_at?;
-    backoff.next_start(&backoff::key(pod_uid, &c.name), finished, now)
+) -> Result<(), (Duration, Waiting)> {
+    let Some(finished) = latest
+        .filter(|l| l.state == RunState::Exited)
+        .and_then(|l| l.finished_at)
+    else {
+        return Ok(());
+    };
+    let key = backoff::key(pod_identity(pod).0, &c.name, &container_hash(c));
+    let Some(left) = backoff.next_start(&key, finished, now) else {
+        return Ok(());
+    };
+    let delay = backoff.delay(&key, now).unwrap_or(left);
+    let message = format!(
+        "back-off {} restarting failed container={} pod={}",
+        go_duration(delay),
+        c.name,
+        pod_desc(pod)
+    );
+    Err((left, Waiting::new(WaitingReason::CrashLoopBackOff, message)))
 }
 
-fn min_wait(a: Option<Duration>, b: Duration) -> Option<Duration> {
-    Some(a.map_or(b, |a| a.min(b)))
+/// A duration as Go prints it (`10s`, `1m20s`, `5m0s`), as upstream's messages show it.
+pub fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs / 3600, secs / 60 % 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
+}
+
+impl PodActions {
+    fn hold(&mut self, name: &str, (left, waiting): (Duration, Waiting)) {
+        self.wait = Some(self.wait.map_or(left, |w| w.min(left)));
+        self.waiting.insert(name.to_string(), waiting);
+    }
+}
+
+/// What every decision of one [`compute_pod_actions`] looks at besides the runtime's view.
+struct Decide<'a> {
+    pod: &'a Pod,
+    policy: RestartPolicy,
+    backoff: &'a Backoff,
+    now: SystemTime,
+}
+
+impl Decide<'_> {
+    fn backoff(
+        &self,
+        c: &Container,
+        latest: Option<&ContainerInfo>,
+    ) -> Result<(), (Duration, Waiting)> {
+        check_backoff(self.pod, c, latest, self.backoff, self.now)
+    }
+}
+
+/// The init containers' part of [`compute_pod_actions`]. Returns whether the app containers
+/// may be looked at: every regular init container succeeded and every sidecar before them is
+/// running or about to start.
+fn init_actions(
+    d: &Decide<'_>,
+    init: &[Container],
+    status: &RuntimePodStatus,
+    initialized: bool,
+    a: &mut PodActions,
+) -> bool {
+    let policy = d.policy;
+    for c in init {
+        let latest = status.latest(&c.name);
+        if is_sidecar(c) {
+            if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
+                if !l.hash.is_empty() && l.hash != container_hash(c) {
+                    a.kill_containers.push((
+                        l.id.clone(),
+                        format!("Init container {} definition changed", c.name),
+                    ));
+                    a.start_init.push(c.name.clone());
+                }
+                continue;
+            }
+            // A sidecar restarts whenever it is not running, whatever the pod's policy.
+            match d.backoff(c, latest) {
+                Ok(()) => a.start_init.push(c.name.clone()),
+                Err(hold) => {
+                    a.hold(&c.name, hold);
+                    if !initialized {
+                        // The init containers after it wait for it.
+                        return false;
+                    }
+                }
+            }
+            continue;
+        }
+        if initialized {
+            // Regular init containers run once, before the app containers.
+            continue;
+        }
+        match latest {
+            Some(l) if succeeded(l) => continue,
+            Some(l) if l.state == RunState::Running => return false,
+            Some(l) if l.state == RunState::Exited && policy == RestartPolicy::Never => {
+                // A failed init container fails the pod.
+                a.kill_pod = true;
+                a.start_init.clear();
+                a.waiting.clear();
+                return false;
+            }
+            _ => {}
+        }
+        match d.backoff(c, latest) {
+            Ok(()) => a.start_init.push(c.name.clone()),
+            Err(hold) => a.hold(&c.name, hold),
+        }
+        return false;
+    }
+    true
 }
 
 /// Computes what to do for `pod` given what the runtime reports.
@@ -218,10 +342,15 @@ pub fn compute_pod_actions(
         return a;
     };
     let policy = restart_policy(pod);
-    let uid = pod_identity(pod).0;
+    let d = Decide {
+        pod,
+        policy,
+        backoff,
+        now,
+    };
     let init: &[Container] = spec.init_containers.as_deref().unwrap_or(&[]);
 
-    // Sandbox: exactly one ready sandbox, newest, in the right network mode, with an IP.
+    // Sandbox: exactly one ready sandbox, newest, in the right network mode.
     let newest = status.sandboxes.first();
     let ready_count = status.sandboxes.iter().filter(|s| s.ready).count();
     let sandbox_changed = match newest {
@@ -236,23 +365,29 @@ pub fn compute_pod_actions(
         a.kill_pod = !status.sandboxes.is_empty() || !status.containers.is_empty();
         a.create_sandbox = true;
         a.sandbox_attempt = newest.map_or(0, |s| s.attempt + 1);
-        if policy == "Never" && a.sandbox_attempt != 0 && !status.containers.is_empty() {
+        if policy == RestartPolicy::Never && a.sandbox_attempt != 0 && !status.containers.is_empty()
+        {
             // The pod ran and must not be restarted.
             a.create_sandbox = false;
             return a;
         }
-        if let Some(first) = init.first() {
-            a.start_init = Some(first.name.clone());
+        // In a new sandbox everything starts afresh: the init containers first.
+        let fresh = RuntimePodStatus::default();
+        if !init_actions(&d, init, &fresh, false, &mut a) {
             return a;
         }
         a.start_containers = spec
             .containers
             .iter()
-            .filter(|c| !(policy == "OnFailure" && status.latest(&c.name).is_some_and(succeeded)))
+            .filter(|c| {
+                !(policy == RestartPolicy::OnFailure
+                    && status.latest(&c.name).is_some_and(succeeded))
+            })
             .map(|c| c.name.clone())
             .collect();
         if a.start_containers.is_empty() {
             a.create_sandbox = false;
+            a.start_init.clear();
         }
         return a;
     }
@@ -270,23 +405,13 @@ pub fn compute_pod_actions(
         }
     }
 
-    // Init containers, in order, each to completion.
-    for c in init {
-        let latest = status.latest(&c.name);
-        match latest {
-            Some(l) if succeeded(l) => continue,
-            Some(l) if l.state == RunState::Running => return a,
-            Some(l) if l.state == RunState::Exited && policy == "Never" => {
-                // A failed init container fails the pod.
-                a.kill_pod = true;
-                return a;
-            }
-            _ => {}
-        }
-        match backoff_wait(uid, c, latest, backoff, now) {
-            Some(w) => a.wait = Some(w),
-            None => a.start_init = Some(c.name.clone()),
-        }
+    // Init containers: sidecars started (and kept running), regular ones in order, each to
+    // completion, until an app container has been created (upstream's "initialized").
+    let initialized = spec
+        .containers
+        .iter()
+        .any(|c| status.latest(&c.name).is_some());
+    if !init_actions(&d, init, status, initialized, &mut a) {
         return a;
     }
 
@@ -300,7 +425,7 @@ pub fn compute_pod_actions(
                     l.id.clone(),
                     format!("Container {} definition changed", c.name),
                 ));
-                if policy != "Never" {
+                if policy != RestartPolicy::Never {
                     a.start_containers.push(c.name.clone());
                 }
             } else {
@@ -311,16 +436,20 @@ pub fn compute_pod_actions(
         if !should_start(latest, policy) {
             continue;
         }
-        match backoff_wait(uid, c, latest, backoff, now) {
-            Some(w) => {
-                a.wait = min_wait(a.wait, w);
+        match d.backoff(c, latest) {
+            Ok(()) => a.start_containers.push(c.name.clone()),
+            Err(hold) => {
+                a.hold(&c.name, hold);
                 keep += 1; // it will be started later: keep the sandbox
             }
-            None => a.start_containers.push(c.name.clone()),
         }
     }
     if keep == 0 && a.start_containers.is_empty() {
+        // Every app container is done for good: the pod is finished, its sidecars with it.
         a.kill_pod = true;
+        a.start_init.clear();
+        a.waiting.clear();
+        a.wait = None;
     }
     a
 }

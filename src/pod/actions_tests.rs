@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::pod::spec::tests::pod;
+use crate::pod::types::WaitingReason;
 use serde_json::json;
 
 fn t(secs: u64) -> SystemTime {
@@ -92,10 +93,10 @@ fn new_pod_creates_sandbox_and_starts_everything() {
     assert_eq!(
         (
             a.create_sandbox,
-            a.start_init.as_deref(),
+            a.start_init.clone(),
             a.start_containers.len()
         ),
-        (true, Some("i1"), 0)
+        (true, names(&["i1"]), 0)
     );
 }
 
@@ -215,14 +216,14 @@ fn init_containers_in_order() {
     let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Running, 0)]);
     assert_eq!(
         (a.start_init.clone(), a.start_containers.len(), a.kill_pod),
-        (None, 0, false)
+        (vec![], 0, false)
     );
     // i1 done: start i2.
     let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 0)]);
-    assert_eq!(a.start_init.as_deref(), Some("i2"));
+    assert_eq!(a.start_init, names(&["i2"]));
     // i1 failed: restart it.
     let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 1)]);
-    assert_eq!(a.start_init.as_deref(), Some("i1"));
+    assert_eq!(a.start_init, names(&["i1"]));
     // all done: app containers.
     let a = s.actions(
         sb(),
@@ -233,19 +234,19 @@ fn init_containers_in_order() {
     );
     assert_eq!(
         (a.start_init.clone(), a.start_containers.clone()),
-        (None, names(&["a"]))
+        (vec![], names(&["a"]))
     );
     // Never + failed init: the pod fails.
     let s = Setup::new("Never", &["i1"], &["a"]);
     let a = s.actions(sb(), vec![s.c("i1", 0, RunState::Exited, 1)]);
-    assert!(a.kill_pod && !a.create_sandbox && a.start_init.is_none());
+    assert!(a.kill_pod && !a.create_sandbox && a.start_init.is_empty());
 }
 
 #[test]
 fn crash_loop_backoff_delays_start() {
     let s = Setup::new("Always", &[], &["a", "b"]);
     let mut backoff = Backoff::default();
-    let key = backoff::key("u-1", "a");
+    let key = backoff::key("u-1", "a", &s.hash("a"));
     backoff.record_restart(&key, t(0));
     backoff.record_restart(&key, t(1)); // delay 20s
     let mut status = RuntimePodStatus {
@@ -260,8 +261,121 @@ fn crash_loop_backoff_delays_start() {
     assert_eq!(a.start_containers, names(&["b"]));
     assert_eq!(a.wait, Some(Duration::from_secs(15)));
     assert!(!a.kill_pod);
+    // The held container shows CrashLoopBackOff with upstream's message.
+    let w = &a.waiting["a"];
+    assert_eq!(w.reason, WaitingReason::CrashLoopBackOff);
+    let (uid, name, ns) = crate::pod::pod_identity(&s.pod);
+    assert_eq!(
+        w.message,
+        format!("back-off 20s restarting failed container=a pod={name}_{ns}({uid})")
+    );
+    // A changed spec (another hash) is another key: no back-off.
+    let mut changed = s.pod.clone();
+    if let Some(spec) = changed.spec.as_mut() {
+        spec.containers[0].args = Some(vec!["new".into()]);
+    }
+    let a = compute_pod_actions(&changed, &status, &backoff, t(105));
+    assert_eq!(a.start_containers, names(&["a", "b"]));
     let a = compute_pod_actions(&s.pod, &status, &backoff, t(120));
     assert_eq!((a.start_containers, a.wait), (names(&["a", "b"]), None));
+}
+
+fn sidecar_pod(policy: &str) -> Pod {
+    pod(json!({"restartPolicy": policy,
+        "initContainers": [
+            {"name": "s1", "image": "busybox", "restartPolicy": "Always"},
+            {"name": "i1", "image": "busybox"},
+            {"name": "s2", "image": "busybox", "restartPolicy": "Always"}],
+        "containers": [{"name": "a", "image": "busybox"}]}))
+}
+
+fn sidecar_setup(policy: &str) -> Setup {
+    Setup {
+        pod: sidecar_pod(policy),
+    }
+}
+
+#[test]
+fn sidecars_start_in_order_and_before_the_app() {
+    let s = sidecar_setup("Always");
+    let sb = || vec![sandbox("sb", 0, true)];
+    // A new pod: s1, then i1 (which must complete before s2).
+    let a = s.actions(vec![], vec![]);
+    assert_eq!(a.start_init, names(&["s1", "i1"]));
+    assert!(a.start_containers.is_empty());
+    // s1 running, i1 running: wait for i1.
+    let a = s.actions(
+        sb(),
+        vec![
+            s.c("s1", 0, RunState::Running, 0),
+            s.c("i1", 0, RunState::Running, 0),
+        ],
+    );
+    assert!(a.start_init.is_empty() && a.start_containers.is_empty() && !a.kill_pod);
+    // i1 done: s2 and then the app, s1 keeps running (it never "completes").
+    let a = s.actions(
+        sb(),
+        vec![
+            s.c("s1", 0, RunState::Running, 0),
+            s.c("i1", 0, RunState::Exited, 0),
+        ],
+    );
+    assert_eq!(
+        (a.start_init.clone(), a.start_containers.clone()),
+        (names(&["s2"]), names(&["a"]))
+    );
+}
+
+#[test]
+fn sidecars_restart_whatever_the_pod_policy_until_the_pod_is_done() {
+    let s = sidecar_setup("Never");
+    let sb = || vec![sandbox("sb", 0, true)];
+    // s1 exited while the app runs: restarted although the pod's policy is Never.
+    let a = s.actions(
+        sb(),
+        vec![
+            s.c("s1", 0, RunState::Exited, 0),
+            s.c("i1", 0, RunState::Exited, 0),
+            s.c("s2", 0, RunState::Running, 0),
+            s.c("a", 0, RunState::Running, 0),
+        ],
+    );
+    assert_eq!(a.start_init, names(&["s1"]));
+    assert!(!a.kill_pod);
+    // The app finished: the pod is done, its sidecars are stopped, not restarted.
+    let a = s.actions(
+        sb(),
+        vec![
+            s.c("s1", 0, RunState::Exited, 0),
+            s.c("i1", 0, RunState::Exited, 0),
+            s.c("s2", 0, RunState::Running, 0),
+            s.c("a", 0, RunState::Exited, 0),
+        ],
+    );
+    assert!(a.kill_pod);
+    assert!(a.start_init.is_empty() && a.start_containers.is_empty());
+}
+
+#[test]
+fn a_sidecar_in_back_off_holds_the_init_containers_after_it() {
+    let s = sidecar_setup("Always");
+    let mut backoff = Backoff::default();
+    backoff.record_restart(&backoff::key("u-1", "s1", &s.hash("s1")), t(0));
+    let mut status = RuntimePodStatus {
+        sandboxes: vec![sandbox("sb", 0, true)],
+        containers: vec![s.c("s1", 0, RunState::Exited, 1)],
+    };
+    status.containers[0].finished_at = Some(t(100));
+    let a = compute_pod_actions(&s.pod, &status, &backoff, t(102));
+    assert!(a.start_init.is_empty());
+    assert_eq!(a.waiting["s1"].reason, WaitingReason::CrashLoopBackOff);
+    assert_eq!(a.wait, Some(Duration::from_secs(8)));
+    // Once the app containers ran, a sidecar in back-off holds nothing else.
+    status.containers.push(s.c("a", 0, RunState::Exited, 1));
+    status.containers.push(s.c("i1", 0, RunState::Exited, 0));
+    let a = compute_pod_actions(&s.pod, &status, &backoff, t(102));
+    assert_eq!(a.start_containers, names(&["a"]));
+    assert!(a.waiting.contains_key("s1"));
 }
 
 #[test]

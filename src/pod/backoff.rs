@@ -1,7 +1,8 @@
 //! CrashLoopBackOff: the per-container restart delay.
 //!
 //! Same semantics as upstream's `flowcontrol.Backoff` as the kubelet uses it: a container key
-//! (pod UID + container name) has no delay until its first restart; each restart
+//! (pod UID, container name and the hash of its spec, so a changed container starts afresh)
+//! has no delay until its first restart; each restart
 //! ([`Backoff::record_restart`]) sets the delay to the initial value (10 s) or doubles it, up to
 //! the maximum (5 min). A container that has not been restarted for twice the maximum (10 min,
 //! i.e. it ran that long) starts again from the initial delay, and such entries are dropped by
@@ -37,9 +38,9 @@ impl Default for Backoff {
     }
 }
 
-/// The key of a container: pod UID and container name.
-pub fn key(pod_uid: &str, container: &str) -> String {
-    format!("{pod_uid}/{container}")
+/// The key of a container: pod UID, container name and spec hash (upstream's stable key).
+pub fn key(pod_uid: &str, container: &str, hash: &str) -> String {
+    format!("{pod_uid}/{container}/{hash}")
 }
 
 impl Backoff {
@@ -77,6 +78,14 @@ impl Backoff {
         (since < delay).then(|| delay - since)
     }
 
+    /// How long is left of the delay `key` got at its last [`record_restart`](Self::record_restart)
+    /// (a failed image pull: its back-off runs from the failure).
+    pub fn remaining(&self, key: &str, now: SystemTime) -> Option<Duration> {
+        let e = self.entries.get(key).filter(|e| !self.expired(e, now))?;
+        let since = now.duration_since(e.last_update).unwrap_or_default();
+        (since < e.delay).then(|| e.delay - since)
+    }
+
     /// Records a restart of `key` at `now`: the first sets the initial delay, later ones double
     /// it up to the maximum; after an expiry the initial delay again.
     pub fn record_restart(&mut self, key: &str, now: SystemTime) {
@@ -96,6 +105,12 @@ impl Backoff {
     /// Forgets `key` (the pod was deleted).
     pub fn reset(&mut self, key: &str) {
         self.entries.remove(key);
+    }
+
+    /// Forgets every key of the pod `pod_uid`.
+    pub fn forget_pod(&mut self, pod_uid: &str) {
+        let prefix = format!("{pod_uid}/");
+        self.entries.retain(|k, _| !k.starts_with(&prefix));
     }
 
     /// Drops the entries not updated for twice the maximum delay.
@@ -128,7 +143,7 @@ mod tests {
     #[test]
     fn doubles_up_to_max() {
         let mut b = Backoff::default();
-        let k = key("uid", "app");
+        let k = key("uid", "app", "h1");
         assert_eq!(
             b.next_start(&k, t(0), t(0)),
             None,
@@ -146,7 +161,7 @@ mod tests {
     #[test]
     fn next_start_table() {
         let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(40));
-        let k = key("uid", "app");
+        let k = key("uid", "app", "h1");
         b.record_restart(&k, t(0)); // delay 10s
         // (finished, now, want remaining)
         let cases = [
@@ -170,7 +185,7 @@ mod tests {
     #[test]
     fn resets_after_running_long_and_gc() {
         let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
-        let k = key("uid", "app");
+        let k = key("uid", "app", "h1");
         b.record_restart(&k, t(0));
         b.record_restart(&k, t(10));
         assert_eq!(b.delay(&k, t(10)), Some(Duration::from_secs(20)));

@@ -16,15 +16,18 @@ pub mod quantity;
 pub mod spec;
 pub mod status;
 pub mod sync;
+pub mod types;
 
 pub use actions::{
     ContainerInfo, PodActions, RunState, RuntimePodStatus, SandboxInfo, compute_pod_actions,
+    is_sidecar,
 };
 pub use backoff::Backoff;
 pub use container::{ContainerOptions, container_config};
 pub use hash::container_hash;
 pub use spec::{SandboxOptions, qos_class, sandbox_config};
 pub use status::{StatusContext, pod_status};
+pub use types::{Phase, PullPolicy, RestartPolicy, SyncError, Waiting, WaitingReason};
 
 /// Label carrying the pod name on sandboxes and containers.
 pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
@@ -45,11 +48,8 @@ pub const ANNOTATION_TERMINATION_MESSAGE_PATH: &str =
 use k8s_openapi::api::core::v1::Pod;
 
 /// The pod's restart policy (`Always` when unset, as the API server defaults it).
-pub fn restart_policy(pod: &Pod) -> &str {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or("Always")
+pub fn restart_policy(pod: &Pod) -> RestartPolicy {
+    RestartPolicy::parse(pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()))
 }
 
 /// Whether the pod uses the node's network namespace.

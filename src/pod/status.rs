@@ -19,7 +19,20 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use runtime::cri;
 
-use super::{host_network, qos_class, restart_policy};
+use super::types::{Phase, RestartPolicy, Waiting};
+use super::{host_network, is_sidecar, qos_class, restart_policy};
+
+/// Which list a container is in, which decides how its readiness and restarts are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A regular init container: ready once it succeeded.
+    Init,
+    /// A sidecar (`restartPolicy: Always` init container): restarts whatever the pod's policy,
+    /// ready while it runs (and its readiness probe passes).
+    Sidecar,
+    /// An app container.
+    App,
+}
 
 /// What the kubelet knows beyond the runtime.
 #[derive(Debug, Clone)]
@@ -36,8 +49,8 @@ pub struct StatusContext {
     pub readiness: HashMap<String, bool>,
     /// Startup probe results by container name; a running container without one has started.
     pub started: HashMap<String, bool>,
-    /// Waiting (reason, message) of containers the last sync could not start, by name.
-    pub waiting: HashMap<String, (String, String)>,
+    /// Why containers the last sync could not start wait, by name.
+    pub waiting: HashMap<String, Waiting>,
 }
 
 impl Default for StatusContext {
@@ -113,8 +126,8 @@ fn container_status(
     spec: &Container,
     ours: &[&cri::ContainerStatus],
     default_reason: &str,
-    is_init: bool,
-    policy: &str,
+    kind: Kind,
+    policy: RestartPolicy,
     ctx: &StatusContext,
 ) -> ContainerStatus {
     let id_of = |c: &cri::ContainerStatus| format!("{}://{}", ctx.runtime_name, c.id);
@@ -125,7 +138,7 @@ fn container_status(
     };
     let Some(cur) = ours.first() else {
         st.state = Some(match ctx.waiting.get(&spec.name) {
-            Some((reason, message)) => waiting(reason, message),
+            Some(w) => waiting(w.reason.as_str(), &w.message),
             None => waiting(default_reason, ""),
         });
         st.started = Some(false);
@@ -143,48 +156,69 @@ fn container_status(
         i32::try_from(cur.metadata.as_ref().map_or(0, |m| m.attempt)).unwrap_or(i32::MAX);
     let mut state = state_of(cur, &id_of(cur));
     st.last_state = ours.get(1).map(|p| state_of(p, &id_of(p)));
-    if let (Some(term), Some((reason, message))) =
-        (state.terminated.as_ref(), ctx.waiting.get(&spec.name))
-    {
-        let restarts = match policy {
-            "Never" => false,
-            "OnFailure" => term.exit_code != 0,
-            _ => true,
-        };
-        if restarts {
-            st.last_state = Some(state.clone());
-            state = waiting(reason, message);
+    if let Some(w) = ctx.waiting.get(&spec.name) {
+        if let Some(term) = state.terminated.as_ref() {
+            // The run that ended is the last state; the container waits to run again.
+            let restarts = match kind {
+                Kind::Sidecar => true,
+                Kind::Init => policy != RestartPolicy::Never,
+                Kind::App => policy.restarts(term.exit_code),
+            };
+            if restarts {
+                st.last_state = Some(state.clone());
+                state = waiting(w.reason.as_str(), &w.message);
+            }
+        } else if state.waiting.is_some() {
+            // Created but not started: the start failed.
+            state = waiting(w.reason.as_str(), &w.message);
         }
     }
     let running = state.running.is_some();
     st.state = Some(state);
-    if is_init {
-        st.ready = exited_ok(&st);
-        st.started = Some(running);
-    } else {
-        let started = running && ctx.started.get(&spec.name).copied().unwrap_or(true);
-        st.started = Some(started);
-        st.ready = started && ctx.readiness.get(&spec.name).copied().unwrap_or(true);
+    match kind {
+        Kind::Init => {
+            st.ready = exited_ok(&st);
+            st.started = Some(running);
+        }
+        Kind::Sidecar | Kind::App => {
+            let started = running && ctx.started.get(&spec.name).copied().unwrap_or(true);
+            st.started = Some(started);
+            st.ready = started && ctx.readiness.get(&spec.name).copied().unwrap_or(true);
+        }
     }
     st
 }
 
-/// The pod phase (upstream `getPhase`) from the API container statuses.
-pub fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'static str {
+/// The pod phase (upstream `getPhase`) from the API container statuses. Sidecars keep a pod
+/// pending until they started, and never make it Running or keep it from ending: a pod whose
+/// app containers finished under `Never`/`OnFailure` ends whatever its sidecars do.
+pub fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> Phase {
     let policy = restart_policy(pod);
+    let init_specs = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
+    let sidecar = |name: &str| init_specs.iter().any(|c| c.name == name && is_sidecar(c));
+    fn failed_before(s: &ContainerStatus) -> Option<&ContainerStateTerminated> {
+        s.last_state.as_ref().and_then(|l| l.terminated.as_ref())
+    }
     let (mut pending_init, mut failed_init) = (0, 0);
     for s in init {
         let st = s.state.clone().unwrap_or_default();
+        if sidecar(&s.name) {
+            // Pending until it started once (a sidecar that restarts does not hold the pod).
+            let started_once = st.running.is_some() || failed_before(s).is_some();
+            if !started_once && st.terminated.is_none() {
+                pending_init += 1;
+            }
+            continue;
+        }
         if let Some(t) = &st.terminated {
             if t.exit_code != 0 {
                 failed_init += 1;
             }
-        } else if st.waiting.is_some()
-            && s.last_state
-                .as_ref()
-                .and_then(|l| l.terminated.as_ref())
-                .is_some_and(|t| t.exit_code != 0)
-        {
+        } else if st.waiting.is_some() && failed_before(s).is_some_and(|t| t.exit_code != 0) {
             failed_init += 1;
         } else {
             pending_init += 1;
@@ -201,11 +235,7 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'
                 succeeded += 1;
             }
         } else if st.waiting.is_some() {
-            if s.last_state
-                .as_ref()
-                .and_then(|l| l.terminated.as_ref())
-                .is_some()
-            {
+            if failed_before(s).is_some() {
                 stopped += 1;
             } else {
                 waiting_n += 1;
@@ -214,24 +244,24 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'
             unknown += 1;
         }
     }
-    if failed_init > 0 && policy == "Never" {
-        return "Failed";
+    if failed_init > 0 && policy == RestartPolicy::Never {
+        return Phase::Failed;
     }
     if pending_init > 0 || failed_init > 0 || waiting_n > 0 {
-        return "Pending";
+        return Phase::Pending;
     }
     if running > 0 && unknown == 0 {
-        return "Running";
+        return Phase::Running;
     }
     if running == 0 && stopped > 0 && unknown == 0 {
         return match policy {
-            "Always" => "Running",
-            _ if stopped == succeeded => "Succeeded",
-            "Never" => "Failed",
-            _ => "Running",
+            RestartPolicy::Always => Phase::Running,
+            _ if stopped == succeeded => Phase::Succeeded,
+            RestartPolicy::Never => Phase::Failed,
+            RestartPolicy::OnFailure => Phase::Running,
         };
     }
-    "Pending"
+    Phase::Pending
 }
 
 fn condition(
@@ -292,9 +322,27 @@ pub fn pod_status(
     let init_specs = spec.init_containers.clone().unwrap_or_default();
     let init: Vec<ContainerStatus> = init_specs
         .iter()
-        .map(|c| container_status(c, &of(&c.name), "PodInitializing", true, policy, ctx))
+        .map(|c| {
+            let kind = if is_sidecar(c) {
+                Kind::Sidecar
+            } else {
+                Kind::Init
+            };
+            container_status(c, &of(&c.name), "PodInitializing", kind, policy, ctx)
+        })
         .collect();
-    let initialized = init.iter().all(exited_ok);
+    // Initialized: every regular init container succeeded, every sidecar started.
+    let init_done = |s: &ContainerStatus| {
+        if init_specs.iter().any(|c| c.name == s.name && is_sidecar(c)) {
+            s.started == Some(true)
+        } else {
+            exited_ok(s)
+        }
+    };
+    // Once an app container ran, the pod stays initialized (a sidecar restarting later does
+    // not take it back), as upstream.
+    let app_ran = spec.containers.iter().any(|c| !of(&c.name).is_empty());
+    let initialized = app_ran || init.iter().all(init_done);
     let app_default = if init_specs.is_empty() || initialized {
         "ContainerCreating"
     } else {
@@ -303,15 +351,26 @@ pub fn pod_status(
     let app: Vec<ContainerStatus> = spec
         .containers
         .iter()
-        .map(|c| container_status(c, &of(&c.name), app_default, false, policy, ctx))
+        .map(|c| container_status(c, &of(&c.name), app_default, Kind::App, policy, ctx))
         .collect();
     let phase = phase(pod, &init, &app);
 
     let sandbox_ready =
         sandbox.is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
-    let incomplete = names_where(&init, |s| !exited_ok(s));
-    let unready = names_where(&app, |s| !s.ready);
-    let completed = phase == "Succeeded";
+    let incomplete = if initialized {
+        Vec::new()
+    } else {
+        names_where(&init, |s| !init_done(s))
+    };
+    // Sidecars count in the pod's readiness, as upstream.
+    let sidecars: Vec<ContainerStatus> = init
+        .iter()
+        .filter(|s| init_specs.iter().any(|c| c.name == s.name && is_sidecar(c)))
+        .cloned()
+        .collect();
+    let mut unready = names_where(&sidecars, |s| !s.ready);
+    unready.extend(names_where(&app, |s| !s.ready));
+    let completed = phase == Phase::Succeeded;
     let ready = unready.is_empty() && !completed;
     let (ready_reason, ready_message) = if completed {
         (Some("PodCompleted"), None)
@@ -368,7 +427,7 @@ pub fn pod_status(
             .collect()
     };
     PodStatus {
-        phase: Some(phase.into()),
+        phase: Some(phase.as_str().into()),
         conditions: Some(conditions),
         host_ip: ctx.host_ips.first().cloned(),
         host_ips: (!ctx.host_ips.is_empty()).then(|| {

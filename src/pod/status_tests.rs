@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::pod::spec::tests::pod;
+use crate::pod::types::WaitingReason;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -226,13 +227,15 @@ fn waiting_reasons_from_ctx() {
     let mut c = ctx();
     c.waiting.insert(
         "a".into(),
-        (
-            "CrashLoopBackOff".into(),
-            "back-off 20s restarting failed container".into(),
+        Waiting::new(
+            WaitingReason::CrashLoopBackOff,
+            "back-off 20s restarting failed container",
         ),
     );
-    c.waiting
-        .insert("b".into(), ("ErrImagePull".into(), "not found".into()));
+    c.waiting.insert(
+        "b".into(),
+        Waiting::new(WaitingReason::ErrImagePull, "not found"),
+    );
     let st = pod_status(
         &pd,
         Some(&ready_sandbox("10.0.0.5")),

@@ -9,16 +9,19 @@
 //! [`super::status::StatusContext::waiting`].
 
 use std::collections::HashMap;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::{Error, ImageService, Result, RuntimeService, cri};
+use tokio::sync::Semaphore;
 
-use super::actions::{PodActions, RunState, RuntimePodStatus};
+use super::actions::{ContainerInfo, PodActions, RunState, RuntimePodStatus, is_sidecar};
 use super::backoff::{self, Backoff};
 use super::container::{ContainerOptions, container_config};
 use super::spec::{SandboxOptions, pod_spec, sandbox_config};
-use super::{LABEL_POD_UID, pod_identity};
+use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
+use super::{LABEL_POD_UID, container_hash, pod_identity};
 
 /// What the runtime knows about one pod.
 #[derive(Debug, Clone, Default)]
@@ -95,87 +98,325 @@ pub struct SyncResult {
     pub sandbox_id: Option<String>,
     /// Containers created and started, by name.
     pub started: Vec<String>,
-    /// Containers that could not be started: name → (reason, message), e.g. `ErrImagePull`.
-    pub waiting: HashMap<String, (String, String)>,
+    /// Containers that could not be started, by name: CrashLoopBackOff, ErrImagePull, ...
+    pub waiting: HashMap<String, Waiting>,
     /// Failures of kill or sandbox steps (the next sync retries).
     pub errors: Vec<String>,
+    /// When the pod wants to be synced again (the first back-off to end).
+    pub requeue_after: Option<Duration>,
 }
 
-/// The effective pull policy: the container's, else `Always` for `:latest` or untagged images
-/// and `IfNotPresent` otherwise (API defaulting).
-pub fn pull_policy(c: &Container) -> &str {
-    if let Some(p) = c.image_pull_policy.as_deref().filter(|p| !p.is_empty()) {
-        return p;
+impl SyncResult {
+    fn wait(&mut self, d: Duration) {
+        self.requeue_after = Some(self.requeue_after.map_or(d, |w| w.min(d)));
     }
-    let image = c.image.as_deref().unwrap_or("");
-    let last = image.rsplit('/').next().unwrap_or(image);
-    if image.contains('@') || last.split_once(':').is_some_and(|(_, tag)| tag != "latest") {
-        "IfNotPresent"
-    } else {
-        "Always"
-    }
-}
 
-async fn ensure_image(
-    images: &dyn ImageService,
-    c: &Container,
-    sandbox: &cri::PodSandboxConfig,
-) -> std::result::Result<String, (String, String)> {
-    let image = c.image.clone().unwrap_or_default();
-    let spec = cri::ImageSpec {
-        image: image.clone(),
-        ..Default::default()
-    };
-    let policy = pull_policy(c);
-    if policy != "Always" {
-        let present = images
-            .image_status(cri::ImageStatusRequest {
-                image: Some(spec.clone()),
-                verbose: false,
-            })
-            .await
-            .map_err(|e| ("ErrImageInspect".to_string(), e.to_string()))?;
-        if let Some(img) = present.image {
-            return Ok(img.id);
+    /// The error the sync ends with, if anything could not be done: the first of the kill and
+    /// sandbox failures, else the waiting containers by kind (as upstream's `SyncPod` result).
+    pub fn error(&self) -> Option<SyncError> {
+        if !self.errors.is_empty() {
+            return Some(SyncError::Runtime(self.errors.join("; ")));
         }
-        if policy == "Never" {
+        let mut waiting: Vec<(&String, &Waiting)> = self.waiting.iter().collect();
+        waiting.sort_by_key(|(name, _)| name.as_str());
+        let (name, w) = waiting.first()?;
+        let text = format!(
+            "failed to \"StartContainer\" for \"{name}\" with {}: \"{}\"",
+            w.reason, w.message
+        );
+        Some(match w.reason {
+            r if r.is_image() => SyncError::Image(text),
+            WaitingReason::CrashLoopBackOff => SyncError::BackOff(text),
+            WaitingReason::CreateContainerConfigError => SyncError::Config(text),
+            _ => SyncError::Runtime(text),
+        })
+    }
+}
+
+/// The effective pull policy of a container (see [`PullPolicy::of`]).
+pub fn pull_policy(c: &Container) -> PullPolicy {
+    PullPolicy::of(c)
+}
+
+/// Where a sync reports what it does to a pod (upstream's pod events: Pulling, Created,
+/// Started, Killing, BackOff, ...). The kubelet records them in the API server; tests collect
+/// them.
+pub trait PodEvents: Send + Sync {
+    /// An event about `pod`, or one of its containers when `container` names it.
+    fn event(
+        &self,
+        pod: &Pod,
+        container: Option<&str>,
+        kind: EventKind,
+        reason: &str,
+        message: String,
+    );
+}
+
+/// An event's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+/// A [`PodEvents`] that drops everything.
+pub struct NoEvents;
+
+impl PodEvents for NoEvents {
+    fn event(&self, _: &Pod, _: Option<&str>, _: EventKind, _: &str, _: String) {}
+}
+
+/// How image pulls share the node: one at a time (`serializeImagePulls`, upstream's default),
+/// at most N at once (`maxParallelImagePulls`), or unbounded. Pods that need no pull never wait.
+#[derive(Clone)]
+pub struct ImagePulls {
+    limit: Option<Arc<Semaphore>>,
+}
+
+impl ImagePulls {
+    /// `serialize`: one pull at a time; else at most `max_parallel` (unbounded when `None`).
+    pub fn new(serialize: bool, max_parallel: Option<u32>) -> Self {
+        let permits = if serialize { Some(1) } else { max_parallel };
+        ImagePulls {
+            limit: permits.map(|n| Arc::new(Semaphore::new(n.max(1) as usize))),
+        }
+    }
+}
+
+impl Default for ImagePulls {
+    fn default() -> Self {
+        ImagePulls::new(true, None)
+    }
+}
+
+/// What a sync works with besides the pod: the runtime, the back-off states (each behind a
+/// lock held for a lookup, never across a runtime call), the pull limiter and the event sink.
+pub struct SyncContext<'a> {
+    pub rt: &'a dyn RuntimeService,
+    pub images: &'a dyn ImageService,
+    pub opts: &'a ContainerOptions,
+    /// CrashLoopBackOff per container.
+    pub backoff: &'a Mutex<Backoff>,
+    /// Pull back-off per (pod, image): ErrImagePull, then ImagePullBackOff.
+    pub image_backoff: &'a Mutex<Backoff>,
+    pub pulls: &'a ImagePulls,
+    pub events: &'a dyn PodEvents,
+    pub now: SystemTime,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The image back-off key of `image` for the pod `pod_uid`.
+fn image_key(pod_uid: &str, image: &str) -> String {
+    backoff::key(pod_uid, "image", image)
+}
+
+impl SyncContext<'_> {
+    /// Makes sure the container's image is there as its pull policy says; the image's ref, or
+    /// why the container waits (and for how long at least, in an image back-off).
+    async fn ensure_image(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        sandbox: &cri::PodSandboxConfig,
+    ) -> std::result::Result<String, (Waiting, Option<Duration>)> {
+        let image = c.image.clone().unwrap_or_default();
+        let spec = cri::ImageSpec {
+            image: image.clone(),
+            ..Default::default()
+        };
+        let policy = pull_policy(c);
+        if policy != PullPolicy::Always {
+            let present = self
+                .images
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(spec.clone()),
+                    verbose: false,
+                })
+                .await
+                .map_err(|e| {
+                    (
+                        Waiting::new(WaitingReason::ImageInspectError, e.to_string()),
+                        None,
+                    )
+                })?;
+            if let Some(img) = present.image {
+                self.events.event(
+                    pod,
+                    Some(&c.name),
+                    EventKind::Normal,
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
+                return Ok(img.id);
+            }
+            if policy == PullPolicy::Never {
+                let message =
+                    format!("Container image {image:?} is not present with pull policy of Never");
+                self.events.event(
+                    pod,
+                    Some(&c.name),
+                    EventKind::Warning,
+                    "ErrImageNeverPull",
+                    message.clone(),
+                );
+                return Err((
+                    Waiting::new(WaitingReason::ErrImageNeverPull, message),
+                    None,
+                ));
+            }
+        }
+        let uid = pod_identity(pod).0;
+        let key = image_key(uid, &image);
+        // A pull that failed recently is not tried again before its back-off ends.
+        let held = lock(self.image_backoff).remaining(&key, self.now);
+        if let Some(left) = held {
+            let message = format!("Back-off pulling image {image:?}");
+            self.events.event(
+                pod,
+                Some(&c.name),
+                EventKind::Normal,
+                "BackOff",
+                message.clone(),
+            );
             return Err((
-                "ErrImageNeverPull".into(),
-                format!("image {image:?} is not present with pull policy of Never"),
+                Waiting::new(WaitingReason::ImagePullBackOff, message),
+                Some(left),
             ));
         }
+        self.events.event(
+            pod,
+            Some(&c.name),
+            EventKind::Normal,
+            "Pulling",
+            format!("Pulling image {image:?}"),
+        );
+        let queued = std::time::Instant::now();
+        let _permit = match &self.pulls.limit {
+            Some(sem) => Some(sem.clone().acquire_owned().await.map_err(|e| {
+                (
+                    Waiting::new(WaitingReason::ErrImagePull, e.to_string()),
+                    None,
+                )
+            })?),
+            None => None,
+        };
+        let began = std::time::Instant::now();
+        let pulled = self
+            .images
+            .pull_image(cri::PullImageRequest {
+                image: Some(spec),
+                auth: None,
+                sandbox_config: Some(sandbox.clone()),
+            })
+            .await;
+        match pulled {
+            Ok(r) => {
+                lock(self.image_backoff).reset(&key);
+                self.events.event(
+                    pod,
+                    Some(&c.name),
+                    EventKind::Normal,
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image {image:?} in {:.3}s ({:.3}s including waiting)",
+                        began.elapsed().as_secs_f64(),
+                        queued.elapsed().as_secs_f64()
+                    ),
+                );
+                Ok(r.image_ref)
+            }
+            Err(e) => {
+                lock(self.image_backoff).record_restart(&key, self.now);
+                let message = e.to_string();
+                self.events.event(
+                    pod,
+                    Some(&c.name),
+                    EventKind::Warning,
+                    "Failed",
+                    format!("Failed to pull image {image:?}: {message}"),
+                );
+                self.events.event(
+                    pod,
+                    Some(&c.name),
+                    EventKind::Warning,
+                    "Failed",
+                    "Error: ErrImagePull".into(),
+                );
+                let left = lock(self.image_backoff).delay(&key, self.now);
+                Err((Waiting::new(WaitingReason::ErrImagePull, message), left))
+            }
+        }
     }
-    images
-        .pull_image(cri::PullImageRequest {
-            image: Some(spec),
-            auth: None,
-            sandbox_config: Some(sandbox.clone()),
-        })
-        .await
-        .map(|r| r.image_ref)
-        .map_err(|e| ("ErrImagePull".to_string(), e.to_string()))
 }
 
-/// Carries out `actions` (computed from `snapshot`) for `pod`.
-/// Stops every running or created container of the pod, giving each `grace_secs`, then its
-/// sandboxes. Returns what failed; a failure does not stop the rest.
+/// Stops one container within `grace_secs`, recording the `Killing` event.
+async fn stop_one(
+    rt: &dyn RuntimeService,
+    events: &dyn PodEvents,
+    pod: &Pod,
+    c: &ContainerInfo,
+    grace_secs: i64,
+    why: Option<&str>,
+) -> std::result::Result<(), String> {
+    let message = match why {
+        Some(why) => format!("{why}, will be restarted"),
+        None => format!("Stopping container {}", c.name),
+    };
+    events.event(pod, Some(&c.name), EventKind::Normal, "Killing", message);
+    rt.stop_container(cri::StopContainerRequest {
+        container_id: c.id.clone(),
+        timeout: grace_secs,
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("stopping container {}: {e}", c.name))
+}
+
+/// Stops every running or created container of the pod within one shared grace period of
+/// `grace_secs`, then its sandboxes (upstream `killPodWithSyncResult`): the app containers (and
+/// regular init containers) all at once, then the sidecars one by one in reverse order, each with
+/// what is left of the period (at least 2 s, as upstream). Returns what failed; a failure does not
+/// stop the rest.
 pub async fn kill_pod(
     rt: &dyn RuntimeService,
+    events: &dyn PodEvents,
+    pod: &Pod,
     status: &RuntimePodStatus,
     grace_secs: i64,
 ) -> Vec<String> {
-    let mut errors = Vec::new();
-    for c in status
+    let began = std::time::Instant::now();
+    let init: &[Container] = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
+    let sidecar_rank = |name: &str| init.iter().position(|c| c.name == name && is_sidecar(c));
+    let live: Vec<&ContainerInfo> = status
         .containers
         .iter()
         .filter(|c| matches!(c.state, RunState::Running | RunState::Created))
-    {
-        let req = cri::StopContainerRequest {
-            container_id: c.id.clone(),
-            timeout: grace_secs,
-        };
-        if let Err(e) = rt.stop_container(req).await {
-            errors.push(format!("stopping container {}: {e}", c.name));
+        .collect();
+    let (mut sidecars, apps): (Vec<&ContainerInfo>, Vec<&ContainerInfo>) = live
+        .into_iter()
+        .partition(|c| sidecar_rank(&c.name).is_some());
+    let mut errors: Vec<String> = futures::future::join_all(
+        apps.iter()
+            .map(|c| stop_one(rt, events, pod, c, grace_secs, None)),
+    )
+    .await
+    .into_iter()
+    .filter_map(|r| r.err())
+    .collect();
+    sidecars.sort_by_key(|c| std::cmp::Reverse(sidecar_rank(&c.name)));
+    for c in sidecars {
+        let spent = i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX);
+        let left = grace_secs.saturating_sub(spent).max(MIN_GRACE_SECS);
+        if let Err(e) = stop_one(rt, events, pod, c, left, None).await {
+            errors.push(e);
         }
     }
     for sb in &status.sandboxes {
@@ -189,52 +430,87 @@ pub async fn kill_pod(
     errors
 }
 
-// Every argument is a distinct input of one sync step; bundling them would only rename them.
-#[allow(clippy::too_many_arguments)]
+/// The least grace a container stopped late in a pod's termination gets (upstream's
+/// `minimumGracePeriodInSeconds`).
+pub const MIN_GRACE_SECS: i64 = 2;
+
+/// Carries out `actions` (computed from `snapshot`) for `pod`, like upstream's `SyncPod`.
 pub async fn sync_pod(
-    rt: &dyn RuntimeService,
-    images: &dyn ImageService,
+    cx: &SyncContext<'_>,
     pod: &Pod,
     snapshot: &RuntimeSnapshot,
     actions: &PodActions,
-    backoff: &mut Backoff,
-    opts: &ContainerOptions,
-    now: SystemTime,
 ) -> Result<SyncResult> {
+    let rt = cx.rt;
     let spec = pod_spec(pod)?;
     let uid = pod_identity(pod).0.to_string();
     let grace = spec.termination_grace_period_seconds.unwrap_or(30);
-    let mut res = SyncResult::default();
-    let stop = |id: String| {
-        rt.stop_container(cri::StopContainerRequest {
-            container_id: id,
-            timeout: grace,
-        })
+    let mut res = SyncResult {
+        waiting: actions.waiting.clone(),
+        requeue_after: actions.wait,
+        ..Default::default()
     };
-
-    if actions.kill_pod {
-        res.errors
-            .extend(kill_pod(rt, &snapshot.status, grace).await);
-    }
-    for (id, reason) in &actions.kill_containers {
-        if let Err(e) = stop(id.clone()).await {
-            res.errors
-                .push(format!("stopping container {id} ({reason}): {e}"));
+    for (name, w) in &actions.waiting {
+        if w.reason == WaitingReason::CrashLoopBackOff {
+            cx.events.event(
+                pod,
+                Some(name),
+                EventKind::Warning,
+                "BackOff",
+                format!(
+                    "Back-off restarting failed container {name} in pod {}",
+                    w.message.rsplit("pod=").next().unwrap_or_default()
+                ),
+            );
         }
     }
 
-    let mut sb_opts: SandboxOptions = opts.sandbox.clone();
-    let mut opts = opts.clone();
+    if actions.kill_pod {
+        if actions.create_sandbox && !snapshot.status.sandboxes.is_empty() {
+            cx.events.event(
+                pod,
+                None,
+                EventKind::Normal,
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.".into(),
+            );
+        }
+        res.errors
+            .extend(kill_pod(rt, cx.events, pod, &snapshot.status, grace).await);
+    }
+    for (id, reason) in &actions.kill_containers {
+        let Some(c) = snapshot.status.containers.iter().find(|c| &c.id == id) else {
+            continue;
+        };
+        if let Err(e) = stop_one(rt, cx.events, pod, c, grace, Some(reason)).await {
+            res.errors.push(format!("{e} ({reason})"));
+        }
+    }
+
+    let mut sb_opts: SandboxOptions = cx.opts.sandbox.clone();
+    let mut opts = cx.opts.clone();
     let sandbox_id = if actions.create_sandbox {
         sb_opts.attempt = actions.sandbox_attempt;
         let config = sandbox_config(pod, &sb_opts)?;
-        let id = rt
+        let id = match rt
             .run_pod_sandbox(cri::RunPodSandboxRequest {
                 config: Some(config),
                 runtime_handler: String::new(),
             })
-            .await?
-            .pod_sandbox_id;
+            .await
+        {
+            Ok(r) => r.pod_sandbox_id,
+            Err(e) => {
+                cx.events.event(
+                    pod,
+                    None,
+                    EventKind::Warning,
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: {e}"),
+                );
+                return Err(e);
+            }
+        };
         let st = rt
             .pod_sandbox_status(cri::PodSandboxStatusRequest {
                 pod_sandbox_id: id.clone(),
@@ -264,11 +540,14 @@ pub async fn sync_pod(
     res.sandbox_id = Some(sandbox_id.clone());
     let sandbox = sandbox_config(pod, &sb_opts)?;
 
-    let names = actions
+    // Init containers in order, each only once the ones before it started; then the app
+    // containers, each on its own.
+    let steps = actions
         .start_init
         .iter()
-        .chain(actions.start_containers.iter());
-    for name in names {
+        .map(|n| (n, true))
+        .chain(actions.start_containers.iter().map(|n| (n, false)));
+    for (name, in_order) in steps {
         let container = spec
             .init_containers
             .iter()
@@ -278,58 +557,114 @@ pub async fn sync_pod(
             .ok_or_else(|| {
                 Error::invalid_argument(format!("container {name:?} is not in the pod spec"))
             })?;
-        let previous = snapshot.status.latest(name);
-        let restart_count = previous.map_or(0, |p| p.attempt + 1);
-        let image_ref = match ensure_image(images, container, &sandbox).await {
-            Ok(r) => r,
-            Err(w) => {
-                res.waiting.insert(name.clone(), w);
-                continue;
-            }
-        };
-        let mut config = match container_config(pod, container, restart_count, &opts) {
-            Ok(c) => c,
-            Err(e) => {
-                res.waiting.insert(
-                    name.clone(),
-                    ("CreateContainerConfigError".into(), e.to_string()),
-                );
-                continue;
-            }
-        };
-        if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
-            img.image = image_ref;
-        }
-        if previous.is_some_and(|p| p.state == RunState::Exited) {
-            backoff.record_restart(&backoff::key(&uid, name), now);
-        }
-        let created = rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.clone(),
-                config: Some(config),
-                sandbox_config: Some(sandbox.clone()),
-            })
-            .await;
-        let id = match created {
-            Ok(r) => r.container_id,
-            Err(e) => {
-                res.waiting
-                    .insert(name.clone(), ("CreateContainerError".into(), e.to_string()));
-                continue;
-            }
-        };
-        match rt
-            .start_container(cri::StartContainerRequest { container_id: id })
-            .await
+        match start_one(
+            cx,
+            pod,
+            container,
+            snapshot,
+            &uid,
+            &sandbox_id,
+            &sandbox,
+            &opts,
+        )
+        .await
         {
-            Ok(_) => res.started.push(name.clone()),
-            Err(e) => {
-                res.waiting
-                    .insert(name.clone(), ("RunContainerError".into(), e.to_string()));
+            Ok(()) => res.started.push(name.clone()),
+            Err((w, wait)) => {
+                if let Some(wait) = wait {
+                    res.wait(wait);
+                }
+                res.waiting.insert(name.clone(), w);
+                if in_order {
+                    break;
+                }
             }
         }
     }
     Ok(res)
+}
+
+/// Pulls, creates and starts one container (upstream `startContainer`).
+#[allow(clippy::too_many_arguments)] // the pod's identity, sandbox and options, each needed
+async fn start_one(
+    cx: &SyncContext<'_>,
+    pod: &Pod,
+    container: &Container,
+    snapshot: &RuntimeSnapshot,
+    uid: &str,
+    sandbox_id: &str,
+    sandbox: &cri::PodSandboxConfig,
+    opts: &ContainerOptions,
+) -> std::result::Result<(), (Waiting, Option<Duration>)> {
+    let name = &container.name;
+    let previous = snapshot.status.latest(name);
+    let restart_count = previous.map_or(0, |p| p.attempt + 1);
+    let image_ref = cx.ensure_image(pod, container, sandbox).await?;
+    let mut config = container_config(pod, container, restart_count, opts).map_err(|e| {
+        let w = Waiting::new(WaitingReason::CreateContainerConfigError, e.to_string());
+        cx.events.event(
+            pod,
+            Some(name),
+            EventKind::Warning,
+            "Failed",
+            format!("Error: {e}"),
+        );
+        (w, None)
+    })?;
+    if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
+        img.image = image_ref;
+    }
+    if previous.is_some_and(|p| p.state == RunState::Exited) {
+        lock(cx.backoff)
+            .record_restart(&backoff::key(uid, name, &container_hash(container)), cx.now);
+    }
+    let failed = |reason: WaitingReason, e: Error| {
+        cx.events.event(
+            pod,
+            Some(name),
+            EventKind::Warning,
+            "Failed",
+            format!("Error: {e}"),
+        );
+        (Waiting::new(reason, e.to_string()), None)
+    };
+    let id = rt_create(cx.rt, sandbox_id, config, sandbox)
+        .await
+        .map_err(|e| failed(WaitingReason::CreateContainerError, e))?;
+    cx.events.event(
+        pod,
+        Some(name),
+        EventKind::Normal,
+        "Created",
+        format!("Created container: {name}"),
+    );
+    cx.rt
+        .start_container(cri::StartContainerRequest { container_id: id })
+        .await
+        .map_err(|e| failed(WaitingReason::RunContainerError, e))?;
+    cx.events.event(
+        pod,
+        Some(name),
+        EventKind::Normal,
+        "Started",
+        format!("Started container {name}"),
+    );
+    Ok(())
+}
+
+async fn rt_create(
+    rt: &dyn RuntimeService,
+    sandbox_id: &str,
+    config: cri::ContainerConfig,
+    sandbox: &cri::PodSandboxConfig,
+) -> Result<String> {
+    rt.create_container(cri::CreateContainerRequest {
+        pod_sandbox_id: sandbox_id.to_string(),
+        config: Some(config),
+        sandbox_config: Some(sandbox.clone()),
+    })
+    .await
+    .map(|r| r.container_id)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use super::*;
 use crate::pod::compute_pod_actions;
 use crate::pod::spec::tests::pod;
+use crate::pod::types::WaitingReason;
 use runtime::fake::FakeRuntime;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
@@ -14,24 +15,34 @@ fn t(secs: u64) -> SystemTime {
 async fn step(
     rt: &FakeRuntime,
     p: &Pod,
-    backoff: &mut Backoff,
+    backoff: &Mutex<Backoff>,
+    now: SystemTime,
+) -> (PodActions, SyncResult) {
+    step_with(rt, p, backoff, &Mutex::new(Backoff::default()), now).await
+}
+
+async fn step_with(
+    rt: &FakeRuntime,
+    p: &Pod,
+    backoff: &Mutex<Backoff>,
+    image_backoff: &Mutex<Backoff>,
     now: SystemTime,
 ) -> (PodActions, SyncResult) {
     let snap = runtime_pod_status(rt, "u-1").await.expect("status");
-    let actions = compute_pod_actions(p, &snap.status, backoff, now);
+    let actions = compute_pod_actions(p, &snap.status, &lock(backoff), now);
     rt.clear_calls();
-    let res = sync_pod(
+    let opts = ContainerOptions::default();
+    let cx = SyncContext {
         rt,
-        rt,
-        p,
-        &snap,
-        &actions,
+        images: rt,
+        opts: &opts,
         backoff,
-        &ContainerOptions::default(),
+        image_backoff,
+        pulls: &ImagePulls::default(),
+        events: &NoEvents,
         now,
-    )
-    .await
-    .expect("sync");
+    };
+    let res = sync_pod(&cx, p, &snap, &actions).await.expect("sync");
     (actions, res)
 }
 
@@ -43,12 +54,13 @@ fn pull_policy_defaults() {
         image_pull_policy: policy.map(str::to_string),
         ..Default::default()
     };
-    assert_eq!(pull_policy(&c("busybox", None)), "Always");
-    assert_eq!(pull_policy(&c("busybox:latest", None)), "Always");
-    assert_eq!(pull_policy(&c("localhost:5000/busybox", None)), "Always");
-    assert_eq!(pull_policy(&c("busybox:1.36", None)), "IfNotPresent");
-    assert_eq!(pull_policy(&c("busybox@sha256:abc", None)), "IfNotPresent");
-    assert_eq!(pull_policy(&c("busybox", Some("Never"))), "Never");
+    use PullPolicy::*;
+    assert_eq!(pull_policy(&c("busybox", None)), Always);
+    assert_eq!(pull_policy(&c("busybox:latest", None)), Always);
+    assert_eq!(pull_policy(&c("localhost:5000/busybox", None)), Always);
+    assert_eq!(pull_policy(&c("busybox:1.36", None)), IfNotPresent);
+    assert_eq!(pull_policy(&c("busybox@sha256:abc", None)), IfNotPresent);
+    assert_eq!(pull_policy(&c("busybox", Some("Never"))), Never);
 }
 
 #[tokio::test]
@@ -58,10 +70,10 @@ async fn lifecycle_against_the_fake() {
         json!({"initContainers": [{"name": "init", "image": "busybox:1.36"}],
         "containers": [{"name": "app", "image": "busybox:1.36"}]}),
     );
-    let mut backoff = Backoff::default();
+    let backoff = Mutex::new(Backoff::default());
 
     // New pod: sandbox + first init container.
-    let (a, res) = step(&rt, &p, &mut backoff, t(0)).await;
+    let (a, res) = step(&rt, &p, &backoff, t(0)).await;
     assert!(a.create_sandbox);
     rt.assert_calls(&[
         "RunPodSandbox",
@@ -76,14 +88,14 @@ async fn lifecycle_against_the_fake() {
     let init_id = rt.containers().first().map(|c| c.id.clone()).expect("init");
 
     // Init running: nothing to do but look.
-    let (a, _) = step(&rt, &p, &mut backoff, t(1)).await;
-    assert_eq!(a.start_init, None);
+    let (a, _) = step(&rt, &p, &backoff, t(1)).await;
+    assert!(a.start_init.is_empty());
     rt.assert_calls(&[]).expect("no calls");
 
     // Init done: app container; the image is present now.
     rt.set_container_exited(&init_id, 0, "Completed")
         .expect("exit");
-    let (_, res) = step(&rt, &p, &mut backoff, t(2)).await;
+    let (_, res) = step(&rt, &p, &backoff, t(2)).await;
     assert_eq!(res.started, ["app"]);
     rt.assert_calls(&["ImageStatus", "CreateContainer", "StartContainer"])
         .expect("calls");
@@ -92,7 +104,7 @@ async fn lifecycle_against_the_fake() {
     let app_id = |rt: &FakeRuntime| rt.containers().last().map(|c| c.id.clone()).expect("app");
     rt.set_container_exited(&app_id(&rt), 1, "Error")
         .expect("exit");
-    let (_, res) = step(&rt, &p, &mut backoff, t(3)).await;
+    let (_, res) = step(&rt, &p, &backoff, t(3)).await;
     assert_eq!(res.started, ["app"]);
     let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
     assert_eq!(snap.status.latest("app").map(|c| c.attempt), Some(1));
@@ -107,7 +119,7 @@ async fn lifecycle_against_the_fake() {
     let a = compute_pod_actions(
         &p,
         &snap.status,
-        &backoff,
+        &lock(&backoff),
         finished + Duration::from_secs(4),
     );
     assert_eq!(
@@ -117,28 +129,50 @@ async fn lifecycle_against_the_fake() {
 
     // Image pull failure becomes a waiting reason.
     let rt2 = FakeRuntime::new();
-    rt2.inject_error("PullImage", runtime::Error::not_found("no such image"));
-    let (_, res) = step(&rt2, &p, &mut Backoff::default(), t(0)).await;
+    for _ in 0..2 {
+        rt2.inject_error("PullImage", runtime::Error::not_found("no such image"));
+    }
+    let fresh = Mutex::new(Backoff::default());
+    let image_backoff = Mutex::new(Backoff::default());
+    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(0)).await;
     assert_eq!(
-        res.waiting.get("init").map(|w| w.0.as_str()),
-        Some("ErrImagePull")
+        res.waiting.get("init").map(|w| w.reason),
+        Some(WaitingReason::ErrImagePull)
     );
     assert!(res.started.is_empty());
+    assert_eq!(res.requeue_after, Some(Duration::from_secs(10)));
+    // Within the pull's back-off: ImagePullBackOff, and no pull.
+    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(4)).await;
+    assert_eq!(
+        res.waiting
+            .get("init")
+            .map(|w| (w.reason, w.message.as_str())),
+        Some((
+            WaitingReason::ImagePullBackOff,
+            "Back-off pulling image \"busybox:1.36\""
+        ))
+    );
+    assert_eq!(res.requeue_after, Some(Duration::from_secs(6)));
+    assert!(!rt2.called().iter().any(|c| c == "PullImage"));
+    // After it: pulled again (and failing again, the back-off doubles).
+    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(11)).await;
+    assert!(rt2.called().iter().any(|c| c == "PullImage"));
+    assert_eq!(res.requeue_after, Some(Duration::from_secs(20)));
 }
 
 #[tokio::test]
 async fn dead_sandbox_is_replaced() {
     let rt = FakeRuntime::new();
     let p = pod(json!({"containers": [{"name": "app", "image": "busybox:1.36"}]}));
-    let mut backoff = Backoff::default();
-    let (_, res) = step(&rt, &p, &mut backoff, t(0)).await;
+    let backoff = Mutex::new(Backoff::default());
+    let (_, res) = step(&rt, &p, &backoff, t(0)).await;
     let first = res.sandbox_id.expect("sandbox");
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
         pod_sandbox_id: first.clone(),
     })
     .await
     .expect("stop");
-    let (a, res) = step(&rt, &p, &mut backoff, t(1)).await;
+    let (a, res) = step(&rt, &p, &backoff, t(1)).await;
     assert!(a.kill_pod && a.create_sandbox && a.sandbox_attempt == 1);
     rt.assert_calls(&[
         "StopPodSandbox",

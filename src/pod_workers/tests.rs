@@ -24,7 +24,7 @@ struct Recorder {
 
 #[async_trait::async_trait]
 impl PodSyncer for Recorder {
-    async fn sync_pod(&self, update: UpdateType, pod: &Pod) -> Result<bool, SyncError> {
+    async fn sync_pod(&self, update: UpdateType, pod: &Pod) -> Result<SyncOutcome, SyncError> {
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_running.fetch_max(now, Ordering::SeqCst);
         lock(&self.calls).push(format!(
@@ -38,15 +38,18 @@ impl PodSyncer for Recorder {
         let n = self.syncs.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fail_sync.load(Ordering::SeqCst) > 0 {
             self.fail_sync.fetch_sub(1, Ordering::SeqCst);
-            return Err(SyncError("boom".into()));
+            return Err(SyncError::Runtime("boom".into()));
         }
-        Ok(self.finish_after.is_some_and(|k| n >= k))
+        Ok(SyncOutcome {
+            finished: self.finish_after.is_some_and(|k| n >= k),
+            requeue_after: None,
+        })
     }
     async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError> {
         lock(&self.calls).push(format!("terminating {} {}s", uid_of(pod), grace.as_secs()));
         if self.fail_terminating.load(Ordering::SeqCst) > 0 {
             self.fail_terminating.fetch_sub(1, Ordering::SeqCst);
-            return Err(SyncError("still running".into()));
+            return Err(SyncError::Runtime("still running".into()));
         }
         Ok(())
     }

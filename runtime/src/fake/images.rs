@@ -45,7 +45,15 @@ impl ImageService for FakeRuntime {
     }
 
     async fn pull_image(&self, req: cri::PullImageRequest) -> Result<cri::PullImageResponse> {
-        let mut st = self.begin("PullImage")?;
+        let held = {
+            let st = self.begin("PullImage")?;
+            let spec = required_spec(req.image.clone())?;
+            st.held_pulls.get(&spec.image).map(|h| h.subscribe())
+        };
+        if let Some(mut released) = held {
+            let _ = released.wait_for(|r| *r).await;
+        }
+        let mut st = self.lock();
         let spec = required_spec(req.image)?;
         if let Some(img) = find(&st.images, &spec.image) {
             return Ok(cri::PullImageResponse {

@@ -69,7 +69,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
 
@@ -109,6 +108,12 @@ pub(crate) struct State {
     pub(crate) conditions: Vec<cri::RuntimeCondition>,
     pub(crate) handlers: Vec<cri::RuntimeHandler>,
     pub(crate) pod_cidr: Option<String>,
+    /// Images whose pulls hang until [`FakeRuntime::release_pulls`].
+    pub(crate) held_pulls: HashMap<String, tokio::sync::watch::Sender<bool>>,
+    /// How long a StopContainer of a running container takes.
+    pub(crate) stop_delay: std::time::Duration,
+    /// Every StopContainer of a running container: (id, began, ended) on tokio's clock.
+    pub(crate) stops: Vec<(String, tokio::time::Instant, tokio::time::Instant)>,
     counter: u64,
     id_hasher: std::hash::RandomState,
 }
@@ -151,6 +156,9 @@ impl FakeRuntime {
                 ],
                 handlers: Vec::new(),
                 pod_cidr: None,
+                held_pulls: HashMap::new(),
+                stop_delay: std::time::Duration::ZERO,
+                stops: Vec::new(),
                 counter: 0,
                 id_hasher: std::hash::RandomState::new(),
             }),
@@ -234,6 +242,30 @@ impl FakeRuntime {
             cri::ContainerEventType::ContainerStoppedEvent,
         );
         Ok(())
+    }
+
+    /// Makes pulls of `image` (as requested) hang until [`release_pulls`](Self::release_pulls).
+    pub fn hold_pulls(&self, image: &str) {
+        self.lock()
+            .held_pulls
+            .insert(image.to_string(), tokio::sync::watch::channel(false).0);
+    }
+
+    /// Lets the held pulls of `image` go on.
+    pub fn release_pulls(&self, image: &str) {
+        if let Some(held) = self.lock().held_pulls.remove(image) {
+            held.send_replace(true);
+        }
+    }
+
+    /// Makes StopContainer of a running container take `d` (tokio's clock) before it exits.
+    pub fn set_stop_delay(&self, d: std::time::Duration) {
+        self.lock().stop_delay = d;
+    }
+
+    /// Every StopContainer of a running container so far: id, when it began and ended.
+    pub fn stops(&self) -> Vec<(String, tokio::time::Instant, tokio::time::Instant)> {
+        self.lock().stops.clone()
     }
 
     /// Sets what every successful `ExecSync` returns.
@@ -411,12 +443,10 @@ fn resolve<'a>(
     Ok(found)
 }
 
-/// Nanoseconds since the Unix epoch.
+/// Nanoseconds since the Unix epoch, on tokio's clock (so tests with a paused clock see
+/// the times they advanced to).
 pub(crate) fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    crate::clock::now_ns()
 }
 
 fn condition(kind: &str, status: bool) -> cri::RuntimeCondition {

@@ -2,6 +2,7 @@
 //! the `fake` module.
 
 use futures::StreamExt;
+use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::query::{running, sandbox_stats};
@@ -230,10 +231,29 @@ impl RuntimeService for FakeRuntime {
         &self,
         req: cri::StopContainerRequest,
     ) -> Result<cri::StopContainerResponse> {
-        let mut st = self.begin("StopContainer")?;
+        let began = tokio::time::Instant::now();
+        let delay = {
+            let st = self.begin("StopContainer")?;
+            let running = st
+                .find_container(&req.container_id)?
+                .is_some_and(|i| st.containers[i].is_running());
+            if running {
+                st.stop_delay
+            } else {
+                Duration::ZERO
+            }
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut st = self.lock();
         let Some(i) = st.find_container(&req.container_id)? else {
             return Ok(cri::StopContainerResponse {});
         };
+        if st.containers[i].is_running() {
+            let id = st.containers[i].id.clone();
+            st.stops.push((id, began, tokio::time::Instant::now()));
+        }
         let c = &mut st.containers[i];
         if c.is_running() {
             c.exit(now_ns(), 0, "Completed");

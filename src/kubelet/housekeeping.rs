@@ -1,0 +1,124 @@
+//! Housekeeping, off the sync loop (upstream `HandlePodCleanups` and the GC loops): every time
+//! the loop publishes the desired pods, stop and remove the sandboxes of pods no source wants,
+//! give back user namespaces, drop old back-off entries, collect garbage (dead containers,
+//! sandboxes, pod and log directories), and keep the mirror pods of static pods in step.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use runtime::RuntimeService;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::gc::{GarbageCollector, PodState};
+use super::mirror::MirrorManager;
+use super::pod_cache::PodCache;
+use super::userns::UsernsManager;
+use super::{Syncer, remove_orphans};
+use crate::node::NodeAgent;
+use crate::pod_workers::{PodWorkers, WorkerState};
+use crate::sources::{self, api::MirrorPods};
+use crate::status_manager::{self, StatusManager};
+
+/// What the sync loop wants, as of its last housekeeping tick.
+#[derive(Debug, Clone, Default)]
+pub struct Desired {
+    /// Every pod some source wants.
+    pub pods: Vec<Pod>,
+    /// Every configured source has sent its first full set (before that, a pod missing from
+    /// the set may only not have arrived yet: nothing is removed).
+    pub all_sources_seen: bool,
+    /// The API source has sent its first set (mirror pods can be compared).
+    pub api_seen: bool,
+}
+
+/// The housekeeping task's parts.
+pub struct Housekeeping {
+    pub rt: Arc<dyn RuntimeService>,
+    pub workers: PodWorkers,
+    pub userns: Arc<UsernsManager>,
+    pub syncer: Arc<Syncer>,
+    pub status: Arc<StatusManager>,
+    pub gc: GarbageCollector,
+    pub mirror_manager: Option<MirrorManager>,
+    pub mirrors: watch::Receiver<MirrorPods>,
+    pub node_agent: Option<Arc<NodeAgent>>,
+    pub cache: Arc<PodCache>,
+}
+
+impl Housekeeping {
+    /// Runs a pass each time the loop publishes, until `cancel` fires.
+    pub async fn run(self, mut desired: watch::Receiver<Desired>, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = desired.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let d = desired.borrow_and_update().clone();
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = self.pass(&d) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn pass(&self, d: &Desired) {
+        let wanted: HashSet<String> = d
+            .pods
+            .iter()
+            .map(|p| sources::pod_uid(p).to_string())
+            .collect();
+        let uids: Vec<String> = wanted.iter().cloned().collect();
+        self.syncer.gc_backoff(runtime::clock::now());
+        if d.all_sources_seen {
+            remove_orphans(self.rt.as_ref(), &uids, &self.workers).await;
+            self.userns
+                .release_others(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
+            let workers = &self.workers;
+            let state = |uid: &str| match workers.state(uid) {
+                Some(WorkerState::Syncing | WorkerState::Terminating) => PodState::Active,
+                Some(WorkerState::Terminated) => PodState::Terminated,
+                None if wanted.contains(uid) => PodState::Terminated,
+                None => PodState::Gone,
+            };
+            let report = self.gc.collect(&state).await;
+            for e in &report.errors {
+                tracing::warn!("garbage collection: {e}");
+            }
+            for uid in self.cache.uids() {
+                if !wanted.contains(&uid) && workers.state(&uid).is_none() {
+                    self.cache.delete(&uid);
+                }
+            }
+        }
+        if let Some(mm) = &self.mirror_manager {
+            if d.api_seen {
+                let static_pods: Vec<Pod> = d
+                    .pods
+                    .iter()
+                    .filter(|p| !status_manager::is_api_pod(p))
+                    .cloned()
+                    .collect();
+                let current = self.mirrors.borrow().clone();
+                let node_uid = self
+                    .node_agent
+                    .as_ref()
+                    .and_then(|a| a.node())
+                    .and_then(|n| n.metadata.uid);
+                mm.sync(&static_pods, &current, node_uid.as_deref()).await;
+                // A mirror created afresh, or changed by someone else, gets the status.
+                for p in &static_pods {
+                    if let Some(m) = current.get(&sources::pod_full_name(p)) {
+                        self.status
+                            .reconcile_status(sources::pod_uid(p), m.status.as_ref());
+                    }
+                }
+            }
+        }
+    }
+}

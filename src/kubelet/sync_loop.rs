@@ -1,0 +1,87 @@
+//! The sync loop (upstream `syncLoopIteration`): one `select!` over the sources' changes, the
+//! PLEG's changed pods, problems to report and the housekeeping tick. Every branch only
+//! dispatches: it hands pods to the workers, events to the recorder's queue and the desired
+//! pods to the housekeeping task, and awaits no runtime or API call, so a slow runtime or API
+//! server never stalls it.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::housekeeping::Desired;
+use super::{HOUSEKEEPING_INTERVAL, dispatch};
+use crate::api::events::{EventRecorder, EventType, FAILED_VALIDATION};
+use crate::pod_workers::{PodWorkers, UpdateType};
+use crate::sources::{self, PodUpdate, merge::Merger};
+use crate::status_manager::StatusManager;
+use std::sync::Arc;
+
+/// The loop's state: everything it owns, nothing it awaits.
+pub struct SyncLoop {
+    pub workers: PodWorkers,
+    pub status: Arc<StatusManager>,
+    pub merger: Merger,
+    pub rejected: HashSet<String>,
+    /// The Node admission checks against (the registered one, or the local view).
+    pub node: Box<dyn Fn() -> Node + Send>,
+    pub expected_sources: Vec<&'static str>,
+    pub recorder: EventRecorder,
+    pub desired: watch::Sender<Desired>,
+}
+
+impl SyncLoop {
+    /// Runs until `cancel` fires.
+    pub async fn run(
+        mut self,
+        mut updates: mpsc::Receiver<PodUpdate>,
+        mut changed: mpsc::UnboundedReceiver<String>,
+        mut problems: mpsc::UnboundedReceiver<String>,
+        cancel: CancellationToken,
+    ) {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                Some(update) = updates.recv() => {
+                    let node = (self.node)();
+                    for change in self.merger.merge(update) {
+                        dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &node, change);
+                    }
+                }
+                Some(uid) = changed.recv() => {
+                    if let Some(p) = self.merger.pod(&uid) {
+                        self.workers.update_pod(p.clone(), UpdateType::Sync, None);
+                    }
+                }
+                Some(problem) = problems.recv() => {
+                    let node = self.recorder.node_ref();
+                    self.recorder.event(&node, EventType::Warning, FAILED_VALIDATION, problem);
+                }
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+        }
+    }
+
+    /// Forgets terminated workers no source wants and hands the desired pods to the
+    /// housekeeping task, which does the slow part.
+    fn housekeeping(&mut self) {
+        let pods = self.merger.pods();
+        let uids: Vec<String> = pods
+            .iter()
+            .map(|p| sources::pod_uid(p).to_string())
+            .collect();
+        self.workers.forget_terminated(&uids);
+        let all_seen = self
+            .expected_sources
+            .iter()
+            .all(|s| self.merger.seen_source(s));
+        self.desired.send_replace(Desired {
+            pods,
+            all_sources_seen: all_seen,
+            api_seen: self.merger.seen_source(sources::API_SOURCE),
+        });
+    }
+}

@@ -1,0 +1,204 @@
+//! Typed forms of the strings the pod API and the kubelet's status speak: restart and pull
+//! policies, the pod phase, the waiting reasons a sync gives a container, and the error a sync
+//! of a pod ends with. Parsed once at the edge; the decision code matches on them.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Container;
+
+/// A pod's (or a sidecar's) restart policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// The policy a pod's `restartPolicy` names; unset or unknown is `Always`, as the API
+    /// server defaults it (validation refuses other values before a pod reaches a node).
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("OnFailure") => RestartPolicy::OnFailure,
+            Some("Never") => RestartPolicy::Never,
+            _ => RestartPolicy::Always,
+        }
+    }
+
+    /// Whether a container that exited with `exit_code` is started again under this policy
+    /// (upstream `ShouldContainerBeRestarted` for an exited container).
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// A container's effective image pull policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    /// The container's policy, else `Always` for `:latest` or untagged images and
+    /// `IfNotPresent` otherwise (the API server's defaulting).
+    pub fn of(c: &Container) -> Self {
+        match c.image_pull_policy.as_deref() {
+            Some("Always") => return PullPolicy::Always,
+            Some("IfNotPresent") => return PullPolicy::IfNotPresent,
+            Some("Never") => return PullPolicy::Never,
+            _ => {}
+        }
+        match crate::sources::pod::default_pull_policy(c.image.as_deref().unwrap_or("")) {
+            "IfNotPresent" => PullPolicy::IfNotPresent,
+            _ => PullPolicy::Always,
+        }
+    }
+}
+
+/// The pod phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+        }
+    }
+
+    /// The phase a status string names (`Pending` for anything else).
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Pending,
+        }
+    }
+
+    /// Succeeded or Failed: the pod will not run again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a container waits, as the kubelet reports it (upstream's reasons, spelt as upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WaitingReason {
+    ContainerCreating,
+    PodInitializing,
+    CrashLoopBackOff,
+    ErrImagePull,
+    ImagePullBackOff,
+    ErrImageNeverPull,
+    ImageInspectError,
+    InvalidImageName,
+    CreateContainerConfigError,
+    CreateContainerError,
+    RunContainerError,
+    PreStartHookError,
+}
+
+impl WaitingReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingReason::ContainerCreating => "ContainerCreating",
+            WaitingReason::PodInitializing => "PodInitializing",
+            WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
+            WaitingReason::ErrImagePull => "ErrImagePull",
+            WaitingReason::ImagePullBackOff => "ImagePullBackOff",
+            WaitingReason::ErrImageNeverPull => "ErrImageNeverPull",
+            WaitingReason::ImageInspectError => "ImageInspectError",
+            WaitingReason::InvalidImageName => "InvalidImageName",
+            WaitingReason::CreateContainerConfigError => "CreateContainerConfigError",
+            WaitingReason::CreateContainerError => "CreateContainerError",
+            WaitingReason::RunContainerError => "RunContainerError",
+            WaitingReason::PreStartHookError => "PreStartHookError",
+        }
+    }
+
+    /// Whether this reason comes from the image (pulling, inspecting).
+    pub fn is_image(self) -> bool {
+        matches!(
+            self,
+            WaitingReason::ErrImagePull
+                | WaitingReason::ImagePullBackOff
+                | WaitingReason::ErrImageNeverPull
+                | WaitingReason::ImageInspectError
+                | WaitingReason::InvalidImageName
+        )
+    }
+}
+
+impl fmt::Display for WaitingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A container that cannot start now: the reason and the message its status shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: WaitingReason,
+    pub message: String,
+}
+
+impl Waiting {
+    pub fn new(reason: WaitingReason, message: impl Into<String>) -> Self {
+        Waiting {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a sync of a pod did not bring it all the way to its spec. The worker retries (after the
+/// pod's own requeue time, or its error back-off) and the status shows the waiting reasons.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SyncError {
+    /// The runtime's network is not ready and the pod is not on the host network.
+    #[error("network is not ready: {0}")]
+    NetworkNotReady(String),
+    /// The pod cannot run here as it is (a user namespace the runtime does not offer, ...).
+    #[error("{0}")]
+    Unsupported(String),
+    /// Some containers could not start for their image (pull, inspect, policy).
+    #[error("{0}")]
+    Image(String),
+    /// A container's configuration could not be built (a missing reference, a bad path).
+    #[error("{0}")]
+    Config(String),
+    /// A container is in CrashLoopBackOff.
+    #[error("{0}")]
+    BackOff(String),
+    /// The runtime refused or failed a call.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl SyncError {
+    /// The error of a failed runtime call.
+    pub fn runtime(e: impl fmt::Display) -> Self {
+        SyncError::Runtime(e.to_string())
+    }
+}
