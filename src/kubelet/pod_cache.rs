@@ -96,7 +96,9 @@ impl PodCache {
         min: Option<Instant>,
     ) -> Option<Result<Arc<RuntimeSnapshot>, String>> {
         let inner = lock(&self.inner);
-        let fresh = |at: Instant| min.is_none_or(|m| at > m);
+        // A read that began when the sync's actions had ended sees them (the clock may not
+        // have moved in between: a coarse clock, or a paused one in tests).
+        let fresh = |at: Instant| min.is_none_or(|m| at >= m);
         match inner.pods.get(uid) {
             Some(e) if fresh(e.at) => Some(e.view.clone()),
             Some(e) if inner.global.is_some_and(fresh) => Some(e.view.clone()),
@@ -154,6 +156,10 @@ mod tests {
         tokio::time::advance(Duration::from_millis(10)).await;
         let synced = Instant::now();
         assert!(cache.newer_than("p", Some(synced)).is_none());
+        assert!(
+            cache.newer_than("p", Some(t0)).is_some(),
+            "a read at the sync's end is fresh"
+        );
         let c2 = cache.clone();
         let waiter = tokio::spawn(async move { c2.get_newer_than("p", Some(synced)).await });
         tokio::time::advance(Duration::from_millis(10)).await;

@@ -185,6 +185,8 @@ impl PodSyncer for Syncer {
                 return Err(SyncError::Unsupported(e));
             }
         };
+        // The status as it stands, before the actions (which may take long: a pull).
+        self.record_status(pod, &snapshot, self.last_waiting(pod));
         let now = runtime::clock::now();
         let actions = {
             let backoff = lock(&self.backoff);
