@@ -52,7 +52,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use common::{is_root, loadavg, median_sorted, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use nodelet::kubelet::Syncer;
+use nodelet::kubelet::pleg::{Pleg, PlegConfig, PlegHealth, RELIST_THRESHOLD};
+use nodelet::kubelet::pod_cache::PodCache;
+use nodelet::kubelet::{Syncer, SyncerParts};
+use nodelet::pod::sync::{ImagePulls, NoEvents};
 use nodelet::pod::{Backoff, ContainerOptions, SandboxOptions};
 use nodelet::pod_workers::{PodWorkers, Timing, UpdateType};
 use nodelet::status_manager::StatusManager;
@@ -230,6 +233,8 @@ struct Kubelet {
     rt: Arc<dyn RuntimeService>,
     status: Arc<StatusManager>,
     workers: PodWorkers,
+    /// The pods handed to the workers, for the PLEG's changes to reach them.
+    pods: Arc<std::sync::Mutex<HashMap<String, Pod>>>,
     /// Who counts for the memory: see [`Kubelet::memory`].
     kind: Kind,
 }
@@ -242,7 +247,8 @@ enum Kind {
 }
 
 impl Kubelet {
-    /// Wires the Syncer, the pod workers and the status manager as `kubelet::run` does.
+    /// Wires the Syncer, the PLEG and its pod cache, the pod workers and the status manager as
+    /// `kubelet::Kubelet::start` does.
     async fn new(
         name: &'static str,
         rt: Arc<dyn RuntimeService>,
@@ -271,25 +277,61 @@ impl Kubelet {
             &opts.pods_dir,
             nodelet::kubelet::userns::DEFAULT_RANGE,
         )?;
+        let cache = Arc::new(PodCache::new());
+        let (changed_tx, mut changed_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (refresh_tx, refresh_rx) = tokio::sync::mpsc::unbounded_channel();
+        let pleg = Pleg {
+            rt: rt.clone(),
+            cache: cache.clone(),
+            health: Arc::new(PlegHealth::new(RELIST_THRESHOLD)),
+            changed: changed_tx,
+            refresh: refresh_rx,
+            config: PlegConfig::default(),
+        };
+        // Runs until the bench process ends.
+        tokio::spawn(pleg.run(tokio_util::sync::CancellationToken::new()));
         let syncer = Arc::new(Syncer::new(
             nodelet::kubelet::Runtime {
                 runtime: rt.clone(),
                 images,
             },
-            opts,
-            version.runtime_name,
-            Backoff::default(),
-            status.clone(),
-            // Never checked: the bench's runtimes have their network ready (or use the node's).
-            Arc::new(nodelet::node::RuntimeState::default()),
-            Arc::new(userns),
+            SyncerParts {
+                opts,
+                runtime_name: version.runtime_name,
+                backoff: Backoff::default(),
+                pulls: ImagePulls::default(),
+                status: status.clone(),
+                // Never checked: the bench's runtimes have their network ready (or use the
+                // node's).
+                runtime_state: Arc::new(nodelet::node::RuntimeState::default()),
+                userns: Arc::new(userns),
+                cache,
+                refresh: refresh_tx,
+                events: Arc::new(NoEvents),
+            },
         ));
         let workers = PodWorkers::new(syncer, Timing::default());
+        let pods: Arc<std::sync::Mutex<HashMap<String, Pod>>> = Arc::default();
+        // The sync loop's part: a pod the PLEG saw change is synced.
+        let (w, known) = (workers.clone(), pods.clone());
+        tokio::spawn(async move {
+            while let Some(uid) = changed_rx.recv().await {
+                let pod = known
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&uid)
+                    .cloned();
+                if let Some(p) = pod {
+                    w.update_pod(p, UpdateType::Sync, None);
+                }
+            }
+        });
         Ok(Kubelet {
             name,
             rt,
             status,
             workers,
+            pods,
             kind,
         })
     }
@@ -512,7 +554,12 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
     let start = Instant::now();
     let mut pending: HashMap<String, Instant> = HashMap::new();
     for p in &pods {
-        pending.insert(p.metadata.uid.clone().unwrap_or_default(), Instant::now());
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        pending.insert(uid.clone(), Instant::now());
+        k.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid, p.clone());
         k.workers.update_pod(p.clone(), UpdateType::Create, None);
     }
     let timeout = Duration::from_secs(300 + 3 * n as u64);

@@ -39,8 +39,11 @@ pub struct Syncer {
     refresh: mpsc::UnboundedSender<String>,
     events: Arc<dyn PodEvents>,
     /// Per pod: when its last sync's actions were done, and why containers then waited.
-    synced: Mutex<HashMap<String, (Instant, HashMap<String, Waiting>)>>,
+    synced: Mutex<HashMap<String, LastSync>>,
 }
+
+/// When a pod's last sync's actions were done, and why its containers then waited.
+type LastSync = (Instant, HashMap<String, Waiting>);
 
 /// What a [`Syncer`] is built from besides the runtime.
 pub struct SyncerParts {
