@@ -63,6 +63,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Makes `<pods_dir>/<uid>` with its `volumes` and `plugins` directories (mode 0750).
+fn make_pod_dirs(pods_dir: &std::path::Path, uid: &str) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
+        return Err(format!("pod UID {uid:?} cannot name a directory"));
+    }
+    let dir = pods_dir.join(uid);
+    for sub in ["volumes", "plugins"] {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir.join(sub))
+            .map_err(|e| format!("creating {}: {e}", dir.join(sub).display()))?;
+    }
+    Ok(())
+}
+
 fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
@@ -188,6 +205,12 @@ impl PodSyncer for Syncer {
                 return Err(SyncError::Unsupported(e));
             }
         };
+        // The pod's data directories, as upstream's makePodDataDirs (the garbage collector
+        // removes them once the pod is gone).
+        if let Err(e) = make_pod_dirs(&self.opts.pods_dir, &uid(pod)) {
+            self.record_status(pod, &snapshot, self.last_waiting(pod));
+            return Err(SyncError::Runtime(e));
+        }
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
         let now = runtime::clock::now();

@@ -383,6 +383,19 @@ pub fn container_config(
             container.name
         )));
     }
+    // CRI v1 as this kubelet speaks it has no stop signal in ContainerConfig: refused rather
+    // than stopped with another signal than asked (the image's STOPSIGNAL, else SIGTERM, is
+    // what the runtime sends).
+    if let Some(sig) = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.stop_signal.as_deref())
+    {
+        return Err(Error::invalid_argument(format!(
+            "lifecycle.stopSignal {sig:?} is not supported yet: the container runtime API this \
+             kubelet speaks cannot carry it; remove it to use the image's STOPSIGNAL"
+        )));
+    }
     let image = container
         .image
         .clone()

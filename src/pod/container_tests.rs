@@ -382,3 +382,17 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
         .and_then(|o| o.userns_options);
     assert_eq!(sb_ns, Some(userns));
 }
+
+#[test]
+fn a_stop_signal_is_refused_not_ignored() {
+    let p = crate::pod::spec::tests::pod(serde_json::json!({"containers": [
+        {"name": "a", "image": "busybox", "lifecycle": {"stopSignal": "SIGUSR1"}}]}));
+    let c = p.spec.as_ref().expect("spec").containers[0].clone();
+    let err = container_config(&p, &c, 0, &ContainerOptions::default())
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("lifecycle.stopSignal \"SIGUSR1\" is not supported"),
+        "{err}"
+    );
+}
