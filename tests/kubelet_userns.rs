@@ -117,6 +117,8 @@ async fn host_users_false_gets_a_user_namespace() {
         pod_dirs_with_userns(root).is_empty().then_some(())
     })
     .await;
+    // Their sandboxes and containers go with the next garbage collection.
+    node.wait_all_removed().await;
     drop(agent);
     node.assert_all_gone().await;
 }

@@ -68,6 +68,11 @@ impl Housekeeping {
     }
 
     async fn pass(&self, d: &Desired) {
+        tracing::debug!(
+            pods = d.pods.len(),
+            all_seen = d.all_sources_seen,
+            "housekeeping"
+        );
         let wanted: HashSet<String> = d
             .pods
             .iter()
@@ -87,6 +92,7 @@ impl Housekeeping {
                 None => PodState::Gone,
             };
             let report = self.gc.collect(&state).await;
+            tracing::debug!(?report, "garbage collection");
             for e in &report.errors {
                 tracing::warn!("garbage collection: {e}");
             }

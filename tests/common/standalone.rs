@@ -71,6 +71,25 @@ impl Standalone {
             .expect("open runtime")
     }
 
+    /// Waits (the agent running, at most 30 s) until the kubelet's garbage collection has
+    /// removed every sandbox of the pods no source wants any more.
+    pub async fn wait_all_removed(&self) {
+        for _ in 0..300 {
+            // Opened afresh each time: a handle sees the root as it was when opened.
+            let left = self
+                .runtime()
+                .await
+                .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+                .await
+                .unwrap();
+            if left.items.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("sandboxes left 30 s after their pods were removed");
+    }
+
     /// Checks (with the agent stopped) that the kubelet left no sandbox, mount or process.
     pub async fn assert_all_gone(&self) {
         let sandboxes = self
