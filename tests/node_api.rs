@@ -392,6 +392,9 @@ async fn agent_reports_runtime_health_and_images() {
         RUNTIME_CHECK_PERIOD,
         std::future::pending(),
     ));
+    let (recorder, sink) =
+        nodelet::api::events::EventRecorder::new(Some(api.client()), "node-agent".into());
+    tokio::spawn(sink);
     let agent = NodeAgent::spawn(
         api.client(),
         &cfg,
@@ -408,6 +411,7 @@ async fn agent_reports_runtime_health_and_images() {
                 ]
             }
         }),
+        Some(recorder),
     );
     let node = wait_for("Ready=False for the network", 20, async || {
         let n = nodes.get_opt("node-agent").await.ok().flatten()?;
@@ -453,6 +457,38 @@ async fn agent_reports_runtime_health_and_images() {
         agent.node().unwrap().metadata.name.as_deref(),
         Some("node-agent")
     );
+    // Each flip of Ready was an event about the Node: NotReady (network), Ready, NotReady
+    // (PLEG); the first write also said the pressures are off.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(api.client(), "default");
+    let ready_events = wait_for("NodeReady / NodeNotReady events", 20, async || {
+        let list = events.list(&Default::default()).await.ok()?;
+        let count = |reason: &str| -> i32 {
+            list.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .map(|e| e.count.unwrap_or(1))
+                .sum()
+        };
+        let got = (
+            count("NodeNotReady"),
+            count("NodeReady"),
+            count("NodeHasSufficientMemory"),
+        );
+        (got.0 >= 2 && got.1 >= 1).then_some((got, list))
+    })
+    .await;
+    let ((_, _, memory), list) = ready_events;
+    assert_eq!(memory, 1, "one NodeHasSufficientMemory");
+    let ready = list
+        .items
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("NodeReady"))
+        .expect("NodeReady");
+    assert_eq!(
+        ready.message.as_deref(),
+        Some("Node node-agent status is now: NodeReady")
+    );
+    assert_eq!(ready.involved_object.kind.as_deref(), Some("Node"));
     agent.stop().await;
     checks.abort();
     api.stop().await;

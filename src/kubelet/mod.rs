@@ -131,6 +131,12 @@ impl Kubelet {
         )?);
         let (recorder, sink) = events::EventRecorder::new(client.clone(), cfg.node_name.clone());
         tasks.spawn(sink);
+        recorder.event(
+            &recorder.node_ref(),
+            events::EventType::Normal,
+            crate::api::events::STARTING_KUBELET,
+            "Starting kubelet.",
+        );
         let pod_events = Arc::new(events::KubeletEvents::new(recorder.clone()));
 
         // The PLEG and the pod cache.
@@ -207,6 +213,7 @@ impl Kubelet {
                 runtime_state.clone(),
                 rt.images.clone(),
                 Arc::new(move || health.problem().into_iter().collect()),
+                Some(recorder.clone()),
             ))
         });
         let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());

@@ -38,6 +38,7 @@ impl NodeAgent {
         state: Arc<RuntimeState>,
         images: Arc<dyn ImageService>,
         extra: ProblemsFn,
+        events: Option<crate::api::events::EventRecorder>,
     ) -> NodeAgent {
         let health_state = state.clone();
         let health = Arc::new(move || {
@@ -46,7 +47,9 @@ impl NodeAgent {
             health
         });
         let manager = Arc::new(
-            NodeStatusManager::new(client.clone(), cfg, facts, health).with_images(images),
+            NodeStatusManager::new(client.clone(), cfg, facts, health)
+                .with_images(images)
+                .with_events(events),
         );
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {

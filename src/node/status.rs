@@ -94,6 +94,50 @@ pub fn desired_status(
 /// Whether `new` differs from `old` in anything but the conditions' heartbeat times (upstream's
 /// `nodeStatusHasChanged`). Fields the kubelet does not set (volumes, config, ...) count too,
 /// but `desired_status` never sets them, so they only matter if another writer set them.
+/// The node events (upstream's reasons) for the conditions whose status `desired` changes
+/// from `previous` (or sets for the first time), in a fixed order.
+pub fn condition_events(
+    previous: &[k8s_openapi::api::core::v1::NodeCondition],
+    desired: &[k8s_openapi::api::core::v1::NodeCondition],
+) -> Vec<&'static str> {
+    use crate::api::events as ev;
+    let table: [(&str, &'static str, &'static str); 4] = [
+        (
+            "MemoryPressure",
+            ev::NODE_HAS_INSUFFICIENT_MEMORY,
+            ev::NODE_HAS_SUFFICIENT_MEMORY,
+        ),
+        (
+            "DiskPressure",
+            ev::NODE_HAS_DISK_PRESSURE,
+            ev::NODE_HAS_NO_DISK_PRESSURE,
+        ),
+        (
+            "PIDPressure",
+            ev::NODE_HAS_INSUFFICIENT_PID,
+            ev::NODE_HAS_SUFFICIENT_PID,
+        ),
+        ("Ready", ev::NODE_READY, ev::NODE_NOT_READY),
+    ];
+    let status = |list: &[k8s_openapi::api::core::v1::NodeCondition], t: &str| {
+        list.iter().find(|c| c.type_ == t).map(|c| c.status.clone())
+    };
+    table
+        .iter()
+        .filter_map(|(t, if_true, if_false)| {
+            let now = status(desired, t)?;
+            if status(previous, t).as_ref() == Some(&now) {
+                return None;
+            }
+            match now.as_str() {
+                "True" => Some(*if_true),
+                "False" => Some(*if_false),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 pub fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
     comparable(old) != comparable(new)
 }
@@ -133,6 +177,7 @@ pub struct NodeStatusManager {
     facts: NodeFacts,
     health: HealthCheck,
     images: Option<Arc<dyn ImageService>>,
+    events: Option<crate::api::events::EventRecorder>,
     node: watch::Sender<Option<Node>>,
     state: Mutex<State>,
     timeout: Duration,
@@ -158,10 +203,18 @@ impl NodeStatusManager {
             facts,
             health,
             images: None,
+            events: None,
             node: watch::Sender::new(None),
             state: Mutex::new(State::default()),
             timeout: heartbeat_timeout(cfg),
         }
+    }
+
+    /// Records the node's condition changes (NodeReady, NodeNotReady, NodeHasDiskPressure, ...)
+    /// as events about the Node.
+    pub fn with_events(mut self, events: Option<crate::api::events::EventRecorder>) -> Self {
+        self.events = events;
+        self
     }
 
     /// Also report the images `images` lists in `status.images`.
@@ -237,6 +290,12 @@ impl NodeStatusManager {
         let created = match within(self.timeout, self.api.create(&pp, &node)).await {
             Ok(created) => {
                 tracing::info!(node = %self.name(), "registered the node");
+                let conditions = created
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref())
+                    .unwrap_or(&[]);
+                self.record_condition_events(&[], conditions);
                 created
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
@@ -388,8 +447,31 @@ impl NodeStatusManager {
             st.last_write = Some(now);
         }
         tracing::debug!(node = %self.name(), changed, "node status written");
+        self.record_condition_events(
+            previous.conditions.as_deref().unwrap_or(&[]),
+            desired.conditions.as_deref().unwrap_or(&[]),
+        );
         self.node.send_replace(Some(written));
         Ok(true)
+    }
+
+    /// Records an event about the Node for each condition `after` changes from `before`.
+    fn record_condition_events(
+        &self,
+        before: &[k8s_openapi::api::core::v1::NodeCondition],
+        after: &[k8s_openapi::api::core::v1::NodeCondition],
+    ) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        for reason in condition_events(before, after) {
+            events.event(
+                &events.node_ref(),
+                crate::api::events::EventType::Normal,
+                reason,
+                format!("Node {} status is now: {reason}", self.name()),
+            );
+        }
     }
 
     async fn list_images(&self) -> Option<Vec<ContainerImage>> {

@@ -158,3 +158,35 @@ fn runtime_handlers_and_features_from_health() {
     assert_eq!(s2.runtime_handlers, health.runtime_handlers);
     assert!(!status_changed(&s1, &s2));
 }
+
+#[test]
+fn condition_changes_become_node_events() {
+    let c = |t: &str, s: &str| k8s_openapi::api::core::v1::NodeCondition {
+        type_: t.into(),
+        status: s.into(),
+        ..Default::default()
+    };
+    let first = [
+        c("MemoryPressure", "False"),
+        c("DiskPressure", "False"),
+        c("PIDPressure", "False"),
+        c("Ready", "False"),
+    ];
+    assert_eq!(
+        condition_events(&[], &first),
+        [
+            "NodeHasSufficientMemory",
+            "NodeHasNoDiskPressure",
+            "NodeHasSufficientPID",
+            "NodeNotReady"
+        ]
+    );
+    assert!(condition_events(&first, &first).is_empty());
+    let mut next = first.clone();
+    next[3] = c("Ready", "True");
+    next[1] = c("DiskPressure", "True");
+    assert_eq!(
+        condition_events(&first, &next),
+        ["NodeHasDiskPressure", "NodeReady"]
+    );
+}
