@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use common::{is_root, loadavg, median_sorted, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use nodelet::kubelet::gc::{GarbageCollector, PodState};
 use nodelet::kubelet::pleg::{Pleg, PlegConfig, PlegHealth, RELIST_THRESHOLD};
 use nodelet::kubelet::pod_cache::PodCache;
 use nodelet::kubelet::{Syncer, SyncerParts};
@@ -235,6 +236,8 @@ struct Kubelet {
     workers: PodWorkers,
     /// The pods handed to the workers, for the PLEG's changes to reach them.
     pods: Arc<std::sync::Mutex<HashMap<String, Pod>>>,
+    /// The kubelet's garbage collector: it removes what killed pods leave.
+    gc: GarbageCollector,
     /// Who counts for the memory: see [`Kubelet::memory`].
     kind: Kind,
 }
@@ -290,6 +293,11 @@ impl Kubelet {
         };
         // Runs until the bench process ends.
         tokio::spawn(pleg.run(tokio_util::sync::CancellationToken::new()));
+        let gc = GarbageCollector::new(
+            rt.clone(),
+            opts.pods_dir.clone(),
+            opts.sandbox.pod_logs_dir.clone(),
+        );
         let syncer = Arc::new(Syncer::new(
             nodelet::kubelet::Runtime {
                 runtime: rt.clone(),
@@ -332,6 +340,7 @@ impl Kubelet {
             status,
             workers,
             pods,
+            gc,
             kind,
         })
     }
@@ -430,6 +439,24 @@ async fn run(
         println!("   load after {}", loadavg());
         summary.push((n, bl, cl, median_f(&b.rates), median_f(&c.rates), bm, cm));
     }
+    println!("-- a container's exit -> the pod status showing it (one pod at a time, 20 samples)");
+    let mut exits = Vec::new();
+    for k in &kubelets {
+        let lags = exit_latencies(k, 20)
+            .await
+            .with_context(|| format!("{}: exit latencies", k.name))?;
+        let s = stats(&lags);
+        println!(
+            "   {:<11} exit -> status: median {:>7.1} ms  p99 {:>7.1} ms  min {:>7.1} ms  (n={})",
+            k.name, s.median, s.p99, s.min, s.n
+        );
+        exits.push(s);
+    }
+    println!(
+        "   ratio builtin/containerd: exit -> status median {:.3}, p99 {:.3}",
+        exits[0].median / exits[1].median,
+        exits[0].p99 / exits[1].p99
+    );
     println!(
         "== summary (latency hand-off -> Running, ms; memory PSS MiB with the N pods running)"
     );
@@ -607,8 +634,116 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
         }
         tokio::time::sleep(POLL).await;
     }
+    // What the killed pods left (their stopped containers and sandboxes) goes with the
+    // garbage collection, as the kubelet's housekeeping runs it once no source wants them.
+    collect_gone(k, &uids).await?;
     r.kills.push(kill.elapsed());
     check_nothing_left(k, &uids).await
+}
+
+/// Forgets the terminated workers and collects everything of `uids` (pods nobody wants).
+async fn collect_gone(k: &Kubelet, uids: &[String]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        k.workers.forget_terminated(&[]);
+        let known = k.workers.known();
+        let state = |uid: &str| {
+            if known.iter().any(|k| k == uid) {
+                PodState::Active
+            } else {
+                PodState::Gone
+            }
+        };
+        let report = k.gc.collect(&state).await;
+        ensure!(
+            report.errors.is_empty(),
+            "garbage collection: {:?}",
+            report.errors
+        );
+        let left =
+            k.rt.list_pod_sandbox(Default::default())
+                .await
+                .context("ListPodSandbox")?
+                .items
+                .into_iter()
+                .filter(|s| {
+                    s.labels
+                        .get("io.kubernetes.pod.uid")
+                        .is_some_and(|u| uids.contains(u))
+                })
+                .count();
+        if left == 0 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{left} sandboxes not collected");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// How soon the pod status shows a container's exit: one pod at a time, its container exiting
+/// by itself after a moment; the time from the exit (the runtime's `finished_at`) until the
+/// status the kubelet computed has the container terminated.
+async fn exit_latencies(k: &Kubelet, samples: usize) -> Result<Vec<Duration>> {
+    let mut out = Vec::new();
+    for i in 0..samples {
+        let name = format!("exit-{i}");
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "bench",
+                "uid": format!("{}-{name}-{}", k.name, std::process::id()),
+            },
+            "spec": {
+                "hostNetwork": !pod_network(),
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{
+                    "name": "exit",
+                    "image": BUSYBOX,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "sleep 0.3; exit 3"],
+                }],
+            },
+        }))
+        .context("building the pod")?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        k.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.clone(), pod.clone());
+        k.workers.update_pod(pod.clone(), UpdateType::Create, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let finished = loop {
+            let seen = k.status.status(&uid).and_then(|s| {
+                let c = s.container_statuses?.into_iter().next()?;
+                c.state?.terminated?.finished_at
+            });
+            if let Some(t) = seen {
+                break t;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{}: the exit of {name} never showed: {}",
+                k.name,
+                describe(k.status.status(&uid))
+            );
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let lag = now.duration_since(finished.0);
+        out.push(Duration::try_from(lag).unwrap_or_default());
+        k.workers
+            .update_pod(pod, UpdateType::Kill, Some(Duration::ZERO));
+        let gone = Instant::now() + Duration::from_secs(60);
+        while k.status.status(&uid).is_some() {
+            ensure!(Instant::now() < gone, "{}: {name} not cleaned up", k.name);
+            tokio::time::sleep(POLL).await;
+        }
+        collect_gone(k, std::slice::from_ref(&uid)).await?;
+    }
+    Ok(out)
 }
 
 /// No sandbox, container, status or worker; no sandbox process or shim; no mount.
