@@ -5,8 +5,10 @@
 //! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath,
 //! emptyDir and the kubelet-prepared configMap/secret/projected/downwardAPI directories under
 //! `<pods dir>/<uid>/volumes/`), the log path `<name>/<restart count>.log`, labels, annotations
-//! (spec hash, restart count), Linux resources (CPU shares/quota, memory limit, OOM score by QoS)
-//! and the security context (pod settings overridden by the container's).
+//! (spec hash, restart count, termination message path and policy), Linux resources (CPU
+//! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
+//! by the container's) and the termination message file with its mount
+//! ([`super::termination::prepare_mount`], the only file this module writes).
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -19,6 +21,7 @@ use super::spec::{
     SandboxOptions, all_containers, container_resources, namespace_options, pod_spec, qos_class,
     seccomp_profile,
 };
+use super::termination;
 use super::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
@@ -417,10 +420,11 @@ pub fn container_config(
         (LABEL_POD_NAMESPACE.to_string(), namespace.to_string()),
         (LABEL_POD_UID.to_string(), uid.to_string()),
     ]);
-    let termination_path = container
-        .termination_message_path
+    let termination_path = termination::message_path(container).unwrap_or_default();
+    let termination_policy = container
+        .termination_message_policy
         .clone()
-        .unwrap_or_else(|| "/dev/termination-log".into());
+        .unwrap_or_else(|| "File".into());
     let annotations = HashMap::from([
         (
             ANNOTATION_CONTAINER_HASH.to_string(),
@@ -432,9 +436,25 @@ pub fn container_config(
         ),
         (
             ANNOTATION_TERMINATION_MESSAGE_PATH.to_string(),
-            termination_path,
+            termination_path.to_string(),
+        ),
+        (
+            termination::ANNOTATION_TERMINATION_MESSAGE_POLICY.to_string(),
+            termination_policy,
         ),
     ]);
+    let mut mounts = mounts(pod, container, opts)?;
+    let linux = cri::LinuxContainerConfig {
+        resources: Some(resources(pod, container, opts)?),
+        security_context: Some(security(pod, container, opts)?),
+    };
+    // Last, once nothing else can fail: the termination message file on the host.
+    mounts.extend(termination::prepare_mount(
+        &opts.pods_dir,
+        uid,
+        container,
+        restart_count,
+    )?);
     Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: container.name.clone(),
@@ -452,17 +472,14 @@ pub fn container_config(
             .into_iter()
             .map(|(key, value)| cri::KeyValue { key, value })
             .collect(),
-        mounts: mounts(pod, container, opts)?,
+        mounts,
         labels,
         annotations,
         log_path: format!("{}/{restart_count}.log", container.name),
         stdin: container.stdin.unwrap_or(false),
         stdin_once: container.stdin_once.unwrap_or(false),
         tty: container.tty.unwrap_or(false),
-        linux: Some(cri::LinuxContainerConfig {
-            resources: Some(resources(pod, container, opts)?),
-            security_context: Some(security(pod, container, opts)?),
-        }),
+        linux: Some(linux),
         ..Default::default()
     })
 }

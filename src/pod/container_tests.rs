@@ -12,15 +12,41 @@ fn config(spec: serde_json::Value, restart: u32) -> Result<cri::ContainerConfig>
         .and_then(|s| s.containers.first())
         .cloned()
         .expect("a container");
+    // The termination message file is made under the pods dir: a temporary one, shown as
+    // `/root/pods` in the host paths returned.
+    let dir = tempfile::tempdir().expect("pods dir");
     let opts = ContainerOptions {
-        pods_dir: PathBuf::from("/root/pods"),
+        pods_dir: dir.path().join("pods"),
         node_name: "node-1".into(),
         pod_ips: vec!["10.1.0.5".into()],
         host_ips: vec!["192.168.1.2".into()],
         node_memory_bytes: 8 << 30,
         ..Default::default()
     };
-    container_config(&p, &c, restart, &opts)
+    let mut cfg = container_config(&p, &c, restart, &opts)?;
+    for m in &mut cfg.mounts {
+        if let Ok(rest) = Path::new(&m.host_path).strip_prefix(&opts.pods_dir) {
+            m.host_path = Path::new("/root/pods").join(rest).display().to_string();
+        }
+    }
+    Ok(cfg)
+}
+
+/// Options with a temporary pods dir (kept while the returned guard lives).
+fn temp_opts() -> (tempfile::TempDir, ContainerOptions) {
+    let dir = tempfile::tempdir().expect("pods dir");
+    let opts = ContainerOptions {
+        pods_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    (dir, opts)
+}
+
+/// The termination message mount, if any (the last mount).
+fn termination_mount(c: &cri::ContainerConfig) -> Option<&cri::Mount> {
+    c.mounts
+        .last()
+        .filter(|m| m.host_path.starts_with("/root/pods/u-1/containers/"))
 }
 
 fn env(c: &cri::ContainerConfig) -> Vec<(String, String)> {
@@ -151,6 +177,7 @@ fn mounts_table() {
     let got: Vec<_> = c
         .mounts
         .iter()
+        .filter(|m| m.container_path != "/dev/termination-log")
         .map(|m| {
             (
                 m.container_path.as_str(),
@@ -357,7 +384,7 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
         uids: vec![map(131072)],
         gids: vec![map(131072)],
     };
-    let mut opts = ContainerOptions::default();
+    let (_dir, mut opts) = temp_opts();
     opts.sandbox.user_namespace = Some(userns.clone());
     let cfg = container_config(&p, &c, 0, &opts).unwrap();
     let ns = cfg
@@ -367,12 +394,15 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
         .and_then(|s| s.namespace_options.as_ref())
         .and_then(|o| o.userns_options.as_ref());
     assert_eq!(ns, Some(&userns));
-    // As upstream, every mount carries the pod's mappings.
-    assert_eq!(cfg.mounts.len(), 1);
+    // As upstream, every volume mount carries the pod's mappings (the termination message
+    // file, world-writable, needs none).
+    assert_eq!(cfg.mounts.len(), 2);
     assert_eq!(cfg.mounts[0].uid_mappings, userns.uids);
     assert_eq!(cfg.mounts[0].gid_mappings, userns.gids);
+    assert_eq!(cfg.mounts[1].container_path, "/dev/termination-log");
     // Without one, neither.
-    let cfg = container_config(&p, &c, 0, &ContainerOptions::default()).unwrap();
+    let (_plain_dir, plain) = temp_opts();
+    let cfg = container_config(&p, &c, 0, &plain).unwrap();
     assert!(cfg.mounts[0].uid_mappings.is_empty());
     let sb = crate::pod::sandbox_config(&p, &opts.sandbox).unwrap();
     let sb_ns = sb
@@ -395,4 +425,85 @@ fn a_stop_signal_is_refused_not_ignored() {
         err.contains("lifecycle.stopSignal \"SIGUSR1\" is not supported"),
         "{err}"
     );
+}
+
+#[test]
+fn the_termination_message_file_is_mounted() {
+    // The API default path, read-write and not relabeled, from a file under the pod's dir.
+    let c = config(json!({"containers": [{"name": "app", "image": "x"}]}), 2).expect("config");
+    let m = termination_mount(&c).expect("a termination message mount");
+    assert_eq!(m.container_path, "/dev/termination-log");
+    assert!(
+        m.host_path.starts_with("/root/pods/u-1/containers/app/2-"),
+        "{m:?}"
+    );
+    assert!(!m.readonly && !m.selinux_relabel, "{m:?}");
+    assert_eq!(c.mounts.len(), 1);
+    assert_eq!(
+        c.annotations
+            .get(termination::ANNOTATION_TERMINATION_MESSAGE_POLICY)
+            .map(String::as_str),
+        Some("File")
+    );
+    // The spec's path and policy.
+    let c = config(
+        json!({"containers": [{"name": "app", "image": "x", "terminationMessagePath": "/tmp/why",
+            "terminationMessagePolicy": "FallbackToLogsOnError"}]}),
+        0,
+    )
+    .expect("config");
+    let m = termination_mount(&c).expect("a termination message mount");
+    assert_eq!(m.container_path, "/tmp/why");
+    assert_eq!(
+        c.annotations
+            .get(ANNOTATION_TERMINATION_MESSAGE_PATH)
+            .map(String::as_str),
+        Some("/tmp/why")
+    );
+    assert_eq!(
+        c.annotations
+            .get(termination::ANNOTATION_TERMINATION_MESSAGE_POLICY)
+            .map(String::as_str),
+        Some("FallbackToLogsOnError")
+    );
+    // An empty path: no file, no mount.
+    let c = config(
+        json!({"containers": [{"name": "app", "image": "x", "terminationMessagePath": ""}]}),
+        0,
+    )
+    .expect("config");
+    assert!(c.mounts.is_empty(), "{:?}", c.mounts);
+    assert_eq!(
+        c.annotations
+            .get(ANNOTATION_TERMINATION_MESSAGE_PATH)
+            .map(String::as_str),
+        Some("")
+    );
+}
+
+#[test]
+fn the_termination_message_file_exists_on_the_host() {
+    let p = pod(json!({"containers": [{"name": "app", "image": "x"}]}));
+    let c = p.spec.as_ref().expect("spec").containers[0].clone();
+    let (dir, opts) = temp_opts();
+    let cfg = container_config(&p, &c, 0, &opts).expect("config");
+    let m = cfg.mounts.last().expect("a mount");
+    let meta = std::fs::metadata(&m.host_path).expect("the file");
+    assert!(meta.is_file() && meta.len() == 0);
+    assert!(Path::new(&m.host_path).starts_with(dir.path().join("u-1/containers/app")));
+    // A config that fails leaves no file behind.
+    let bad_pod = pod(
+        json!({"containers": [{"name": "app", "image": "x", "resources": {"limits": {"memory": "12Q"}}}]}),
+    );
+    let bad = bad_pod.spec.as_ref().expect("spec").containers[0].clone();
+    let (bad_dir, opts) = temp_opts();
+    assert!(container_config(&bad_pod, &bad, 0, &opts).is_err());
+    assert!(!bad_dir.path().join("u-1").exists());
+    // A file that cannot be made is a config error naming the field.
+    let (dir, mut opts) = temp_opts();
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"").expect("a file");
+    opts.pods_dir = blocker;
+    let err = container_config(&p, &c, 0, &opts).expect_err("no dir");
+    assert!(err.message().contains("terminationMessagePath"), "{err}");
 }

@@ -16,6 +16,7 @@ pub mod quantity;
 pub mod spec;
 pub mod status;
 pub mod sync;
+pub mod termination;
 pub mod types;
 
 pub use actions::{

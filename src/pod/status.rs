@@ -6,7 +6,8 @@
 //! count. The kubelet's own knowledge enters through [`StatusContext`]: readiness and startup
 //! probe results, waiting reasons of the last sync (CrashLoopBackOff, ErrImagePull, ...), the
 //! node IPs and the previous status, whose condition transition times and start time are kept
-//! while unchanged.
+//! while unchanged. Termination messages are cut to an even share of the pod's 12 KiB
+//! ([`super::termination::truncate_to_pod_budget`]).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -19,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use runtime::cri;
 
+use super::termination;
 use super::types::{Phase, RestartPolicy, Waiting};
 use super::{host_network, is_sidecar, qos_class, restart_policy};
 
@@ -426,7 +428,7 @@ pub fn pod_status(
             .map(|p| p.ip.clone())
             .collect()
     };
-    PodStatus {
+    let mut status = PodStatus {
         phase: Some(phase.as_str().into()),
         conditions: Some(conditions),
         host_ip: ctx.host_ips.first().cloned(),
@@ -446,7 +448,9 @@ pub fn pod_status(
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(app),
         ..Default::default()
-    }
+    };
+    termination::truncate_to_pod_budget(&mut status, init_specs.len() + spec.containers.len());
+    status
 }
 
 #[cfg(test)]

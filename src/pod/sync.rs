@@ -20,6 +20,7 @@ use super::actions::{ContainerInfo, PodActions, RunState, RuntimePodStatus, is_s
 use super::backoff::{self, Backoff};
 use super::container::{ContainerOptions, container_config};
 use super::spec::{SandboxOptions, pod_spec, sandbox_config};
+use super::termination;
 use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
 use super::{LABEL_POD_UID, container_hash, pod_identity};
 
@@ -35,7 +36,8 @@ pub struct RuntimeSnapshot {
 }
 
 /// Lists the sandboxes and containers labelled with `pod_uid` and reads their statuses.
-/// Objects that vanish between the list and the status call are skipped.
+/// Objects that vanish between the list and the status call are skipped. An exited container's
+/// status `message` gets its termination message ([`termination::fill_messages`]).
 pub async fn runtime_pod_status(rt: &dyn RuntimeService, pod_uid: &str) -> Result<RuntimeSnapshot> {
     let selector: HashMap<String, String> =
         [(LABEL_POD_UID.to_string(), pod_uid.to_string())].into();
@@ -84,6 +86,8 @@ pub async fn runtime_pod_status(rt: &dyn RuntimeService, pod_uid: &str) -> Resul
             Err(e) => return Err(e),
         }
     }
+    // Exited containers: what they left in their termination message file (or log).
+    termination::fill_messages(&mut containers);
     Ok(RuntimeSnapshot {
         status: RuntimePodStatus::from_cri(&sandboxes, &containers),
         sandboxes,

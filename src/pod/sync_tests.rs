@@ -31,7 +31,12 @@ async fn step_with(
     let snap = runtime_pod_status(rt, "u-1").await.expect("status");
     let actions = compute_pod_actions(p, &snap.status, &lock(backoff), now);
     rt.clear_calls();
-    let opts = ContainerOptions::default();
+    // Containers get termination message files under the pods dir: a temporary one.
+    let pods = tempfile::tempdir().expect("pods dir");
+    let opts = ContainerOptions {
+        pods_dir: pods.path().to_path_buf(),
+        ..Default::default()
+    };
     let cx = SyncContext {
         rt,
         images: rt,
