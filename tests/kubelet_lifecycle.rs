@@ -11,6 +11,9 @@
 //! - **Native sidecars**: an init container with `restartPolicy: Always` is running before the
 //!   app starts, keeps running beside it, and does not keep a `restartPolicy: Never` pod from
 //!   Succeeded; it is stopped afterwards.
+//! - **Termination messages**: what a container wrote to `/dev/termination-log` becomes its
+//!   `state.terminated.message`; under `FallbackToLogsOnError` a failed container that wrote
+//!   nothing there gets the tail of its log. On the built-in runtime and on containerd.
 //! - **Deletion leaves nothing**: a gracefully deleted pod goes from the API, and shortly after
 //!   no container, sandbox, mount, pod directory or log directory of it is left.
 //!
@@ -748,6 +751,97 @@ async fn native_sidecar_builtin() {
     );
 
     delete_and_check_gone(&node, &pods, &[("sidecar", &uid)]).await;
+    drop(agent);
+    assert_node_clean(&node, &[&uid]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Termination messages
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn termination_message_builtin() {
+    termination_message(Backend::Builtin, "termination_message_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn termination_message_containerd() {
+    termination_message(Backend::Containerd, "termination_message_containerd").await;
+}
+
+async fn termination_message(backend: Backend, test: &str) {
+    let api = ApiServer::start().await;
+    let Some(node) = prepare(&api, backend, test).await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let spec = format!(
+        "{}  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  containers:\n{}{}    terminationMessagePolicy: FallbackToLogsOnError\n",
+        host_network(&node),
+        busybox(
+            "writer",
+            "echo \"bye now\" > /dev/termination-log; echo not this; exit 3"
+        ),
+        busybox("crasher", "echo boom >&2; exit 1"),
+    );
+    let created = pods
+        .create(&PostParams::default(), &pod("farewell", &spec))
+        .await
+        .expect("creating the pod");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    let agent = node.start();
+
+    let st = wait_for("both containers terminated", 120, async || {
+        let st = checked_status(&pods, "farewell").await?;
+        let done = |name: &str| {
+            container(&st, name)
+                .and_then(|c| c.state.as_ref())
+                .is_some_and(|s| s.terminated.is_some())
+        };
+        (done("writer") && done("crasher")).then_some(st)
+    })
+    .await;
+    let term = |name: &str| {
+        container(&st, name)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone())
+            .expect("terminated")
+    };
+    let writer = term("writer");
+    assert_eq!(writer.exit_code, 3, "{writer:?}");
+    assert_eq!(
+        writer.message.as_deref(),
+        Some("bye now\n"),
+        "the file's content, exactly: {writer:?}"
+    );
+    let crasher = term("crasher");
+    assert_eq!(crasher.exit_code, 1, "{crasher:?}");
+    assert_eq!(
+        crasher.message.as_deref(),
+        Some("boom\n"),
+        "the log's tail: {crasher:?}"
+    );
+    assert_eq!(st.phase.as_deref(), Some("Failed"), "{st:?}");
+
+    // The file the message came from: under the pod's dir, world-writable.
+    let dir = node.pod_dir(&uid).join("containers").join("writer");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(files.len(), 1, "one run, one file: {files:?}");
+    assert_eq!(
+        std::fs::read_to_string(&files[0]).expect("the termination log"),
+        "bye now\n"
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&files[0])
+            .expect("metadata")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o666, "{}", files[0].display());
+
+    delete_and_check_gone(&node, &pods, &[("farewell", &uid)]).await;
     drop(agent);
     assert_node_clean(&node, &[&uid]).await;
 }
