@@ -1,12 +1,14 @@
-//! The pod worker's pure core: from a Kubernetes `Pod` to CRI calls and back.
+//! The pod worker's core: from a Kubernetes `Pod` to CRI calls and back.
 //!
-//! Everything here is a pure function over `k8s-openapi` objects and `runtime::cri` messages,
-//! table-tested without a runtime: [`spec`] turns a pod into `PodSandboxConfig` and
-//! `ContainerConfig`, [`actions`] compares a pod with what the runtime reports and decides
-//! what to kill and start (like upstream's `computePodActions`), [`backoff`] keeps the
-//! CrashLoopBackOff delays, [`status`] derives the API `PodStatus` (phase, conditions, container
-//! states), and [`sync`] executes [`actions::PodActions`] through `&dyn RuntimeService` and
-//! `&dyn ImageService`, the only place here that performs I/O.
+//! Mostly pure functions over `k8s-openapi` objects and `runtime::cri` messages, table-tested
+//! without a runtime: [`spec`] turns a pod into `PodSandboxConfig` and `ContainerConfig`,
+//! [`actions`] compares a pod with what the runtime reports and decides what to kill and start
+//! (like upstream's `computePodActions`), [`backoff`] keeps the CrashLoopBackOff delays,
+//! [`status`] derives the API `PodStatus` (phase, conditions, container states), [`types`] holds
+//! the typed policies and reasons. I/O happens in two places: [`sync`] executes
+//! [`actions::PodActions`] through `&dyn RuntimeService` and `&dyn ImageService`, and
+//! [`termination`] makes each container's termination-message file (when its config is built)
+//! and reads it back (with the log's tail) when the container has exited.
 
 pub mod actions;
 pub mod backoff;
