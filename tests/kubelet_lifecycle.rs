@@ -641,9 +641,17 @@ async fn crash_loop_back_off(backend: Backend, test: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn native_sidecar_builtin() {
-    let test = "native_sidecar_builtin";
+    native_sidecar(Backend::Builtin, "native_sidecar_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn native_sidecar_containerd() {
+    native_sidecar(Backend::Containerd, "native_sidecar_containerd").await;
+}
+
+async fn native_sidecar(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let Some(node) = prepare(&api, Backend::Builtin, test).await else {
+    let Some(node) = prepare(&api, backend, test).await else {
         return;
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
