@@ -621,6 +621,8 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
     // Kill every pod through the workers, wait until the kubelet forgot them.
     let kill = Instant::now();
     for p in pods {
+        // No source wants it any more: the PLEG's changes no longer sync it.
+        forget_pod(k, &p);
         k.workers
             .update_pod(p, UpdateType::Kill, Some(Duration::ZERO));
     }
@@ -639,6 +641,13 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
     collect_gone(k, &uids).await?;
     r.kills.push(kill.elapsed());
     check_nothing_left(k, &uids).await
+}
+
+/// Takes `pod` out of the pods the bench hands on (the sync loop's merger in the kubelet).
+fn forget_pod(k: &Kubelet, pod: &Pod) {
+    if let Some(uid) = pod.metadata.uid.as_deref() {
+        k.pods.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+    }
 }
 
 /// Forgets the terminated workers and collects everything of `uids` (pods nobody wants).
