@@ -227,6 +227,9 @@ impl SyncContext<'_> {
         c: &Container,
         sandbox: &cri::PodSandboxConfig,
     ) -> std::result::Result<String, (Waiting, Option<Duration>)> {
+        let say = |kind: EventKind, reason: &str, message: String| {
+            self.events.event(pod, Some(&c.name), kind, reason, message)
+        };
         let image = c.image.clone().unwrap_or_default();
         let spec = cri::ImageSpec {
             image: image.clone(),
@@ -248,9 +251,7 @@ impl SyncContext<'_> {
                     )
                 })?;
             if let Some(img) = present.image {
-                self.events.event(
-                    pod,
-                    Some(&c.name),
+                say(
                     EventKind::Normal,
                     "Pulled",
                     format!("Container image {image:?} already present on machine"),
@@ -260,13 +261,7 @@ impl SyncContext<'_> {
             if policy == PullPolicy::Never {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
-                self.events.event(
-                    pod,
-                    Some(&c.name),
-                    EventKind::Warning,
-                    "ErrImageNeverPull",
-                    message.clone(),
-                );
+                say(EventKind::Warning, "ErrImageNeverPull", message.clone());
                 return Err((
                     Waiting::new(WaitingReason::ErrImageNeverPull, message),
                     None,
@@ -279,21 +274,13 @@ impl SyncContext<'_> {
         let held = lock(self.image_backoff).remaining(&key, self.now);
         if let Some(left) = held {
             let message = format!("Back-off pulling image {image:?}");
-            self.events.event(
-                pod,
-                Some(&c.name),
-                EventKind::Normal,
-                "BackOff",
-                message.clone(),
-            );
+            say(EventKind::Normal, "BackOff", message.clone());
             return Err((
                 Waiting::new(WaitingReason::ImagePullBackOff, message),
                 Some(left),
             ));
         }
-        self.events.event(
-            pod,
-            Some(&c.name),
+        say(
             EventKind::Normal,
             "Pulling",
             format!("Pulling image {image:?}"),
@@ -320,9 +307,7 @@ impl SyncContext<'_> {
         match pulled {
             Ok(r) => {
                 lock(self.image_backoff).reset(&key);
-                self.events.event(
-                    pod,
-                    Some(&c.name),
+                say(
                     EventKind::Normal,
                     "Pulled",
                     format!(
@@ -336,20 +321,12 @@ impl SyncContext<'_> {
             Err(e) => {
                 lock(self.image_backoff).record_restart(&key, self.now);
                 let message = e.to_string();
-                self.events.event(
-                    pod,
-                    Some(&c.name),
+                say(
                     EventKind::Warning,
                     "Failed",
                     format!("Failed to pull image {image:?}: {message}"),
                 );
-                self.events.event(
-                    pod,
-                    Some(&c.name),
-                    EventKind::Warning,
-                    "Failed",
-                    "Error: ErrImagePull".into(),
-                );
+                say(EventKind::Warning, "Failed", "Error: ErrImagePull".into());
                 let left = lock(self.image_backoff).delay(&key, self.now);
                 Err((Waiting::new(WaitingReason::ErrImagePull, message), left))
             }
@@ -601,18 +578,15 @@ async fn start_one(
     opts: &ContainerOptions,
 ) -> std::result::Result<(), (Waiting, Option<Duration>)> {
     let name = &container.name;
+    let say = |kind: EventKind, reason: &str, message: String| {
+        cx.events.event(pod, Some(name), kind, reason, message)
+    };
     let previous = snapshot.status.latest(name);
     let restart_count = previous.map_or(0, |p| p.attempt + 1);
     let image_ref = cx.ensure_image(pod, container, sandbox).await?;
     let mut config = container_config(pod, container, restart_count, opts).map_err(|e| {
         let w = Waiting::new(WaitingReason::CreateContainerConfigError, e.to_string());
-        cx.events.event(
-            pod,
-            Some(name),
-            EventKind::Warning,
-            "Failed",
-            format!("Error: {e}"),
-        );
+        say(EventKind::Warning, "Failed", format!("Error: {e}"));
         (w, None)
     })?;
     if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
@@ -623,21 +597,13 @@ async fn start_one(
             .record_restart(&backoff::key(uid, name, &container_hash(container)), cx.now);
     }
     let failed = |reason: WaitingReason, e: Error| {
-        cx.events.event(
-            pod,
-            Some(name),
-            EventKind::Warning,
-            "Failed",
-            format!("Error: {e}"),
-        );
+        say(EventKind::Warning, "Failed", format!("Error: {e}"));
         (Waiting::new(reason, e.to_string()), None)
     };
     let id = rt_create(cx.rt, sandbox_id, config, sandbox)
         .await
         .map_err(|e| failed(WaitingReason::CreateContainerError, e))?;
-    cx.events.event(
-        pod,
-        Some(name),
+    say(
         EventKind::Normal,
         "Created",
         format!("Created container: {name}"),
@@ -646,9 +612,7 @@ async fn start_one(
         .start_container(cri::StartContainerRequest { container_id: id })
         .await
         .map_err(|e| failed(WaitingReason::RunContainerError, e))?;
-    cx.events.event(
-        pod,
-        Some(name),
+    say(
         EventKind::Normal,
         "Started",
         format!("Started container {name}"),
