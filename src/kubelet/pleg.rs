@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant as StdInstant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use runtime::{RuntimeService, cri};
@@ -31,7 +31,7 @@ pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
 /// The PLEG's health: when it was last seen working, and how long the last relist took.
 #[derive(Debug)]
 pub struct PlegHealth {
-    last_active: Mutex<StdInstant>,
+    last_active: Mutex<Instant>,
     last_relist: Mutex<Option<Duration>>,
     threshold: Duration,
 }
@@ -39,7 +39,7 @@ pub struct PlegHealth {
 impl PlegHealth {
     pub fn new(threshold: Duration) -> Self {
         PlegHealth {
-            last_active: Mutex::new(StdInstant::now()),
+            last_active: Mutex::new(Instant::now()),
             last_relist: Mutex::new(None),
             threshold,
         }
@@ -47,7 +47,7 @@ impl PlegHealth {
 
     /// Records that the PLEG is working now.
     pub fn mark_active(&self) {
-        *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = StdInstant::now();
+        *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
     /// Records a relist that took `took` (upstream's relist duration metric); slow relists are
@@ -66,10 +66,10 @@ impl PlegHealth {
 
     /// `None` when healthy, else the upstream message.
     pub fn problem(&self) -> Option<String> {
-        self.problem_at(StdInstant::now())
+        self.problem_at(Instant::now())
     }
 
-    fn problem_at(&self, now: StdInstant) -> Option<String> {
+    fn problem_at(&self, now: Instant) -> Option<String> {
         let last = *self.last_active.lock().unwrap_or_else(|p| p.into_inner());
         let ago = now.saturating_duration_since(last);
         (ago > self.threshold).then(|| crate::node::pleg_unhealthy(ago, self.threshold))
@@ -154,6 +154,91 @@ impl Default for PlegConfig {
 /// The safety-net relist period while the runtime streams events.
 pub const SAFETY_RELIST_PERIOD: Duration = Duration::from_secs(30);
 
+/// How far the PLEG trusts the runtime's event stream, from what its relists find.
+#[derive(Debug)]
+struct Trust {
+    trusted: bool,
+    /// Relists in a row (with events) that found changes the events had missed.
+    missed_streak: u32,
+    /// Clean one-second relists in a row since the stream came back.
+    clean: u32,
+    /// How many clean relists earn the stream its trust back.
+    needed: u32,
+    fast: Duration,
+    safety: Duration,
+}
+
+/// What a relist's outcome means.
+#[derive(Debug, PartialEq, Eq)]
+struct Verdict {
+    /// The PLEG made real progress (its health is marked).
+    healthy: bool,
+    /// Drop the event stream (and ask for it again later).
+    drop_stream: bool,
+}
+
+impl Trust {
+    fn new(with_events: bool, config: &PlegConfig) -> Self {
+        let fast = config.relist_period.max(Duration::from_millis(1));
+        Trust {
+            trusted: with_events,
+            missed_streak: 0,
+            clean: 0,
+            needed: u32::try_from(config.safety_period.as_millis() / fast.as_millis())
+                .unwrap_or(u32::MAX)
+                .max(1),
+            fast,
+            safety: config.safety_period,
+        }
+    }
+
+    /// The relist period: the safety net's while a trusted stream runs, else one second.
+    fn period(&self, with_events: bool) -> Duration {
+        if with_events && self.trusted {
+            self.safety
+        } else {
+            self.fast
+        }
+    }
+
+    fn relisted(&mut self, with_events: bool, missed: usize) -> Verdict {
+        if !with_events {
+            // Relisting alone: every completed relist is progress.
+            self.trusted = false;
+            self.clean = 0;
+            self.missed_streak = 0;
+            return Verdict {
+                healthy: true,
+                drop_stream: false,
+            };
+        }
+        if missed == 0 {
+            self.missed_streak = 0;
+            if !self.trusted {
+                self.clean += 1;
+                self.trusted = self.clean >= self.needed;
+            }
+            return Verdict {
+                healthy: true,
+                drop_stream: false,
+            };
+        }
+        self.missed_streak += 1;
+        self.clean = 0;
+        let stalled = self.missed_streak >= 2;
+        if stalled {
+            self.trusted = false;
+            self.missed_streak = 0;
+        }
+        Verdict {
+            // What the relist found is handed on, but a stream that keeps missing is no
+            // progress of the event path.
+            healthy: !stalled,
+            drop_stream: stalled,
+        }
+    }
+}
+
 /// The pod lifecycle event generator: the only reader of pod state from the runtime. It keeps
 /// the [`PodCache`] fresh and sends the UID of every pod whose containers changed to the sync
 /// loop. Refresh requests (a sync that wants a view newer than the cache's) are read in their
@@ -219,13 +304,16 @@ impl Pleg {
         let relister = Arc::new(Mutex::new(Relister::new()));
         let mut events = subscribe(self.rt.as_ref()).await;
         let offers_events = events.is_some();
+        // A stream is trusted from the start; one that missed changes twice in a row is dropped,
+        // and once asked for again it is trusted only after a safety period of one-second
+        // relists that found nothing it had missed.
+        let mut trust = Trust::new(events.is_some(), &self.config);
         // A relist at once: every pod's view, and the cache's first global time.
-        let mut relist = tokio::time::interval(self.period(events.is_some()));
-        relist.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut relist = self.relist_timer(trust.period(events.is_some()));
         let mut resubscribe = tokio::time::interval(self.config.resubscribe_after);
         resubscribe.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut missed_streak = 0u32;
         loop {
+            let period = trust.period(events.is_some());
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(uid) = self.refresh.recv() => {
@@ -234,53 +322,43 @@ impl Pleg {
                 }
                 ev = next_event(&mut events) => match ev {
                     Some(ev) => self.on_event(ev, &relister),
-                    None => {
-                        tracing::warn!("the runtime's event stream ended; relisting every second until it is back");
-                        relist = tokio::time::interval(self.config.relist_period);
-                        relist.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                    }
+                    None => tracing::warn!("the runtime's event stream ended; relisting every second until it is back"),
                 },
                 _ = resubscribe.tick(), if offers_events && events.is_none() => {
                     if let Some(s) = subscribe(self.rt.as_ref()).await {
-                        tracing::info!("runtime events are back");
+                        tracing::info!("runtime events are back; relisting every second until they prove complete");
                         events = Some(s);
-                        relist = tokio::time::interval(self.config.safety_period);
-                        relist.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                        relist.reset();
                     }
                 }
                 _ = relist.tick() => {
                     let with_events = events.is_some();
-                    match self.relist(&relister).await {
-                        Some(missed) if with_events && missed > 0 => {
-                            missed_streak += 1;
-                            tracing::warn!(missed, "the safety relist found changes the runtime's events did not report");
-                            if missed_streak >= 2 {
-                                // The stream is stalled: ask for it again.
-                                events = None;
-                                relist = tokio::time::interval(self.config.relist_period);
-                                relist.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                            } else {
-                                self.health.mark_active();
-                            }
-                        }
-                        Some(_) => {
-                            missed_streak = 0;
+                    if let Some(missed) = self.relist(&relister).await {
+                        let verdict = trust.relisted(with_events, missed);
+                        if verdict.healthy {
                             self.health.mark_active();
                         }
-                        None => {}
+                        if with_events && missed > 0 {
+                            tracing::warn!(missed, "a relist found changes the runtime's events did not report");
+                        }
+                        if verdict.drop_stream {
+                            tracing::warn!("the runtime's event stream is stalled; asking for it again");
+                            events = None;
+                        }
                     }
                 }
+            }
+            let next = trust.period(events.is_some());
+            if next != period {
+                relist = self.relist_timer(next);
+                relist.reset();
             }
         }
     }
 
-    fn period(&self, with_events: bool) -> Duration {
-        if with_events {
-            self.config.safety_period
-        } else {
-            self.config.relist_period
-        }
+    fn relist_timer(&self, period: Duration) -> tokio::time::Interval {
+        let mut t = tokio::time::interval(period);
+        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        t
     }
 
     /// A runtime event: the pod is read again (in its own task, so a slow runtime delays only
@@ -382,6 +460,217 @@ mod tests {
             next,
             BTreeSet::from(["p1".into(), "p2".into(), "p3".into()])
         );
+    }
+
+    use runtime::fake::FakeRuntime;
+
+    const UID: &str = "p1";
+
+    fn labels() -> HashMap<String, String> {
+        [(LABEL_POD_UID.to_string(), UID.to_string())].into()
+    }
+
+    /// A running container of pod `p1` on the fake; returns its id.
+    async fn run_container(rt: &FakeRuntime, sandbox: &str, name: &str) -> String {
+        let id = rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.to_string(),
+                config: Some(cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata {
+                        name: name.into(),
+                        attempt: 0,
+                    }),
+                    image: Some(cri::ImageSpec {
+                        image: "busybox".into(),
+                        ..Default::default()
+                    }),
+                    labels: labels(),
+                    ..Default::default()
+                }),
+                sandbox_config: None,
+            })
+            .await
+            .expect("create")
+            .container_id;
+        rt.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("start");
+        id
+    }
+
+    async fn sandbox(rt: &FakeRuntime) -> String {
+        rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: "p".into(),
+                    uid: UID.into(),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                labels: labels(),
+                ..Default::default()
+            }),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("sandbox")
+        .pod_sandbox_id
+    }
+
+    struct Running {
+        health: Arc<PlegHealth>,
+        cache: Arc<PodCache>,
+        changed: mpsc::UnboundedReceiver<String>,
+        cancel: CancellationToken,
+        _refresh: mpsc::UnboundedSender<String>,
+    }
+
+    fn start(rt: Arc<FakeRuntime>, config: PlegConfig) -> Running {
+        let health = Arc::new(PlegHealth::new(RELIST_THRESHOLD));
+        let cache = Arc::new(PodCache::new());
+        let (changed_tx, changed) = mpsc::unbounded_channel();
+        let (refresh, refresh_rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let pleg = Pleg {
+            rt,
+            cache: cache.clone(),
+            health: health.clone(),
+            changed: changed_tx,
+            refresh: refresh_rx,
+            config,
+        };
+        tokio::spawn(pleg.run(cancel.clone()));
+        Running {
+            health,
+            cache,
+            changed,
+            cancel,
+            _refresh: refresh,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_relist_makes_the_pleg_unhealthy_until_it_completes() {
+        let rt = Arc::new(FakeRuntime::new());
+        rt.hold_rpc("ListContainers");
+        let p = start(rt.clone(), PlegConfig::default());
+        tokio::time::sleep(Duration::from_secs(170)).await;
+        assert_eq!(p.health.problem(), None);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let problem = p.health.problem().expect("unhealthy");
+        assert!(
+            problem.starts_with("PLEG is not healthy: pleg was last seen active 3m10s ago"),
+            "{problem}"
+        );
+        rt.release_rpc("ListContainers");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(p.health.problem(), None);
+        p.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_keep_the_cache_fresh_and_the_safety_relist_catches_what_they_miss() {
+        let rt = Arc::new(FakeRuntime::new());
+        let sb = sandbox(&rt).await;
+        let mut p = start(rt.clone(), PlegConfig::default());
+        // The first relist reads the pod (nothing of it ran yet: no change to report).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(p.cache.newer_than(UID, None).is_some());
+        // An event: the pod is read again at once and handed on.
+        let c1 = run_container(&rt, &sb, "a").await;
+        let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+        let view = p.cache.newer_than(UID, None).expect("view").expect("ok");
+        assert_eq!(view.containers.len(), 1);
+        while p.changed.try_recv().is_ok() {}
+        // A stalled stream: the change reaches the loop through the next safety relist only.
+        rt.mute_events(true);
+        rt.set_container_exited(&c1, 1, "Error").expect("exit");
+        let before = Instant::now();
+        let got = tokio::time::timeout(SAFETY_RELIST_PERIOD * 2, p.changed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+        let waited = Instant::now() - before;
+        assert!(
+            waited > Duration::from_secs(1) && waited <= SAFETY_RELIST_PERIOD,
+            "found by the safety relist after {waited:?}"
+        );
+        let view = p.cache.newer_than(UID, None).expect("view").expect("ok");
+        assert_eq!(
+            view.containers[0].state,
+            cri::ContainerState::ContainerExited as i32
+        );
+        // Stalled twice: the PLEG drops the stream, asks for it again, and relists every second
+        // until the stream proves complete, so the next change is seen within a second.
+        let c2 = run_container(&rt, &sb, "b").await;
+        let got = tokio::time::timeout(SAFETY_RELIST_PERIOD * 2, p.changed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        while p.changed.try_recv().is_ok() {}
+        rt.set_container_exited(&c2, 0, "Completed").expect("exit");
+        let before = Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(5), p.changed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+        assert!(Instant::now() - before <= Duration::from_secs(1));
+        assert_eq!(p.health.problem(), None);
+        // Events flow again: after 30 clean seconds the safety period is back, and the events
+        // alone bring changes at once.
+        rt.mute_events(false);
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        while p.changed.try_recv().is_ok() {}
+        run_container(&rt, &sb, "c").await;
+        let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+        p.cancel.cancel();
+    }
+
+    #[test]
+    fn the_event_stream_loses_trust_when_it_misses_and_earns_it_back() {
+        let config = PlegConfig::default();
+        let mut t = Trust::new(true, &config);
+        assert_eq!(t.period(true), SAFETY_RELIST_PERIOD);
+        let ok = Verdict {
+            healthy: true,
+            drop_stream: false,
+        };
+        assert_eq!(t.relisted(true, 0), ok);
+        // One miss: kept (an event may have been on its way).
+        assert_eq!(
+            t.relisted(true, 1),
+            Verdict {
+                healthy: true,
+                drop_stream: false
+            }
+        );
+        assert_eq!(t.relisted(true, 0), ok);
+        assert!(!t.relisted(true, 1).drop_stream);
+        // Two in a row: dropped, not progress.
+        assert_eq!(
+            t.relisted(true, 2),
+            Verdict {
+                healthy: false,
+                drop_stream: true
+            }
+        );
+        assert_eq!(t.period(false), RELIST_PERIOD);
+        // Back: one-second relists until 30 clean ones in a row.
+        assert_eq!(t.period(true), RELIST_PERIOD);
+        for _ in 0..29 {
+            assert_eq!(t.relisted(true, 0), ok);
+        }
+        assert_eq!(t.period(true), RELIST_PERIOD);
+        t.relisted(true, 1);
+        for _ in 0..29 {
+            t.relisted(true, 0);
+        }
+        assert_eq!(
+            t.period(true),
+            RELIST_PERIOD,
+            "a miss starts the count again"
+        );
+        t.relisted(true, 0);
+        assert_eq!(t.period(true), SAFETY_RELIST_PERIOD);
     }
 
     #[test]

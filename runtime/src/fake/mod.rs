@@ -110,6 +110,10 @@ pub(crate) struct State {
     pub(crate) pod_cidr: Option<String>,
     /// Images whose pulls hang until [`FakeRuntime::release_pulls`].
     pub(crate) held_pulls: HashMap<String, tokio::sync::watch::Sender<bool>>,
+    /// RPCs (`"ListContainers"`) that hang until [`FakeRuntime::release_rpc`].
+    pub(crate) held_rpcs: HashMap<String, tokio::sync::watch::Sender<bool>>,
+    /// Events are not sent (a stalled stream) while set.
+    pub(crate) events_muted: bool,
     /// How long a StopContainer of a running container takes.
     pub(crate) stop_delay: std::time::Duration,
     /// Every StopContainer of a running container: (id, began, ended) on tokio's clock.
@@ -157,6 +161,8 @@ impl FakeRuntime {
                 handlers: Vec::new(),
                 pod_cidr: None,
                 held_pulls: HashMap::new(),
+                held_rpcs: HashMap::new(),
+                events_muted: false,
                 stop_delay: std::time::Duration::ZERO,
                 stops: Vec::new(),
                 counter: 0,
@@ -258,6 +264,34 @@ impl FakeRuntime {
         }
     }
 
+    /// Makes calls of `rpc` (`"ListContainers"`) hang until [`release_rpc`](Self::release_rpc).
+    pub fn hold_rpc(&self, rpc: &str) {
+        self.lock()
+            .held_rpcs
+            .insert(rpc.to_string(), tokio::sync::watch::channel(false).0);
+    }
+
+    /// Lets the held calls of `rpc` go on.
+    pub fn release_rpc(&self, rpc: &str) {
+        if let Some(held) = self.lock().held_rpcs.remove(rpc) {
+            held.send_replace(true);
+        }
+    }
+
+    /// Waits while `rpc` is held.
+    pub(crate) async fn gate(&self, rpc: &str) {
+        let held = self.lock().held_rpcs.get(rpc).map(|h| h.subscribe());
+        if let Some(mut released) = held {
+            let _ = released.wait_for(|r| *r).await;
+        }
+    }
+
+    /// Stops (true) or resumes (false) sending events on the open streams, which stay open: a
+    /// stalled event stream.
+    pub fn mute_events(&self, muted: bool) {
+        self.lock().events_muted = muted;
+    }
+
     /// Makes StopContainer of a running container take `d` (tokio's clock) before it exits.
     pub fn set_stop_delay(&self, d: std::time::Duration) {
         self.lock().stop_delay = d;
@@ -333,7 +367,7 @@ impl FakeRuntime {
         container_id: &str,
         kind: cri::ContainerEventType,
     ) {
-        if self.events.receiver_count() == 0 {
+        if self.events.receiver_count() == 0 || st.events_muted {
             return;
         }
         let event = cri::ContainerEventResponse {

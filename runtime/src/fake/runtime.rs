@@ -279,6 +279,7 @@ impl RuntimeService for FakeRuntime {
         &self,
         req: cri::ListContainersRequest,
     ) -> Result<cri::ListContainersResponse> {
+        self.gate("ListContainers").await;
         let st = self.begin("ListContainers")?;
         let filter = req.filter.unwrap_or_default();
         let containers = st
