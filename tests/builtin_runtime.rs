@@ -240,6 +240,49 @@ async fn graceful_stop_then_sigkill() {
         .unwrap();
     let s = node.status(&early).await;
     assert_eq!(s.exit_code, 0, "ended by its TERM handler, not killed");
+
+    // A container's own stop signal (the kubelet's lifecycle.stopSignal) comes first; one that
+    // names no signal is refused.
+    let mut own = container_config(
+        "own",
+        &[
+            "sh",
+            "-c",
+            "trap 'echo usr1; exit 0' USR1; trap 'echo term; exit 1' TERM; while true; do sleep 0.1; done",
+        ],
+    );
+    own.annotations.insert(
+        runtime::builtin::ANNOTATION_STOP_SIGNAL.into(),
+        "SIGUSR1".into(),
+    );
+    let own = node.container_with(&sb, own).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: own.clone(),
+            timeout: 10,
+        })
+        .await
+        .unwrap();
+    let s = node.status(&own).await;
+    assert_eq!(s.exit_code, 0, "ended by its USR1 handler");
+    let recs = log_records(std::path::Path::new(&s.log_path));
+    assert!(recs.iter().any(|r| r.2 == "usr1"), "{recs:?}");
+    let mut bad = container_config("bad", &["sleep", "1"]);
+    bad.annotations.insert(
+        runtime::builtin::ANNOTATION_STOP_SIGNAL.into(),
+        "SIGNOPE".into(),
+    );
+    let err = node
+        .rt
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sb.0.clone(),
+            config: Some(bad),
+            sandbox_config: Some(sb.1.clone()),
+        })
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("is not a signal"), "{err}");
     node.teardown().await;
 }
 
@@ -663,6 +706,25 @@ async fn container_events_are_streamed() {
         id.clone(),
         cri::ContainerEventType::ContainerStartedEvent as i32
     )));
+    // Removing it is an event too.
+    node.rt
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    loop {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("the deleted event in time")
+            .expect("stream open")
+            .unwrap();
+        if ev.container_id == id
+            && ev.container_event_type == cri::ContainerEventType::ContainerDeletedEvent as i32
+        {
+            break;
+        }
+    }
     node.teardown().await;
 }
 

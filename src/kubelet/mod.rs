@@ -105,6 +105,7 @@ impl Kubelet {
             node_name: cfg.node_name.clone(),
             host_ips: vec![facts.node_ip.to_string()],
             node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
+            stop_signal_annotation: version.runtime_name == runtime::builtin::RUNTIME_NAME,
             ..Default::default()
         };
         let status = StatusManager::new(client.clone());

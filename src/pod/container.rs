@@ -43,6 +43,11 @@ pub struct ContainerOptions {
     pub host_ips: Vec<String>,
     /// The node's memory capacity in bytes (Burstable OOM score).
     pub node_memory_bytes: i64,
+    /// The runtime takes a container's own stop signal as the annotation
+    /// `runtime::builtin::ANNOTATION_STOP_SIGNAL` (the built-in runtime does; CRI v1 as the
+    /// `k8s-cri` bindings have it has no field for it, so for other runtimes a
+    /// `lifecycle.stopSignal` is refused).
+    pub stop_signal_annotation: bool,
 }
 
 impl Default for ContainerOptions {
@@ -54,6 +59,7 @@ impl Default for ContainerOptions {
             pod_ips: Vec::new(),
             host_ips: Vec::new(),
             node_memory_bytes: 0,
+            stop_signal_annotation: false,
         }
     }
 }
@@ -386,18 +392,22 @@ pub fn container_config(
             container.name
         )));
     }
-    // CRI v1 as this kubelet speaks it has no stop signal in ContainerConfig: refused rather
-    // than stopped with another signal than asked (the image's STOPSIGNAL, else SIGTERM, is
-    // what the runtime sends).
-    if let Some(sig) = container
+    // The stop signal: the container's own (lifecycle.stopSignal), else the image's STOPSIGNAL,
+    // else SIGTERM (the runtime's part). CRI v1 as this kubelet speaks it has no field for the
+    // first: the built-in runtime takes it as an annotation, other runtimes cannot, and a pod
+    // asking for it there is refused rather than stopped with another signal than asked.
+    let stop_signal = container
         .lifecycle
         .as_ref()
-        .and_then(|l| l.stop_signal.as_deref())
-    {
-        return Err(Error::invalid_argument(format!(
-            "lifecycle.stopSignal {sig:?} is not supported yet: the container runtime API this \
-             kubelet speaks cannot carry it; remove it to use the image's STOPSIGNAL"
-        )));
+        .and_then(|l| l.stop_signal.clone());
+    if let Some(sig) = &stop_signal {
+        if !opts.stop_signal_annotation {
+            return Err(Error::invalid_argument(format!(
+                "lifecycle.stopSignal {sig:?} is not supported with this container runtime: \
+                 the container runtime API this kubelet speaks cannot carry it (the built-in \
+                 runtime can); remove it to use the image's STOPSIGNAL"
+            )));
+        }
     }
     let image = container
         .image
@@ -425,7 +435,7 @@ pub fn container_config(
         .termination_message_policy
         .clone()
         .unwrap_or_else(|| "File".into());
-    let annotations = HashMap::from([
+    let mut annotations = HashMap::from([
         (
             ANNOTATION_CONTAINER_HASH.to_string(),
             container_hash(container),
@@ -443,6 +453,9 @@ pub fn container_config(
             termination_policy,
         ),
     ]);
+    if let Some(sig) = stop_signal {
+        annotations.insert(runtime::builtin::ANNOTATION_STOP_SIGNAL.to_string(), sig);
+    }
     let mut mounts = mounts(pod, container, opts)?;
     let linux = cri::LinuxContainerConfig {
         resources: Some(resources(pod, container, opts)?),

@@ -414,16 +414,40 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
 }
 
 #[test]
-fn a_stop_signal_is_refused_not_ignored() {
+fn a_stop_signal_goes_to_a_runtime_that_takes_it_and_is_refused_otherwise() {
     let p = crate::pod::spec::tests::pod(serde_json::json!({"containers": [
         {"name": "a", "image": "busybox", "lifecycle": {"stopSignal": "SIGUSR1"}}]}));
     let c = p.spec.as_ref().expect("spec").containers[0].clone();
-    let err = container_config(&p, &c, 0, &ContainerOptions::default())
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ContainerOptions {
+        pods_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let err = container_config(&p, &c, 0, &opts)
         .expect_err("refused")
         .to_string();
     assert!(
-        err.contains("lifecycle.stopSignal \"SIGUSR1\" is not supported"),
+        err.contains(
+            "lifecycle.stopSignal \"SIGUSR1\" is not supported with this container runtime"
+        ),
         "{err}"
+    );
+    opts.stop_signal_annotation = true;
+    let cfg = container_config(&p, &c, 0, &opts).expect("config");
+    assert_eq!(
+        cfg.annotations
+            .get(runtime::builtin::ANNOTATION_STOP_SIGNAL)
+            .map(String::as_str),
+        Some("SIGUSR1")
+    );
+    // Without one, no annotation: the image's STOPSIGNAL applies.
+    let plain = crate::pod::spec::tests::pod(serde_json::json!({"containers": [
+        {"name": "a", "image": "busybox"}]}));
+    let c = plain.spec.as_ref().expect("spec").containers[0].clone();
+    let cfg = container_config(&plain, &c, 0, &opts).expect("config");
+    assert!(
+        !cfg.annotations
+            .contains_key(runtime::builtin::ANNOTATION_STOP_SIGNAL)
     );
 }
 

@@ -106,6 +106,17 @@ impl BuiltinRuntime {
         if image_name.is_empty() {
             return Err(Error::invalid_argument("container config needs an image"));
         }
+        // The container's own stop signal (the pod's lifecycle.stopSignal, which CRI v1 as
+        // spoken here carries only as this annotation) wins over the image's STOPSIGNAL.
+        let own_stop_signal = match config.annotations.get(super::ANNOTATION_STOP_SIGNAL) {
+            Some(s) => Some(spec::parse_signal(s).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "annotation {}: {s:?} is not a signal",
+                    super::ANNOTATION_STOP_SIGNAL
+                ))
+            })?),
+            None => None,
+        };
         let image = self
             .inner
             .images
@@ -248,11 +259,13 @@ impl BuiltinRuntime {
                 image_digest: image.repo_digests.first().cloned().unwrap_or_default(),
                 created_at: sandbox::now_ns(),
                 log_path: log.clone(),
-                stop_signal: image
-                    .config
-                    .stop_signal
-                    .as_deref()
-                    .and_then(spec::parse_signal),
+                stop_signal: own_stop_signal.or_else(|| {
+                    image
+                        .config
+                        .stop_signal
+                        .as_deref()
+                        .and_then(spec::parse_signal)
+                }),
                 config: config.clone(),
                 user,
             };
@@ -342,6 +355,8 @@ impl BuiltinRuntime {
         };
         if self.inner.records.container(&id).is_some() {
             self.discard_container(&id).await;
+            // As CRI runtimes do: watchers (the kubelet's PLEG) learn of the removal too.
+            self.emit(&id, cri::ContainerEventType::ContainerDeletedEvent);
         }
         Ok(())
     }

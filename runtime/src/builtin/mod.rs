@@ -25,6 +25,13 @@ use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
 pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
+pub use service::RUNTIME_NAME;
+
+/// The container annotation naming the signal StopContainer sends first (`"SIGUSR1"`,
+/// `"10"`, ...), instead of the image's STOPSIGNAL or SIGTERM: how the kubelet passes a
+/// container's `lifecycle.stopSignal` to the built-in runtime, since CRI v1's
+/// `ContainerConfig` as the `k8s-cri` bindings have it has no stop signal.
+pub const ANNOTATION_STOP_SIGNAL: &str = "io.nodelet.container.stopSignal";
 use store::Records;
 
 /// The hidden subcommand under which the nodelet binary runs as a sandbox process.
@@ -253,7 +260,7 @@ impl BuiltinRuntime {
     }
 
     /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).
-    fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
+    pub(crate) fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
         let ev = cri::ContainerEventResponse {
             container_id: container_id.to_string(),
             container_event_type: kind as i32,
