@@ -9,166 +9,26 @@
 mod apiserver;
 mod common;
 
-use common::containerd;
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use apiserver::ApiServer;
-use common::*;
+use common::api_node::{ApiNode, Backend, Setup, busybox, wait_for};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
 const NODE: &str = "api-node";
 
-type Agent = KillOnDrop;
-
-struct Node {
-    /// The private containerd when the node uses the remote backend (dropped last).
-    containerd: Option<containerd::Containerd>,
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    config: PathBuf,
-    kubeconfig: PathBuf,
-    manifests: PathBuf,
-    logs: PathBuf,
-}
-
-/// Which runtime the kubelet drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Builtin,
-    Containerd,
-}
+const SETUP: Setup = Setup {
+    name: NODE,
+    config: "syncFrequency: 5s\nnodeLeaseDurationSeconds: 8\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
+    cri_listen: true,
+};
 
 /// A node ready to start, or `None` (with a SKIP line) when this machine cannot run it.
-async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<Node> {
-    if !root_or_skip(test) {
-        return None;
-    }
-    let dir = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
-    let root = dir.path().join("root");
-    let manifests = dir.path().join("manifests");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&manifests).unwrap();
-    let mut runtime_endpoint = String::new();
-    let containerd = match backend {
-        Backend::Builtin => {
-            import_busybox(&root);
-            None
-        }
-        Backend::Containerd => {
-            let bin = match containerd::prerequisites() {
-                Ok(bin) => bin,
-                Err(why) => {
-                    eprintln!("SKIP ({why}): {test}");
-                    return None;
-                }
-            };
-            let ctd = containerd::Containerd::start(&bin, &busybox_archive()).await;
-            if !ctd.has_pod_network() {
-                eprintln!("NOTE: {test}: containerd has no pod network; hostNetwork pods");
-            }
-            // The node's images, pulled through CRI from containerd's local registry (the pods
-            // use `imagePullPolicy: Never`).
-            let rt = runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-                .await
-                .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
-            ctd.pull_all(&rt).await;
-            runtime_endpoint = format!("containerRuntimeEndpoint: {}\n", ctd.endpoint());
-            Some(ctd)
-        }
-    };
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 5s\nnodeStatusUpdateFrequency: 2s\nnodeLeaseDurationSeconds: 8\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 2s\n",
-            manifests.display(),
-            logs.display()
-        ),
-    )
-    .unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path());
-    Some(Node {
-        containerd,
-        root,
-        config,
-        kubeconfig,
-        manifests,
-        logs,
-        _dir: dir,
-    })
-}
-
-fn start(node: &Node) -> Agent {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(node.root.with_extension("log"))
-        .unwrap();
-    KillOnDrop(
-        Command::new(nodelet_bin())
-            .arg("--root-dir")
-            .arg(&node.root)
-            .args(["run-node", "--hostname-override", NODE, "--config"])
-            .arg(&node.config)
-            .arg("--kubeconfig")
-            .arg(&node.kubeconfig)
-            .arg("--cri-listen")
-            .arg(node.root.with_extension("sock"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start nodelet run-node"),
-    )
-}
-
-impl Node {
-    /// A pod bound to this node: on the pod network, or the host's on a containerd without
-    /// one (see `common::containerd`).
-    fn pod(&self, name: &str, yaml_spec: &str) -> Pod {
-        pod(name, &format!("{}{yaml_spec}", self.host_network()))
-    }
-
-    /// `  hostNetwork: true` for a pod spec where the runtime has no pod network.
-    fn host_network(&self) -> &'static str {
-        match &self.containerd {
-            Some(ctd) if !ctd.has_pod_network() => "  hostNetwork: true\n",
-            _ => "",
-        }
-    }
-
-    /// Whether pods get a network of their own (always on the built-in runtime).
-    fn has_pod_network(&self) -> bool {
-        self.host_network().is_empty()
-    }
-}
-
-fn pod(name: &str, yaml_spec: &str) -> Pod {
-    let text = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {NODE}\n{yaml_spec}"
-    );
-    serde_norway::from_str(&text).unwrap()
-}
-
-fn busybox(name: &str, script: &str) -> String {
-    format!(
-        "  - name: {name}\n    image: docker.io/library/busybox:latest\n    imagePullPolicy: Never\n    command: [\"sh\", \"-c\", {script:?}]\n"
-    )
-}
-
-async fn wait_for<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while tokio::time::Instant::now() < deadline {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("timed out after {secs}s waiting for {what}");
+async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<ApiNode> {
+    ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
 }
 
 async fn status(pods: &Api<Pod>, name: &str) -> Option<PodStatus> {
@@ -199,59 +59,6 @@ fn restarts(s: &PodStatus, name: &str) -> Option<i32> {
             .find(|c| c.name == name)?
             .restart_count,
     )
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.root.with_extension("log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("--- nodelet log (last lines) ---");
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
-        if self.containerd.is_none() {
-            remove_builtin_pods(&self.root);
-        }
-    }
-}
-
-/// Removes every pod the (killed) agent left in the built-in runtime under `root`, as a reset
-/// node would: their sandbox processes, mounts, cgroups and pod addresses. On a thread of its
-/// own, since a test's runtime is still running while its `Node` drops.
-fn remove_builtin_pods(root: &std::path::Path) {
-    if !root.join("cri").exists() {
-        return;
-    }
-    let root = root.to_path_buf();
-    let done = std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async {
-            let Ok(b) =
-                runtime::builtin::BuiltinRuntime::new(config(&root, "/nodelet-e2e-unused")).await
-            else {
-                return;
-            };
-            use runtime::RuntimeService;
-            if let Ok(list) = b.list_pod_sandbox(Default::default()).await {
-                for sb in list.items {
-                    let req = runtime::cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sb.id,
-                    };
-                    if let Err(e) = b.remove_pod_sandbox(req).await {
-                        eprintln!("removing a pod the test left: {e}");
-                    }
-                }
-            }
-        });
-    });
-    let _ = done.join();
 }
 
 fn read_log(logs: &Path, pod: &str, container: &str) -> String {
@@ -331,7 +138,7 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
         "apiVersion: v1\nkind: Pod\nmetadata: {name: [oops\n",
     )
     .unwrap();
-    let mut agent = start(&node);
+    let mut agent = node.start();
 
     // The broken manifest is reported as a Warning event about the node.
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
@@ -466,7 +273,7 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
 
     // The agent serves its runtime over CRI for crictl: the same containers are seen there.
     let cri = runtime::remote::connect(
-        &format!("unix://{}", node.root.with_extension("sock").display()),
+        &format!("unix://{}", node.cri_socket().display()),
         Duration::from_secs(10),
     )
     .await
@@ -533,7 +340,7 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
     agent.0.kill().unwrap();
     agent.0.wait().unwrap();
     drop(agent);
-    let agent = start(&node);
+    let agent = node.start();
     tokio::time::sleep(Duration::from_secs(8)).await;
     let st = status(&pods, "web").await.unwrap();
     assert!(ready(&st));
@@ -589,7 +396,7 @@ async fn api_server_outage(backend: Backend, test: &str) {
         ),
     );
     pods.create(&PostParams::default(), &steady).await.unwrap();
-    let _agent = start(&node);
+    let _agent = node.start();
     let st = wait_for("steady running", 90, async || {
         status(&pods, "steady").await.filter(ready)
     })

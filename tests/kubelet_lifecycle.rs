@@ -24,268 +24,45 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use apiserver::ApiServer;
-use common::containerd;
-use common::*;
+use common::api_node::{ApiNode, Backend, NS, Setup, UNUSED_CGROUP_ROOT, busybox, wait_for};
+use common::{assert_no_leaks, assert_nothing_under};
 use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod, PodStatus};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use runtime::{RuntimeService, cri};
+use runtime::cri;
 
 const NODE: &str = "lifecycle-node";
-const NS: &str = "default";
-/// The label the kubelet puts on every container and sandbox of a pod (upstream's).
-const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// The cgroup root of the tests' own runtime handles (they create no cgroup).
-const UNUSED_CGROUP_ROOT: &str = "/nodelet-e2e-unused";
 
-/// Which runtime the kubelet drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Builtin,
-    Containerd,
-}
-
-struct Node {
-    /// The private containerd when the node uses the remote backend (dropped last).
-    containerd: Option<containerd::Containerd>,
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    config: PathBuf,
-    kubeconfig: PathBuf,
-    logs: PathBuf,
-}
+const SETUP: Setup = Setup {
+    name: NODE,
+    config: "syncFrequency: 2s\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n",
+    cri_listen: false,
+};
 
 /// A node ready to start, or `None` (with a SKIP line) when this machine cannot run it.
-async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<Node> {
-    if !root_or_skip(test) {
-        return None;
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("nl")
-        .tempdir()
-        .expect("temp dir");
-    let root = dir.path().join("root");
-    let manifests = dir.path().join("manifests");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&manifests).expect("manifests dir");
-    let mut runtime_endpoint = String::new();
-    let containerd = match backend {
-        Backend::Builtin => {
-            import_busybox(&root);
-            None
-        }
-        Backend::Containerd => {
-            let bin = match containerd::prerequisites() {
-                Ok(bin) => bin,
-                Err(why) => {
-                    eprintln!("SKIP ({why}): {test}");
-                    return None;
-                }
-            };
-            let ctd = containerd::Containerd::start(&bin, &busybox_archive()).await;
-            let rt = runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-                .await
-                .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
-            ctd.pull_all(&rt).await;
-            runtime_endpoint = format!("containerRuntimeEndpoint: {}\n", ctd.endpoint());
-            Some(ctd)
-        }
-    };
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\nnodeletTesting:\n  crashLoopBackOffInitial: 1s\n  crashLoopBackOffMax: 4s\n",
-            manifests.display(),
-            logs.display()
-        ),
-    )
-    .expect("writing the kubelet config");
-    let kubeconfig = api.write_kubeconfig(dir.path());
-    Some(Node {
-        containerd,
-        root,
-        config,
-        kubeconfig,
-        logs,
-        _dir: dir,
-    })
+async fn prepare(api: &ApiServer, backend: Backend, test: &str) -> Option<ApiNode> {
+    ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
 }
 
-impl Node {
-    /// Starts `nodelet run-node` with the API server (killed when dropped); its log goes to
-    /// `<root>.log`, shown when a test fails.
-    fn start(&self) -> KillOnDrop {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.root.with_extension("log"))
-            .expect("opening the nodelet log");
-        KillOnDrop(
-            Command::new(nodelet_bin())
-                .arg("--root-dir")
-                .arg(&self.root)
-                .args(["run-node", "--hostname-override", NODE, "--config"])
-                .arg(&self.config)
-                .arg("--kubeconfig")
-                .arg(&self.kubeconfig)
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start nodelet run-node"),
-        )
-    }
-
-    /// A fresh handle on the node's runtime: the built-in one over the same root, or the
-    /// private containerd.
-    async fn runtime(&self) -> Box<dyn RuntimeService> {
-        match &self.containerd {
-            None => Box::new(
-                runtime::builtin::BuiltinRuntime::new(config(&self.root, UNUSED_CGROUP_ROOT))
-                    .await
-                    .expect("open the built-in runtime"),
-            ),
-            Some(ctd) => Box::new(
-                runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-                    .await
-                    .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log())),
-            ),
-        }
-    }
-
-    /// The pod's containers in the runtime: (id, container name, CRI state).
-    async fn containers_of(&self, uid: &str) -> Vec<(String, String, i32)> {
-        let filter = cri::ContainerFilter {
-            label_selector: [(LABEL_POD_UID.to_string(), uid.to_string())].into(),
-            ..Default::default()
-        };
-        self.runtime()
-            .await
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(filter),
-            })
-            .await
-            .expect("ListContainers")
-            .containers
-            .into_iter()
-            .map(|c| {
-                let name = c.metadata.map(|m| m.name).unwrap_or_default();
-                (c.id, name, c.state)
-            })
-            .collect()
-    }
-
-    /// The ids of the pod's sandboxes in the runtime.
-    async fn sandboxes_of(&self, uid: &str) -> Vec<String> {
-        let filter = cri::PodSandboxFilter {
-            label_selector: [(LABEL_POD_UID.to_string(), uid.to_string())].into(),
-            ..Default::default()
-        };
-        self.runtime()
-            .await
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(filter),
-            })
-            .await
-            .expect("ListPodSandbox")
-            .items
-            .into_iter()
-            .map(|s| s.id)
-            .collect()
-    }
-
-    /// The directory under which the runtime mounts container rootfs (and anything else of
-    /// its pods): the node's root dir, or containerd's own dir.
-    fn mounts_dir(&self) -> PathBuf {
-        match &self.containerd {
-            None => self.root.clone(),
-            Some(ctd) => ctd.dir().to_path_buf(),
-        }
-    }
-
-    /// The container ids of the rootfs mounts, one per mountinfo line: the built-in runtime's
-    /// `<root>/containers/<id>/rootfs`, containerd's `<state>/io.containerd.runtime.v2.task/
-    /// <namespace>/<id>/rootfs`.
-    fn rootfs_mounts(&self) -> Vec<String> {
-        let base = self.mounts_dir();
-        mount_points()
-            .into_iter()
-            .filter_map(|p| {
-                let rel = p.strip_prefix(&base).ok()?;
-                if rel.file_name()? != "rootfs" {
-                    return None;
-                }
-                let id = rel.parent()?.file_name()?.to_string_lossy().into_owned();
-                Some(id)
-            })
-            .collect()
-    }
-
-    /// `<podLogsDir>/<ns>_<name>_<uid>`.
-    fn pod_log_dir(&self, name: &str, uid: &str) -> PathBuf {
-        self.logs.join(format!("{NS}_{name}_{uid}"))
-    }
-
-    /// `<root>/pods/<uid>`.
-    fn pod_dir(&self, uid: &str) -> PathBuf {
-        self.root.join("pods").join(uid)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.root.with_extension("log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(80).collect();
-            eprintln!("--- nodelet log (last lines) ---");
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
+/// The container ids of the rootfs mounts of the node's runtime, one per mountinfo line: the
+/// built-in runtime's `<root>/containers/<id>/rootfs`, containerd's `<state>/
+/// io.containerd.runtime.v2.task/<namespace>/<id>/rootfs`.
+fn rootfs_mounts(node: &ApiNode) -> Vec<String> {
+    let base = node.mounts_dir();
+    mount_points()
+        .into_iter()
+        .filter_map(|p| {
+            let rel = p.strip_prefix(&base).ok()?;
+            if rel.file_name()? != "rootfs" {
+                return None;
             }
-        }
-        if self.containerd.is_none() {
-            remove_builtin_pods(&self.root);
-        }
-    }
-}
-
-/// Removes every pod a (killed) agent left in the built-in runtime under `root`, so a failed
-/// test leaves no mount or process behind. On a thread of its own, since the test's tokio
-/// runtime is still running while its `Node` drops.
-fn remove_builtin_pods(root: &Path) {
-    if !root.join("cri").exists() {
-        return;
-    }
-    let root = root.to_path_buf();
-    let done = std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async {
-            let Ok(b) =
-                runtime::builtin::BuiltinRuntime::new(config(&root, UNUSED_CGROUP_ROOT)).await
-            else {
-                return;
-            };
-            if let Ok(list) = b.list_pod_sandbox(Default::default()).await {
-                for sb in list.items {
-                    let req = cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sb.id,
-                    };
-                    if let Err(e) = b.remove_pod_sandbox(req).await {
-                        eprintln!("removing a pod the test left: {e}");
-                    }
-                }
-            }
-        });
-    });
-    let _ = done.join();
+            let id = rel.parent()?.file_name()?.to_string_lossy().into_owned();
+            Some(id)
+        })
+        .collect()
 }
 
 /// Every mount point this process sees (field 5 of `/proc/self/mountinfo`, `\040` and friends
@@ -325,19 +102,6 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn pod(name: &str, yaml_spec: &str) -> Pod {
-    let text = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  nodeName: {NODE}\n{yaml_spec}"
-    );
-    serde_norway::from_str(&text).expect("a valid pod")
-}
-
-fn busybox(name: &str, script: &str) -> String {
-    format!(
-        "  - name: {name}\n    image: docker.io/library/busybox:latest\n    imagePullPolicy: Never\n    command: [\"sh\", \"-c\", {script:?}]\n"
-    )
-}
-
 /// A container (from [`busybox`]) with the pod's emptyDir `scratch` mounted at `/scratch`.
 fn with_scratch(container: String) -> String {
     container.replacen(
@@ -350,25 +114,6 @@ fn with_scratch(container: String) -> String {
 /// The pod spec lines declaring the emptyDir `scratch`: the pod then has a volume under
 /// `<root>/pods/<uid>`, which must go with the pod.
 const SCRATCH_VOLUME: &str = "  volumes: [{name: scratch, emptyDir: {}}]\n";
-
-/// `  hostNetwork: true` where the runtime has no pod network (containerd without CNI).
-fn host_network(node: &Node) -> &'static str {
-    match &node.containerd {
-        Some(ctd) if !ctd.has_pod_network() => "  hostNetwork: true\n",
-        _ => "",
-    }
-}
-
-async fn wait_for<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while tokio::time::Instant::now() < deadline {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("timed out after {secs}s waiting for {what}");
-}
 
 /// The pod's status, after checking that every container status in it has exactly one of
 /// waiting/running/terminated set in `state`.
@@ -435,11 +180,11 @@ async fn crash_loop_back_off(backend: Backend, test: &str) {
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let spec = format!(
         "{}  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}{SCRATCH_VOLUME}",
-        host_network(&node),
+        node.host_network(),
         with_scratch(busybox("app", "exit 1"))
     );
     let created = pods
-        .create(&PostParams::default(), &pod("crash", &spec))
+        .create(&PostParams::default(), &node.plain_pod("crash", &spec))
         .await
         .expect("creating the pod");
     let uid = created.metadata.uid.clone().expect("a uid");
@@ -509,7 +254,7 @@ async fn crash_loop_back_off(backend: Backend, test: &str) {
     let mut max_mounts = 0;
     for _ in 0..16 {
         let listed = node.containers_of(&uid).await;
-        let mounts = node.rootfs_mounts();
+        let mounts = rootfs_mounts(&node);
         assert!(
             listed.iter().all(|c| c.1 == "app"),
             "only app containers: {listed:?}"
@@ -536,8 +281,7 @@ async fn crash_loop_back_off(backend: Backend, test: &str) {
             if !orphans.is_empty() {
                 let again = node.containers_of(&uid).await;
                 let ids: BTreeSet<String> = again.into_iter().map(|c| c.0).collect();
-                let still: Vec<String> = node
-                    .rootfs_mounts()
+                let still: Vec<String> = rootfs_mounts(&node)
                     .into_iter()
                     .filter(|m| !ids.contains(m))
                     .collect();
@@ -661,7 +405,7 @@ async fn native_sidecar(backend: Backend, test: &str) {
         with_scratch(busybox("app", "sleep 2; exit 0"))
     );
     let created = pods
-        .create(&PostParams::default(), &pod("sidecar", &spec))
+        .create(&PostParams::default(), &node.plain_pod("sidecar", &spec))
         .await
         .expect("creating the pod");
     let uid = created.metadata.uid.clone().expect("a uid");
@@ -785,7 +529,7 @@ async fn termination_message(backend: Backend, test: &str) {
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let spec = format!(
         "{}  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  containers:\n{}{}    terminationMessagePolicy: FallbackToLogsOnError\n",
-        host_network(&node),
+        node.host_network(),
         busybox(
             "writer",
             "echo \"bye now\" > /dev/termination-log; echo not this; exit 3"
@@ -793,7 +537,7 @@ async fn termination_message(backend: Backend, test: &str) {
         busybox("crasher", "echo boom >&2; exit 1"),
     );
     let created = pods
-        .create(&PostParams::default(), &pod("farewell", &spec))
+        .create(&PostParams::default(), &node.plain_pod("farewell", &spec))
         .await
         .expect("creating the pod");
     let uid = created.metadata.uid.clone().expect("a uid");
@@ -861,7 +605,7 @@ async fn termination_message(backend: Backend, test: &str) {
 /// Deletes the pods gracefully in the API; checks their objects go, then that within 30 s
 /// nothing of theirs is left on the node: no container, no sandbox, no mount under the
 /// runtime's dir or the pod dir, no `<root>/pods/<uid>`, no log dir.
-async fn delete_and_check_gone(node: &Node, pods: &Api<Pod>, victims: &[(&str, &str)]) {
+async fn delete_and_check_gone(node: &ApiNode, pods: &Api<Pod>, victims: &[(&str, &str)]) {
     for (name, uid) in victims {
         assert!(
             node.pod_dir(uid).is_dir(),
@@ -929,7 +673,7 @@ async fn delete_and_check_gone(node: &Node, pods: &Api<Pod>, victims: &[(&str, &
 
 /// With the agent stopped: no sandbox or container in the runtime, nothing mounted or running
 /// from the node's dirs.
-async fn assert_node_clean(node: &Node, uids: &[&str]) {
+async fn assert_node_clean(node: &ApiNode, uids: &[&str]) {
     let rt = node.runtime().await;
     let sandboxes = rt
         .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })

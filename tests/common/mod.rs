@@ -1,7 +1,10 @@
 //! Shared helpers of the end-to-end tests: the root check, a busybox image built from Debian's
-//! packages, a built-in runtime in a temp root dir, and CRI request builders.
+//! packages, a built-in runtime in a temp root dir, and CRI request builders. Fixtures of their
+//! own: [`api_node`] (the agent with the test API server), [`containerd`], [`cri_serve`] and
+//! [`standalone`].
 #![allow(dead_code)]
 
+pub mod api_node;
 pub mod containerd;
 pub mod cri_serve;
 pub mod standalone;
