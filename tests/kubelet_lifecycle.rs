@@ -400,7 +400,8 @@ async fn native_sidecar(backend: Backend, test: &str) {
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let spec = format!(
-        "  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  initContainers:\n{}    restartPolicy: Always\n  containers:\n{}{SCRATCH_VOLUME}",
+        "{}  restartPolicy: Never\n  terminationGracePeriodSeconds: 2\n  initContainers:\n{}    restartPolicy: Always\n  containers:\n{}{SCRATCH_VOLUME}",
+        node.host_network(),
         with_scratch(busybox("side", "sleep 3600")),
         with_scratch(busybox("app", "sleep 2; exit 0"))
     );
