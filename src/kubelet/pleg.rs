@@ -120,6 +120,11 @@ impl Relister {
         changed
     }
 
+    /// The pod of a container the PLEG has seen.
+    pub fn pod_of(&self, container_id: &str) -> Option<String> {
+        self.last.get(container_id).map(|(uid, _)| uid.clone())
+    }
+
     /// Takes what a fresh read of one pod showed (after a runtime event), so the next relist
     /// reports only what the events did not.
     pub fn observe_pod(&mut self, uid: &str, snapshot: &RuntimeSnapshot) {
@@ -252,6 +257,68 @@ pub struct Pleg {
     pub config: PlegConfig,
 }
 
+/// One read at a time per pod: a request while a read of the pod is under way makes that read
+/// go once more when it ends (the view it brings may predate what the request is about),
+/// however many requests came meanwhile. A burst of events (created, started, ...) costs two
+/// reads, not one each.
+#[derive(Clone)]
+struct Reads {
+    rt: Arc<dyn RuntimeService>,
+    cache: Arc<PodCache>,
+    changed: mpsc::UnboundedSender<String>,
+    relister: Arc<Mutex<Relister>>,
+    /// Pods being read: whether to read again, whether to tell the sync loop.
+    inflight: Arc<Mutex<HashMap<String, Again>>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Again {
+    again: bool,
+    notify: bool,
+}
+
+impl Reads {
+    /// Reads `uid` (now, or again after the read under way), and hands it to the sync loop
+    /// when `notify`.
+    fn request(&self, uid: String, notify: bool) {
+        {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(a) = inflight.get_mut(&uid) {
+                a.again = true;
+                a.notify |= notify;
+                return;
+            }
+            inflight.insert(uid.clone(), Again::default());
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut notify = notify;
+            loop {
+                if let Some(view) = read_pod(this.rt.as_ref(), &this.cache, &uid).await {
+                    this.relister
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .observe_pod(&uid, &view);
+                }
+                if notify {
+                    let _ = this.changed.send(uid.clone());
+                }
+                let mut inflight = this.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                match inflight.get_mut(&uid) {
+                    Some(a) if a.again => {
+                        notify = a.notify;
+                        *a = Again::default();
+                    }
+                    _ => {
+                        inflight.remove(&uid);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// Reads one pod into the cache; returns the view read.
 async fn read_pod(rt: &dyn RuntimeService, cache: &PodCache, uid: &str) -> Option<RuntimeSnapshot> {
     let at = Instant::now();
@@ -302,6 +369,13 @@ impl Pleg {
     /// Runs until `cancel` fires.
     pub async fn run(mut self, cancel: CancellationToken) {
         let relister = Arc::new(Mutex::new(Relister::new()));
+        let reads = Reads {
+            rt: self.rt.clone(),
+            cache: self.cache.clone(),
+            changed: self.changed.clone(),
+            relister: relister.clone(),
+            inflight: Arc::default(),
+        };
         let mut events = subscribe(self.rt.as_ref()).await;
         let offers_events = events.is_some();
         // A stream is trusted from the start; one that missed changes twice in a row is dropped,
@@ -316,12 +390,9 @@ impl Pleg {
             let period = trust.period(events.is_some());
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(uid) = self.refresh.recv() => {
-                    let (rt, cache) = (self.rt.clone(), self.cache.clone());
-                    tokio::spawn(async move { read_pod(rt.as_ref(), &cache, &uid).await; });
-                }
+                Some(uid) = self.refresh.recv() => reads.request(uid, false),
                 ev = next_event(&mut events) => match ev {
-                    Some(ev) => self.on_event(ev, &relister),
+                    Some(ev) => self.on_event(ev, &reads),
                     None => tracing::warn!("the runtime's event stream ended; relisting every second until it is back"),
                 },
                 _ = resubscribe.tick(), if offers_events && events.is_none() => {
@@ -362,25 +433,31 @@ impl Pleg {
     }
 
     /// A runtime event: the pod is read again (in its own task, so a slow runtime delays only
-    /// this pod) and handed to the sync loop.
-    fn on_event(&self, ev: cri::ContainerEventResponse, relister: &Arc<Mutex<Relister>>) {
-        let (rt, cache, changed, relister) = (
-            self.rt.clone(),
-            self.cache.clone(),
-            self.changed.clone(),
-            relister.clone(),
-        );
-        tokio::spawn(async move {
-            let Some(uid) = pod_of_event(rt.as_ref(), &ev).await else {
-                return;
-            };
-            if let Some(view) = read_pod(rt.as_ref(), &cache, &uid).await {
-                relister
+    /// this pod; coalesced with the reads of it under way) and handed to the sync loop.
+    fn on_event(&self, ev: cri::ContainerEventResponse, reads: &Reads) {
+        // The pod: from the sandbox the event carries, else from what the PLEG last saw of the
+        // container (a deleted one can be asked about no more), else from the runtime.
+        let known = ev
+            .pod_sandbox_status
+            .as_ref()
+            .and_then(|s| s.labels.get(LABEL_POD_UID))
+            .cloned()
+            .or_else(|| {
+                reads
+                    .relister
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .observe_pod(&uid, &view);
+                    .pod_of(&ev.container_id)
+            });
+        if let Some(uid) = known {
+            reads.request(uid, true);
+            return;
+        }
+        let (rt, reads) = (self.rt.clone(), reads.clone());
+        tokio::spawn(async move {
+            if let Some(uid) = pod_of_event(rt.as_ref(), &ev).await {
+                reads.request(uid, true);
             }
-            let _ = changed.send(uid);
         });
     }
 
@@ -623,6 +700,44 @@ mod tests {
         let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
         assert_eq!(got.ok().flatten().as_deref(), Some(UID));
         p.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_of_a_pod_are_coalesced() {
+        let rt = Arc::new(FakeRuntime::new());
+        rt.hold_rpc("ListContainers");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reads = Reads {
+            rt: rt.clone(),
+            cache: Arc::new(PodCache::new()),
+            changed: tx,
+            relister: Arc::default(),
+            inflight: Arc::default(),
+        };
+        // Five requests while the first read hangs: one more read after it, not five.
+        for _ in 0..5 {
+            reads.request(UID.into(), true);
+        }
+        reads.request("other".into(), false);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        rt.release_rpc("ListContainers");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let lists = rt
+            .called()
+            .iter()
+            .filter(|c| *c == "ListContainers")
+            .count();
+        assert_eq!(lists, 3, "two reads of p1, one of the other pod");
+        let mut told = Vec::new();
+        while let Ok(uid) = rx.try_recv() {
+            told.push(uid);
+        }
+        assert_eq!(
+            told,
+            [UID, UID],
+            "only the pod whose reads were asked to tell"
+        );
+        assert!(reads.inflight.lock().unwrap().is_empty());
     }
 
     #[test]
