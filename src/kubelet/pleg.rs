@@ -135,6 +135,15 @@ impl Relister {
     }
 }
 
+/// A request to read a pod into the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refresh {
+    pub uid: String,
+    /// Hand the pod to the sync loop once read (its containers were just started or stopped:
+    /// without runtime events nothing else would tell until the next relist).
+    pub notify: bool,
+}
+
 /// How the PLEG runs.
 #[derive(Debug, Clone, Copy)]
 pub struct PlegConfig {
@@ -253,7 +262,7 @@ pub struct Pleg {
     pub cache: Arc<PodCache>,
     pub health: Arc<PlegHealth>,
     pub changed: mpsc::UnboundedSender<String>,
-    pub refresh: mpsc::UnboundedReceiver<String>,
+    pub refresh: mpsc::UnboundedReceiver<Refresh>,
     pub config: PlegConfig,
 }
 
@@ -390,7 +399,7 @@ impl Pleg {
             let period = trust.period(events.is_some());
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(uid) = self.refresh.recv() => reads.request(uid, false),
+                Some(r) = self.refresh.recv() => reads.request(r.uid, r.notify),
                 ev = next_event(&mut events) => match ev {
                     Some(ev) => self.on_event(ev, &reads),
                     None => tracing::warn!("the runtime's event stream ended; relisting every second until it is back"),
@@ -601,7 +610,7 @@ mod tests {
         cache: Arc<PodCache>,
         changed: mpsc::UnboundedReceiver<String>,
         cancel: CancellationToken,
-        _refresh: mpsc::UnboundedSender<String>,
+        _refresh: mpsc::UnboundedSender<Refresh>,
     }
 
     fn start(rt: Arc<FakeRuntime>, config: PlegConfig) -> Running {

@@ -16,6 +16,7 @@ use runtime::{ImageService, RuntimeService};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::pleg::Refresh;
 use super::pod_cache::PodCache;
 use crate::pod::sync::{ImagePulls, PodEvents, RuntimeSnapshot, SyncContext};
 use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting};
@@ -36,7 +37,7 @@ pub struct Syncer {
     userns: Arc<super::userns::UsernsManager>,
     cache: Arc<PodCache>,
     /// Asks the PLEG to read a pod from the runtime into the cache.
-    refresh: mpsc::UnboundedSender<String>,
+    refresh: mpsc::UnboundedSender<Refresh>,
     events: Arc<dyn PodEvents>,
     /// Per pod: when its last sync's actions were done, and why containers then waited.
     synced: Mutex<HashMap<String, LastSync>>,
@@ -55,7 +56,7 @@ pub struct SyncerParts {
     pub runtime_state: Arc<crate::node::RuntimeState>,
     pub userns: Arc<super::userns::UsernsManager>,
     pub cache: Arc<PodCache>,
-    pub refresh: mpsc::UnboundedSender<String>,
+    pub refresh: mpsc::UnboundedSender<Refresh>,
     pub events: Arc<dyn PodEvents>,
 }
 
@@ -134,7 +135,10 @@ impl Syncer {
         let uid = uid(pod);
         let min = lock(&self.synced).get(&uid).map(|(at, _)| *at);
         if self.cache.newer_than(&uid, min).is_none() {
-            let _ = self.refresh.send(uid.clone());
+            let _ = self.refresh.send(Refresh {
+                uid: uid.clone(),
+                notify: false,
+            });
         }
         self.cache
             .get_newer_than(&uid, min)
@@ -238,6 +242,18 @@ impl PodSyncer for Syncer {
             }
         };
         self.mark_synced(pod, result.waiting.clone());
+        // What the actions changed is read at once and synced again (a runtime without events
+        // would show it only at the next relist, up to a second later).
+        if actions.create_sandbox
+            || actions.kill_pod
+            || !actions.kill_containers.is_empty()
+            || !result.started.is_empty()
+        {
+            let _ = self.refresh.send(Refresh {
+                uid: uid(pod),
+                notify: true,
+            });
+        }
         // The status of what the sync started from, with the reasons it found: what it started
         // shows up with the PLEG's next view of the pod.
         let status = self.record_status(pod, &snapshot, result.waiting.clone());
