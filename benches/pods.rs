@@ -324,13 +324,11 @@ impl Kubelet {
         let (w, known) = (workers.clone(), pods.clone());
         tokio::spawn(async move {
             while let Some(uid) = changed_rx.recv().await {
-                let pod = known
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&uid)
-                    .cloned();
-                if let Some(p) = pod {
-                    w.update_pod(p, UpdateType::Sync, None);
+                // Under the lock, so that a pod taken out (and killed) is never synced again
+                // after its kill: that would start it anew.
+                let known = known.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(p) = known.get(&uid) {
+                    w.update_pod(p.clone(), UpdateType::Sync, None);
                 }
             }
         });
@@ -622,9 +620,7 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
     let kill = Instant::now();
     for p in pods {
         // No source wants it any more: the PLEG's changes no longer sync it.
-        forget_pod(k, &p);
-        k.workers
-            .update_pod(p, UpdateType::Kill, Some(Duration::ZERO));
+        kill_pod(k, p);
     }
     loop {
         let left = uids.iter().filter(|u| k.status.status(u).is_some()).count();
@@ -643,11 +639,15 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
     check_nothing_left(k, &uids).await
 }
 
-/// Takes `pod` out of the pods the bench hands on (the sync loop's merger in the kubelet).
-fn forget_pod(k: &Kubelet, pod: &Pod) {
+/// Takes `pod` out of the pods the bench hands on (the sync loop's merger in the kubelet) and
+/// kills it, under the lock the PLEG's changes are handed on with.
+fn kill_pod(k: &Kubelet, pod: Pod) {
+    let mut known = k.pods.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(uid) = pod.metadata.uid.as_deref() {
-        k.pods.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        known.remove(uid);
     }
+    k.workers
+        .update_pod(pod, UpdateType::Kill, Some(Duration::ZERO));
 }
 
 /// Forgets the terminated workers and collects everything of `uids` (pods nobody wants).
@@ -743,8 +743,7 @@ async fn exit_latencies(k: &Kubelet, samples: usize) -> Result<Vec<Duration>> {
         let now = k8s_openapi::jiff::Timestamp::now();
         let lag = now.duration_since(finished.0);
         out.push(Duration::try_from(lag).unwrap_or_default());
-        k.workers
-            .update_pod(pod, UpdateType::Kill, Some(Duration::ZERO));
+        kill_pod(k, pod);
         let gone = Instant::now() + Duration::from_secs(60);
         while k.status.status(&uid).is_some() {
             ensure!(Instant::now() < gone, "{}: {name} not cleaned up", k.name);
