@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use runtime::builtin::BuiltinRuntime;
 use runtime::{Code, ImageService, RuntimeService, cri};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -859,4 +860,74 @@ async fn host_pid_and_host_ipc_pods_share_the_nodes_namespaces() {
         "a normal pod has its own: {out}"
     );
     node.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_root_dir_works_and_is_adopted_again() {
+    if !root_or_skip("a_long_root_dir_works_and_is_adopted_again") {
+        return;
+    }
+    // The sandbox's socket is <root>/sandboxes/<64 hex>/sandbox.sock: with this root it is far
+    // longer than sun_path's 108 bytes.
+    let top = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let root = top
+        .path()
+        .join("var-lib-nodelet-edge-site-0001")
+        .join("a-rather-long-root-directory-name");
+    import_busybox(&root);
+    let cgroup_root = format!("/nodelet-test-longroot-{}", std::process::id());
+    let rt = BuiltinRuntime::new(config(&root, &cgroup_root))
+        .await
+        .expect("runtime");
+    let logs = root.join("logs");
+    let sb = run_sandbox_on(&rt, "long", &logs).await;
+    let id = start_container_on(
+        &rt,
+        &sb,
+        container_config("c", &["sh", "-c", "echo hi; sleep 60"]),
+    )
+    .await;
+    let status = |rt: BuiltinRuntime, id: String| async move {
+        rt.container_status(cri::ContainerStatusRequest {
+            container_id: id,
+            verbose: false,
+        })
+        .await
+        .expect("ContainerStatus")
+        .status
+        .expect("a status")
+    };
+    assert_eq!(
+        status(rt.clone(), id.clone()).await.state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    // A restarted agent (a new runtime on the same root) reaches the running sandbox.
+    drop(rt);
+    let rt = BuiltinRuntime::new(config(&root, &cgroup_root))
+        .await
+        .expect("runtime again");
+    let s = status(rt.clone(), id.clone()).await;
+    assert_eq!(s.state, cri::ContainerState::ContainerRunning as i32);
+    let out = rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["echo".into(), "adopted".into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync through the adopted sandbox");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "adopted");
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: sb.0.clone(),
+    })
+    .await
+    .expect("stop");
+    rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sb.0.clone(),
+    })
+    .await
+    .expect("remove");
+    drop(rt);
+    remove_cgroup_root(&cgroup_root);
+    assert_no_leaks(&root, &cgroup_root);
 }

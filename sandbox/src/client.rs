@@ -198,7 +198,11 @@ impl Client {
 
     async fn connect(&self) -> Result<UnixStream> {
         let path = self.layout.socket();
-        UnixStream::connect(&path)
+        let short = match crate::sockpath::SocketPath::new(&path) {
+            Ok(s) => s,
+            Err(source) => return Err(Error::Unreachable { path, source }),
+        };
+        UnixStream::connect(short.path())
             .await
             .map_err(|source| Error::Unreachable { path, source })
     }

@@ -14,6 +14,7 @@ pub mod logs;
 pub mod net;
 pub mod process;
 pub mod protocol;
+pub mod sockpath;
 mod spec;
 
 pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec, launch};

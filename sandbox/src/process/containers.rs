@@ -126,14 +126,20 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
     let mut out = [None, None];
     let mut stdin = None;
     let mut console = None;
+    // Alive until the container exists: a console socket path through its directory's
+    // descriptor (see `sockpath`) must stay resolvable until libcontainer has connected.
+    let mut _console_path = None;
     if terminal {
         // libcontainer makes the terminal inside the container and sends its master to a
         // console socket: the master is the container's output and its stdin.
         let path = layout.console_socket();
         let _ = std::fs::remove_file(&path);
-        let l = UnixListener::bind(&path).map_err(|e| Error::io("binding", &path, e))?;
+        let short =
+            crate::sockpath::SocketPath::new(&path).map_err(|e| Error::io("binding", &path, e))?;
+        let l = UnixListener::bind(short.path()).map_err(|e| Error::io("binding", &path, e))?;
         console = Some(l);
-        builder = builder.with_console_socket(Some(&path));
+        builder = builder.with_console_socket(Some(short.path()));
+        _console_path = Some(short);
     } else {
         let (out_r, out_w) = output_pipe()?;
         let (err_r, err_w) = output_pipe()?;

@@ -84,7 +84,19 @@ pub fn exec(
     let process_file = state_dir.join("exec-process.json");
     let text = serde_json::to_vec(&process)?;
     std::fs::write(&process_file, text).map_err(|e| Error::io("writing", &process_file, e))?;
-    let console = layout.console_socket();
+    let console_path = layout.console_socket();
+    // Bound (and handed to libcontainer) through its directory when too long for sun_path;
+    // alive until the exec's process exists (see `sockpath`).
+    let console_short = match io {
+        ExecIo::Tty => Some(
+            crate::sockpath::SocketPath::new(&console_path)
+                .map_err(|e| Error::io("binding", &console_path, e))?,
+        ),
+        _ => None,
+    };
+    let console = console_short
+        .as_ref()
+        .map_or(console_path.clone(), |s| s.path().to_path_buf());
     let mut out = [None, None];
     let mut console_listener = None;
     let built = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
@@ -100,9 +112,9 @@ pub fn exec(
                 }
                 ExecIo::Fds([i, o, e]) => b.with_stdin(i).with_stdout(o).with_stderr(e),
                 ExecIo::Tty => {
-                    let _ = std::fs::remove_file(&console);
+                    let _ = std::fs::remove_file(&console_path);
                     let l = UnixListener::bind(&console)
-                        .map_err(|e| Error::io("binding", &console, e))?;
+                        .map_err(|e| Error::io("binding", &console_path, e))?;
                     console_listener = Some(l);
                     b.with_console_socket(Some(&console))
                 }
@@ -122,7 +134,7 @@ pub fn exec(
     let _ = std::fs::remove_file(&process_file);
     let master = match console_listener {
         Some(l) => {
-            let _ = std::fs::remove_file(&console);
+            let _ = std::fs::remove_file(&console_path);
             match &built {
                 Ok(_) => Some(receive_master(&l)?),
                 Err(_) => None,

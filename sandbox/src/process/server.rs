@@ -61,17 +61,11 @@ enum Token {
 impl Server {
     pub fn bind(layout: Layout, spec: Spec, helpers: super::ns::Helpers) -> Result<Self> {
         let path = layout.socket();
-        if path.as_os_str().len() >= 108 {
-            return Err(Error::new(
-                Kind::InvalidArgument,
-                format!(
-                    "socket path {} is too long for a unix socket; use a shorter root dir",
-                    path.display()
-                ),
-            ));
-        }
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| Error::io("binding", &path, e))?;
+        // Any root dir: a path too long for sun_path is bound through its directory.
+        let listener = crate::sockpath::SocketPath::new(&path)
+            .and_then(|short| UnixListener::bind(short.path()))
+            .map_err(|e| Error::io("binding", &path, e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("configuring", &path, e))?;
