@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::api::events::{EventRecorder, EventType};
 use crate::api::events::{container_ref, pod_ref};
-use crate::pod::sync::{EventKind, PodEvents};
+use crate::pod::sync::PodEvents;
 
 /// Pod events into an [`EventRecorder`].
 pub struct KubeletEvents {
@@ -23,7 +23,7 @@ impl PodEvents for KubeletEvents {
         &self,
         pod: &Pod,
         container: Option<&str>,
-        kind: EventKind,
+        kind: EventType,
         reason: &str,
         message: String,
     ) {
@@ -31,10 +31,6 @@ impl PodEvents for KubeletEvents {
             Some(c) => container_ref(pod, c),
             None => pod_ref(pod),
         };
-        let type_ = match kind {
-            EventKind::Normal => EventType::Normal,
-            EventKind::Warning => EventType::Warning,
-        };
-        self.recorder.event(&object, type_, reason, message);
+        self.recorder.event(&object, kind, reason, message);
     }
 }

@@ -226,21 +226,11 @@ fn check_backoff(
     let delay = backoff.delay(&key, now).unwrap_or(left);
     let message = format!(
         "back-off {} restarting failed container={} pod={}",
-        go_duration(delay),
+        crate::node::conditions::go_duration(delay),
         c.name,
         pod_desc(pod)
     );
     Err((left, Waiting::new(WaitingReason::CrashLoopBackOff, message)))
-}
-
-/// A duration as Go prints it (`10s`, `1m20s`, `5m0s`), as upstream's messages show it.
-pub fn go_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    match (secs / 3600, secs / 60 % 60, secs % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, m, s) => format!("{h}h{m}m{s}s"),
-    }
 }
 
 impl PodActions {

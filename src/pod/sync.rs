@@ -23,6 +23,7 @@ use super::spec::{SandboxOptions, pod_spec, sandbox_config};
 use super::termination;
 use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
 use super::{LABEL_POD_UID, container_hash, pod_identity};
+pub use crate::api::events::EventType;
 
 /// What the runtime knows about one pod.
 #[derive(Debug, Clone, Default)]
@@ -151,24 +152,17 @@ pub trait PodEvents: Send + Sync {
         &self,
         pod: &Pod,
         container: Option<&str>,
-        kind: EventKind,
+        kind: EventType,
         reason: &str,
         message: String,
     );
-}
-
-/// An event's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    Normal,
-    Warning,
 }
 
 /// A [`PodEvents`] that drops everything.
 pub struct NoEvents;
 
 impl PodEvents for NoEvents {
-    fn event(&self, _: &Pod, _: Option<&str>, _: EventKind, _: &str, _: String) {}
+    fn event(&self, _: &Pod, _: Option<&str>, _: EventType, _: &str, _: String) {}
 }
 
 /// How image pulls share the node: one at a time (`serializeImagePulls`, upstream's default),
@@ -227,7 +221,7 @@ impl SyncContext<'_> {
         c: &Container,
         sandbox: &cri::PodSandboxConfig,
     ) -> std::result::Result<String, (Waiting, Option<Duration>)> {
-        let say = |kind: EventKind, reason: &str, message: String| {
+        let say = |kind: EventType, reason: &str, message: String| {
             self.events.event(pod, Some(&c.name), kind, reason, message)
         };
         let image = c.image.clone().unwrap_or_default();
@@ -252,7 +246,7 @@ impl SyncContext<'_> {
                 })?;
             if let Some(img) = present.image {
                 say(
-                    EventKind::Normal,
+                    EventType::Normal,
                     "Pulled",
                     format!("Container image {image:?} already present on machine"),
                 );
@@ -261,7 +255,7 @@ impl SyncContext<'_> {
             if policy == PullPolicy::Never {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
-                say(EventKind::Warning, "ErrImageNeverPull", message.clone());
+                say(EventType::Warning, "ErrImageNeverPull", message.clone());
                 return Err((
                     Waiting::new(WaitingReason::ErrImageNeverPull, message),
                     None,
@@ -274,14 +268,14 @@ impl SyncContext<'_> {
         let held = lock(self.image_backoff).remaining(&key, self.now);
         if let Some(left) = held {
             let message = format!("Back-off pulling image {image:?}");
-            say(EventKind::Normal, "BackOff", message.clone());
+            say(EventType::Normal, "BackOff", message.clone());
             return Err((
                 Waiting::new(WaitingReason::ImagePullBackOff, message),
                 Some(left),
             ));
         }
         say(
-            EventKind::Normal,
+            EventType::Normal,
             "Pulling",
             format!("Pulling image {image:?}"),
         );
@@ -308,7 +302,7 @@ impl SyncContext<'_> {
             Ok(r) => {
                 lock(self.image_backoff).reset(&key);
                 say(
-                    EventKind::Normal,
+                    EventType::Normal,
                     "Pulled",
                     format!(
                         "Successfully pulled image {image:?} in {:.3}s ({:.3}s including waiting)",
@@ -322,11 +316,11 @@ impl SyncContext<'_> {
                 lock(self.image_backoff).record_restart(&key, self.now);
                 let message = e.to_string();
                 say(
-                    EventKind::Warning,
+                    EventType::Warning,
                     "Failed",
                     format!("Failed to pull image {image:?}: {message}"),
                 );
-                say(EventKind::Warning, "Failed", "Error: ErrImagePull".into());
+                say(EventType::Warning, "Failed", "Error: ErrImagePull".into());
                 let left = lock(self.image_backoff).delay(&key, self.now);
                 Err((Waiting::new(WaitingReason::ErrImagePull, message), left))
             }
@@ -347,7 +341,7 @@ async fn stop_one(
         Some(why) => format!("{why}, will be restarted"),
         None => format!("Stopping container {}", c.name),
     };
-    events.event(pod, Some(&c.name), EventKind::Normal, "Killing", message);
+    events.event(pod, Some(&c.name), EventType::Normal, "Killing", message);
     rt.stop_container(cri::StopContainerRequest {
         container_id: c.id.clone(),
         timeout: grace_secs,
@@ -436,7 +430,7 @@ pub async fn sync_pod(
             cx.events.event(
                 pod,
                 Some(name),
-                EventKind::Warning,
+                EventType::Warning,
                 "BackOff",
                 format!(
                     "Back-off restarting failed container {name} in pod {}",
@@ -451,7 +445,7 @@ pub async fn sync_pod(
             cx.events.event(
                 pod,
                 None,
-                EventKind::Normal,
+                EventType::Normal,
                 "SandboxChanged",
                 "Pod sandbox changed, it will be killed and re-created.".into(),
             );
@@ -485,7 +479,7 @@ pub async fn sync_pod(
                 cx.events.event(
                     pod,
                     None,
-                    EventKind::Warning,
+                    EventType::Warning,
                     "FailedCreatePodSandBox",
                     format!("Failed to create pod sandbox: {e}"),
                 );
@@ -578,7 +572,7 @@ async fn start_one(
     opts: &ContainerOptions,
 ) -> std::result::Result<(), (Waiting, Option<Duration>)> {
     let name = &container.name;
-    let say = |kind: EventKind, reason: &str, message: String| {
+    let say = |kind: EventType, reason: &str, message: String| {
         cx.events.event(pod, Some(name), kind, reason, message)
     };
     let previous = snapshot.status.latest(name);
@@ -586,7 +580,7 @@ async fn start_one(
     let image_ref = cx.ensure_image(pod, container, sandbox).await?;
     let mut config = container_config(pod, container, restart_count, opts).map_err(|e| {
         let w = Waiting::new(WaitingReason::CreateContainerConfigError, e.to_string());
-        say(EventKind::Warning, "Failed", format!("Error: {e}"));
+        say(EventType::Warning, "Failed", format!("Error: {e}"));
         (w, None)
     })?;
     if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
@@ -597,14 +591,14 @@ async fn start_one(
             .record_restart(&backoff::key(uid, name, &container_hash(container)), cx.now);
     }
     let failed = |reason: WaitingReason, e: Error| {
-        say(EventKind::Warning, "Failed", format!("Error: {e}"));
+        say(EventType::Warning, "Failed", format!("Error: {e}"));
         (Waiting::new(reason, e.to_string()), None)
     };
     let id = rt_create(cx.rt, sandbox_id, config, sandbox)
         .await
         .map_err(|e| failed(WaitingReason::CreateContainerError, e))?;
     say(
-        EventKind::Normal,
+        EventType::Normal,
         "Created",
         format!("Created container: {name}"),
     );
@@ -613,7 +607,7 @@ async fn start_one(
         .await
         .map_err(|e| failed(WaitingReason::RunContainerError, e))?;
     say(
-        EventKind::Normal,
+        EventType::Normal,
         "Started",
         format!("Started container {name}"),
     );
