@@ -5,10 +5,12 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use runtime::RuntimeService;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::gc::{GarbageCollector, PodState};
@@ -31,7 +33,13 @@ pub struct Desired {
     pub all_sources_seen: bool,
     /// The API source has sent its first set (mirror pods can be compared).
     pub api_seen: bool,
+    /// How many things have happened to pods so far (see `SyncLoop::changes`).
+    pub changes: u64,
 }
+
+/// How often garbage is collected when nothing happens to any pod (upstream's container GC
+/// period); otherwise it is collected on the housekeeping pass after something did.
+pub const GC_PERIOD: Duration = Duration::from_secs(60);
 
 /// The housekeeping task's parts.
 pub struct Housekeeping {
@@ -50,6 +58,8 @@ pub struct Housekeeping {
 impl Housekeeping {
     /// Runs a pass each time the loop publishes, until `cancel` fires.
     pub async fn run(self, mut desired: watch::Receiver<Desired>, cancel: CancellationToken) {
+        // The changes count and time of the last collection.
+        let mut collected: Option<(u64, Instant)> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -60,14 +70,14 @@ impl Housekeeping {
                     let d = desired.borrow_and_update().clone();
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        _ = self.pass(&d) => {}
+                        _ = self.pass(&d, &mut collected) => {}
                     }
                 }
             }
         }
     }
 
-    async fn pass(&self, d: &Desired) {
+    async fn pass(&self, d: &Desired, collected: &mut Option<(u64, Instant)>) {
         tracing::debug!(
             pods = d.pods.len(),
             all_seen = d.all_sources_seen,
@@ -91,10 +101,21 @@ impl Housekeeping {
                 None if wanted.contains(uid) => PodState::Terminated,
                 None => PodState::Gone,
             };
-            let report = self.gc.collect(&state).await;
-            tracing::debug!(?report, "garbage collection");
-            for e in &report.errors {
-                tracing::warn!("garbage collection: {e}");
+            // The runtime is listed only when something happened since the last collection, or
+            // a period passed: a quiet node costs nothing.
+            let due = collected
+                .is_none_or(|(changes, at)| changes != d.changes || at.elapsed() >= GC_PERIOD);
+            if due {
+                let report = self.gc.collect(&state).await;
+                tracing::debug!(?report, "garbage collection");
+                for e in &report.errors {
+                    tracing::warn!("garbage collection: {e}");
+                }
+                let again =
+                    !report.removed_containers.is_empty() || !report.removed_sandboxes.is_empty();
+                // What a collection removed may leave more to collect (a sandbox emptied, a pod
+                // dir freed): the next pass collects again. Failures wait for the period.
+                *collected = Some((if again { u64::MAX } else { d.changes }, Instant::now()));
             }
             for uid in self.cache.uids() {
                 if !wanted.contains(&uid) && workers.state(&uid).is_none() {

@@ -267,6 +267,7 @@ impl Kubelet {
             expected_sources,
             recorder,
             desired: desired_tx,
+            changes: 0,
         };
         tasks.spawn(sync_loop.run(rx, changed_rx, problems, cancel.clone()));
         Ok(Kubelet {

@@ -29,6 +29,9 @@ pub struct SyncLoop {
     pub expected_sources: Vec<&'static str>,
     pub recorder: EventRecorder,
     pub desired: watch::Sender<Desired>,
+    /// Things that happened to pods (source changes, PLEG changes, workers forgotten): the
+    /// housekeeping task collects garbage when this moved.
+    pub changes: u64,
 }
 
 impl SyncLoop {
@@ -46,12 +49,14 @@ impl SyncLoop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(update) = updates.recv() => {
+                    self.changes += 1;
                     let node = (self.node)();
                     for change in self.merger.merge(update) {
                         dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &node, change);
                     }
                 }
                 Some(uid) = changed.recv() => {
+                    self.changes += 1;
                     if let Some(p) = self.merger.pod(&uid) {
                         self.workers.update_pod(p.clone(), UpdateType::Sync, None);
                     }
@@ -73,7 +78,8 @@ impl SyncLoop {
             .iter()
             .map(|p| sources::pod_uid(p).to_string())
             .collect();
-        self.workers.forget_terminated(&uids);
+        let forgotten = self.workers.forget_terminated(&uids);
+        self.changes += forgotten.len() as u64;
         let all_seen = self
             .expected_sources
             .iter()
@@ -82,6 +88,7 @@ impl SyncLoop {
             pods,
             all_sources_seen: all_seen,
             api_seen: self.merger.seen_source(sources::API_SOURCE),
+            changes: self.changes,
         });
     }
 }
