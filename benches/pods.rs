@@ -316,6 +316,14 @@ impl Kubelet {
                 cache,
                 refresh: refresh_tx,
                 events: Arc::new(NoEvents),
+                // The bench's pods have no probes: no worker ever starts.
+                probes: Arc::new(nodelet::prober::ProbeManager::new(
+                    rt.clone(),
+                    status.clone(),
+                    Arc::new(NoEvents),
+                    tokio::sync::mpsc::unbounded_channel().0,
+                    tokio_util::sync::CancellationToken::new(),
+                )),
             },
         ));
         let workers = PodWorkers::new(syncer, Timing::default());

@@ -13,5 +13,6 @@ pub mod logging;
 pub mod node;
 pub mod pod;
 pub mod pod_workers;
+pub mod prober;
 pub mod sources;
 pub mod status_manager;

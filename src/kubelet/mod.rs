@@ -155,6 +155,16 @@ impl Kubelet {
         };
         tasks.spawn(pleg.run(cancel.clone()));
 
+        // The probes: one worker per container and probe, outside the loop; a changed result
+        // syncs the pod.
+        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+        let probes = Arc::new(crate::prober::ProbeManager::new(
+            rt.runtime.clone(),
+            status.clone(),
+            pod_events.clone(),
+            probe_tx,
+            cancel.child_token(),
+        ));
         let syncer = Arc::new(Syncer::new(
             rt.clone(),
             SyncerParts {
@@ -171,6 +181,7 @@ impl Kubelet {
                 cache: cache.clone(),
                 refresh: refresh_tx,
                 events: pod_events,
+                probes,
             },
         ));
         let workers = PodWorkers::new(
@@ -269,7 +280,15 @@ impl Kubelet {
             desired: desired_tx,
             changes: 0,
         };
-        tasks.spawn(sync_loop.run(rx, changed_rx, problems, cancel.clone()));
+        tasks.spawn(sync_loop.run(
+            sync_loop::Inputs {
+                updates: rx,
+                changed: changed_rx,
+                probes: probe_rx,
+                problems,
+            },
+            cancel.clone(),
+        ));
         Ok(Kubelet {
             cancel,
             tasks,

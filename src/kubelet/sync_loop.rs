@@ -34,15 +34,27 @@ pub struct SyncLoop {
     pub changes: u64,
 }
 
+/// What the loop listens to.
+pub struct Inputs {
+    /// The sources' merged changes.
+    pub updates: mpsc::Receiver<PodUpdate>,
+    /// Pods the PLEG saw change, by UID.
+    pub changed: mpsc::UnboundedReceiver<String>,
+    /// Probe results that changed.
+    pub probes: mpsc::UnboundedReceiver<crate::prober::Update>,
+    /// Problems of the sources to report as node events.
+    pub problems: mpsc::UnboundedReceiver<String>,
+}
+
 impl SyncLoop {
     /// Runs until `cancel` fires.
-    pub async fn run(
-        mut self,
-        mut updates: mpsc::Receiver<PodUpdate>,
-        mut changed: mpsc::UnboundedReceiver<String>,
-        mut problems: mpsc::UnboundedReceiver<String>,
-        cancel: CancellationToken,
-    ) {
+    pub async fn run(mut self, inputs: Inputs, cancel: CancellationToken) {
+        let Inputs {
+            mut updates,
+            mut changed,
+            probes: mut probe_results,
+            mut problems,
+        } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -58,6 +70,13 @@ impl SyncLoop {
                 Some(uid) = changed.recv() => {
                     self.changes += 1;
                     if let Some(p) = self.merger.pod(&uid) {
+                        self.workers.update_pod(p.clone(), UpdateType::Sync, None);
+                    }
+                }
+                Some(result) = probe_results.recv() => {
+                    // A readiness change is the container's `ready`; a liveness or startup
+                    // failure makes the sync restart it.
+                    if let Some(p) = self.merger.pod(&result.pod_uid) {
                         self.workers.update_pod(p.clone(), UpdateType::Sync, None);
                     }
                 }

@@ -21,6 +21,7 @@ use super::pod_cache::PodCache;
 use crate::pod::sync::{ImagePulls, PodEvents, RuntimeSnapshot, SyncContext};
 use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting};
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
+use crate::prober::ProbeManager;
 use crate::status_manager::StatusManager;
 
 /// Syncs pods against a runtime and hands each computed status to the status manager.
@@ -39,6 +40,7 @@ pub struct Syncer {
     /// Asks the PLEG to read a pod from the runtime into the cache.
     refresh: mpsc::UnboundedSender<Refresh>,
     events: Arc<dyn PodEvents>,
+    probes: Arc<ProbeManager>,
     /// Per pod: when its last sync's actions were done, and why containers then waited.
     synced: Mutex<HashMap<String, LastSync>>,
 }
@@ -58,6 +60,8 @@ pub struct SyncerParts {
     pub cache: Arc<PodCache>,
     pub refresh: mpsc::UnboundedSender<Refresh>,
     pub events: Arc<dyn PodEvents>,
+    /// The probes of the pods: started when a pod syncs, stopped when it terminated.
+    pub probes: Arc<ProbeManager>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,6 +106,7 @@ impl Syncer {
             cache: parts.cache,
             refresh: parts.refresh,
             events: parts.events,
+            probes: parts.probes,
             synced: Mutex::new(HashMap::new()),
         }
     }
@@ -164,13 +169,15 @@ impl Syncer {
         snapshot: &RuntimeSnapshot,
         waiting: HashMap<String, Waiting>,
     ) -> PodStatus {
+        let probed = self.probes.view(pod, &snapshot.status);
         let ctx = StatusContext {
             now: runtime::clock::now(),
             previous: self.status.status(&uid(pod)),
             host_ips: self.opts.host_ips.clone(),
             runtime_name: self.runtime_name.clone(),
+            readiness: probed.readiness,
+            started: probed.started,
             waiting,
-            ..Default::default()
         };
         let sandbox = snapshot.sandboxes.first();
         let status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
@@ -217,10 +224,12 @@ impl PodSyncer for Syncer {
         }
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
+        self.probes.add_pod(pod);
+        let probed = self.probes.view(pod, &snapshot.status);
         let now = runtime::clock::now();
         let actions = {
             let backoff = lock(&self.backoff);
-            pod::compute_pod_actions(pod, &snapshot.status, &backoff, now)
+            pod::compute_pod_actions_with(pod, &snapshot.status, &backoff, now, &probed)
         };
         let cx = SyncContext {
             rt: self.rt.as_ref(),
@@ -278,12 +287,14 @@ impl PodSyncer for Syncer {
     async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError> {
         let before = self.read_now(pod).await?;
         let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+        let ip = pod::sync::pod_ip(pod, &before.status, &self.opts.host_ips);
         let errors = pod::sync::kill_pod(
             self.rt.as_ref(),
             self.events.as_ref(),
             pod,
             &before.status,
             timeout,
+            &ip,
         )
         .await;
         if !errors.is_empty() {
@@ -300,6 +311,7 @@ impl PodSyncer for Syncer {
     /// no source wants the pod.
     async fn sync_terminated_pod(&self, pod: &Pod) -> Result<(), SyncError> {
         let uid = uid(pod);
+        self.probes.remove_pod(&uid);
         self.userns.release(&uid);
         lock(&self.backoff).forget_pod(&uid);
         lock(&self.image_backoff).forget_pod(&uid);

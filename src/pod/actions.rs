@@ -21,6 +21,7 @@ use super::types::{RestartPolicy, Waiting, WaitingReason};
 use super::{
     ANNOTATION_CONTAINER_HASH, container_hash, host_network, pod_identity, restart_policy,
 };
+use crate::prober::ProbeView;
 
 /// A container's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +151,36 @@ impl RuntimePodStatus {
     pub fn latest(&self, name: &str) -> Option<&ContainerInfo> {
         self.containers.iter().find(|c| c.name == name)
     }
+
+    /// The newest container named `name` that exited: what a restart's back-off counts from
+    /// (also when a newer one runs and is about to be killed, as after a failed liveness probe).
+    pub fn last_exited(&self, name: &str) -> Option<&ContainerInfo> {
+        self.containers
+            .iter()
+            .find(|c| c.name == name && c.state == RunState::Exited)
+    }
+}
+
+/// A container to stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillContainer {
+    /// Its runtime ID.
+    pub id: String,
+    /// The `Killing` event's message (`Container app failed liveness probe, will be
+    /// restarted`).
+    pub message: String,
+    /// Its grace period when not the pod's (a probe's `terminationGracePeriodSeconds`).
+    pub grace_secs: Option<i64>,
+}
+
+impl KillContainer {
+    fn new(id: &str, message: String) -> Self {
+        KillContainer {
+            id: id.to_string(),
+            message,
+            grace_secs: None,
+        }
+    }
 }
 
 /// The decisions of one sync of a pod.
@@ -163,8 +194,8 @@ pub struct PodActions {
     pub sandbox_attempt: u32,
     /// The ready sandbox to use when none is created.
     pub sandbox_id: Option<String>,
-    /// Containers to stop, by runtime id, with the reason.
-    pub kill_containers: Vec<(String, String)>,
+    /// Containers to stop.
+    pub kill_containers: Vec<KillContainer>,
     /// Init containers to start, in order: sidecars (`restartPolicy: Always`) that are not
     /// running, then at most one regular init container. Each starts only once the ones
     /// before it started.
@@ -246,6 +277,7 @@ struct Decide<'a> {
     policy: RestartPolicy,
     backoff: &'a Backoff,
     now: SystemTime,
+    probes: &'a ProbeView,
 }
 
 impl Decide<'_> {
@@ -255,6 +287,26 @@ impl Decide<'_> {
         latest: Option<&ContainerInfo>,
     ) -> Result<(), (Duration, Waiting)> {
         check_backoff(self.pod, c, latest, self.backoff, self.now)
+    }
+
+    /// The kill a failed liveness or startup probe asks for the running container `l` of
+    /// `c`, if any; `restart` says whether it will be started again.
+    fn probe_kill(&self, c: &Container, l: &ContainerInfo, restart: bool) -> Option<KillContainer> {
+        let kind = self.probes.failed.get(&l.id)?;
+        let probe = kind.of(c);
+        let mut message = format!(
+            "Container {} failed {} probe",
+            c.name,
+            kind.label().to_lowercase()
+        );
+        if restart {
+            message.push_str(", will be restarted");
+        }
+        Some(KillContainer {
+            id: l.id.clone(),
+            message,
+            grace_secs: probe.and_then(|p| p.termination_grace_period_seconds),
+        })
     }
 }
 
@@ -272,19 +324,42 @@ fn init_actions(
     for c in init {
         let latest = status.latest(&c.name);
         if is_sidecar(c) {
+            let exited = status.last_exited(&c.name);
             if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
                 if !l.hash.is_empty() && l.hash != container_hash(c) {
-                    a.kill_containers.push((
-                        l.id.clone(),
-                        format!("Init container {} definition changed", c.name),
+                    a.kill_containers.push(KillContainer::new(
+                        &l.id,
+                        format!(
+                            "Init container {} definition changed, will be restarted",
+                            c.name
+                        ),
                     ));
                     a.start_init.push(c.name.clone());
+                } else if let Some(kill) = d.probe_kill(c, l, true) {
+                    // Killed now; started again once its back-off allows.
+                    a.kill_containers.push(kill);
+                    match d.backoff(c, exited) {
+                        Ok(()) => a.start_init.push(c.name.clone()),
+                        Err(hold) => a.hold(&c.name, hold),
+                    }
+                    if !initialized {
+                        return false;
+                    }
+                } else if !initialized && d.probes.not_started.contains(&l.id) {
+                    // The init containers after it wait for its startup probe.
+                    return false;
                 }
                 continue;
             }
             // A sidecar restarts whenever it is not running, whatever the pod's policy.
             match d.backoff(c, latest) {
-                Ok(()) => a.start_init.push(c.name.clone()),
+                Ok(()) => {
+                    a.start_init.push(c.name.clone());
+                    if !initialized && c.startup_probe.is_some() {
+                        // The next ones start once its startup probe passed.
+                        return false;
+                    }
+                }
                 Err(hold) => {
                     a.hold(&c.name, hold);
                     if !initialized {
@@ -320,12 +395,26 @@ fn init_actions(
     true
 }
 
-/// Computes what to do for `pod` given what the runtime reports.
+/// Computes what to do for `pod` given what the runtime reports, without probe results.
 pub fn compute_pod_actions(
     pod: &Pod,
     status: &RuntimePodStatus,
     backoff: &Backoff,
     now: SystemTime,
+) -> PodActions {
+    compute_pod_actions_with(pod, status, backoff, now, &ProbeView::default())
+}
+
+/// Computes what to do for `pod` given what the runtime reports and its probe results: a
+/// container that failed its liveness or startup probe is killed and started again as the
+/// restart policy says (sidecars always), after its back-off; a sidecar whose startup probe has
+/// not passed holds back the init containers after it.
+pub fn compute_pod_actions_with(
+    pod: &Pod,
+    status: &RuntimePodStatus,
+    backoff: &Backoff,
+    now: SystemTime,
+    probes: &ProbeView,
 ) -> PodActions {
     let mut a = PodActions::default();
     let Some(spec) = pod.spec.as_ref() else {
@@ -337,6 +426,7 @@ pub fn compute_pod_actions(
         policy,
         backoff,
         now,
+        probes,
     };
     let init: &[Container] = spec.init_containers.as_deref().unwrap_or(&[]);
 
@@ -390,8 +480,10 @@ pub fn compute_pod_actions(
             .chain(spec.containers.iter())
             .any(|s| s.name == c.name);
         if !known && c.state == RunState::Running {
-            a.kill_containers
-                .push((c.id.clone(), "Container is not in the pod spec".into()));
+            a.kill_containers.push(KillContainer::new(
+                &c.id,
+                format!("Container {} is not in the pod spec", c.name),
+            ));
         }
     }
 
@@ -411,12 +503,20 @@ pub fn compute_pod_actions(
         let latest = status.latest(&c.name);
         if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
             if !l.hash.is_empty() && l.hash != container_hash(c) {
-                a.kill_containers.push((
-                    l.id.clone(),
-                    format!("Container {} definition changed", c.name),
+                // Started again whatever the restart policy: its spec changed (as upstream).
+                a.kill_containers.push(KillContainer::new(
+                    &l.id,
+                    format!("Container {} definition changed, will be restarted", c.name),
                 ));
+                a.start_containers.push(c.name.clone());
+            } else if let Some(kill) = d.probe_kill(c, l, policy != RestartPolicy::Never) {
+                a.kill_containers.push(kill);
                 if policy != RestartPolicy::Never {
-                    a.start_containers.push(c.name.clone());
+                    match d.backoff(c, status.last_exited(&c.name)) {
+                        Ok(()) => a.start_containers.push(c.name.clone()),
+                        Err(hold) => a.hold(&c.name, hold),
+                    }
+                    keep += 1;
                 }
             } else {
                 keep += 1;

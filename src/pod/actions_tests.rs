@@ -193,19 +193,182 @@ fn hash_change_and_unknown_containers() {
     let mut extra = s.c("gone", 0, RunState::Running, 0);
     extra.hash = String::new();
     let a = s.actions(vec![sandbox("sb", 0, true)], vec![stale, extra]);
-    let killed: Vec<&str> = a
-        .kill_containers
-        .iter()
-        .map(|(id, _)| id.as_str())
-        .collect();
+    let killed: Vec<&str> = a.kill_containers.iter().map(|k| k.id.as_str()).collect();
     assert_eq!(killed, ["gone-0", "a-0"]);
+    assert_eq!(
+        a.kill_containers[1].message,
+        "Container a definition changed, will be restarted"
+    );
     assert_eq!(a.start_containers, names(&["a"]));
     assert!(!a.kill_pod);
+    // A changed container starts again whatever the restart policy, as upstream.
     let s = Setup::new("Never", &[], &["a"]);
     let mut stale = s.c("a", 0, RunState::Running, 0);
     stale.hash = "x".into();
     let a = s.actions(vec![sandbox("sb", 0, true)], vec![stale]);
-    assert_eq!((a.kill_containers.len(), a.start_containers.len()), (1, 0));
+    assert_eq!((a.kill_containers.len(), a.start_containers.len()), (1, 1));
+}
+
+fn with_probe(mut s: Setup, name: &str, kind: &str, probe: serde_json::Value) -> Setup {
+    let spec = s.pod.spec.as_mut().expect("spec");
+    let c = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+        .find(|c| c.name == name)
+        .expect("container");
+    let p = serde_json::from_value(probe).expect("probe");
+    match kind {
+        "liveness" => c.liveness_probe = Some(p),
+        "startup" => c.startup_probe = Some(p),
+        _ => c.readiness_probe = Some(p),
+    }
+    s
+}
+
+fn probed(
+    s: &Setup,
+    containers: Vec<ContainerInfo>,
+    view: &ProbeView,
+    backoff: &Backoff,
+) -> PodActions {
+    let mut status = RuntimePodStatus {
+        sandboxes: vec![sandbox("sb", 0, true)],
+        containers,
+    };
+    status
+        .containers
+        .sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    compute_pod_actions_with(&s.pod, &status, backoff, t(1000), view)
+}
+
+#[test]
+fn a_failed_liveness_probe_kills_and_restarts_per_policy() {
+    let probe = json!({"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 7});
+    let s = with_probe(
+        Setup::new("Always", &[], &["a", "b"]),
+        "a",
+        "liveness",
+        probe.clone(),
+    );
+    let mut view = ProbeView::default();
+    view.failed
+        .insert("a-0".into(), crate::prober::ProbeKind::Liveness);
+    let running = || {
+        vec![
+            s.c("a", 0, RunState::Running, 0),
+            s.c("b", 0, RunState::Running, 0),
+        ]
+    };
+    let a = probed(&s, running(), &view, &Backoff::default());
+    assert_eq!(
+        a.kill_containers,
+        [KillContainer {
+            id: "a-0".into(),
+            message: "Container a failed liveness probe, will be restarted".into(),
+            grace_secs: Some(7),
+        }]
+    );
+    assert_eq!(a.start_containers, names(&["a"]));
+    assert!(!a.kill_pod);
+    // A container without results is left alone.
+    let a = probed(&s, running(), &ProbeView::default(), &Backoff::default());
+    assert!(a.kill_containers.is_empty() && a.start_containers.is_empty());
+
+    // After an earlier run exited, the restart waits for its back-off (CrashLoopBackOff).
+    let mut backoff = Backoff::default();
+    let key = backoff::key(pod_identity(&s.pod).0, "a", &s.hash("a"));
+    backoff.record_restart(&key, t(995));
+    let mut again = running();
+    again[0] = s.c("a", 1, RunState::Running, 0);
+    let mut killed_before = s.c("a", 0, RunState::Exited, 137);
+    killed_before.finished_at = Some(t(995));
+    again.push(killed_before);
+    let mut view = ProbeView::default();
+    view.failed
+        .insert("a-1".into(), crate::prober::ProbeKind::Startup);
+    let a = probed(&s, again, &view, &backoff);
+    assert_eq!(a.kill_containers.len(), 1);
+    assert_eq!(
+        a.kill_containers[0].message,
+        "Container a failed startup probe, will be restarted"
+    );
+    assert!(a.start_containers.is_empty());
+    assert_eq!(
+        a.waiting.get("a").map(|w| w.reason),
+        Some(WaitingReason::CrashLoopBackOff)
+    );
+
+    // Never: killed, not restarted; the pod ends once nothing else runs.
+    let s = with_probe(Setup::new("Never", &[], &["a"]), "a", "liveness", probe);
+    let mut view = ProbeView::default();
+    view.failed
+        .insert("a-0".into(), crate::prober::ProbeKind::Liveness);
+    let a = probed(
+        &s,
+        vec![s.c("a", 0, RunState::Running, 0)],
+        &view,
+        &Backoff::default(),
+    );
+    assert_eq!(
+        a.kill_containers[0].message,
+        "Container a failed liveness probe"
+    );
+    assert!(a.start_containers.is_empty());
+    assert!(a.kill_pod);
+}
+
+#[test]
+fn a_sidecars_startup_probe_gates_the_next_init_container() {
+    let probe = json!({"exec": {"command": ["true"]}});
+    let mut s = with_probe(
+        Setup::new("Always", &["side", "init"], &["a"]),
+        "side",
+        "startup",
+        probe,
+    );
+    if let Some(c) = s
+        .pod
+        .spec
+        .as_mut()
+        .and_then(|sp| sp.init_containers.as_mut())
+    {
+        c[0].restart_policy = Some("Always".into());
+    }
+    // Nothing runs: only the sidecar starts.
+    let a = probed(&s, vec![], &ProbeView::default(), &Backoff::default());
+    assert_eq!(a.start_init, names(&["side"]));
+    // Running but not started: the init container waits.
+    let mut view = ProbeView::default();
+    view.not_started.insert("side-0".into());
+    let a = probed(
+        &s,
+        vec![s.c("side", 0, RunState::Running, 0)],
+        &view,
+        &Backoff::default(),
+    );
+    assert!(a.start_init.is_empty() && a.start_containers.is_empty());
+    // Started: the init container goes.
+    let a = probed(
+        &s,
+        vec![s.c("side", 0, RunState::Running, 0)],
+        &ProbeView::default(),
+        &Backoff::default(),
+    );
+    assert_eq!(a.start_init, names(&["init"]));
+    // A failed startup probe restarts the sidecar, whatever the pod's policy.
+    let mut view = ProbeView::default();
+    view.failed
+        .insert("side-0".into(), crate::prober::ProbeKind::Startup);
+    let a = probed(
+        &s,
+        vec![s.c("side", 0, RunState::Running, 0)],
+        &view,
+        &Backoff::default(),
+    );
+    assert_eq!(a.kill_containers.len(), 1);
+    assert_eq!(a.start_init, names(&["side"]));
 }
 
 #[test]

@@ -14,6 +14,7 @@ pub mod actions;
 pub mod backoff;
 pub mod container;
 pub mod hash;
+pub mod hooks;
 pub mod quantity;
 pub mod spec;
 pub mod status;
@@ -22,8 +23,8 @@ pub mod termination;
 pub mod types;
 
 pub use actions::{
-    ContainerInfo, PodActions, RunState, RuntimePodStatus, SandboxInfo, compute_pod_actions,
-    is_sidecar,
+    ContainerInfo, KillContainer, PodActions, RunState, RuntimePodStatus, SandboxInfo,
+    compute_pod_actions, compute_pod_actions_with, is_sidecar,
 };
 pub use backoff::Backoff;
 pub use container::{ContainerOptions, container_config};

@@ -302,6 +302,34 @@ fn names_where(
         .collect()
 }
 
+/// Why the pod's readiness gates are not met (upstream's messages), from the conditions in its
+/// status as the API server has it.
+fn unmet_readiness_gates(pod: &Pod) -> Vec<String> {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
+    let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_deref());
+    gates
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|g| {
+            let t = &g.condition_type;
+            match conditions.iter().find(|c| &c.type_ == t) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {t:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {t:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect()
+}
+
 /// The API status of `pod` from its newest sandbox and all its CRI container statuses.
 pub fn pod_status(
     pod: &Pod,
@@ -373,7 +401,7 @@ pub fn pod_status(
     let mut unready = names_where(&sidecars, |s| !s.ready);
     unready.extend(names_where(&app, |s| !s.ready));
     let completed = phase == Phase::Succeeded;
-    let ready = unready.is_empty() && !completed;
+    let containers_ready = unready.is_empty() && !completed;
     let (ready_reason, ready_message) = if completed {
         (Some("PodCompleted"), None)
     } else if !unready.is_empty() {
@@ -386,6 +414,18 @@ pub fn pod_status(
         )
     } else {
         (None, None)
+    };
+    // Ready also needs the pod's readiness gates: conditions others set on the pod.
+    let gates = if containers_ready {
+        unmet_readiness_gates(pod)
+    } else {
+        Vec::new()
+    };
+    let ready = containers_ready && gates.is_empty();
+    let (pod_ready_reason, pod_ready_message) = if gates.is_empty() {
+        (ready_reason, ready_message.clone())
+    } else {
+        (Some("ReadinessGatesNotReady"), Some(gates.join(", ")))
     };
     let conditions = vec![
         condition("PodReadyToStartContainers", sandbox_ready, None, None, ctx),
@@ -405,8 +445,14 @@ pub fn pod_status(
             }),
             ctx,
         ),
-        condition("Ready", ready, ready_reason, ready_message.clone(), ctx),
-        condition("ContainersReady", ready, ready_reason, ready_message, ctx),
+        condition("Ready", ready, pod_ready_reason, pod_ready_message, ctx),
+        condition(
+            "ContainersReady",
+            containers_ready,
+            ready_reason,
+            ready_message,
+            ctx,
+        ),
         condition("PodScheduled", true, None, None, ctx),
     ];
 

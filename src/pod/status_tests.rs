@@ -329,3 +329,56 @@ fn transition_times_preserved() {
     let c = &gone.container_statuses.as_ref().expect("statuses")[0];
     assert_eq!(reason(c).as_deref(), Some("ContainerCreating"));
 }
+
+#[test]
+fn started_gates_ready_and_readiness_gates_gate_the_pod() {
+    let mut pd = p("Always", &[], &["a"]);
+    let running = [cs("a", 0, Running, 0)];
+    let sb = ready_sandbox("10.0.0.5");
+    // A startup probe that has not passed: not started, so not ready either.
+    let mut c = ctx();
+    c.started.insert("a".into(), false);
+    let st = pod_status(&pd, Some(&sb), &running, &c);
+    let a = &st.container_statuses.as_ref().expect("statuses")[0];
+    assert_eq!((a.started, a.ready), (Some(false), false));
+    // Started and ready: the pod is Ready, until a readiness gate is not met.
+    if let Some(s) = pd.spec.as_mut() {
+        s.readiness_gates = Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+            condition_type: "example.com/lb".into(),
+        }]);
+    }
+    let st = pod_status(&pd, Some(&sb), &running, &ctx());
+    assert_eq!(cond(&st, "ContainersReady").0, "True");
+    assert_eq!(
+        cond(&st, "Ready"),
+        ("False".into(), Some("ReadinessGatesNotReady".into()))
+    );
+    let msg = |st: &PodStatus| {
+        st.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.message.clone())
+    };
+    assert_eq!(
+        msg(&st).as_deref(),
+        Some("corresponding condition of pod readiness gate \"example.com/lb\" does not exist.")
+    );
+    let gate = |status: &str| PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "example.com/lb".into(),
+            status: status.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    pd.status = Some(gate("False"));
+    let st = pod_status(&pd, Some(&sb), &running, &ctx());
+    assert_eq!(
+        msg(&st).as_deref(),
+        Some("the status of pod readiness gate \"example.com/lb\" is not \"True\", but False")
+    );
+    pd.status = Some(gate("True"));
+    let st = pod_status(&pd, Some(&sb), &running, &ctx());
+    assert_eq!(cond(&st, "Ready"), ("True".into(), None));
+}

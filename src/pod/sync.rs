@@ -328,23 +328,69 @@ impl SyncContext<'_> {
     }
 }
 
-/// Stops one container within `grace_secs`, recording the `Killing` event.
+/// The IP hooks of `pod` reach it at: the node's for hostNetwork pods, else its sandbox's.
+pub fn pod_ip(pod: &Pod, status: &RuntimePodStatus, host_ips: &[String]) -> String {
+    if super::host_network(pod) {
+        return host_ips.first().cloned().unwrap_or_default();
+    }
+    status
+        .sandboxes
+        .first()
+        .map(|s| s.ip.clone())
+        .unwrap_or_default()
+}
+
+/// Stops one container within `grace_secs` (upstream `killContainer`): records the `Killing`
+/// event (`message`, else "Stopping container x"), runs a running container's preStop hook
+/// within the grace period (a failure is a `FailedPreStopHook` event and the stop goes on),
+/// then stops it with what is left of the period, at least [`MIN_GRACE_SECS`].
 async fn stop_one(
     rt: &dyn RuntimeService,
     events: &dyn PodEvents,
     pod: &Pod,
     c: &ContainerInfo,
     grace_secs: i64,
-    why: Option<&str>,
+    message: Option<&str>,
+    pod_ip: &str,
 ) -> std::result::Result<(), String> {
-    let message = match why {
-        Some(why) => format!("{why}, will be restarted"),
-        None => format!("Stopping container {}", c.name),
-    };
+    let message = message.map_or_else(|| format!("Stopping container {}", c.name), str::to_string);
     events.event(pod, Some(&c.name), EventType::Normal, "Killing", message);
+    let spec = pod.spec.as_ref().and_then(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+            .find(|s| s.name == c.name)
+    });
+    let pre_stop = spec.and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
+    let mut grace = grace_secs;
+    if let Some((spec, hook)) = pre_stop.filter(|_| c.state == RunState::Running && grace_secs > 0)
+    {
+        let began = std::time::Instant::now();
+        let limit = Duration::from_secs(grace_secs.unsigned_abs());
+        match tokio::time::timeout(limit, super::hooks::run(rt, pod, spec, &c.id, hook, pod_ip))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => {
+                events.event(
+                    pod,
+                    Some(&c.name),
+                    EventType::Warning,
+                    "FailedPreStopHook",
+                    message,
+                );
+            }
+            Err(_) => {
+                tracing::info!(container = %c.name, "preStop hook did not complete within {grace_secs}s");
+            }
+        }
+        let spent = i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX);
+        grace = grace_secs.saturating_sub(spent).max(MIN_GRACE_SECS);
+    }
     rt.stop_container(cri::StopContainerRequest {
         container_id: c.id.clone(),
-        timeout: grace_secs,
+        timeout: grace,
     })
     .await
     .map(|_| ())
@@ -362,6 +408,7 @@ pub async fn kill_pod(
     pod: &Pod,
     status: &RuntimePodStatus,
     grace_secs: i64,
+    pod_ip: &str,
 ) -> Vec<String> {
     let began = std::time::Instant::now();
     let init: &[Container] = pod
@@ -380,7 +427,7 @@ pub async fn kill_pod(
         .partition(|c| sidecar_rank(&c.name).is_some());
     let mut errors: Vec<String> = futures::future::join_all(
         apps.iter()
-            .map(|c| stop_one(rt, events, pod, c, grace_secs, None)),
+            .map(|c| stop_one(rt, events, pod, c, grace_secs, None, pod_ip)),
     )
     .await
     .into_iter()
@@ -390,7 +437,7 @@ pub async fn kill_pod(
     for c in sidecars {
         let spent = i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX);
         let left = grace_secs.saturating_sub(spent).max(MIN_GRACE_SECS);
-        if let Err(e) = stop_one(rt, events, pod, c, left, None).await {
+        if let Err(e) = stop_one(rt, events, pod, c, left, None, pod_ip).await {
             errors.push(e);
         }
     }
@@ -450,15 +497,18 @@ pub async fn sync_pod(
                 "Pod sandbox changed, it will be killed and re-created.".into(),
             );
         }
+        let ip = pod_ip(pod, &snapshot.status, &cx.opts.host_ips);
         res.errors
-            .extend(kill_pod(rt, cx.events, pod, &snapshot.status, grace).await);
+            .extend(kill_pod(rt, cx.events, pod, &snapshot.status, grace, &ip).await);
     }
-    for (id, reason) in &actions.kill_containers {
-        let Some(c) = snapshot.status.containers.iter().find(|c| &c.id == id) else {
+    let ip = pod_ip(pod, &snapshot.status, &cx.opts.host_ips);
+    for k in &actions.kill_containers {
+        let Some(c) = snapshot.status.containers.iter().find(|c| c.id == k.id) else {
             continue;
         };
-        if let Err(e) = stop_one(rt, cx.events, pod, c, grace, Some(reason)).await {
-            res.errors.push(format!("{e} ({reason})"));
+        let grace = k.grace_secs.unwrap_or(grace);
+        if let Err(e) = stop_one(rt, cx.events, pod, c, grace, Some(&k.message), &ip).await {
+            res.errors.push(format!("{e} ({})", k.message));
         }
     }
 
@@ -586,7 +636,9 @@ async fn start_one(
     if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
         img.image = image_ref;
     }
-    if previous.is_some_and(|p| p.state == RunState::Exited) {
+    // A restart (of a container that exited, or was just killed after an earlier one
+    // exited) moves its back-off on, as upstream's doBackOff.
+    if snapshot.status.last_exited(name).is_some() {
         lock(cx.backoff)
             .record_restart(&backoff::key(uid, name, &container_hash(container)), cx.now);
     }
@@ -603,7 +655,9 @@ async fn start_one(
         format!("Created container: {name}"),
     );
     cx.rt
-        .start_container(cri::StartContainerRequest { container_id: id })
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
         .await
         .map_err(|e| failed(WaitingReason::RunContainerError, e))?;
     say(
@@ -611,6 +665,43 @@ async fn start_one(
         "Started",
         format!("Started container {name}"),
     );
+    // The postStart hook runs before the next container starts; a failure kills the container
+    // and its restart policy applies.
+    let post_start = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref());
+    if let Some(hook) = post_start {
+        let ip = if super::host_network(pod) {
+            opts.host_ips.first()
+        } else {
+            opts.pod_ips.first()
+        };
+        let ip = ip.cloned().unwrap_or_default();
+        if let Err(message) = super::hooks::run(cx.rt, pod, container, &id, hook, &ip).await {
+            say(EventType::Warning, "FailedPostStartHook", message.clone());
+            say(EventType::Normal, "Killing", "FailedPostStartHook".into());
+            let grace = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30);
+            if let Err(e) = cx
+                .rt
+                .stop_container(cri::StopContainerRequest {
+                    container_id: id,
+                    timeout: grace,
+                })
+                .await
+            {
+                tracing::warn!(container = %name, "stopping after a failed postStart hook: {e}");
+            }
+            return Err((
+                Waiting::new(WaitingReason::PostStartHookError, message),
+                None,
+            ));
+        }
+    }
     Ok(())
 }
 

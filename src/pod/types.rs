@@ -117,6 +117,7 @@ pub enum WaitingReason {
     CreateContainerError,
     RunContainerError,
     PreStartHookError,
+    PostStartHookError,
 }
 
 impl WaitingReason {
@@ -134,6 +135,7 @@ impl WaitingReason {
             WaitingReason::CreateContainerError => "CreateContainerError",
             WaitingReason::RunContainerError => "RunContainerError",
             WaitingReason::PreStartHookError => "PreStartHookError",
+            WaitingReason::PostStartHookError => "PostStartHookError",
         }
     }
 

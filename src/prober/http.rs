@@ -1,0 +1,398 @@
+//! The HTTP GET of probes and lifecycle hooks (upstream `pkg/probe/http`): a new HTTP/1.1
+//! connection per request, `http` or `https` (whose certificate is not verified, as upstream),
+//! the action's headers (`Host` sets the request's host), `User-Agent: kube-probe/<major>.<minor>`
+//! and `Accept: */*` unless given, redirects followed up to 10 times while they stay on the same
+//! host, and at most 10 KiB of the body read.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use k8s_openapi::api::core::v1::{Container, HTTPGetAction};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::run::{io_text, resolve_port};
+
+/// How much of a response body is read.
+pub const MAX_BODY: usize = 10 * 1024;
+
+/// How many redirects are followed.
+const MAX_REDIRECTS: usize = 10;
+
+/// One GET.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub https: bool,
+    /// Where to connect: an IP or a name.
+    pub host: String,
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+    /// Headers in order, including `Host`, `User-Agent` and `Accept`.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    /// At most [`MAX_BODY`] bytes of it, as text.
+    pub body: String,
+}
+
+/// `host:port`, with brackets around an IPv6 address.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+impl Request {
+    /// The request an `httpGet` action describes for the container, sent to `pod_ip` unless the
+    /// action names a host. `user_agent_kind` is `probe` or `lifecycle` (`kube-probe/1.37`,
+    /// `kube-lifecycle/1.37`).
+    pub fn for_action(
+        a: &HTTPGetAction,
+        c: &Container,
+        pod_ip: &str,
+        user_agent_kind: &str,
+    ) -> Result<Request, String> {
+        let https = match a.scheme.as_deref() {
+            None | Some("") => false,
+            Some(s) if s.eq_ignore_ascii_case("http") => false,
+            Some(s) if s.eq_ignore_ascii_case("https") => true,
+            Some(s) => return Err(format!("unsupported scheme {s:?}")),
+        };
+        let port = resolve_port(&a.port, c)?;
+        let host = a
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| pod_ip.to_string());
+        if host.is_empty() {
+            return Err("the pod has no IP yet".into());
+        }
+        let mut path = a.path.clone().unwrap_or_default();
+        if !path.starts_with('/') {
+            path.insert(0, '/');
+        }
+        let mut headers: Vec<(String, String)> = Vec::new();
+        let given = |name: &str| {
+            a.http_headers
+                .iter()
+                .flatten()
+                .any(|h| h.name.eq_ignore_ascii_case(name))
+        };
+        if !given("host") {
+            headers.push(("Host".into(), join_host_port(&host, port)));
+        }
+        if !given("user-agent") {
+            let agent =
+                super::user_agent().replacen("kube-probe", &format!("kube-{user_agent_kind}"), 1);
+            headers.push(("User-Agent".into(), agent));
+        }
+        if !given("accept") {
+            headers.push(("Accept".into(), "*/*".into()));
+        }
+        for h in a.http_headers.iter().flatten() {
+            headers.push((h.name.clone(), h.value.clone()));
+        }
+        Ok(Request {
+            https,
+            host,
+            port,
+            path,
+            headers,
+        })
+    }
+
+    /// The URL, as errors name it.
+    pub fn url(&self) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        format!(
+            "{scheme}://{}{}",
+            join_host_port(&self.host, self.port),
+            self.path
+        )
+    }
+
+    /// The host the request is for: its `Host` header without the port, else where it connects.
+    fn host_name(&self) -> String {
+        let h = self
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| self.host.clone());
+        strip_port(&h)
+    }
+}
+
+fn strip_port(h: &str) -> String {
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest).to_string();
+    }
+    if h.matches(':').count() == 1 {
+        return h.split(':').next().unwrap_or(h).to_string();
+    }
+    h.to_string()
+}
+
+/// Sends `req`, following same-host redirects. A redirect to another host is not followed: its
+/// 3xx response is returned. Errors read like Go's (`Get "url": dial tcp ...`).
+pub async fn get(req: &Request) -> Result<Response, String> {
+    let mut req = req.clone();
+    for _ in 0..=MAX_REDIRECTS {
+        let (status, location, body) = get_once(&req)
+            .await
+            .map_err(|e| format!("Get {:?}: {e}", req.url()))?;
+        let Some(location) = location.filter(|_| (300..400).contains(&status)) else {
+            return Ok(Response { status, body });
+        };
+        match redirect(&req, &location) {
+            Some(next) => req = next,
+            None => return Ok(Response { status, body }),
+        }
+    }
+    Err(format!("Get {:?}: stopped after 10 redirects", req.url()))
+}
+
+/// The request a redirect to `location` makes, when it stays on the request's host.
+fn redirect(req: &Request, location: &str) -> Option<Request> {
+    let uri: http::Uri = location.parse().ok()?;
+    let mut next = req.clone();
+    next.path = uri
+        .path_and_query()
+        .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
+    if let Some(authority) = uri.authority() {
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host != req.host_name() {
+            return None;
+        }
+        next.https = uri.scheme_str() == Some("https");
+        next.port = authority
+            .port_u16()
+            .unwrap_or(if next.https { 443 } else { 80 });
+        for (n, v) in next.headers.iter_mut() {
+            if n.eq_ignore_ascii_case("host") {
+                *v = authority.as_str().to_string();
+            }
+        }
+    }
+    Some(next)
+}
+
+/// One request on a new connection: the status, the `Location` header, the body's start.
+async fn get_once(req: &Request) -> Result<(u16, Option<String>, String), String> {
+    let addr = join_host_port(&req.host, req.port);
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .map_err(|e| format!("dial tcp {addr}: connect: {}", io_text(&e)))?;
+    if req.https {
+        let tls = tls_connect(tcp, &req.host).await?;
+        send(tls, req).await
+    } else {
+        send(tcp, req).await
+    }
+}
+
+async fn send<S>(io: S, req: &Request) -> Result<(u16, Option<String>, String), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .map_err(|e| e.to_string())?;
+    let conn = tokio::spawn(conn);
+    let mut builder = hyper::Request::get(req.path.as_str());
+    for (n, v) in &req.headers {
+        builder = builder.header(n.as_str(), v.as_str());
+    }
+    builder = builder.header("Connection", "close");
+    let request = builder
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| format!("bad request: {e}"))?;
+    let resp = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string());
+    let result = match resp {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let location = resp
+                .headers()
+                .get("location")
+                .and_then(|l| l.to_str().ok())
+                .map(str::to_string);
+            let mut body = resp.into_body();
+            let mut buf: Vec<u8> = Vec::new();
+            while buf.len() < MAX_BODY {
+                match body.frame().await {
+                    Some(Ok(f)) => {
+                        if let Ok(data) = f.into_data() {
+                            buf.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(e)) => return Err(e.to_string()),
+                    None => break,
+                }
+            }
+            buf.truncate(MAX_BODY);
+            Ok((status, location, String::from_utf8_lossy(&buf).into_owned()))
+        }
+        Err(e) => Err(e),
+    };
+    conn.abort();
+    result
+}
+
+/// A TLS client handshake that accepts any certificate (probes skip verification, as upstream),
+/// still checking the handshake's signatures.
+async fn tls_connect(
+    tcp: tokio::net::TcpStream,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("bad server name {host:?}: {e}"))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))
+}
+
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(port: i32, path: &str) -> HTTPGetAction {
+        HTTPGetAction {
+            port: IntOrString::Int(port),
+            path: Some(path.into()),
+            ..Default::default()
+        }
+    }
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    #[test]
+    fn a_request_has_upstreams_default_headers_and_the_given_ones() {
+        let mut a = action(8080, "healthz?x=1");
+        a.http_headers = Some(vec![k8s_openapi::api::core::v1::HTTPHeader {
+            name: "X-Custom".into(),
+            value: "v".into(),
+        }]);
+        let r = Request::for_action(&a, &Container::default(), "10.1.2.3", "probe").unwrap();
+        assert_eq!(r.url(), "http://10.1.2.3:8080/healthz?x=1");
+        let names: Vec<&str> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["Host", "User-Agent", "Accept", "X-Custom"]);
+        assert_eq!(r.headers[0].1, "10.1.2.3:8080");
+        assert!(r.headers[1].1.starts_with("kube-probe/1."));
+        assert_eq!(r.headers[2].1, "*/*");
+    }
+
+    #[test]
+    fn a_host_header_names_the_host_and_a_named_port_resolves() {
+        let mut a = action(0, "/");
+        a.port = IntOrString::String("web".into());
+        a.http_headers = Some(vec![k8s_openapi::api::core::v1::HTTPHeader {
+            name: "Host".into(),
+            value: "example.com".into(),
+        }]);
+        let c = Container {
+            name: "app".into(),
+            ports: Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+                name: Some("web".into()),
+                container_port: 8081,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let r = Request::for_action(&a, &c, "fd00::1", "lifecycle").unwrap();
+        assert_eq!(r.url(), "http://[fd00::1]:8081/");
+        assert_eq!(r.host_name(), "example.com");
+        assert!(
+            r.headers
+                .iter()
+                .any(|(n, v)| n == "User-Agent" && v.starts_with("kube-lifecycle/"))
+        );
+        a.port = IntOrString::String("nope".into());
+        let e = Request::for_action(&a, &c, "10.0.0.1", "probe").unwrap_err();
+        assert_eq!(e, "couldn't find port: nope in app");
+    }
+
+    #[test]
+    fn redirects_are_followed_only_on_the_same_host() {
+        let r = Request::for_action(
+            &action(80, "/a"),
+            &Container::default(),
+            "10.0.0.1",
+            "probe",
+        )
+        .unwrap();
+        let same = redirect(&r, "/b?c").unwrap();
+        assert_eq!(same.url(), "http://10.0.0.1:80/b?c");
+        let same_abs = redirect(&r, "http://10.0.0.1:81/z").unwrap();
+        assert_eq!(same_abs.port, 81);
+        assert!(redirect(&r, "http://other.example/").is_none());
+    }
+}

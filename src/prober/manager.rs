@@ -1,0 +1,186 @@
+//! The prober manager (upstream `prober_manager.go`): starts a worker per (pod, container, probe
+//! kind) when a pod is synced, stops them when the pod goes, and gives the syncer a
+//! [`ProbeView`] of a pod's results.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use runtime::RuntimeService;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::results::{ResultsManager, Update};
+use super::run::{Prober, RuntimeProber};
+use super::worker::{Shared, StatusSource, Worker};
+use super::{ProbeKind, ProbeResult};
+use crate::pod::actions::RuntimePodStatus;
+use crate::pod::is_sidecar;
+use crate::pod::sync::PodEvents;
+
+/// A pod's probe results as a sync uses them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeView {
+    /// Containers (by runtime ID) that failed their liveness or startup probe: to be killed.
+    pub failed: HashMap<String, ProbeKind>,
+    /// Containers (by runtime ID) with a startup probe that has not passed yet.
+    pub not_started: HashSet<String>,
+    /// Readiness of the containers with a readiness probe, by name.
+    pub readiness: HashMap<String, bool>,
+    /// Whether the containers with a startup probe started, by name.
+    pub started: HashMap<String, bool>,
+}
+
+struct PodProbes {
+    keys: HashSet<(String, ProbeKind)>,
+    stop: CancellationToken,
+}
+
+/// Runs the probes of the pods on the node.
+pub struct ProbeManager {
+    shared: Shared,
+    pods: Mutex<HashMap<String, PodProbes>>,
+    cancel: CancellationToken,
+}
+
+impl ProbeManager {
+    /// A manager probing through `rt` (exec) and the network; each result change goes to
+    /// `updates`; every worker stops with `cancel`.
+    pub fn new(
+        rt: Arc<dyn RuntimeService>,
+        statuses: Arc<dyn StatusSource>,
+        events: Arc<dyn PodEvents>,
+        updates: mpsc::UnboundedSender<Update>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self::with_prober(
+            Arc::new(RuntimeProber::new(rt)),
+            statuses,
+            events,
+            updates,
+            cancel,
+        )
+    }
+
+    /// A manager whose attempts `prober` runs.
+    pub fn with_prober(
+        prober: Arc<dyn Prober>,
+        statuses: Arc<dyn StatusSource>,
+        events: Arc<dyn PodEvents>,
+        updates: mpsc::UnboundedSender<Update>,
+        cancel: CancellationToken,
+    ) -> Self {
+        ProbeManager {
+            shared: Shared {
+                prober,
+                statuses,
+                results: Arc::new(ResultsManager::new(updates)),
+                events,
+            },
+            pods: Mutex::new(HashMap::new()),
+            cancel,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodProbes>> {
+        self.pods.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn results(&self) -> &ResultsManager {
+        &self.shared.results
+    }
+
+    /// Starts the workers of the pod's probes that do not run yet: its app containers' and its
+    /// sidecars' (regular init containers have none).
+    pub fn add_pod(&self, pod: &Pod) {
+        let Some(spec) = pod.spec.as_ref() else {
+            return;
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| is_sidecar(c))
+            .chain(spec.containers.iter());
+        let mut pods = self.lock();
+        let entry = pods.entry(uid).or_insert_with(|| PodProbes {
+            keys: HashSet::new(),
+            stop: self.cancel.child_token(),
+        });
+        let pod = Arc::new(pod.clone());
+        for c in containers {
+            for kind in ProbeKind::ALL {
+                let Some(probe) = kind.of(c) else { continue };
+                if !entry.keys.insert((c.name.clone(), kind)) {
+                    continue;
+                }
+                let worker = Worker::new(
+                    self.shared.clone(),
+                    pod.clone(),
+                    c.clone(),
+                    kind,
+                    probe.clone(),
+                );
+                tokio::spawn(worker.run(entry.stop.clone()));
+            }
+        }
+    }
+
+    /// Stops the pod's workers (they forget their results).
+    pub fn remove_pod(&self, uid: &str) {
+        if let Some(p) = self.lock().remove(uid) {
+            p.stop.cancel();
+        }
+    }
+
+    /// How many workers run, for every pod.
+    pub fn workers(&self) -> usize {
+        self.lock().values().map(|p| p.keys.len()).sum()
+    }
+
+    /// The pod's results for its newest containers as `status` lists them.
+    pub fn view(&self, pod: &Pod, status: &RuntimePodStatus) -> ProbeView {
+        let mut v = ProbeView::default();
+        let Some(spec) = pod.spec.as_ref() else {
+            return v;
+        };
+        let results = &self.shared.results;
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| is_sidecar(c))
+            .chain(spec.containers.iter());
+        for c in containers {
+            let id = status.latest(&c.name).map(|l| l.id.as_str());
+            let get = |kind| id.and_then(|id| results.get(id, kind));
+            if c.startup_probe.is_some() {
+                let r = get(ProbeKind::Startup);
+                v.started
+                    .insert(c.name.clone(), r == Some(ProbeResult::Success));
+                if let Some(id) = id {
+                    if r != Some(ProbeResult::Success) {
+                        v.not_started.insert(id.to_string());
+                    }
+                    if r == Some(ProbeResult::Failure) {
+                        v.failed.insert(id.to_string(), ProbeKind::Startup);
+                    }
+                }
+            }
+            if c.liveness_probe.is_some() && get(ProbeKind::Liveness) == Some(ProbeResult::Failure)
+            {
+                if let Some(id) = id {
+                    v.failed.insert(id.to_string(), ProbeKind::Liveness);
+                }
+            }
+            if c.readiness_probe.is_some() {
+                v.readiness.insert(
+                    c.name.clone(),
+                    get(ProbeKind::Readiness) == Some(ProbeResult::Success),
+                );
+            }
+        }
+        v
+    }
+}

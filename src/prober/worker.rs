@@ -1,0 +1,257 @@
+//! One probe worker: a container's probe of one kind, run every period (upstream
+//! `prober/worker.go`).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodStatus, Probe};
+use tokio_util::sync::CancellationToken;
+
+use super::results::ResultsManager;
+use super::run::{Attempt, Prober, Target};
+use super::{ProbeKind, ProbeParams, ProbeResult};
+use crate::api::events::EventType;
+use crate::pod::sync::PodEvents;
+use crate::pod::types::{Phase, RestartPolicy};
+
+/// Where a worker reads the pod's last computed status (the status manager).
+pub trait StatusSource: Send + Sync {
+    fn pod_status(&self, uid: &str) -> Option<PodStatus>;
+}
+
+impl StatusSource for crate::status_manager::StatusManager {
+    fn pod_status(&self, uid: &str) -> Option<PodStatus> {
+        self.status(uid)
+    }
+}
+
+/// What every worker shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub prober: Arc<dyn Prober>,
+    pub statuses: Arc<dyn StatusSource>,
+    pub results: Arc<ResultsManager>,
+    pub events: Arc<dyn PodEvents>,
+}
+
+/// How often an attempt that could not be run is tried again within one period.
+const MAX_TRIES: usize = 3;
+
+pub struct Worker {
+    pub shared: Shared,
+    pub pod: Arc<Pod>,
+    pub container: Container,
+    pub kind: ProbeKind,
+    pub probe: Probe,
+    pub params: ProbeParams,
+    /// The container the results are for.
+    container_id: Option<String>,
+    last: Option<ProbeResult>,
+    /// How many attempts in a row gave `last`.
+    run: u32,
+    /// A liveness or startup failure stops probing until the container is replaced.
+    on_hold: bool,
+}
+
+fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+fn started_at(s: &ContainerStatus) -> Option<SystemTime> {
+    let t = s.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
+    let ns = u64::try_from(t.0.as_nanosecond()).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+}
+
+impl Worker {
+    pub fn new(
+        shared: Shared,
+        pod: Arc<Pod>,
+        container: Container,
+        kind: ProbeKind,
+        probe: Probe,
+    ) -> Self {
+        let params = ProbeParams::of(&probe);
+        Worker {
+            shared,
+            pod,
+            container,
+            kind,
+            probe,
+            params,
+            container_id: None,
+            last: None,
+            run: 0,
+            on_hold: false,
+        }
+    }
+
+    /// Probes every period, starting after a random part of one period, until `stop` fires or
+    /// the container will not run again; then forgets its result.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let jitter = self.params.period.mul_f64(fastrand::f64());
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(jitter) => {
+                let mut tick = tokio::time::interval(self.params.period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => {}
+                    }
+                    if !self.do_probe().await {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(id) = &self.container_id {
+            self.shared.results.remove(id, self.kind);
+        }
+    }
+
+    /// One period's work (upstream `doProbe`); false once probing is over for good.
+    pub async fn do_probe(&mut self) -> bool {
+        let uid = uid(&self.pod).to_string();
+        let Some(status) = self.shared.statuses.pod_status(&uid) else {
+            return true; // not synced yet
+        };
+        if Phase::parse(status.phase.as_deref()).is_terminal() {
+            return false;
+        }
+        let name = &self.container.name;
+        let Some(c) = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(status.init_container_statuses.iter().flatten())
+            .find(|c| &c.name == name)
+        else {
+            return true;
+        };
+        let Some(id) = c
+            .container_id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .map(|id| id.split_once("://").map_or(id, |(_, id)| id).to_string())
+        else {
+            return true; // not created yet
+        };
+        if self.container_id.as_deref() != Some(id.as_str()) {
+            if let Some(old) = self.container_id.take() {
+                self.shared.results.remove(&old, self.kind);
+            }
+            self.shared
+                .results
+                .set(&uid, &id, self.kind, self.kind.initial());
+            self.container_id = Some(id.clone());
+            self.last = None;
+            self.run = 0;
+            self.on_hold = false;
+        }
+        if self.on_hold {
+            return true;
+        }
+        let state = c.state.clone().unwrap_or_default();
+        if state.running.is_none() {
+            // Not running is not ready. (Upstream also sets liveness to failure here; a
+            // created container that then starts under the same ID would be killed for it.)
+            if self.kind == ProbeKind::Readiness {
+                self.shared
+                    .results
+                    .set(&uid, &id, self.kind, ProbeResult::Failure);
+            }
+            // Over for good when the container ended and will not run again.
+            let policy = crate::pod::restart_policy(&self.pod);
+            let sidecar = crate::pod::is_sidecar(&self.container);
+            return state.terminated.is_none() || sidecar || policy != RestartPolicy::Never;
+        }
+        let started = c.started == Some(true);
+        if self.kind == ProbeKind::Startup && started {
+            return true; // a startup probe ends with the start
+        }
+        if self.kind != ProbeKind::Startup && !started {
+            return true; // the startup probe has not passed yet
+        }
+        if let Some(at) = started_at(c) {
+            let since = runtime::clock::now()
+                .duration_since(at)
+                .unwrap_or(Duration::ZERO);
+            if since < self.params.initial_delay {
+                return true;
+            }
+        }
+        let pod_ip = status.pod_ip.clone().unwrap_or_default();
+        let target = Target {
+            pod: &self.pod,
+            container: &self.container,
+            container_id: &id,
+            pod_ip: &pod_ip,
+        };
+        let mut attempt = Attempt::Error(String::new());
+        for _ in 0..MAX_TRIES {
+            attempt = self
+                .shared
+                .prober
+                .probe(&self.probe, self.params.timeout, &target)
+                .await;
+            if !matches!(attempt, Attempt::Error(_)) {
+                break;
+            }
+        }
+        let label = self.kind.label();
+        let say = |kind: EventType, reason: &str, message: String| {
+            self.shared
+                .events
+                .event(&self.pod, Some(name), kind, reason, message)
+        };
+        let result = match attempt {
+            Attempt::Success(_) => ProbeResult::Success,
+            Attempt::Warning(out) => {
+                say(
+                    EventType::Warning,
+                    "ProbeWarning",
+                    format!("{label} probe warning: {out}"),
+                );
+                ProbeResult::Success
+            }
+            Attempt::Failure(out) => {
+                say(
+                    EventType::Warning,
+                    "Unhealthy",
+                    format!("{label} probe failed: {out}"),
+                );
+                ProbeResult::Failure
+            }
+            Attempt::Error(why) => {
+                say(
+                    EventType::Warning,
+                    "Unhealthy",
+                    format!("{label} probe errored: {why}"),
+                );
+                return true;
+            }
+        };
+        if self.last == Some(result) {
+            self.run = self.run.saturating_add(1);
+        } else {
+            self.last = Some(result);
+            self.run = 1;
+        }
+        let threshold = match result {
+            ProbeResult::Failure => self.params.failure_threshold,
+            _ => self.params.success_threshold,
+        };
+        if self.run < threshold {
+            return true;
+        }
+        self.shared.results.set(&uid, &id, self.kind, result);
+        if result == ProbeResult::Failure && self.kind != ProbeKind::Readiness {
+            // The container is killed; probe again only once it is replaced.
+            self.on_hold = true;
+            self.run = 0;
+        }
+        true
+    }
+}
