@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a small, real container image from Debian's dynamic busybox, for nodelet's tests.
 #
-#   scripts/build-busybox-image.sh OUT [--format oci|docker] [--name NAME]
+#   scripts/build-busybox-image.sh OUT [--format oci|docker] [--name NAME] [--add SRC:DEST]...
 #
 # The image has one layer: /bin/busybox with every applet hard-linked beside it in /bin, the shared
 # libraries busybox needs (at the paths ldd reports) and the dynamic loader, /etc/passwd and
@@ -10,24 +10,31 @@
 #                    org.opencontainers.image.ref.name annotation), blobs/sha256/...; gzip layer.
 #   --format docker  what `docker save` writes: manifest.json with RepoTags, <config>.json, and
 #                    <id>/layer.tar (uncompressed, as docker writes it).
+#   --add SRC:DEST   also puts the program SRC at DEST (mode 0755, debug info stripped when
+#                    strip is there), with the shared libraries it needs: how the tests get
+#                    their own programs (the gRPC health server of the probe tests) into an
+#                    image. Repeatable.
 # NAME defaults to docker.io/library/busybox:latest. Uses only bash, coreutils, tar, gzip, sha256sum
 # (and apt-get to install busybox when it is missing). Output is deterministic for a given host.
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 OUT [--format oci|docker] [--name NAME]" >&2
+  echo "usage: $0 OUT [--format oci|docker] [--name NAME] [--add SRC:DEST]..." >&2
   exit 2
 }
 
 OUT=""
 FORMAT=oci
 NAME=docker.io/library/busybox:latest
+ADDS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --format) [ $# -ge 2 ] || usage; FORMAT=$2; shift 2 ;;
     --format=*) FORMAT=${1#--format=}; shift ;;
     --name) [ $# -ge 2 ] || usage; NAME=$2; shift 2 ;;
     --name=*) NAME=${1#--name=}; shift ;;
+    --add) [ $# -ge 2 ] || usage; ADDS+=("$2"); shift 2 ;;
+    --add=*) ADDS+=("${1#--add=}"); shift ;;
     -h|--help) usage ;;
     -*) echo "unknown option: $1" >&2; usage ;;
     *) [ -z "$OUT" ] || usage; OUT=$1; shift ;;
@@ -71,7 +78,24 @@ while IFS= read -r applet; do
   ln "$ROOTFS/bin/busybox" "$ROOTFS/bin/$applet"
 done < <("$BUSYBOX" --list)
 
+# Programs added with --add.
+PROGRAMS=("$BUSYBOX")
+for add in "${ADDS[@]}"; do
+  src=${add%%:*}
+  dest=${add#*:}
+  case "$dest" in /*) ;; *) echo "--add $add: DEST must be absolute" >&2; exit 2 ;; esac
+  [ -f "$src" ] || { echo "--add $add: no file $src" >&2; exit 2; }
+  mkdir -p "$ROOTFS$(dirname "$dest")"
+  cp "$src" "$ROOTFS$dest"
+  if command -v strip >/dev/null; then strip --strip-debug "$ROOTFS$dest" 2>/dev/null || true; fi
+  chmod 0755 "$ROOTFS$dest"
+  PROGRAMS+=("$src")
+done
+
 # Shared libraries at the paths the loader finds them, and the loader itself (PT_INTERP path).
+for program in "${PROGRAMS[@]}"; do
+ldd "$program" 2>/dev/null | grep -v 'not a dynamic executable' || true
+done | sort -u > "$WORK/libs"
 while IFS= read -r line; do
   line=${line#"${line%%[![:space:]]*}"}   # ldd indents with a tab
   lib=""
@@ -81,10 +105,11 @@ while IFS= read -r line; do
   esac
   lib=$(echo "$lib" | tr -d '[:space:]')
   [ -n "$lib" ] || continue
+  [ -e "$ROOTFS$lib" ] && continue
   mkdir -p "$ROOTFS$(dirname "$lib")"
   cp -L "$lib" "$ROOTFS$lib"
   chmod 0755 "$ROOTFS$lib"
-done < <(ldd "$BUSYBOX")
+done < "$WORK/libs"
 
 cat > "$ROOTFS/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/bin/sh

@@ -142,7 +142,14 @@ impl ApiNode {
         let mut cmd = Command::new(nodelet_bin());
         cmd.arg("--root-dir")
             .arg(&self.root)
-            .args(["run-node", "--hostname-override", self.name, "--config"])
+            .args([
+                "run-node",
+                "--hostname-override",
+                self.name,
+                "--node-ip",
+                "127.0.0.1",
+            ])
+            .arg("--config")
             .arg(&self.config)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig);
@@ -155,6 +162,21 @@ impl ApiNode {
                 .spawn()
                 .expect("start nodelet run-node"),
         )
+    }
+
+    /// Makes the image in the OCI archive `archive` (named `image`) available to the node:
+    /// imported into the built-in runtime's store, or pushed to containerd's registry and
+    /// pulled.
+    pub async fn add_image(&self, archive: &Path, image: &str) {
+        match &self.containerd {
+            None => super::import_archive(&self.root, archive),
+            Some(ctd) => {
+                let rt = runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+                    .await
+                    .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()));
+                ctd.add_image(&rt, archive, image).await;
+            }
+        }
     }
 
     /// Where the agent serves its runtime over CRI (with [`Setup::cri_listen`]).

@@ -365,6 +365,15 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.tracing.
         }
     }
 
+    /// Pushes the OCI archive `archive` to the local registry as `image` (a `docker.io` name)
+    /// and pulls it through CRI.
+    pub async fn add_image(&self, images: &dyn runtime::ImageService, archive: &Path, image: &str) {
+        let (repo, tag) = repo_and_tag(image);
+        let client = registry::push_client(&self.registry.host);
+        registry::push_archive(&client, archive, &self.registry.host, repo, tag).await;
+        self.pull(images, image).await;
+    }
+
     /// Pulls [`BUSYBOX`] and the sandbox image [`PAUSE`], as a node is set up.
     pub async fn pull_all(&self, images: &dyn runtime::ImageService) {
         for image in [BUSYBOX, PAUSE] {

@@ -303,14 +303,58 @@ impl Drop for KillOnDrop {
 
 /// Imports the busybox image into a root dir through `nodelet images import`.
 pub fn import_busybox(root: &Path) {
+    import_archive(root, &busybox_archive());
+}
+
+/// Imports an image archive into a root dir through `nodelet images import`.
+pub fn import_archive(root: &Path, archive: &Path) {
     let out = std::process::Command::new(nodelet_bin())
         .arg("--root-dir")
         .arg(root)
         .args(["images", "import"])
-        .arg(busybox_archive())
+        .arg(archive)
         .output()
         .expect("run nodelet images import");
     assert!(out.status.success(), "{out:?}");
+}
+
+/// The image of the gRPC probe tests: busybox with the project's gRPC health server
+/// (`examples/grpc_health_server.rs`) as `/bin/grpc-health-server`.
+pub const GRPC_HEALTH: &str = "docker.io/library/grpc-health:latest";
+
+/// The [`GRPC_HEALTH`] OCI archive, built once per test binary from the example `cargo test`
+/// builds beside the tests (`target/<profile>/examples/grpc_health_server`).
+pub fn grpc_health_archive() -> PathBuf {
+    static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
+    ARCHIVE
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let server = exe
+                .parent()
+                .and_then(Path::parent)
+                .map(|d| d.join("examples/grpc_health_server"))
+                .expect("target dir");
+            assert!(
+                server.is_file(),
+                "{} is missing: `cargo test` builds it with the tests; alone, run                  `cargo build --example grpc_health_server` first",
+                server.display()
+            );
+            let dir = std::env::temp_dir().join(format!("nodelet-e2e-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let out = dir.join("grpc-health.tar");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
+            let st = std::process::Command::new("bash")
+                .arg(script)
+                .arg(&out)
+                .args(["--name", GRPC_HEALTH, "--add"])
+                .arg(format!("{}:/bin/grpc-health-server", server.display()))
+                .status()
+                .expect("running build-busybox-image.sh");
+            assert!(st.success(), "building the grpc-health image failed");
+            out
+        })
+        .clone()
 }
 
 pub fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
