@@ -16,6 +16,7 @@ PKGS=(
   iproute2
   e2fsprogs
   curl
+  openssl             # a self-signed certificate for the HTTPS probe test
 )
 missing=()
 for p in "${PKGS[@]}"; do
