@@ -188,6 +188,19 @@ async fn probe_handlers(backend: Backend, test: &str) {
         .await
         .expect("creating the pod");
     let uid = created.metadata.uid.clone().expect("a uid");
+    // An exec probe that outlives its timeout fails.
+    let slow_spec = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+        with(
+            busybox("slow", "sleep 3600"),
+            "    readinessProbe:\n      exec: {command: [sleep, \"5\"]}\n      timeoutSeconds: 1\n      periodSeconds: 2\n      failureThreshold: 1\n"
+        )
+    );
+    let slow = pods
+        .create(&PostParams::default(), &node.pod("slowexec", &slow_spec))
+        .await
+        .expect("creating the pod");
+    let slow_uid = slow.metadata.uid.clone().expect("a uid");
     let agent = node.start();
 
     let good = ["web", "tcp-ok", "exec-ok", "grpc-ok"];
@@ -251,6 +264,13 @@ async fn probe_handlers(backend: Backend, test: &str) {
         "Readiness probe failed: service unhealthy (responded with \"NOT_SERVING\")",
     )
     .await;
+    wait_event(
+        &api,
+        &slow_uid,
+        "Unhealthy",
+        "Readiness probe failed: command \"sleep 5\" timed out",
+    )
+    .await;
     // The failures are the failing probes' only: each event names its container.
     let events: Api<Event> = Api::namespaced(api.client(), NS);
     let unhealthy: std::collections::BTreeSet<String> = events
@@ -270,14 +290,15 @@ async fn probe_handlers(backend: Backend, test: &str) {
         .map(|n| format!("spec.containers{{{n}}}"))
         .collect();
     assert_eq!(unhealthy, expected);
-    for name in ["probed", "failing"] {
+    for name in ["probed", "failing", "slowexec"] {
         pods.delete(name, &DeleteParams::default())
             .await
             .expect("delete");
     }
     wait_for("the pods gone", 60, async || {
         let gone = pods.get_opt("probed").await.ok()?.is_none()
-            && pods.get_opt("failing").await.ok()?.is_none();
+            && pods.get_opt("failing").await.ok()?.is_none()
+            && pods.get_opt("slowexec").await.ok()?.is_none();
         gone.then_some(())
     })
     .await;
