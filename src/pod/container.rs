@@ -8,7 +8,9 @@
 //! (spec hash, restart count, termination message path and policy), Linux resources (CPU
 //! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
 //! by the container's) and the termination message file with its mount
-//! ([`super::termination::prepare_mount`], the only file this module writes).
+//! ([`super::termination::prepare_mount`]). Besides that file, this module only makes the
+//! directories a `subPath` lacks in its volume ([`super::volumes::sub_path`], which refuses a
+//! `subPath` leading out of its volume through a symbolic link).
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -224,7 +226,8 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
                     "{field}.subPath: {sub:?} must be a relative path without '..'"
                 )));
             }
-            host_path = host_path.join(p);
+            host_path = volumes::sub_path(&host_path, p)
+                .map_err(|e| Error::invalid_argument(format!("{field}.subPath: {e}")))?;
         }
         if !m.mount_path.starts_with('/') {
             return Err(Error::invalid_argument(format!(

@@ -152,8 +152,10 @@ fn basics() {
 
 #[test]
 fn mounts_table() {
+    let data = tempfile::tempdir().expect("a host dir");
+    let data_path = data.path().display().to_string();
     let volumes = json!([
-        {"name": "data", "hostPath": {"path": "/srv/data"}},
+        {"name": "data", "hostPath": {"path": data_path}},
         {"name": "scratch", "emptyDir": {}},
         {"name": "cfg", "configMap": {"name": "c"}},
         {"name": "pvc", "persistentVolumeClaim": {"claimName": "x"}}
@@ -191,7 +193,7 @@ fn mounts_table() {
         [
             (
                 "/data",
-                "/srv/data/a/b",
+                format!("{data_path}/a/b").as_str(),
                 true,
                 cri::MountPropagation::PropagationPrivate as i32
             ),
@@ -203,6 +205,8 @@ fn mounts_table() {
             ),
         ]
     );
+    // The subPath's directories are made in the volume.
+    assert!(data.path().join("a/b").is_dir());
     let bidi = with(
         json!([{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}]),
         true,

@@ -233,6 +233,74 @@ pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
     }
 }
 
+/// Resolves a mount's `subPath` (relative and without `..`, as the caller checked) in the
+/// volume at `root` without leaving it, and makes the directories it lacks (with the mode of the
+/// volume's root, whatever the umask), as upstream's `SafeMakeDir`. Every lookup is an
+/// `openat2` from the volume's root with `RESOLVE_BENEATH`, so a symbolic link in the volume
+/// (one a container made, say) cannot lead outside it: an absolute link, or one climbing out
+/// with `..`, is refused.
+///
+/// The path returned is still a path, resolved again when the runtime binds it: a container
+/// that swaps a component for a link between this check and that bind is not stopped (upstream
+/// binds the opened descriptor itself; not done here yet).
+pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use rustix::io::Errno;
+    let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let shown = sub.display();
+    let why = |e: Errno| match e {
+        Errno::XDEV => format!("{shown:?} leads out of its volume"),
+        Errno::LOOP => format!("{shown:?}: too many levels of symbolic links"),
+        Errno::NOTDIR => format!("{shown:?}: a component is not a directory"),
+        Errno::NOSYS => format!("{shown:?}: resolving needs openat2 (Linux 5.6 or newer)"),
+        e => format!("{shown:?}: {e}"),
+    };
+    let resolve = |at: &rustix::fd::OwnedFd, p: &Path, flags: OFlags| {
+        rustix::fs::openat2(at, p, flags | OFlags::CLOEXEC, Mode::empty(), beneath)
+    };
+    let root_fd = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("opening its volume: {e}"))?;
+    match resolve(&root_fd, sub, OFlags::PATH) {
+        Ok(_) => return Ok(root.join(sub)),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(why(e)),
+    }
+    let mode = rustix::fs::fstat(&root_fd)
+        .map(|st| Mode::from_raw_mode(st.st_mode & 0o7777))
+        .map_err(|e| format!("reading its volume's mode: {e}"))?;
+    // Each prefix of the path in turn, resolved from the root; a missing one is made in the
+    // one before it.
+    let mut parent: Option<rustix::fd::OwnedFd> = None;
+    let mut at = PathBuf::new();
+    for comp in sub.components() {
+        let Component::Normal(name) = comp else {
+            continue;
+        };
+        at.push(name);
+        let dir = match resolve(&root_fd, &at, OFlags::PATH | OFlags::DIRECTORY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => {
+                match rustix::fs::mkdirat(parent.as_ref().unwrap_or(&root_fd), name, mode) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(why(e)),
+                }
+                // Its mode as the volume's, not the umask's: through a real descriptor of it.
+                let made =
+                    resolve(&root_fd, &at, OFlags::RDONLY | OFlags::DIRECTORY).map_err(why)?;
+                rustix::fs::fchmod(&made, mode).map_err(why)?;
+                made
+            }
+            Err(e) => return Err(why(e)),
+        };
+        parent = Some(dir);
+    }
+    Ok(root.join(sub))
+}
+
 /// Sets up the volumes of `pod` (see the module docs): each that fails is a `FailedMount`
 /// event on the pod, and the sync ends with [`SyncError::Volumes`] naming them.
 pub fn set_up(pods_dir: &Path, pod: &Pod, events: &dyn PodEvents) -> Result<(), SyncError> {

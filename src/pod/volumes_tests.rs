@@ -1,5 +1,6 @@
 //! Tests of [`super`] (`pod::volumes`): the hostPath type checks on real files (directories,
-//! files, a unix socket, `/dev/null`), emptyDir directories, and the refusal of the other types.
+//! files, a unix socket, `/dev/null`), emptyDir directories, the refusal of the other types, and
+//! subPaths kept in their volume.
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Mutex;
@@ -316,4 +317,67 @@ fn host_path_volume_failures_are_per_volume() {
         }]
     );
     assert!(!Path::new(&missing).exists());
+}
+
+#[test]
+fn sub_paths_stay_in_their_volume() {
+    let host = tempfile::tempdir().expect("temp dir");
+    let vol = host.path().join("vol");
+    std::fs::create_dir(&vol).expect("volume");
+    std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::create_dir(host.path().join("outside")).expect("outside");
+    std::fs::create_dir(vol.join("in")).expect("in");
+    std::fs::write(vol.join("in/file"), "x").expect("file");
+    let link = |target: &Path, name: &str| {
+        std::os::unix::fs::symlink(target, vol.join(name)).expect("symlink");
+    };
+    link(Path::new("in"), "to-in");
+    link(Path::new("../outside"), "climbs-out");
+    link(&host.path().join("outside"), "absolute");
+    link(Path::new("/etc"), "etc");
+
+    // What exists beneath the volume, through a link that stays in it too.
+    for sub in ["in", "in/file", "to-in", "to-in/file"] {
+        assert_eq!(sub_path(&vol, Path::new(sub)), Ok(vol.join(sub)), "{sub}");
+    }
+    // Missing directories are made, with the volume's mode whatever the umask.
+    assert_eq!(
+        sub_path(&vol, Path::new("new/deeper")),
+        Ok(vol.join("new/deeper"))
+    );
+    for made in ["new", "new/deeper"] {
+        let mode = std::fs::metadata(vol.join(made))
+            .expect("made")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o777, "{made}: {mode:o}");
+    }
+    assert_eq!(
+        sub_path(&vol, Path::new("to-in/made")),
+        Ok(vol.join("to-in/made"))
+    );
+    assert!(
+        vol.join("in/made").is_dir(),
+        "made through the link, in the volume"
+    );
+
+    // Out of the volume through a link: refused, and nothing made outside.
+    for sub in [
+        "climbs-out",
+        "climbs-out/x",
+        "absolute/x",
+        "etc",
+        "etc/passwd",
+    ] {
+        let err = sub_path(&vol, Path::new(sub)).expect_err(sub);
+        assert!(err.contains("leads out of its volume"), "{sub}: {err}");
+    }
+    assert_eq!(
+        std::fs::read_dir(host.path().join("outside"))
+            .expect("outside")
+            .count(),
+        0
+    );
+    let err = sub_path(&vol, Path::new("in/file/x")).expect_err("through a file");
+    assert!(err.contains("not a directory"), "{err}");
 }
