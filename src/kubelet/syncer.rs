@@ -222,6 +222,12 @@ impl PodSyncer for Syncer {
             self.record_status(pod, &snapshot, self.last_waiting(pod));
             return Err(SyncError::Runtime(e));
         }
+        // Its volumes, before anything of it is created (upstream's WaitForAttachAndMount): one
+        // that cannot be set up is a FailedMount event and the pod waits in ContainerCreating.
+        if let Err(e) = pod::volumes::set_up(&self.opts.pods_dir, pod, self.events.as_ref()) {
+            self.record_status(pod, &snapshot, self.last_waiting(pod));
+            return Err(e);
+        }
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
         self.probes.add_pod(pod);

@@ -2,13 +2,15 @@
 //!
 //! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
 //! both with `$(VAR)` references expanded from the container's env), the environment (values,
-//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath,
-//! emptyDir and the kubelet-prepared configMap/secret/projected/downwardAPI directories under
-//! `<pods dir>/<uid>/volumes/`), the log path `<name>/<restart count>.log`, labels, annotations
+//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath and
+//! emptyDir, set up before the sandbox by [`super::volumes`], which refuses every other type),
+//! the log path `<name>/<restart count>.log`, labels, annotations
 //! (spec hash, restart count, termination message path and policy), Linux resources (CPU
 //! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
 //! by the container's) and the termination message file with its mount
-//! ([`super::termination::prepare_mount`], the only file this module writes).
+//! ([`super::termination::prepare_mount`]). Besides that file, this module only makes the
+//! directories a `subPath` lacks in its volume ([`super::volumes::sub_path`], which refuses a
+//! `subPath` leading out of its volume through a symbolic link).
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -22,6 +24,7 @@ use super::spec::{
     seccomp_profile,
 };
 use super::termination;
+use super::volumes;
 use super::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
@@ -33,7 +36,8 @@ use super::{
 pub struct ContainerOptions {
     /// Pod-level options (seccomp root and default).
     pub sandbox: SandboxOptions,
-    /// `<root>/pods`: volumes live in `<pods dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>`.
+    /// `<root>/pods`: an emptyDir volume lives in
+    /// `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`.
     pub pods_dir: PathBuf,
     /// The node name (`spec.nodeName` when the pod does not say).
     pub node_name: String,
@@ -193,32 +197,8 @@ fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String
 }
 
 fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
-    if let Some(h) = &v.host_path {
-        return Ok(PathBuf::from(&h.path));
-    }
-    let plugin = if v.empty_dir.is_some() {
-        "empty-dir"
-    } else if v.config_map.is_some() {
-        "configmap"
-    } else if v.secret.is_some() {
-        "secret"
-    } else if v.projected.is_some() {
-        "projected"
-    } else if v.downward_api.is_some() {
-        "downward-api"
-    } else {
-        return Err(Error::unimplemented(format!(
-            "spec.volumes[{}]: volume type not supported",
-            v.name
-        )));
-    };
-    let uid = pod_identity(pod).0;
-    Ok(opts
-        .pods_dir
-        .join(uid)
-        .join("volumes")
-        .join(format!("kubernetes.io~{plugin}"))
-        .join(&v.name))
+    volumes::host_path(&opts.pods_dir, pod, v)
+        .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
 }
 
 fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::Mount>> {
@@ -246,7 +226,8 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
                     "{field}.subPath: {sub:?} must be a relative path without '..'"
                 )));
             }
-            host_path = host_path.join(p);
+            host_path = volumes::sub_path(&host_path, p)
+                .map_err(|e| Error::invalid_argument(format!("{field}.subPath: {e}")))?;
         }
         if !m.mount_path.starts_with('/') {
             return Err(Error::invalid_argument(format!(

@@ -152,8 +152,10 @@ fn basics() {
 
 #[test]
 fn mounts_table() {
+    let data = tempfile::tempdir().expect("a host dir");
+    let data_path = data.path().display().to_string();
     let volumes = json!([
-        {"name": "data", "hostPath": {"path": "/srv/data"}},
+        {"name": "data", "hostPath": {"path": data_path}},
         {"name": "scratch", "emptyDir": {}},
         {"name": "cfg", "configMap": {"name": "c"}},
         {"name": "pvc", "persistentVolumeClaim": {"claimName": "x"}}
@@ -168,8 +170,7 @@ fn mounts_table() {
     let c = with(
         json!([
             {"name": "data", "mountPath": "/data", "readOnly": true, "subPath": "a/b"},
-            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"},
-            {"name": "cfg", "mountPath": "/etc/cfg"}
+            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"}
         ]),
         false,
     )
@@ -192,7 +193,7 @@ fn mounts_table() {
         [
             (
                 "/data",
-                "/srv/data/a/b",
+                format!("{data_path}/a/b").as_str(),
                 true,
                 cri::MountPropagation::PropagationPrivate as i32
             ),
@@ -202,14 +203,10 @@ fn mounts_table() {
                 false,
                 cri::MountPropagation::PropagationHostToContainer as i32
             ),
-            (
-                "/etc/cfg",
-                "/root/pods/u-1/volumes/kubernetes.io~configmap/cfg",
-                false,
-                cri::MountPropagation::PropagationPrivate as i32
-            ),
         ]
     );
+    // The subPath's directories are made in the volume.
+    assert!(data.path().join("a/b").is_dir());
     let bidi = with(
         json!([{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}]),
         true,
@@ -243,7 +240,13 @@ fn mounts_table() {
         (
             json!([{"name": "pvc", "mountPath": "/d"}]),
             runtime::Code::Unimplemented,
-            "volumes[pvc]",
+            "spec.volumes[pvc]: volume type persistentVolumeClaim is not supported",
+        ),
+        // Never an empty directory in place of the configMap's contents.
+        (
+            json!([{"name": "cfg", "mountPath": "/etc/cfg"}]),
+            runtime::Code::Unimplemented,
+            "spec.volumes[cfg]: volume type configMap is not supported",
         ),
     ];
     for (mounts, code, field) in errors {

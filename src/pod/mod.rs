@@ -6,7 +6,8 @@
 //! (like upstream's `computePodActions`), [`backoff`] keeps the CrashLoopBackOff delays,
 //! [`status`] derives the API `PodStatus` (phase, conditions, container states), [`types`] holds
 //! the typed policies and reasons. I/O happens in two places: [`sync`] executes
-//! [`actions::PodActions`] through `&dyn RuntimeService` and `&dyn ImageService`, and
+//! [`actions::PodActions`] through `&dyn RuntimeService` and `&dyn ImageService`, [`volumes`]
+//! sets up a pod's volumes (emptyDir directories, hostPath checks) before its sandbox, and
 //! [`termination`] makes each container's termination-message file (when its config is built)
 //! and reads it back (with the log's tail) when the container has exited.
 
@@ -21,6 +22,7 @@ pub mod status;
 pub mod sync;
 pub mod termination;
 pub mod types;
+pub mod volumes;
 
 pub use actions::{
     ContainerInfo, KillContainer, PodActions, RunState, RuntimePodStatus, SandboxInfo,

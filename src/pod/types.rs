@@ -184,6 +184,10 @@ pub enum SyncError {
     /// The pod cannot run here as it is (a user namespace the runtime does not offer, ...).
     #[error("{0}")]
     Unsupported(String),
+    /// Volumes the pod's containers use could not be set up (an unsupported type, a failed
+    /// hostPath check): its containers wait in `ContainerCreating`.
+    #[error("unable to attach or mount volumes: {0}")]
+    Volumes(String),
     /// Some containers could not start for their image (pull, inspect, policy).
     #[error("{0}")]
     Image(String),

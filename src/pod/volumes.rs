@@ -1,0 +1,331 @@
+//! A pod's volumes, set up before its sandbox (upstream's volume manager `WaitForAttachAndMount`
+//! with the emptyDir and hostPath plugins' `SetUp`).
+//!
+//! Only the volumes some container mounts are set up (as upstream, an unused volume is
+//! ignored). Two types are supported:
+//!
+//! - **emptyDir** on disk: the directory `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`
+//!   (mode 0777, as upstream), removed with the pod's directories. `sizeLimit` is not enforced
+//!   here (that is eviction's job). `medium: Memory` (a tmpfs) and huge pages are refused: this
+//!   kubelet mounts nothing of its own yet, and a tmpfs it could not unmount would keep the pod's
+//!   directories from ever being removed.
+//! - **hostPath** with upstream's type checks ([`check_host_path`]): `DirectoryOrCreate` makes
+//!   the directory (0755, with its parents), `FileOrCreate` an empty file (0644; its parent must
+//!   exist), the other types check what is there; unset or `""` checks nothing.
+//!
+//! Every other type (configMap, secret, downwardAPI, projected, persistentVolumeClaim, ...) is
+//! refused rather than handed to the runtime as an empty directory. A volume that cannot be set
+//! up is a Warning `FailedMount` event on the pod (`MountVolume.SetUp failed for volume "cfg" :
+//! ...`) and a [`SyncError::Volumes`]: the pod stays Pending with its containers waiting in
+//! `ContainerCreating`, nothing of it is created in the runtime, and its worker tries again.
+
+use std::collections::BTreeSet;
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{HostPathVolumeSource, Pod, Volume};
+
+use super::pod_identity;
+use super::sync::{EventType, PodEvents};
+use super::types::SyncError;
+use crate::api::events::FAILED_MOUNT_VOLUME;
+
+/// What a volume is, as far as this kubelet is concerned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source<'a> {
+    /// An emptyDir (also a volume that names no source: the API server defaults it to one).
+    EmptyDir {
+        medium: &'a str,
+    },
+    HostPath(&'a HostPathVolumeSource),
+    /// Any other type, by its API field name (`configMap`, `persistentVolumeClaim`, ...).
+    Unsupported(String),
+}
+
+/// The volume's source.
+pub fn source(v: &Volume) -> Source<'_> {
+    if let Some(h) = &v.host_path {
+        return Source::HostPath(h);
+    }
+    if let Some(e) = &v.empty_dir {
+        return Source::EmptyDir {
+            medium: e.medium.as_deref().unwrap_or(""),
+        };
+    }
+    // Which other field is set, by its API name: read from the volume's API form, so that no
+    // type (nor one newer than this kubelet) goes unnamed.
+    let fields = serde_json::to_value(v).ok();
+    let set = fields
+        .as_ref()
+        .and_then(|f| f.as_object())
+        .and_then(|o| o.keys().find(|k| *k != "name").cloned());
+    match set {
+        Some(t) => Source::Unsupported(t),
+        None => Source::EmptyDir { medium: "" },
+    }
+}
+
+/// `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`.
+pub fn empty_dir_path(pods_dir: &Path, pod: &Pod, name: &str) -> PathBuf {
+    pods_dir
+        .join(pod_identity(pod).0)
+        .join("volumes")
+        .join("kubernetes.io~empty-dir")
+        .join(name)
+}
+
+/// The host directory (or file) a mount of `v` binds: the hostPath's path, or the emptyDir's
+/// directory. `Err` names the volume type this kubelet does not support.
+pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, String> {
+    match source(v) {
+        Source::HostPath(h) => Ok(PathBuf::from(&h.path)),
+        Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, pod, &v.name)),
+        Source::Unsupported(t) => Err(unsupported(&t)),
+    }
+}
+
+fn unsupported(t: &str) -> String {
+    format!("volume type {t} is not supported by nodelet yet")
+}
+
+/// A volume that could not be set up, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub volume: String,
+    pub message: String,
+}
+
+impl Failure {
+    /// The `FailedMount` event's message, as upstream's operation generator words it.
+    pub fn event_message(&self) -> String {
+        format!(
+            "MountVolume.SetUp failed for volume {:?} : {}",
+            self.volume, self.message
+        )
+    }
+}
+
+/// The names of the volumes the pod's containers (init, app and ephemeral) mount or use as
+/// devices.
+fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return BTreeSet::new();
+    };
+    let regular = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .flat_map(|c| {
+            let mounts = c.volume_mounts.iter().flatten().map(|m| m.name.as_str());
+            let devices = c.volume_devices.iter().flatten().map(|d| d.name.as_str());
+            mounts.chain(devices)
+        });
+    let ephemeral = spec.ephemeral_containers.iter().flatten().flat_map(|c| {
+        let mounts = c.volume_mounts.iter().flatten().map(|m| m.name.as_str());
+        let devices = c.volume_devices.iter().flatten().map(|d| d.name.as_str());
+        mounts.chain(devices)
+    });
+    regular.chain(ephemeral).collect()
+}
+
+/// Sets up the volumes `pod`'s containers use; the ones that failed, in spec order.
+pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
+    let used = used_volumes(pod);
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    volumes
+        .into_iter()
+        .flatten()
+        .filter(|v| used.contains(v.name.as_str()))
+        .filter_map(|v| {
+            set_up_one(pods_dir, pod, v).err().map(|message| Failure {
+                volume: v.name.clone(),
+                message,
+            })
+        })
+        .collect()
+}
+
+fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
+    match source(v) {
+        Source::EmptyDir { medium: "" } => make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name)),
+        Source::EmptyDir { medium } if medium == "Memory" || medium.starts_with("HugePages") => {
+            Err(format!(
+                "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk)"
+            ))
+        }
+        Source::EmptyDir { medium } => Err(format!("unknown storage medium {medium:?}")),
+        Source::HostPath(h) => check_host_path(&h.path, h.type_.as_deref().unwrap_or("")),
+        Source::Unsupported(t) => Err(unsupported(&t)),
+    }
+}
+
+/// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`); its
+/// parents as the kubelet's other pod directories (0750).
+fn make_empty_dir(dir: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
+    if let Some(parent) = dir.parent() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(parent)
+            .map_err(fail)?;
+    }
+    match DirBuilder::new().mode(0o777).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail(e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if meta.permissions().mode() & 0o7777 != 0o777 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Upstream's hostPath `SetUp`: the path has no `..`, then what `type` asks is checked, and
+/// made for the `...OrCreate` types. As upstream, the checks follow symbolic links, a "file" is
+/// anything that exists and is not a directory, and an existing path is never replaced.
+pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("invalid HostPath `{path}`: must not contain '..'"));
+    }
+    if !p.is_absolute() {
+        return Err(format!(
+            "invalid HostPath `{path}`: must be an absolute path"
+        ));
+    }
+    let meta = std::fs::metadata(p).ok();
+    let ft = meta.as_ref().map(|m| m.file_type());
+    let fail = |what: &str| Err(format!("hostPath type check failed: {path} is not {what}"));
+    match type_ {
+        "" => Ok(()),
+        "DirectoryOrCreate" if meta.is_none() => DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(p)
+            .map_err(|e| format!("creating directory {path}: {e}")),
+        "DirectoryOrCreate" | "Directory" if ft.is_some_and(|t| t.is_dir()) => Ok(()),
+        "DirectoryOrCreate" | "Directory" => fail("a directory"),
+        // As upstream's `makeFile`: O_CREAT without O_EXCL or O_TRUNC, no parents made.
+        "FileOrCreate" if meta.is_none() => OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(p)
+            .map(drop)
+            .map_err(|e| format!("creating file {path}: {e}")),
+        "FileOrCreate" | "File" if ft.is_some_and(|t| !t.is_dir()) => Ok(()),
+        "FileOrCreate" | "File" => fail("a file"),
+        "Socket" if ft.is_some_and(|t| t.is_socket()) => Ok(()),
+        "Socket" => fail("a socket file"),
+        "CharDevice" if ft.is_some_and(|t| t.is_char_device()) => Ok(()),
+        "CharDevice" => fail("a character device"),
+        "BlockDevice" if ft.is_some_and(|t| t.is_block_device()) => Ok(()),
+        "BlockDevice" => fail("a block device"),
+        other => Err(format!("{other} is an invalid volume type")),
+    }
+}
+
+/// Resolves a mount's `subPath` (relative and without `..`, as the caller checked) in the
+/// volume at `root` without leaving it, and makes the directories it lacks (with the mode of the
+/// volume's root, whatever the umask), as upstream's `SafeMakeDir`. Every lookup is an
+/// `openat2` from the volume's root with `RESOLVE_BENEATH`, so a symbolic link in the volume
+/// (one a container made, say) cannot lead outside it: an absolute link, or one climbing out
+/// with `..`, is refused.
+///
+/// The path returned is still a path, resolved again when the runtime binds it: a container
+/// that swaps a component for a link between this check and that bind is not stopped (upstream
+/// binds the opened descriptor itself; not done here yet).
+pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use rustix::io::Errno;
+    let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let shown = sub.display();
+    let why = |e: Errno| match e {
+        Errno::XDEV => format!("{shown:?} leads out of its volume"),
+        Errno::LOOP => format!("{shown:?}: too many levels of symbolic links"),
+        Errno::NOTDIR => format!("{shown:?}: a component is not a directory"),
+        Errno::NOSYS => format!("{shown:?}: resolving needs openat2 (Linux 5.6 or newer)"),
+        e => format!("{shown:?}: {e}"),
+    };
+    let resolve = |at: &rustix::fd::OwnedFd, p: &Path, flags: OFlags| {
+        rustix::fs::openat2(at, p, flags | OFlags::CLOEXEC, Mode::empty(), beneath)
+    };
+    let root_fd = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("opening its volume: {e}"))?;
+    match resolve(&root_fd, sub, OFlags::PATH) {
+        Ok(_) => return Ok(root.join(sub)),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(why(e)),
+    }
+    let mode = rustix::fs::fstat(&root_fd)
+        .map(|st| Mode::from_raw_mode(st.st_mode & 0o7777))
+        .map_err(|e| format!("reading its volume's mode: {e}"))?;
+    // Each prefix of the path in turn, resolved from the root; a missing one is made in the
+    // one before it.
+    let mut parent: Option<rustix::fd::OwnedFd> = None;
+    let mut at = PathBuf::new();
+    for comp in sub.components() {
+        let Component::Normal(name) = comp else {
+            continue;
+        };
+        at.push(name);
+        let dir = match resolve(&root_fd, &at, OFlags::PATH | OFlags::DIRECTORY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => {
+                match rustix::fs::mkdirat(parent.as_ref().unwrap_or(&root_fd), name, mode) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(why(e)),
+                }
+                // Its mode as the volume's, not the umask's: through a real descriptor of it.
+                let made =
+                    resolve(&root_fd, &at, OFlags::RDONLY | OFlags::DIRECTORY).map_err(why)?;
+                rustix::fs::fchmod(&made, mode).map_err(why)?;
+                made
+            }
+            Err(e) => return Err(why(e)),
+        };
+        parent = Some(dir);
+    }
+    Ok(root.join(sub))
+}
+
+/// Sets up the volumes of `pod` (see the module docs): each that fails is a `FailedMount`
+/// event on the pod, and the sync ends with [`SyncError::Volumes`] naming them.
+pub fn set_up(pods_dir: &Path, pod: &Pod, events: &dyn PodEvents) -> Result<(), SyncError> {
+    let failed = set_up_volumes(pods_dir, pod);
+    if failed.is_empty() {
+        return Ok(());
+    }
+    for f in &failed {
+        events.event(
+            pod,
+            None,
+            EventType::Warning,
+            FAILED_MOUNT_VOLUME,
+            f.event_message(),
+        );
+    }
+    let names: Vec<&str> = failed.iter().map(|f| f.volume.as_str()).collect();
+    let why: Vec<String> = failed.iter().map(Failure::event_message).collect();
+    Err(SyncError::Volumes(format!(
+        "unmounted volumes=[{}]: {}",
+        names.join(" "),
+        why.join("; ")
+    )))
+}
+
+#[cfg(test)]
+#[path = "volumes_tests.rs"]
+mod tests;

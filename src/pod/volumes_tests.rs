@@ -1,0 +1,383 @@
+//! Tests of [`super`] (`pod::volumes`): the hostPath type checks on real files (directories,
+//! files, a unix socket, `/dev/null`), emptyDir directories, the refusal of the other types, and
+//! subPaths kept in their volume.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Mutex;
+
+use super::*;
+use crate::pod::spec::tests::pod;
+use serde_json::json;
+
+/// A pod with `volumes`, its one container mounting each of `mounted`.
+fn pod_with(volumes: serde_json::Value, mounted: &[&str]) -> Pod {
+    let mounts: Vec<_> = mounted
+        .iter()
+        .map(|n| json!({"name": n, "mountPath": format!("/v/{n}")}))
+        .collect();
+    pod(json!({"volumes": volumes,
+        "containers": [{"name": "app", "image": "x", "volumeMounts": mounts}]}))
+}
+
+/// One recorded event: the container it is about, its type, reason and message.
+type Event = (Option<String>, EventType, String, String);
+
+#[derive(Default)]
+struct Recorded(Mutex<Vec<Event>>);
+
+impl PodEvents for Recorded {
+    fn event(&self, _: &Pod, c: Option<&str>, kind: EventType, reason: &str, message: String) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((
+            c.map(str::to_string),
+            kind,
+            reason.to_string(),
+            message,
+        ));
+    }
+}
+
+#[test]
+fn source_names_every_type() {
+    let v = |j: serde_json::Value| -> Volume { serde_json::from_value(j).expect("a volume") };
+    assert_eq!(
+        source(&v(json!({"name": "a", "emptyDir": {}}))),
+        Source::EmptyDir { medium: "" }
+    );
+    assert_eq!(
+        source(&v(json!({"name": "a", "emptyDir": {"medium": "Memory"}}))),
+        Source::EmptyDir { medium: "Memory" }
+    );
+    // No source at all: the API server's defaulting makes it an emptyDir.
+    assert_eq!(
+        source(&v(json!({"name": "a"}))),
+        Source::EmptyDir { medium: "" }
+    );
+    assert!(matches!(
+        source(&v(json!({"name": "a", "hostPath": {"path": "/x"}}))),
+        Source::HostPath(h) if h.path == "/x"
+    ));
+    let others = [
+        (json!({"configMap": {"name": "c"}}), "configMap"),
+        (json!({"secret": {"secretName": "s"}}), "secret"),
+        (json!({"downwardAPI": {"items": []}}), "downwardAPI"),
+        (json!({"projected": {"sources": []}}), "projected"),
+        (
+            json!({"persistentVolumeClaim": {"claimName": "p"}}),
+            "persistentVolumeClaim",
+        ),
+        (json!({"nfs": {"server": "s", "path": "/"}}), "nfs"),
+        (json!({"csi": {"driver": "d"}}), "csi"),
+        (json!({"ephemeral": {}}), "ephemeral"),
+    ];
+    for (mut j, name) in others {
+        j["name"] = json!("a");
+        assert_eq!(source(&v(j)), Source::Unsupported(name.to_string()));
+    }
+}
+
+#[test]
+fn unsupported_types_are_refused_and_unused_volumes_ignored() {
+    let dir = tempfile::tempdir().expect("pods dir");
+    let p = pod_with(
+        json!([
+            {"name": "cfg", "configMap": {"name": "c"}},
+            {"name": "unused", "secret": {"secretName": "s"}},
+            {"name": "token", "projected": {"sources": []}},
+            {"name": "claim", "persistentVolumeClaim": {"claimName": "p"}},
+            {"name": "scratch", "emptyDir": {}}
+        ]),
+        &["cfg", "token", "claim", "scratch"],
+    );
+    let failed = set_up_volumes(dir.path(), &p);
+    let got: Vec<(&str, &str)> = failed
+        .iter()
+        .map(|f| (f.volume.as_str(), f.message.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "cfg",
+                "volume type configMap is not supported by nodelet yet"
+            ),
+            (
+                "token",
+                "volume type projected is not supported by nodelet yet"
+            ),
+            (
+                "claim",
+                "volume type persistentVolumeClaim is not supported by nodelet yet"
+            ),
+        ]
+    );
+    // What can be set up still is.
+    assert!(empty_dir_path(dir.path(), &p, "scratch").is_dir());
+    // Nothing is made for the refused ones.
+    let plugins: Vec<String> = std::fs::read_dir(dir.path().join("u-1/volumes"))
+        .expect("volumes dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(plugins, ["kubernetes.io~empty-dir"]);
+
+    // As an event per volume and one sync error naming them.
+    let events = Recorded::default();
+    let err = set_up(dir.path(), &p, &events).expect_err("refused");
+    let SyncError::Volumes(text) = &err else {
+        panic!("a volumes error: {err:?}");
+    };
+    assert!(
+        text.starts_with("unmounted volumes=[cfg token claim]: "),
+        "{text}"
+    );
+    let recorded = events.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    let (container, kind, reason, message) = &recorded[0];
+    assert_eq!(container, &None);
+    assert_eq!(*kind, EventType::Warning);
+    assert_eq!(reason, "FailedMount");
+    assert_eq!(
+        message,
+        "MountVolume.SetUp failed for volume \"cfg\" : volume type configMap is not supported \
+         by nodelet yet"
+    );
+}
+
+#[test]
+fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
+    let dir = tempfile::tempdir().expect("pods dir");
+    let p = pod_with(
+        json!([
+            {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "ram", "emptyDir": {"medium": "Memory"}},
+            {"name": "huge", "emptyDir": {"medium": "HugePages-2Mi"}},
+            {"name": "odd", "emptyDir": {"medium": "Tape"}}
+        ]),
+        &["scratch", "ram", "huge", "odd"],
+    );
+    let events = Recorded::default();
+    let err = set_up(dir.path(), &p, &events).expect_err("memory refused");
+    assert!(matches!(err, SyncError::Volumes(_)), "{err:?}");
+    let scratch = empty_dir_path(dir.path(), &p, "scratch");
+    assert_eq!(
+        scratch,
+        dir.path()
+            .join("u-1/volumes/kubernetes.io~empty-dir/scratch")
+    );
+    let mode = std::fs::metadata(&scratch)
+        .expect("made")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
+    assert!(!empty_dir_path(dir.path(), &p, "ram").exists());
+    let messages: Vec<String> = events
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|e| e.3.clone())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "MountVolume.SetUp failed for volume \"ram\" : emptyDir medium Memory is not \
+             supported by nodelet yet (only the node's disk)",
+            "MountVolume.SetUp failed for volume \"huge\" : emptyDir medium HugePages-2Mi is \
+             not supported by nodelet yet (only the node's disk)",
+            "MountVolume.SetUp failed for volume \"odd\" : unknown storage medium \"Tape\"",
+        ]
+    );
+    // Set up again: the same directory, nothing fails for it.
+    std::fs::write(scratch.join("kept"), "x").expect("a file in it");
+    let only = pod_with(json!([{"name": "scratch", "emptyDir": {}}]), &["scratch"]);
+    assert_eq!(set_up_volumes(dir.path(), &only), []);
+    assert!(scratch.join("kept").is_file());
+}
+
+#[test]
+fn host_path_type_checks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::create_dir(dir.path().join("dir")).expect("dir");
+    std::fs::write(dir.path().join("file"), "data").expect("file");
+    let _listener =
+        std::os::unix::net::UnixListener::bind(dir.path().join("sock")).expect("a socket");
+    std::os::unix::fs::symlink(dir.path().join("dir"), dir.path().join("link")).expect("link");
+
+    let ok = [
+        ("dir", "Directory"),
+        ("dir", "DirectoryOrCreate"),
+        ("link", "Directory"),
+        ("file", "File"),
+        ("file", "FileOrCreate"),
+        // Upstream's "file" is whatever exists and is not a directory.
+        ("sock", "File"),
+        ("sock", "Socket"),
+        ("missing", ""),
+    ];
+    for (name, t) in ok {
+        assert_eq!(check_host_path(&at(name), t), Ok(()), "{name} {t:?}");
+    }
+    assert_eq!(check_host_path("/dev/null", "CharDevice"), Ok(()));
+    assert_eq!(check_host_path("/dev/null", "File"), Ok(()));
+    // An unset type checks and makes nothing.
+    assert!(!dir.path().join("missing").exists());
+
+    let failing = [
+        ("file", "Directory", "is not a directory"),
+        ("missing", "Directory", "is not a directory"),
+        ("file", "DirectoryOrCreate", "is not a directory"),
+        ("dir", "File", "is not a file"),
+        ("missing", "File", "is not a file"),
+        ("dir", "FileOrCreate", "is not a file"),
+        ("file", "Socket", "is not a socket file"),
+        ("missing", "Socket", "is not a socket file"),
+        ("file", "CharDevice", "is not a character device"),
+        ("dir", "BlockDevice", "is not a block device"),
+    ];
+    for (name, t, what) in failing {
+        assert_eq!(
+            check_host_path(&at(name), t),
+            Err(format!("hostPath type check failed: {} {what}", at(name))),
+            "{name} {t:?}"
+        );
+    }
+    assert_eq!(
+        check_host_path("/dev/null", "BlockDevice"),
+        Err("hostPath type check failed: /dev/null is not a block device".to_string())
+    );
+    // A missing File is never made, as a file or a directory.
+    assert!(!dir.path().join("missing").exists());
+
+    assert_eq!(
+        check_host_path(&at("dir"), "Pipe"),
+        Err("Pipe is an invalid volume type".to_string())
+    );
+    let back = format!("{}/../x", at("dir"));
+    assert_eq!(
+        check_host_path(&back, ""),
+        Err(format!("invalid HostPath `{back}`: must not contain '..'"))
+    );
+    assert!(
+        check_host_path("rel/x", "")
+            .expect_err("relative")
+            .contains("must be an absolute path")
+    );
+}
+
+#[test]
+fn host_path_or_create_types_make_what_is_missing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let made_dir = dir.path().join("a/b/c");
+    assert_eq!(
+        check_host_path(&made_dir.display().to_string(), "DirectoryOrCreate"),
+        Ok(())
+    );
+    assert!(made_dir.is_dir(), "made with its parents");
+
+    let made_file = dir.path().join("a/new.txt");
+    assert_eq!(
+        check_host_path(&made_file.display().to_string(), "FileOrCreate"),
+        Ok(())
+    );
+    let meta = std::fs::metadata(&made_file).expect("made");
+    assert!(meta.is_file() && meta.len() == 0, "{meta:?}");
+    // An existing file is kept as it is.
+    std::fs::write(&made_file, "kept").expect("write");
+    assert_eq!(
+        check_host_path(&made_file.display().to_string(), "FileOrCreate"),
+        Ok(())
+    );
+    assert_eq!(std::fs::read_to_string(&made_file).expect("read"), "kept");
+
+    // As upstream, FileOrCreate makes no parent directory.
+    let orphan = dir.path().join("nope/new.txt");
+    let err =
+        check_host_path(&orphan.display().to_string(), "FileOrCreate").expect_err("no parent");
+    assert!(err.starts_with("creating file "), "{err}");
+    assert!(!dir.path().join("nope").exists());
+}
+
+#[test]
+fn host_path_volume_failures_are_per_volume() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing.conf").display().to_string();
+    let p = pod_with(
+        json!([
+            {"name": "conf", "hostPath": {"path": missing, "type": "File"}},
+            {"name": "any", "hostPath": {"path": "/dev/null"}}
+        ]),
+        &["conf", "any"],
+    );
+    let failed = set_up_volumes(dir.path(), &p);
+    assert_eq!(
+        failed,
+        [Failure {
+            volume: "conf".into(),
+            message: format!("hostPath type check failed: {missing} is not a file"),
+        }]
+    );
+    assert!(!Path::new(&missing).exists());
+}
+
+#[test]
+fn sub_paths_stay_in_their_volume() {
+    let host = tempfile::tempdir().expect("temp dir");
+    let vol = host.path().join("vol");
+    std::fs::create_dir(&vol).expect("volume");
+    std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::create_dir(host.path().join("outside")).expect("outside");
+    std::fs::create_dir(vol.join("in")).expect("in");
+    std::fs::write(vol.join("in/file"), "x").expect("file");
+    let link = |target: &Path, name: &str| {
+        std::os::unix::fs::symlink(target, vol.join(name)).expect("symlink");
+    };
+    link(Path::new("in"), "to-in");
+    link(Path::new("../outside"), "climbs-out");
+    link(&host.path().join("outside"), "absolute");
+    link(Path::new("/etc"), "etc");
+
+    // What exists beneath the volume, through a link that stays in it too.
+    for sub in ["in", "in/file", "to-in", "to-in/file"] {
+        assert_eq!(sub_path(&vol, Path::new(sub)), Ok(vol.join(sub)), "{sub}");
+    }
+    // Missing directories are made, with the volume's mode whatever the umask.
+    assert_eq!(
+        sub_path(&vol, Path::new("new/deeper")),
+        Ok(vol.join("new/deeper"))
+    );
+    for made in ["new", "new/deeper"] {
+        let mode = std::fs::metadata(vol.join(made))
+            .expect("made")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o777, "{made}: {mode:o}");
+    }
+    assert_eq!(
+        sub_path(&vol, Path::new("to-in/made")),
+        Ok(vol.join("to-in/made"))
+    );
+    assert!(
+        vol.join("in/made").is_dir(),
+        "made through the link, in the volume"
+    );
+
+    // Out of the volume through a link: refused, and nothing made outside.
+    for sub in [
+        "climbs-out",
+        "climbs-out/x",
+        "absolute/x",
+        "etc",
+        "etc/passwd",
+    ] {
+        let err = sub_path(&vol, Path::new(sub)).expect_err(sub);
+        assert!(err.contains("leads out of its volume"), "{sub}: {err}");
+    }
+    assert_eq!(
+        std::fs::read_dir(host.path().join("outside"))
+            .expect("outside")
+            .count(),
+        0
+    );
+    let err = sub_path(&vol, Path::new("in/file/x")).expect_err("through a file");
+    assert!(err.contains("not a directory"), "{err}");
+}
