@@ -304,11 +304,14 @@ impl Server {
     fn start(&mut self, id: &str) -> Result<Response> {
         let layout = self.layout.clone();
         let c = self.container_mut(id)?;
-        containers::start(&layout, c)?;
+        let started = containers::start(&layout, c);
         let status = c.status.clone();
-        containers::persist(&layout, &status);
-        self.publish(&status);
-        Ok(Response::Container(status))
+        if status.state != State::Created {
+            // Running, or exited because its program could not be executed.
+            containers::persist(&layout, &status);
+            self.publish(&status);
+        }
+        started.map(|()| Response::Container(status))
     }
 
     fn stop(&mut self, id: String, signal: i32, timeout_ms: u64, conn: UnixStream) {
