@@ -17,6 +17,9 @@ PKGS=(
   e2fsprogs
   curl
 )
+# kubectl, for the kubectl test against the test API server (tests/apiserver_semantics.rs): Debian's
+# kubernetes-client, unless a kubectl (another vendor's package) is already on PATH.
+command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -93,7 +93,7 @@ impl Backend {
                 let bin = match common::containerd::prerequisites() {
                     Ok(bin) => bin,
                     Err(why) => {
-                        eprintln!("SKIP ({why}): {test}");
+                        skip(&why, test);
                         return None;
                     }
                 };
@@ -1369,7 +1369,10 @@ async fn host_network_namespace(b: &Backend) {
 /// (Skipped on a containerd without pod network.)
 async fn private_pod_network_namespace(b: &Backend) {
     if !b.has_pod_network() {
-        eprintln!("SKIP (containerd has no pod network here): private_pod_network_namespace");
+        skip(
+            "containerd has no pod network here",
+            "private_pod_network_namespace",
+        );
         return;
     }
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
@@ -1397,7 +1400,7 @@ async fn private_pod_network_namespace(b: &Backend) {
 /// see tests/remote_containerd.rs.)
 async fn pod_network(b: &Backend) {
     if !b.has_pod_network() {
-        eprintln!("SKIP (containerd has no pod network here): pod_network");
+        skip("containerd has no pod network here", "pod_network");
         return;
     }
     let host_port = free_port();
