@@ -18,6 +18,9 @@ PKGS=(
   curl
   openssl             # a self-signed certificate for the HTTPS probe test
 )
+# kubectl, for the kubectl test against the test API server (tests/apiserver_semantics.rs): Debian's
+# kubernetes-client, unless a kubectl (another vendor's package) is already on PATH.
+command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -2,7 +2,7 @@
 # Runs every check and test of nodelet: formatting, lints, the dependency arrows, then the whole
 # test suite. Installs the system packages it needs first (scripts/setup.sh). Tests that need
 # root (real containers, cgroups, overlayfs mounts) run when this runs as root and skip loudly
-# otherwise.
+# otherwise; with CI=true (set by CI systems) a test that would skip fails instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

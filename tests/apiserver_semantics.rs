@@ -3,6 +3,7 @@
 //! kubectl when it is installed. No containers, no root.
 
 mod apiserver;
+mod common;
 
 use std::time::Duration;
 
@@ -1405,7 +1406,10 @@ async fn kubectl_get_create_apply_and_force_delete() {
         .output()
         .is_err()
     {
-        eprintln!("SKIP (kubectl not installed): kubectl_get_create_apply_and_force_delete");
+        common::skip(
+            "kubectl not installed; scripts/setup.sh installs it",
+            "kubectl_get_create_apply_and_force_delete",
+        );
         return;
     }
     let server = ApiServer::start().await;

@@ -179,8 +179,9 @@ async fn pull_with_basic_auth() {
     if !std::path::Path::new("/usr/bin/htpasswd").exists()
         || !std::path::Path::new("/usr/bin/docker-registry").exists()
     {
-        eprintln!(
-            "SKIP (needs htpasswd from apache2-utils and docker-registry; run scripts/setup.sh): pull_with_basic_auth"
+        skip(
+            "needs htpasswd from apache2-utils and docker-registry; run scripts/setup.sh",
+            "pull_with_basic_auth",
         );
         return;
     }

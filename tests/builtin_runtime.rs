@@ -931,3 +931,92 @@ async fn a_long_root_dir_works_and_is_adopted_again() {
     remove_cgroup_root(&cgroup_root);
     assert_no_leaks(&root, &cgroup_root);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn programs_that_cannot_be_executed_fail_the_start() {
+    if !root_or_skip("programs_that_cannot_be_executed_fail_the_start") {
+        return;
+    }
+    let node = Node::new("startfail").await;
+    let sb = node.sandbox("startfail").await;
+    let good = node.container(&sb, "good", &["sleep", "600"]).await;
+    // A script whose interpreter the image lacks: the file exists and may be executed, the
+    // kernel's execve fails (as for an ELF binary whose loader is missing).
+    let script = node.root.path().join("orphan-script");
+    std::fs::write(&script, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut orphan = container_config("orphan", &["/orphan"]);
+    orphan.mounts = vec![cri::Mount {
+        container_path: "/orphan".into(),
+        host_path: script.to_string_lossy().into_owned(),
+        readonly: true,
+        ..Default::default()
+    }];
+    let cases = [
+        (
+            container_config("missing", &["/nonexistent"]),
+            r#"exec: "/nonexistent": stat /nonexistent: no such file or directory"#,
+        ),
+        (
+            container_config("data", &["/etc/passwd"]),
+            r#"exec: "/etc/passwd": permission denied"#,
+        ),
+        (
+            container_config("unknown", &["no-such-command"]),
+            r#"exec: "no-such-command": executable file not found in $PATH"#,
+        ),
+        (orphan, "exec /orphan: no such file or directory"),
+    ];
+    for (config, why) in cases {
+        let name = config.metadata.as_ref().unwrap().name.clone();
+        let id = node.try_create(&sb, config).await.expect("CreateContainer");
+        let err = node
+            .rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect_err(&name);
+        assert!(err.message().contains(why), "{name}: {err}");
+        let s = node.status(&id).await;
+        assert_eq!(
+            s.state,
+            cri::ContainerState::ContainerExited as i32,
+            "{name}"
+        );
+        assert_eq!(
+            (s.exit_code, s.reason.as_str(), s.message.as_str()),
+            (128, "StartError", why),
+            "{name}"
+        );
+        assert_eq!(s.started_at, 0, "{name} never started");
+        assert!(s.finished_at > 0, "{name}");
+        // Nothing of libcontainer's in the container's own output.
+        let recs = log_records(std::path::Path::new(&s.log_path));
+        assert!(recs.is_empty(), "{name}: {recs:?}");
+        // Starting it again is refused; removing it works.
+        let again = node
+            .rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await;
+        assert!(again.is_err(), "{name} started again");
+        node.rt
+            .remove_container(cri::RemoveContainerRequest { container_id: id })
+            .await
+            .expect("RemoveContainer");
+    }
+
+    // The pod's other containers are unaffected, and new ones start.
+    let r = node.exec(&good, &["echo", "still here"]).await;
+    assert_eq!(
+        (r.exit_code, r.stdout.as_slice()),
+        (0, &b"still here\n"[..])
+    );
+    let (code, out, _) = node
+        .run_to_exit(&sb, container_config("after", &["echo", "after"]))
+        .await;
+    assert_eq!((code, out.as_str()), (0, "after\n"));
+    node.teardown().await;
+}

@@ -93,7 +93,7 @@ impl Backend {
                 let bin = match common::containerd::prerequisites() {
                     Ok(bin) => bin,
                     Err(why) => {
-                        eprintln!("SKIP ({why}): {test}");
+                        skip(&why, test);
                         return None;
                     }
                 };
@@ -538,6 +538,7 @@ suite!(
     exec_sync,
     stop_remove_and_idempotence,
     errors,
+    programs_that_cannot_be_executed,
     update_container_resources,
     host_network_namespace,
     private_pod_network_namespace,
@@ -554,6 +555,7 @@ suite!(
     exec_sync,
     stop_remove_and_idempotence,
     errors,
+    programs_that_cannot_be_executed,
     update_container_resources,
     host_network_namespace,
     private_pod_network_namespace,
@@ -1224,6 +1226,58 @@ async fn errors(b: &Backend) {
     assert_eq!(b.pods(Default::default()).await, vec![pod.0.clone()]);
 }
 
+/// A program that cannot be executed (missing, not executable) fails StartContainer with
+/// runc's reason, and the container is left exited with exit code 128 and reason StartError
+/// (containerd's message wraps the reason in its own words); nothing is written to its log and
+/// the pod's other containers carry on.
+async fn programs_that_cannot_be_executed(b: &Backend) {
+    let pod = b.pod("noexec").await;
+    let good = b.run(&pod, "good", &["sleep", "600"]).await;
+    for (name, cmd, why) in [
+        (
+            "missing",
+            "/nonexistent",
+            r#"exec: "/nonexistent": stat /nonexistent: no such file or directory"#,
+        ),
+        (
+            "data",
+            "/etc/passwd",
+            r#"exec: "/etc/passwd": permission denied"#,
+        ),
+    ] {
+        let id = b
+            .create(&pod, container_config(name, &[cmd]))
+            .await
+            .expect("CreateContainer");
+        let err =
+            b.rt.start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert!(err.message().contains(why), "{name}: {err}");
+        let s = b.status(&id).await;
+        assert_eq!(
+            (s.state, s.exit_code, s.reason.as_str()),
+            (
+                cri::ContainerState::ContainerExited as i32,
+                128,
+                "StartError"
+            ),
+            "{name}: {s:?}"
+        );
+        assert!(s.message.contains(why), "{name}: {s:?}");
+        assert_eq!(s.started_at, 0, "{name} never started");
+        assert!(s.finished_at > 0, "{name}: {s:?}");
+        // (containerd may not have made the file at all.)
+        let log = std::fs::read_to_string(&s.log_path).unwrap_or_default();
+        assert!(log.is_empty(), "{name}: {log:?}");
+        b.remove_container(&id).await.expect("RemoveContainer");
+    }
+    let r = b.exec(&good, &["echo", "still here"]).await;
+    assert_eq!((r.code, r.out.as_str()), (0, "still here\n"));
+}
+
 /// UpdateContainerResources of memory and CPU, read back from the container's cgroup.
 async fn update_container_resources(b: &Backend) {
     let v2 = cgroup_v2();
@@ -1315,7 +1369,10 @@ async fn host_network_namespace(b: &Backend) {
 /// (Skipped on a containerd without pod network.)
 async fn private_pod_network_namespace(b: &Backend) {
     if !b.has_pod_network() {
-        eprintln!("SKIP (containerd has no pod network here): private_pod_network_namespace");
+        skip(
+            "containerd has no pod network here",
+            "private_pod_network_namespace",
+        );
         return;
     }
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
@@ -1343,7 +1400,7 @@ async fn private_pod_network_namespace(b: &Backend) {
 /// see tests/remote_containerd.rs.)
 async fn pod_network(b: &Backend) {
     if !b.has_pod_network() {
-        eprintln!("SKIP (containerd has no pod network here): pod_network");
+        skip("containerd has no pod network here", "pod_network");
         return;
     }
     let host_port = free_port();

@@ -40,7 +40,7 @@ async fn start(test: &str) -> Option<(Containerd, RemoteRuntime)> {
     let bin = match containerd::prerequisites() {
         Ok(bin) => bin,
         Err(why) => {
-            eprintln!("SKIP ({why}): {test}");
+            skip(&why, test);
             return None;
         }
     };
@@ -252,10 +252,13 @@ async fn containerd_pod_network() {
         return;
     };
     let Some(net) = ctd.pod_network().cloned() else {
-        eprintln!(
-            "SKIP (needs the CNI plugins bridge, host-local, portmap and loopback in {}: \
-             Debian's containernetworking-plugins, scripts/setup.sh): {test}",
-            containerd::CNI_BIN_DIR
+        skip(
+            &format!(
+                "needs the CNI plugins bridge, host-local, portmap and loopback in {}: \
+                 Debian's containernetworking-plugins, scripts/setup.sh",
+                containerd::CNI_BIN_DIR
+            ),
+            test,
         );
         return;
     };

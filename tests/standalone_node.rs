@@ -176,6 +176,8 @@ async fn static_pods_lifecycle() {
         containers(root).await.is_empty().then_some(())
     })
     .await;
+    // The sandboxes go after their containers, on a later pass of the garbage collection.
+    node.wait_all_removed().await;
     drop(agent);
     node.assert_all_gone().await;
 }

@@ -113,7 +113,7 @@ fn imports_both_formats_resolves_and_mounts_a_working_rootfs() {
     assert!(info.inodes_used > 10, "{info:?}");
 
     if !is_root() {
-        eprintln!("SKIP (needs root): overlay rootfs part of the busybox test");
+        common::skip("needs root", "overlay rootfs part of the busybox test");
         return;
     }
     let target = dir.path().join("rootfs");
@@ -419,7 +419,7 @@ async fn pulls_from_a_local_registry() {
         assert!(target.join("bin/sh").exists());
         store.release_rootfs("pulled", &target).unwrap();
     } else {
-        eprintln!("SKIP (needs root): mounting the pulled image");
+        common::skip("needs root", "mounting the pulled image");
     }
     drop(registry);
 }
@@ -482,7 +482,7 @@ fn owner(path: &Path) -> (u32, u32) {
 #[test]
 fn an_id_mapped_rootfs_belongs_to_the_namespace_root() {
     if !is_root() {
-        eprintln!("SKIP (needs root): ID-mapped rootfs");
+        common::skip("needs root", "ID-mapped rootfs");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -88,7 +88,7 @@ impl ApiNode {
                 let bin = match containerd::prerequisites() {
                     Ok(bin) => bin,
                     Err(why) => {
-                        eprintln!("SKIP ({why}): {test}");
+                        super::skip(&why, test);
                         return None;
                     }
                 };

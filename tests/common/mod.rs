@@ -18,13 +18,29 @@ use runtime::{RuntimeService, cri};
 
 pub const BUSYBOX: &str = "docker.io/library/busybox:latest";
 
-/// True when running as root; otherwise prints a loud SKIP line for `test`.
+/// True when running as root; otherwise [`skip`]s `test`.
 pub fn root_or_skip(test: &str) -> bool {
     if nix_is_root() {
         return true;
     }
-    eprintln!("SKIP (needs root): {test} runs real containers");
+    skip("needs root", &format!("{test} runs real containers"));
     false
+}
+
+/// Says that `test` cannot run on this machine because of `why`: a loud `SKIP (why): test` line
+/// on stderr, and the test passes. Under CI (`CI` set to `true` or `1`, as CI systems do) the
+/// test fails with that line instead: CI never passes a test it did not run.
+pub fn skip(why: &str, test: &str) {
+    let line = format!("SKIP ({why}): {test}");
+    if ci() {
+        panic!("{line}");
+    }
+    eprintln!("{line}");
+}
+
+/// True when the `CI` environment variable says this is a CI run.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
 fn nix_is_root() -> bool {

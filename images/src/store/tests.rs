@@ -327,7 +327,7 @@ fn remove_deletes_all_tags_and_unreferenced_content() {
 #[test]
 fn remove_is_refused_while_a_rootfs_uses_the_image() {
     if !is_root() {
-        eprintln!("SKIP (needs root): remove while in use mounts an overlay");
+        crate::testutil::skip("needs root", "remove while in use mounts an overlay");
         return;
     }
     let (dir, store) = store();
@@ -356,7 +356,7 @@ fn remove_is_refused_while_a_rootfs_uses_the_image() {
 #[test]
 fn rootfs_through_fd_paths_and_conflicting_keys() {
     if !is_root() {
-        eprintln!("SKIP (needs root): mounts overlays");
+        crate::testutil::skip("needs root", "mounts overlays");
         return;
     }
     let (dir, store) = store();

@@ -145,7 +145,10 @@ fn hardlinks_symlinks_and_metadata() {
 #[test]
 fn whiteouts_and_opaque_dirs() {
     if !is_root() {
-        eprintln!("SKIP (needs root): whiteouts are 0:0 device nodes, opaque dirs trusted xattrs");
+        crate::testutil::skip(
+            "needs root",
+            "whiteouts are 0:0 device nodes, opaque dirs trusted xattrs",
+        );
         return;
     }
     let mut t = Tar::new();
@@ -182,7 +185,7 @@ fn whiteouts_and_opaque_dirs() {
 #[test]
 fn devices_and_fifos() {
     if !is_root() {
-        eprintln!("SKIP (needs root): mknod of device nodes");
+        crate::testutil::skip("needs root", "mknod of device nodes");
         return;
     }
     let mut t = Tar::new();
@@ -213,7 +216,7 @@ fn devices_and_fifos() {
 #[test]
 fn trusted_overlay_xattrs_from_the_layer_are_ignored() {
     if !is_root() {
-        eprintln!("SKIP (needs root): trusted xattrs");
+        crate::testutil::skip("needs root", "trusted xattrs");
         return;
     }
     let mut t = Tar::new();

@@ -326,7 +326,7 @@ mod tests {
     #[test]
     fn tables_are_installed_replaced_and_removed() {
         if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("SKIP (needs root): tables_are_installed_replaced_and_removed");
+            crate::skip("needs root", "tables_are_installed_replaced_and_removed");
             return;
         }
         let bridge = format!("nlnat{}", std::process::id() % 100_000);

@@ -16,6 +16,7 @@ use nix::unistd::{Pid, pipe2};
 
 use super::exec::receive_master;
 use super::ns::pidfd_open;
+use super::payload;
 use crate::logs::{LogWriter, Stream};
 use crate::protocol::{ATTACH_STDERR, ATTACH_STDOUT};
 use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
@@ -34,6 +35,9 @@ pub struct Ctr {
     pub stdin_once: bool,
     /// Connections following its output.
     pub attached: Vec<Attacher>,
+    /// Until `start`: the read end of the pipe on which its init reports a program it could
+    /// not execute (see [`payload`](super::payload)).
+    pub report: Option<OwnedFd>,
 }
 
 /// An attach connection (non-blocking).
@@ -119,10 +123,12 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
             format!("opening log file {:?}: {e}", spec.log_path),
         )
     })?;
+    let (report, payload) = payload::report_pipe()?;
     let mut builder = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
         .with_root_path(layout.container_root())
         .and_then(|b| b.validate_id())
-        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?;
+        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?
+        .with_executor(payload);
     let mut out = [None, None];
     let mut stdin = None;
     let mut console = None;
@@ -205,6 +211,7 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
         stdin,
         stdin_once: spec.stdin_once && !terminal,
         attached: Vec::new(),
+        report: Some(report),
     })
 }
 
@@ -224,9 +231,34 @@ pub fn start(layout: &Layout, c: &mut Ctr) -> Result<()> {
     container
         .start()
         .map_err(|e| lc_error("starting", &c.status.id, e))?;
+    if let Some(why) = c.report.take().as_ref().and_then(payload::read_report) {
+        start_failed(c, &why);
+        return Err(Error::new(
+            Kind::InvalidArgument,
+            format!("starting container {}: {why}", c.status.id),
+        ));
+    }
     c.status.state = State::Running;
     c.status.started_at = now_ns();
     Ok(())
+}
+
+/// Records that a container's init could not execute its program (it exits right after
+/// saying why): exited without having started, with containerd's start-error code and reason
+/// and `why` as the message.
+fn start_failed(c: &mut Ctr, why: &str) {
+    use nix::sys::wait::waitpid;
+    // The init is exiting; reaped here, its exit is not recorded as the program's.
+    let _ = waitpid(Pid::from_raw(c.status.pid), None);
+    pump_output(c);
+    c.attached.clear();
+    c.stdin = None;
+    c.pidfd = None;
+    c.status.state = State::Exited;
+    c.status.exit_code = payload::START_ERROR_EXIT_CODE;
+    c.status.finished_at = now_ns();
+    c.status.reason = payload::START_ERROR_REASON.into();
+    c.status.message = why.into();
 }
 
 /// Sends `signal` to the container's init, if it is still alive.

@@ -7,6 +7,7 @@
 mod containers;
 mod exec;
 mod ns;
+mod payload;
 mod server;
 mod streams;
 mod wire;

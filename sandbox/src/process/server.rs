@@ -29,12 +29,31 @@ struct StopWait {
     /// drops a signal sent to a PID namespace's init that has no handler for it (a stop right
     /// after start, before the program installed its handler). A signal sent while the process
     /// showed no handler is sent again (each time the process still shows none, once more after
-    /// it shows one), until the grace period ends.
+    /// it shows one), on the [`next_resend`] schedule, until the grace period ends.
     resend_at: Option<Instant>,
+    /// How many times `signal` has been sent again.
+    resent: u32,
 }
 
-/// How often a stop signal dropped by a namespace init is sent again.
-const RESEND_EVERY: Duration = Duration::from_millis(250);
+/// The first wait before a stop signal a namespace init may have dropped is sent again: a
+/// program usually installs its handler within a few milliseconds of starting.
+const RESEND_FIRST: Duration = Duration::from_millis(2);
+/// The longest wait between two sends of a stop signal (the wait doubles up to it).
+const RESEND_MAX: Duration = Duration::from_millis(250);
+
+/// The wait before resending a stop signal for the `n`-th time (from 0): 2 ms, doubling, at
+/// most [`RESEND_MAX`].
+fn resend_delay(n: u32) -> Duration {
+    let factor = 1u32.checked_shl(n).unwrap_or(u32::MAX);
+    RESEND_FIRST.saturating_mul(factor).min(RESEND_MAX)
+}
+
+/// When to resend a stop signal for the `n`-th time after `now`, or `None` when that would not
+/// come before `kill_at` (the SIGKILL there ends the container anyway).
+fn next_resend(now: Instant, n: u32, kill_at: Option<Instant>) -> Option<Instant> {
+    let at = now + resend_delay(n);
+    kill_at.is_some_and(|k| at < k).then_some(at)
+}
 
 pub struct Server {
     pub(super) layout: Layout,
@@ -153,7 +172,8 @@ impl Server {
             .min()
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
-        let ms = u16::try_from(next.as_millis()).unwrap_or(1000);
+        // Rounded up: a wake-up before the deadline would only poll again.
+        let ms = u16::try_from(next.as_micros().div_ceil(1000)).unwrap_or(1000);
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(_) => fds
                 .iter()
@@ -284,11 +304,14 @@ impl Server {
     fn start(&mut self, id: &str) -> Result<Response> {
         let layout = self.layout.clone();
         let c = self.container_mut(id)?;
-        containers::start(&layout, c)?;
+        let started = containers::start(&layout, c);
         let status = c.status.clone();
-        containers::persist(&layout, &status);
-        self.publish(&status);
-        Ok(Response::Container(status))
+        if status.state != State::Created {
+            // Running, or exited because its program could not be executed.
+            containers::persist(&layout, &status);
+            self.publish(&status);
+        }
+        started.map(|()| Response::Container(status))
     }
 
     fn stop(&mut self, id: String, signal: i32, timeout_ms: u64, conn: UnixStream) {
@@ -307,15 +330,18 @@ impl Server {
         };
         let maybe_dropped = sig != Signal::SIGKILL && containers::dropped_by_init(c, sig);
         containers::signal(c, sig);
-        let kill_at =
-            (sig != Signal::SIGKILL).then(|| Instant::now() + Duration::from_millis(timeout_ms));
-        let resend_at = maybe_dropped.then(|| Instant::now() + RESEND_EVERY);
+        let now = Instant::now();
+        let kill_at = (sig != Signal::SIGKILL).then(|| now + Duration::from_millis(timeout_ms));
+        let resend_at = maybe_dropped
+            .then(|| next_resend(now, 0, kill_at))
+            .flatten();
         self.stops.push(StopWait {
             id,
             conn,
             kill_at,
             signal: sig,
             resend_at,
+            resent: 0,
         });
     }
 
@@ -430,7 +456,10 @@ impl Server {
                 if let Some(c) = self.containers.get(&s.id) {
                     let maybe_dropped = containers::dropped_by_init(c, s.signal);
                     containers::signal(c, s.signal);
-                    s.resend_at = maybe_dropped.then(|| now + RESEND_EVERY);
+                    s.resent = s.resent.saturating_add(1);
+                    s.resend_at = maybe_dropped
+                        .then(|| next_resend(now, s.resent, s.kill_at))
+                        .flatten();
                 }
             }
         }
@@ -518,5 +547,40 @@ impl Server {
 impl Error {
     fn from_io(e: std::io::Error) -> Error {
         Error::new(Kind::InvalidArgument, format!("reading request: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resends_start_within_milliseconds_back_off_and_are_capped() {
+        let delays: Vec<u128> = (0..10).map(|n| resend_delay(n).as_millis()).collect();
+        assert_eq!(delays, [2, 4, 8, 16, 32, 64, 128, 250, 250, 250]);
+        assert_eq!(resend_delay(u32::MAX), RESEND_MAX);
+    }
+
+    #[test]
+    fn resends_stay_before_the_kill_deadline() {
+        let start = Instant::now();
+        let kill_at = start + Duration::from_secs(2);
+        let mut at = start;
+        let mut sends = Vec::new();
+        let mut n = 0;
+        while let Some(next) = next_resend(at, n, Some(kill_at)) {
+            assert!(next > at && next < kill_at);
+            sends.push(next - start);
+            at = next;
+            n += 1;
+        }
+        assert_eq!(sends.first(), Some(&Duration::from_millis(2)));
+        // 2 + 4 + … + 128 ms = 254 ms, then every 250 ms until 2 s: 1754 ms is the last.
+        assert_eq!(sends.last(), Some(&Duration::from_millis(1754)));
+        assert_eq!(sends.len(), 13);
+        // A grace period shorter than the first wait leaves the SIGKILL alone.
+        assert_eq!(next_resend(start, 0, Some(start + RESEND_FIRST)), None);
+        // A SIGKILL (no deadline) is never resent.
+        assert_eq!(next_resend(start, 0, None), None);
     }
 }
