@@ -50,7 +50,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use common::procs::{self, Kind, Memory, cpu_snapshot, cpu_used};
 use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::PodStatus;
@@ -299,6 +299,9 @@ struct Measured {
     exec: Stats,
     ready_end: usize,
     restarts: i32,
+    exec_failed: usize,
+    /// Whether all pods were Ready at once before the window.
+    all_ready: bool,
     removed_after: Duration,
 }
 
@@ -429,9 +432,15 @@ fn summary(b: &Measured, c: &Measured) {
         c.ready_after.as_secs_f64()
     );
     println!(
-        "   after the window      {} / {} Ready, {} / {} restarts",
-        b.ready_end, c.ready_end, b.restarts, c.restarts
+        "   after the window      {} / {} Ready, {} / {} restarts; failed ExecSync calls {} / {}",
+        b.ready_end, c.ready_end, b.restarts, c.restarts, b.exec_failed, c.exec_failed
     );
+    for m in [b, c].iter().filter(|m| !m.all_ready) {
+        println!(
+            "   NOTE: {}'s pods were never all Ready at once: its numbers are those of a node that cannot keep up",
+            m.name
+        );
+    }
     let holds = |ok: bool| if ok { "HOLDS" } else { "DOES NOT HOLD" };
     println!(
         "   aim: built-in ExecSync median at most 1/5 of containerd's: {} (ratio {exec_median:.3}, at most {AIM_EXEC_RATIO})",
@@ -525,34 +534,41 @@ async fn measure(
         std::fs::write(&path, serde_json::to_vec_pretty(&pod)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let timeout = Duration::from_secs(300 + 3 * uids.len() as u64);
-    loop {
+    // A node that cannot keep up (liveness probes timing out, containers restarting) may never
+    // have them all Ready at once: after the timeout it is measured as it is, and says so.
+    let timeout = Duration::from_secs(120 + 2 * uids.len() as u64);
+    let all_ready = loop {
         let ready = uids
             .iter()
             .filter(|u| kubelet.pod_status(u).is_some_and(|s| is_ready(&s)))
             .count();
         if ready == uids.len() {
-            break;
+            break true;
         }
         if start.elapsed() > timeout {
             let uid = uids
                 .iter()
                 .find(|u| !kubelet.pod_status(u).is_some_and(|s| is_ready(&s)));
             let uid = uid.cloned().unwrap_or_default();
-            bail!(
+            let why = format!(
                 "{ready} of {} pods Ready after {timeout:?}; {uid}: {}",
                 uids.len(),
                 describe(kubelet.pod_status(&uid))
             );
+            ensure!(ready > 0, "{why}");
+            println!("   {name:<11} NOTE: {why}; measuring anyway");
+            break false;
         }
         tokio::time::sleep(POLL).await;
-    }
+    };
     let ready_after = start.elapsed();
-    println!(
-        "   {name:<11} all {} pods Ready {:.1} s after their manifests were written",
-        uids.len(),
-        ready_after.as_secs_f64()
-    );
+    if all_ready {
+        println!(
+            "   {name:<11} all {} pods Ready {:.1} s after their manifests were written",
+            uids.len(),
+            ready_after.as_secs_f64()
+        );
+    }
     tokio::time::sleep(SETTLE).await;
 
     // The CPU window.
@@ -629,6 +645,8 @@ async fn measure(
         exec: stats(&[]),
         ready_end,
         restarts,
+        exec_failed: 0,
+        all_ready,
         removed_after: Duration::ZERO,
     };
     print_cpu(&m);
@@ -640,13 +658,16 @@ async fn measure(
 
     // ExecSync from this process, round robin over the containers, the probes still running.
     let containers = running_containers(rt, uids).await?;
-    ensure!(
-        containers.len() == uids.len(),
-        "{} running containers for {} pods",
-        containers.len(),
-        uids.len()
-    );
+    ensure!(!containers.is_empty(), "no running container");
+    if containers.len() != uids.len() {
+        println!(
+            "   {name:<11} NOTE: {} running containers for {} pods",
+            containers.len(),
+            uids.len()
+        );
+    }
     let mut lat = Vec::with_capacity(opts.execs);
+    let mut failed = Vec::new();
     for i in 0..opts.execs {
         let id = &containers[i % containers.len()];
         let t = Instant::now();
@@ -656,16 +677,32 @@ async fn measure(
                 cmd: vec!["true".into()],
                 timeout: 5,
             })
-            .await
-            .with_context(|| format!("ExecSync in {id}"))?;
+            .await;
+        // A failed call counts with the time it took (a timeout: 5 s or more).
         lat.push(t.elapsed());
-        ensure!(
-            r.exit_code == 0,
-            "ExecSync(true) in {id}: exit code {}: {}",
-            r.exit_code,
-            String::from_utf8_lossy(&r.stderr)
+        match r {
+            Ok(r) if r.exit_code == 0 => {}
+            Ok(r) => failed.push(format!(
+                "exit code {}: {}",
+                r.exit_code,
+                String::from_utf8_lossy(&r.stderr).trim()
+            )),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    ensure!(
+        failed.len() < opts.execs,
+        "every ExecSync failed, e.g. {:?}",
+        failed.first()
+    );
+    if let Some(first) = failed.first() {
+        println!(
+            "   {name:<11} NOTE: {} of {} ExecSync calls failed (counted with their time), e.g. {first}",
+            failed.len(),
+            opts.execs
         );
     }
+    m.exec_failed = failed.len();
     m.exec = stats(&lat);
     println!(
         "   {name:<11} ExecSync([\"true\"], timeout 5 s), {} sequential calls over {} containers: median {:.2} ms  p99 {:.2} ms  min {:.2} ms",
