@@ -42,7 +42,7 @@ mod containerd;
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
@@ -50,6 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use common::procs::{self, Group, Kind, Memory, Proc, mib};
 use common::{is_root, loadavg, median_sorted, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodelet::kubelet::gc::{GarbageCollector, PodState};
@@ -240,13 +241,6 @@ struct Kubelet {
     gc: GarbageCollector,
     /// Who counts for the memory: see [`Kubelet::memory`].
     kind: Kind,
-}
-
-enum Kind {
-    /// The runtime's root dir: sandbox processes name it on their command line.
-    Builtin { root: String },
-    /// containerd's pid and temp dir (its shims name it on their command line).
-    Containerd { pid: u32, dir: String },
 }
 
 impl Kubelet {
@@ -822,174 +816,13 @@ fn mounts_under(k: &Kubelet) -> Result<Vec<String>> {
 // ---------------------------------------------------------------------------------------------
 // Processes and memory.
 
-struct Proc {
-    pid: u32,
-    ppid: u32,
-    /// NUL-separated, as in /proc/<pid>/cmdline.
-    cmdline: String,
-}
-
-fn processes() -> Vec<Proc> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        out.push(Proc {
-            pid,
-            ppid,
-            cmdline: String::from_utf8_lossy(&cmdline).into_owned(),
-        });
-    }
-    out
-}
-
-/// The processes of a backend: `group` (first the agent or containerd, then the sandbox
-/// processes, or the shims and their other descendants) and `apps` (the containers' processes).
-struct Group {
-    group: Vec<Proc>,
-    apps: Vec<Proc>,
-}
-
+/// The processes of a backend; the containers' processes are `sleep 3600`.
 fn group_processes(k: &Kubelet) -> Result<Group> {
-    let all = processes();
-    let (head, marker) = match &k.kind {
-        Kind::Builtin { root } => (std::process::id(), root.as_str()),
-        Kind::Containerd { pid, dir } => (*pid, dir.as_str()),
-    };
-    let mut members: HashSet<u32> = all
-        .iter()
-        .filter(|p| p.pid == head || p.cmdline.contains(marker))
-        .map(|p| p.pid)
-        .collect();
-    ensure!(members.contains(&head), "process {head} is gone");
-    // Descendants of the sandbox processes / shims (not of the agent's or containerd's other
-    // children): the containers, and for containerd the pause processes and runc.
-    let mut apps = HashSet::new();
-    let roots: HashSet<u32> = members.iter().copied().filter(|p| *p != head).collect();
-    let mut frontier: Vec<u32> = roots.into_iter().collect();
-    while let Some(parent) = frontier.pop() {
-        for p in all.iter().filter(|p| p.ppid == parent) {
-            if members.contains(&p.pid) || apps.contains(&p.pid) {
-                continue;
-            }
-            if p.cmdline == APP_CMDLINE {
-                apps.insert(p.pid);
-            } else if matches!(k.kind, Kind::Containerd { .. }) {
-                members.insert(p.pid);
-            } else {
-                // The built-in runtime's sandboxes run nothing but containers.
-                apps.insert(p.pid);
-            }
-            frontier.push(p.pid);
-        }
-    }
-    let mut group = Vec::new();
-    let mut app_procs = Vec::new();
-    for p in all {
-        if p.pid == head {
-            group.insert(0, p);
-        } else if members.contains(&p.pid) {
-            group.push(p);
-        } else if apps.contains(&p.pid) {
-            app_procs.push(p);
-        }
-    }
-    Ok(Group {
-        group,
-        apps: app_procs,
-    })
-}
-
-/// PSS in kB of the head process (agent / containerd), by kind of the others, and of the apps.
-struct Memory {
-    head: u64,
-    /// (kind, count, PSS kB): sandbox processes; shims; pause and other shim children.
-    others: BTreeMap<&'static str, (usize, u64)>,
-    apps: (usize, u64),
-}
-
-impl Memory {
-    fn total(&self) -> u64 {
-        self.head + self.others.values().map(|(_, kb)| kb).sum::<u64>()
-    }
-
-    fn print(&self, name: &str) {
-        let head = if name == "builtin" {
-            "agent"
-        } else {
-            "containerd"
-        };
-        let mut parts = vec![format!("{head} {:.1}", mib(self.head))];
-        for (kind, (count, kb)) in &self.others {
-            parts.push(format!(
-                "{count} {kind} {:.1} ({:.2} each)",
-                mib(*kb),
-                mib(*kb) / (*count).max(1) as f64
-            ));
-        }
-        println!(
-            "   {name:<11} memory PSS {:>6.1} MiB = {}; containers' own processes: {} with {:.1} MiB (not counted)",
-            mib(self.total()),
-            parts.join(" + "),
-            self.apps.0,
-            mib(self.apps.1)
-        );
-    }
+    procs::group_processes(&k.kind, |cmdline| cmdline == APP_CMDLINE)
 }
 
 fn memory(k: &Kubelet) -> Result<Memory> {
-    let procs = group_processes(k)?;
-    let mut mem = Memory {
-        head: 0,
-        others: BTreeMap::new(),
-        apps: (0, 0),
-    };
-    for (i, p) in procs.group.iter().enumerate() {
-        // A process may exit between the listing and the read (a runc call): skip it.
-        let Ok(kb) = pss(p.pid) else { continue };
-        if i == 0 {
-            mem.head = kb;
-            continue;
-        }
-        let kind = match k.kind {
-            Kind::Builtin { .. } => "sandboxes",
-            Kind::Containerd { .. } if p.cmdline.contains("containerd-shim") => "shims",
-            Kind::Containerd { .. } => "pause/other",
-        };
-        let e = mem.others.entry(kind).or_default();
-        e.0 += 1;
-        e.1 += kb;
-    }
-    for p in &procs.apps {
-        if let Ok(kb) = pss(p.pid) {
-            mem.apps.0 += 1;
-            mem.apps.1 += kb;
-        }
-    }
-    Ok(mem)
-}
-
-/// PSS in kB from /proc/<pid>/smaps_rollup.
-fn pss(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/smaps_rollup");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow!("no Pss in {path}"))
+    Ok(procs::memory(&k.kind, &group_processes(k)?))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -999,8 +832,4 @@ fn median_f(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     median_sorted(&v)
-}
-
-fn mib(kb: u64) -> f64 {
-    kb as f64 / 1024.0
 }

@@ -1,6 +1,9 @@
-//! Helpers both benchmarks use: the machine's load, the root check, and cleaning up what a
-//! run left behind (mounts, cgroups).
+//! Helpers the benchmarks share: the machine's load, the root check, statistics, cleaning up
+//! what a run left behind (mounts, cgroups), and the processes of a node with their memory and
+//! CPU time ([`procs`]).
 #![allow(dead_code)]
+
+pub mod procs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,910 @@
+//! The cost of probing: N pods, each with an exec liveness probe and an HTTP readiness probe
+//! every second, through the real kubelet, on the built-in runtime and on a private containerd
+//! (Debian's `containerd` 1.6 with `runc`).
+//!
+//! ```sh
+//! sudo cargo bench --bench probes                                  # 100 pods, 60 s window
+//! sudo BENCH_PROBE_PODS=20 BENCH_PROBE_SECS=30 cargo bench --bench probes
+//! ```
+//!
+//! For each runtime (built-in first, then containerd) the kubelet runs standalone in this
+//! process (`nodelet::kubelet::Kubelet::start` with no API server) with N static pods written to
+//! its `staticPodPath`. Each pod: one busybox container running `httpd -f -p <port> -h /www`
+//! after `mkdir -p /www; echo ok > /www/healthz`, an exec liveness probe (`cat /www/healthz`)
+//! and an HTTP readiness probe (`GET /healthz` on the port), both `periodSeconds: 1`. The pods
+//! are on the pod network of each runtime (the built-in runtime's own bridge, a bridge of this
+//! run's own; containerd's CNI bridge), port 8080 in every pod; without containerd's CNI
+//! plugins, on the node's network on both runtimes, port 8080 + i for pod i.
+//!
+//! Once all N pods are Ready (polled from `Kubelet::pod_status`) and a few seconds later, over a
+//! window of `BENCH_PROBE_SECS` (60) seconds it measures CPU time: utime + stime + cutime +
+//! cstime (the last two: children waited for, such as runc or the probe's command) from
+//! `/proc/<pid>/stat` at the start and the end of the window, of
+//! - **builtin**: the agent (this process: the kubelet and the in-process runtime) and every
+//!   sandbox process;
+//! - **containerd**: containerd, every shim and the shims' other children (pause processes,
+//!   runc); the kubelet (this process) is shown apart.
+//!
+//! The containers' own processes (httpd, and its children serving the readiness probes) are
+//! shown apart and counted on neither side. Then the memory (PSS, as `benches/pods.rs`), then
+//! `BENCH_PROBE_EXECS` (300) sequential `ExecSync(["true"], timeout 5 s)` calls from this
+//! process, round robin over the containers, with the probes still running: median and p99
+//! (nearest rank). Finally the ratios builtin / containerd and whether the aims of issue 11
+//! hold: the built-in runtime's ExecSync median at most a fifth of containerd's, and the probing
+//! built-in node (agent + sandboxes) at most 5% of one core.
+//!
+//! The pods go by deleting their manifests; the kubelet kills them and its garbage collection
+//! removes them; the bench waits until the runtime lists none, stops the kubelet, and checks
+//! that no sandbox process, shim or mount is left. Needs root, `containerd`, `runc` and
+//! `docker-registry`; otherwise prints a SKIP line and exits 0.
+
+#[path = "../tests/common/containerd.rs"]
+mod containerd;
+
+mod common;
+
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use common::procs::{self, Kind, Memory, cpu_snapshot, cpu_used};
+use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
+use k8s_openapi::api::core::v1::PodStatus;
+use nodelet::config::KubeletConfig;
+use nodelet::kubelet::{Kubelet, Runtime};
+use runtime::builtin::{BuiltinRuntime, Config, NetworkConfig, SANDBOX_SUBCOMMAND};
+use runtime::{RuntimeService, cri};
+
+use containerd::{BUSYBOX, Containerd};
+
+const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+const NODE_NAME: &str = "bench-node";
+/// The port httpd listens on in each pod (on the pod network).
+const PORT: u16 = 8080;
+/// Before the window: the probe workers' random first delays are over, the last pod's start
+/// is done.
+const SETTLE: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(100);
+/// The aims of issue 11.
+const AIM_EXEC_RATIO: f64 = 0.2;
+const AIM_CPU_PERCENT: f64 = 5.0;
+
+struct Opts {
+    pods: usize,
+    window: Duration,
+    execs: usize,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == SANDBOX_SUBCOMMAND) {
+        // The built-in runtime re-executes this binary as a sandbox process (no threads yet).
+        let Some(dir) = args.get(2) else {
+            eprintln!("usage: {SANDBOX_SUBCOMMAND} STATE_DIR");
+            return ExitCode::from(2);
+        };
+        nodelet::logging::init_sandbox();
+        let code = runtime::builtin::sandbox_main(Path::new(dir));
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
+    if !args.iter().any(|a| a == "--bench") {
+        println!("benches/probes.rs: not a benchmark run; use `cargo bench --bench probes`");
+        return ExitCode::SUCCESS;
+    }
+    if !is_root() {
+        println!("SKIP (needs root): the probes benchmark runs real containers");
+        return ExitCode::SUCCESS;
+    }
+    let ctd_bin = match containerd::prerequisites() {
+        Ok(bin) => bin,
+        Err(why) => {
+            println!("SKIP ({why}): the probes benchmark");
+            return ExitCode::SUCCESS;
+        }
+    };
+    let opts = match opts() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NODELET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libcgroups=error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let tokio = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio.block_on(bench(&ctd_bin, &opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn opts() -> Result<Opts> {
+    let num = |name: &str, default: usize| -> Result<usize> {
+        match std::env::var(name) {
+            Err(_) => Ok(default),
+            Ok(s) => s
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| anyhow!("{name} must be a positive integer, not {s:?}")),
+        }
+    };
+    let pods = num("BENCH_PROBE_PODS", 100)?;
+    ensure!(
+        pods <= 200,
+        "BENCH_PROBE_PODS: at most 200 (a /24 per pod network)"
+    );
+    Ok(Opts {
+        pods,
+        window: Duration::from_secs(num("BENCH_PROBE_SECS", 60)? as u64),
+        execs: num("BENCH_PROBE_EXECS", 300)?,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up and clean-up.
+
+/// Builds the image, opens both runtimes, measures, and removes everything it made.
+async fn bench(ctd_bin: &Path, opts: &Opts) -> Result<()> {
+    let work = tempfile::Builder::new()
+        .prefix("nodelet-bench-probes-")
+        .tempdir()
+        .context("creating the work dir")?;
+    let busybox = work.path().join("busybox.tar");
+    build_busybox(&busybox)?;
+
+    // The built-in runtime (short root path: sandbox socket paths must fit sun_path), on a
+    // bridge and /24 of this run's own.
+    let root = tempfile::Builder::new()
+        .prefix("nlq")
+        .tempdir()
+        .context("creating the runtime root dir")?;
+    let cgroup_root = format!("/nodelet-bench-probes-{}", std::process::id());
+    let network = own_network(root.path())?;
+    let mut cfg = Config::new(root.path()).context("runtime config")?;
+    cfg.cgroup_root = cgroup_root.clone();
+    cfg.network = Some(network.clone());
+    let builtin = BuiltinRuntime::new(cfg)
+        .await
+        .context("opening the built-in runtime")?;
+
+    // The private containerd; dropping it kills it, its shims and their mounts.
+    let ctd = Containerd::start(ctd_bin, &busybox).await;
+
+    let result = run(&builtin, root.path(), &ctd, &busybox, work.path(), opts).await;
+
+    // Clean-up whatever happened: sandboxes left by a failure, mounts, cgroups, the bridge,
+    // containerd.
+    remove_all_sandboxes(&builtin).await;
+    drop(builtin);
+    let mut cleanup = Vec::new();
+    if let Err(e) = unmount_under(root.path()) {
+        cleanup.push(e);
+    }
+    if let Err(e) = remove_cgroup(&cgroup_root) {
+        cleanup.push(e);
+    }
+    if let Err(e) = runtime::builtin::remove_node_network(&network) {
+        cleanup.push(anyhow!("removing bridge {}: {e}", network.bridge));
+    }
+    drop(ctd);
+    for e in &cleanup {
+        eprintln!("cleanup: {e:#}");
+    }
+    result?;
+    match cleanup.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A bridge `nlq<pid>` and a /24 of 10.91.0.0/16 no address of this machine is in, so that
+/// nothing else's pod network is touched. No masquerade: nothing leaves the node.
+fn own_network(root: &Path) -> Result<NetworkConfig> {
+    let addrs = Command::new("ip")
+        .args(["-o", "-4", "addr"])
+        .output()
+        .context("running ip -o -4 addr")?;
+    let addrs = String::from_utf8_lossy(&addrs.stdout);
+    let first = std::process::id() % 250;
+    let n = (0..250)
+        .map(|k| (first + k) % 250 + 1)
+        .find(|n| !addrs.contains(&format!(" 10.91.{n}.")))
+        .ok_or_else(|| anyhow!("no free /24 in 10.91.0.0/16"))?;
+    Ok(NetworkConfig {
+        bridge: format!("nlq{}", std::process::id() % 1_000_000),
+        pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.91.{n}.0/24"))?,
+        ipam_dir: root.join("ipam"),
+        masquerade: false,
+    })
+}
+
+fn build_busybox(out: &Path) -> Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
+    let res = Command::new("bash")
+        .arg(&script)
+        .arg(out)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running `bash {}`", script.display()))?;
+    ensure!(
+        res.status.success(),
+        "{} failed ({}): {}",
+        script.display(),
+        res.status,
+        String::from_utf8_lossy(&res.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Stops and removes every sandbox of `rt` (what a failure left).
+async fn remove_all_sandboxes(rt: &dyn RuntimeService) {
+    let Ok(list) = rt.list_pod_sandbox(Default::default()).await else {
+        return;
+    };
+    for sb in list.items {
+        let id = sb.id;
+        let _ = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        let _ = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two runs and the summary.
+
+/// What one runtime's run measured.
+struct Measured {
+    name: &'static str,
+    head: &'static str,
+    ready_after: Duration,
+    window: Duration,
+    /// Percent of one core: the head (agent / containerd), each other part (count, percent).
+    cpu_head: f64,
+    cpu_parts: Vec<(&'static str, usize, f64)>,
+    /// This process when it is not the head (the kubelet on containerd).
+    cpu_kubelet: Option<f64>,
+    /// The containers' own processes (not counted).
+    cpu_apps: (usize, f64),
+    /// The whole machine's busy CPU in percent of one core, everything else included.
+    cpu_machine: f64,
+    memory: Memory,
+    exec: Stats,
+    ready_end: usize,
+    restarts: i32,
+    exec_failed: usize,
+    /// Whether all pods were Ready at once before the window.
+    all_ready: bool,
+    removed_after: Duration,
+}
+
+impl Measured {
+    fn cpu_total(&self) -> f64 {
+        self.cpu_head + self.cpu_parts.iter().map(|p| p.2).sum::<f64>()
+    }
+
+    /// The node's total: for containerd with the kubelet.
+    fn cpu_node(&self) -> f64 {
+        self.cpu_total() + self.cpu_kubelet.unwrap_or(0.0)
+    }
+}
+
+async fn run(
+    builtin: &BuiltinRuntime,
+    root: &Path,
+    ctd: &Containerd,
+    busybox: &Path,
+    work: &Path,
+    opts: &Opts,
+) -> Result<()> {
+    builtin
+        .image_store()
+        .import(busybox)
+        .context("importing busybox into the built-in runtime")?;
+    let remote = Arc::new(
+        runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(120))
+            .await
+            .map_err(|e| anyhow!("connecting to containerd: {e}\n{}", ctd.log()))?,
+    );
+    ctd.pull_all(remote.as_ref()).await;
+    let pod_network = ctd.has_pod_network();
+
+    println!(
+        "== probes: {} pods through the kubelet (Kubelet::start, standalone, static pods), each a busybox `httpd` with an exec liveness probe (`cat /www/healthz`) and an HTTP readiness probe (GET /healthz), both periodSeconds 1",
+        opts.pods
+    );
+    println!(
+        "   network: {}; {} CPUs; load {}",
+        if pod_network {
+            format!(
+                "each runtime's pod network (built-in: bridge of this run's own; containerd: CNI bridge), port {PORT} in every pod"
+            )
+        } else {
+            format!(
+                "hostNetwork on both runtimes (containerd has no CNI plugins), port {PORT} + i for pod i"
+            )
+        },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
+    );
+    println!(
+        "   CPU over a {:.0} s window once all pods are Ready: utime+stime+cutime+cstime from /proc/<pid>/stat, % of one core",
+        opts.window.as_secs_f64()
+    );
+
+    let b = Arc::new(builtin.clone());
+    let builtin_run = one_runtime(
+        "builtin",
+        Runtime {
+            runtime: b.clone(),
+            images: b,
+        },
+        Kind::Builtin {
+            root: root.to_string_lossy().into_owned(),
+        },
+        work,
+        pod_network,
+        opts,
+    )
+    .await
+    .context("builtin")?;
+    let containerd_run = one_runtime(
+        "containerd",
+        Runtime {
+            runtime: remote.clone(),
+            images: remote,
+        },
+        Kind::Containerd {
+            pid: ctd.pid(),
+            dir: ctd.dir().to_string_lossy().into_owned(),
+        },
+        work,
+        pod_network,
+        opts,
+    )
+    .await
+    .map_err(|e| anyhow!("containerd: {e:#}\n{}", ctd.log()))?;
+    summary(&builtin_run, &containerd_run);
+    Ok(())
+}
+
+fn summary(b: &Measured, c: &Measured) {
+    println!("== summary, builtin / containerd");
+    let exec_median = b.exec.median / c.exec.median;
+    println!(
+        "   ExecSync(true) median {:>8.2} ms / {:>8.2} ms   ratio {exec_median:.3}",
+        b.exec.median, c.exec.median
+    );
+    println!(
+        "   ExecSync(true) p99    {:>8.2} ms / {:>8.2} ms   ratio {:.3}",
+        b.exec.p99,
+        c.exec.p99,
+        b.exec.p99 / c.exec.p99
+    );
+    println!(
+        "   CPU, % of one core    {:>8.2}    / {:>8.2}      ratio {:.3}   (agent + sandboxes / containerd + shims + pause)",
+        b.cpu_total(),
+        c.cpu_total(),
+        b.cpu_total() / c.cpu_total()
+    );
+    println!(
+        "   CPU with the kubelet  {:>8.2}    / {:>8.2}      ratio {:.3}   (the containerd node's kubelet added)",
+        b.cpu_node(),
+        c.cpu_node(),
+        b.cpu_node() / c.cpu_node()
+    );
+    println!(
+        "   memory PSS            {:>8.1} MiB / {:>6.1} MiB  ratio {:.3}",
+        procs::mib(b.memory.total()),
+        procs::mib(c.memory.total()),
+        b.memory.total() as f64 / c.memory.total() as f64
+    );
+    println!(
+        "   all pods Ready after  {:>8.1} s  / {:>8.1} s    (manifests written -> every pod Ready)",
+        b.ready_after.as_secs_f64(),
+        c.ready_after.as_secs_f64()
+    );
+    println!(
+        "   after the window      {} / {} Ready, {} / {} restarts; failed ExecSync calls {} / {}",
+        b.ready_end, c.ready_end, b.restarts, c.restarts, b.exec_failed, c.exec_failed
+    );
+    for m in [b, c].iter().filter(|m| !m.all_ready) {
+        println!(
+            "   NOTE: {}'s pods were never all Ready at once: its numbers are those of a node that cannot keep up",
+            m.name
+        );
+    }
+    let holds = |ok: bool| if ok { "HOLDS" } else { "DOES NOT HOLD" };
+    println!(
+        "   aim: built-in ExecSync median at most 1/5 of containerd's: {} (ratio {exec_median:.3}, at most {AIM_EXEC_RATIO})",
+        holds(exec_median <= AIM_EXEC_RATIO)
+    );
+    println!(
+        "   aim: the probing built-in node (agent + sandboxes) at most {AIM_CPU_PERCENT}% of one core: {} ({:.2}%)",
+        holds(b.cpu_total() <= AIM_CPU_PERCENT),
+        b.cpu_total()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// One runtime: start the kubelet and the pods, measure, remove them.
+
+async fn one_runtime(
+    name: &'static str,
+    rt: Runtime,
+    kind: Kind,
+    work: &Path,
+    pod_network: bool,
+    opts: &Opts,
+) -> Result<Measured> {
+    println!("-- {name} (load {})", loadavg());
+    let dir = work.join(name);
+    let manifests = dir.join("manifests");
+    for d in [&manifests, &dir.join("root"), &dir.join("logs")] {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let cfg = KubeletConfig {
+        static_pod_path: manifests.clone(),
+        file_check_frequency: Duration::from_secs(1),
+        pod_logs_dir: dir.join("logs"),
+        root_dir: dir.join("root"),
+        node_name: NODE_NAME.into(),
+        node_ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        max_pods: u32::try_from(opts.pods).unwrap_or(u32::MAX).max(110),
+        ..KubeletConfig::default()
+    };
+    let runtime = rt.runtime.clone();
+    let kubelet = Kubelet::start(cfg, rt, None)
+        .await
+        .context("starting the kubelet")?;
+    let uids: Vec<String> = (0..opts.pods)
+        .map(|i| format!("{name}-probe-{i}-{}", std::process::id()))
+        .collect();
+    let measured = measure(
+        name,
+        &kubelet,
+        runtime.as_ref(),
+        &kind,
+        &manifests,
+        &uids,
+        pod_network,
+        opts,
+    )
+    .await;
+    // Whatever happened: the pods go through the kubelet, then the kubelet stops.
+    let removed = remove_pods(runtime.as_ref(), &manifests, &uids).await;
+    kubelet.stop().await;
+    if removed.is_err() {
+        remove_all_sandboxes(runtime.as_ref()).await;
+    }
+    let mut m = measured?;
+    m.removed_after = removed?;
+    check_nothing_left(runtime.as_ref(), &kind).await?;
+    println!(
+        "   {name:<11} pods removed (manifests deleted -> no sandbox listed) in {:.1} s; nothing left",
+        m.removed_after.as_secs_f64()
+    );
+    Ok(m)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    name: &'static str,
+    kubelet: &Kubelet,
+    rt: &dyn RuntimeService,
+    kind: &Kind,
+    manifests: &Path,
+    uids: &[String],
+    pod_network: bool,
+    opts: &Opts,
+) -> Result<Measured> {
+    // All pods at once, then wait until every one is Ready.
+    let start = Instant::now();
+    for (i, uid) in uids.iter().enumerate() {
+        let port = if pod_network { PORT } else { PORT + i as u16 };
+        let path = manifests.join(format!("probe-{i}.json"));
+        let pod = manifest(i, uid, port, !pod_network);
+        std::fs::write(&path, serde_json::to_vec_pretty(&pod)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    // A node that cannot keep up (liveness probes timing out, containers restarting) may never
+    // have them all Ready at once: after the timeout it is measured as it is, and says so.
+    let timeout = Duration::from_secs(120 + 2 * uids.len() as u64);
+    let all_ready = loop {
+        let ready = uids
+            .iter()
+            .filter(|u| kubelet.pod_status(u).is_some_and(|s| is_ready(&s)))
+            .count();
+        if ready == uids.len() {
+            break true;
+        }
+        if start.elapsed() > timeout {
+            let uid = uids
+                .iter()
+                .find(|u| !kubelet.pod_status(u).is_some_and(|s| is_ready(&s)));
+            let uid = uid.cloned().unwrap_or_default();
+            let why = format!(
+                "{ready} of {} pods Ready after {timeout:?}; {uid}: {}",
+                uids.len(),
+                describe(kubelet.pod_status(&uid))
+            );
+            ensure!(ready > 0, "{why}");
+            println!("   {name:<11} NOTE: {why}; measuring anyway");
+            break false;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let ready_after = start.elapsed();
+    if all_ready {
+        println!(
+            "   {name:<11} all {} pods Ready {:.1} s after their manifests were written",
+            uids.len(),
+            ready_after.as_secs_f64()
+        );
+    }
+    tokio::time::sleep(SETTLE).await;
+
+    // The CPU window.
+    let is_app = |cmdline: &str| cmdline.starts_with("httpd\0");
+    let agent = std::process::id();
+    let g0 = procs::group_processes(kind, is_app)?;
+    let m0 = procs::machine_ticks();
+    let (c0, a0, k0) = (
+        cpu_snapshot(&g0.group),
+        cpu_snapshot(&g0.apps),
+        procs::cpu_ticks(agent),
+    );
+    let t0 = Instant::now();
+    tokio::time::sleep(opts.window).await;
+    let g1 = procs::group_processes(kind, is_app)?;
+    let (c1, a1, k1) = (
+        cpu_snapshot(&g1.group),
+        cpu_snapshot(&g1.apps),
+        procs::cpu_ticks(agent),
+    );
+    let m1 = procs::machine_ticks();
+    let window = t0.elapsed();
+    let hz = procs::clock_ticks() as f64;
+    let pct = |ticks: u64| ticks as f64 / hz / window.as_secs_f64() * 100.0;
+    let head = g1.group.first().map_or(0, |p| p.pid);
+    let cpu_head = pct(cpu_used(&c0, &c1, head));
+    let mut parts: Vec<(&'static str, usize, f64)> = Vec::new();
+    for p in g1.group.iter().skip(1) {
+        let part = kind.part(p);
+        let used = pct(cpu_used(&c0, &c1, p.pid));
+        match parts.iter_mut().find(|(k, _, _)| *k == part) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += used;
+            }
+            None => parts.push((part, 1, used)),
+        }
+    }
+    let apps: f64 = g1.apps.iter().map(|p| pct(cpu_used(&a0, &a1, p.pid))).sum();
+    let cpu_kubelet = match kind {
+        Kind::Builtin { .. } => None,
+        Kind::Containerd { .. } => Some(pct(k1.unwrap_or(0).saturating_sub(k0.unwrap_or(0)))),
+    };
+    let cpu_machine = match (m0, m1) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            (b1 - b0) as f64 / (t1 - t0) as f64 * cpus * 100.0
+        }
+        _ => f64::NAN,
+    };
+    let statuses: Vec<Option<PodStatus>> = uids.iter().map(|u| kubelet.pod_status(u)).collect();
+    let ready_end = statuses
+        .iter()
+        .filter(|s| s.as_ref().is_some_and(is_ready))
+        .count();
+    let restarts: i32 = statuses
+        .iter()
+        .flatten()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|c| c.restart_count)
+        .sum();
+    let memory = procs::memory(kind, &g1);
+    let mut m = Measured {
+        name,
+        head: kind.head(),
+        ready_after,
+        window,
+        cpu_head,
+        cpu_parts: parts,
+        cpu_kubelet,
+        cpu_apps: (g1.apps.len(), apps),
+        cpu_machine,
+        memory,
+        exec: stats(&[]),
+        ready_end,
+        restarts,
+        exec_failed: 0,
+        all_ready,
+        removed_after: Duration::ZERO,
+    };
+    print_cpu(&m);
+    m.memory.print(name);
+    println!(
+        "   {name:<11} at the end of the window: {ready_end} of {} pods Ready, {restarts} container restarts",
+        uids.len()
+    );
+
+    // ExecSync from this process, round robin over the containers, the probes still running.
+    let containers = running_containers(rt, uids).await?;
+    ensure!(!containers.is_empty(), "no running container");
+    if containers.len() != uids.len() {
+        println!(
+            "   {name:<11} NOTE: {} running containers for {} pods",
+            containers.len(),
+            uids.len()
+        );
+    }
+    let mut lat = Vec::with_capacity(opts.execs);
+    let mut failed = Vec::new();
+    for i in 0..opts.execs {
+        let id = &containers[i % containers.len()];
+        let t = Instant::now();
+        let r = rt
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec!["true".into()],
+                timeout: 5,
+            })
+            .await;
+        // A failed call counts with the time it took (a timeout: 5 s or more).
+        lat.push(t.elapsed());
+        match r {
+            Ok(r) if r.exit_code == 0 => {}
+            Ok(r) => failed.push(format!(
+                "exit code {}: {}",
+                r.exit_code,
+                String::from_utf8_lossy(&r.stderr).trim()
+            )),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    ensure!(
+        failed.len() < opts.execs,
+        "every ExecSync failed, e.g. {:?}",
+        failed.first()
+    );
+    if let Some(first) = failed.first() {
+        println!(
+            "   {name:<11} NOTE: {} of {} ExecSync calls failed (counted with their time), e.g. {first}",
+            failed.len(),
+            opts.execs
+        );
+    }
+    m.exec_failed = failed.len();
+    m.exec = stats(&lat);
+    println!(
+        "   {name:<11} ExecSync([\"true\"], timeout 5 s), {} sequential calls over {} containers: median {:.2} ms  p99 {:.2} ms  min {:.2} ms",
+        m.exec.n,
+        containers.len(),
+        m.exec.median,
+        m.exec.p99,
+        m.exec.min
+    );
+    Ok(m)
+}
+
+fn print_cpu(m: &Measured) {
+    let mut parts = vec![format!("{} {:.2}", m.head, m.cpu_head)];
+    for (part, count, pct) in &m.cpu_parts {
+        parts.push(format!("{count} {part} {pct:.2}"));
+    }
+    let kubelet = m
+        .cpu_kubelet
+        .map(|k| format!("; the kubelet (this process, apart) {k:.2}"))
+        .unwrap_or_default();
+    println!(
+        "   {:<11} CPU over {:.1} s: {:.2}% of one core = {}{kubelet}; containers' own processes: {} with {:.2} (not counted); whole machine busy {:.0}% of one core (everything on it)",
+        m.name,
+        m.window.as_secs_f64(),
+        m.cpu_total(),
+        parts.join(" + "),
+        m.cpu_apps.0,
+        m.cpu_apps.1,
+        m.cpu_machine
+    );
+}
+
+/// The static pod `i`: busybox httpd on `port`, an exec liveness probe and an HTTP readiness
+/// probe every second.
+fn manifest(i: usize, uid: &str, port: u16, host_network: bool) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("probe-{i}"), "namespace": "bench", "uid": uid},
+        "spec": {
+            "hostNetwork": host_network,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "web",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", format!(
+                    "mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p {port} -h /www"
+                )],
+                "ports": [{"containerPort": port}],
+                "livenessProbe": {
+                    "exec": {"command": ["cat", "/www/healthz"]},
+                    "periodSeconds": 1,
+                },
+                "readinessProbe": {
+                    "httpGet": {"path": "/healthz", "port": port},
+                    "periodSeconds": 1,
+                },
+            }],
+        },
+    })
+}
+
+fn is_ready(status: &PodStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn describe(status: Option<PodStatus>) -> String {
+    match status {
+        None => "no status".into(),
+        Some(s) => {
+            let containers: Vec<String> = s
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| {
+                    format!(
+                        "{} ready {} restarts {} {:?}",
+                        c.name,
+                        c.ready,
+                        c.restart_count,
+                        c.state.and_then(|s| s.waiting)
+                    )
+                })
+                .collect();
+            format!("phase {:?} {containers:?}", s.phase)
+        }
+    }
+}
+
+/// The IDs of the running containers of the pods `uids`.
+async fn running_containers(rt: &dyn RuntimeService, uids: &[String]) -> Result<Vec<String>> {
+    let list = rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                state: Some(cri::ContainerStateValue {
+                    state: cri::ContainerState::ContainerRunning as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .context("ListContainers")?;
+    let mut ids: Vec<(String, String)> = list
+        .containers
+        .into_iter()
+        .filter_map(|c| {
+            let uid = c.labels.get(LABEL_POD_UID)?;
+            uids.contains(uid).then(|| (uid.clone(), c.id))
+        })
+        .collect();
+    ids.sort();
+    Ok(ids.into_iter().map(|(_, id)| id).collect())
+}
+
+/// Deletes the manifests and waits until the runtime lists no sandbox of the pods (the kubelet
+/// kills them, its housekeeping removes them); how long that took.
+async fn remove_pods(
+    rt: &dyn RuntimeService,
+    manifests: &Path,
+    uids: &[String],
+) -> Result<Duration> {
+    let start = Instant::now();
+    let files: Vec<PathBuf> = std::fs::read_dir(manifests)
+        .with_context(|| format!("listing {}", manifests.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    for f in files {
+        std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+    }
+    let timeout = Duration::from_secs(120 + uids.len() as u64);
+    loop {
+        let left = rt
+            .list_pod_sandbox(Default::default())
+            .await
+            .context("ListPodSandbox")?
+            .items
+            .into_iter()
+            .filter(|s| {
+                s.labels
+                    .get(LABEL_POD_UID)
+                    .is_some_and(|u| uids.contains(u))
+            })
+            .count();
+        if left == 0 {
+            return Ok(start.elapsed());
+        }
+        ensure!(
+            start.elapsed() < timeout,
+            "{left} sandboxes left {timeout:?} after the manifests were deleted"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// No sandbox or container in the runtime, no sandbox process or shim, no mount.
+async fn check_nothing_left(rt: &dyn RuntimeService, kind: &Kind) -> Result<()> {
+    let sandboxes = rt
+        .list_pod_sandbox(Default::default())
+        .await
+        .context("ListPodSandbox")?
+        .items;
+    ensure!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    let containers = rt
+        .list_containers(Default::default())
+        .await
+        .context("ListContainers")?
+        .containers;
+    ensure!(containers.is_empty(), "containers left: {containers:?}");
+    let dir = match kind {
+        Kind::Builtin { root } => root,
+        Kind::Containerd { dir, .. } => dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let procs = procs::group_processes(kind, |_| false)?;
+        let extra: Vec<String> = procs
+            .group
+            .iter()
+            .skip(1)
+            .chain(&procs.apps)
+            .map(|p| format!("{} {}", p.pid, p.cmdline.replace('\0', " ")))
+            .collect();
+        let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
+        let mounts: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(dir.as_str()))
+            .collect();
+        if extra.is_empty() && mounts.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "left after removing the pods: processes {extra:?}, mounts {mounts:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
