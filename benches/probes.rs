@@ -471,6 +471,7 @@ async fn one_runtime(
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let cfg = KubeletConfig {
+        server: nodelet::config::ServerConfig::loopback_any_port(),
         static_pod_path: manifests.clone(),
         file_check_frequency: Duration::from_secs(1),
         pod_logs_dir: dir.join("logs"),

@@ -19,6 +19,9 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+mod server;
+pub use server::{AuthzMode, ServerConfig};
+
 /// The only accepted `apiVersion`.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// The only accepted `kind`.
@@ -109,6 +112,8 @@ pub struct KubeletConfig {
     /// `nodeletPodMasquerade`: whether the built-in runtime masquerades pod traffic leaving the
     /// pod CIDR.
     pub pod_masquerade: bool,
+    /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
+    pub server: ServerConfig,
 }
 
 impl Default for KubeletConfig {
@@ -143,6 +148,7 @@ impl Default for KubeletConfig {
             pod_cidr: "10.88.0.0/16".to_string(),
             pod_bridge: "nodelet0".to_string(),
             pod_masquerade: true,
+            server: ServerConfig::default(),
         }
     }
 }
@@ -267,6 +273,9 @@ struct RawConfig {
     nodelet_pod_bridge: Option<Typed<String>>,
     nodelet_pod_masquerade: Option<Typed<bool>>,
     nodelet_testing: Option<Testing>,
+    /// The server's fields (taken before `other` sees the rest).
+    #[serde(flatten)]
+    server: server::RawServer,
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
@@ -299,6 +308,7 @@ impl RawConfig {
                 t.into_config()?
             }
         };
+        let server = self.server.into_config(&mut warnings)?;
         warnings.sort();
 
         let pod_pids_limit = match get(self.pod_pids_limit) {
@@ -408,6 +418,7 @@ impl RawConfig {
             serialize_image_pulls,
             max_parallel_image_pulls,
             testing,
+            server,
             pod_cidr,
             pod_bridge: get(self.nodelet_pod_bridge).unwrap_or(d.pod_bridge),
             pod_masquerade: get(self.nodelet_pod_masquerade).unwrap_or(d.pod_masquerade),

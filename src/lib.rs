@@ -14,5 +14,6 @@ pub mod node;
 pub mod pod;
 pub mod pod_workers;
 pub mod prober;
+pub mod server;
 pub mod sources;
 pub mod status_manager;

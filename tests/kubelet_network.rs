@@ -58,6 +58,7 @@ impl Kubelet {
             std::fs::write(manifests.join(file), manifest).expect("write");
         }
         let cfg = KubeletConfig {
+            server: nodelet::config::ServerConfig::loopback_any_port(),
             static_pod_path: manifests,
             root_dir: dir.path().join("root"),
             pod_logs_dir: dir.path().join("logs"),

@@ -34,6 +34,7 @@ impl Node {
             std::fs::write(manifests.join(file), manifest).expect("write");
         }
         let cfg = KubeletConfig {
+            server: nodelet::config::ServerConfig::loopback_any_port(),
             static_pod_path: manifests.clone(),
             root_dir: dir.path().join("root"),
             pod_logs_dir: dir.path().join("logs"),

@@ -42,7 +42,11 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
             }
             cfg
         }
-        None => config::KubeletConfig::default(),
+        // Without a file, the command line's legacy defaults for the server, as upstream.
+        None => config::KubeletConfig {
+            server: config::ServerConfig::legacy(),
+            ..Default::default()
+        },
     };
     cfg.root_dir = root_dir.to_path_buf();
     if let Some(name) = args.hostname_override {

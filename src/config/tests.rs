@@ -161,14 +161,14 @@ nodeletPodMasquerade: false
 #[test]
 fn json_and_unknown_fields_warn() {
     let text = r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "maxPods": 7, "fooBar": 1, "authentication": {"anonymous": {"enabled": false}},
+        "maxPods": 7, "fooBar": 1, "authentication": {"anonymous": {"enabled": false}, "oidc": 1},
         "nodeletTesting": {"other": 1}}"#;
     let (c, w) = parse(text).unwrap();
     assert_eq!(c.max_pods, 7);
     assert_eq!(
         w,
         vec![
-            "unknown field \"authentication\" ignored".to_string(),
+            "unknown field \"authentication.oidc\" ignored".to_string(),
             "unknown field \"fooBar\" ignored".to_string(),
             "unknown field \"nodeletTesting.other\" ignored".to_string(),
         ]
@@ -434,16 +434,76 @@ nodeletTesting:
   crashLoopBackOffMax: 20s
   fastForward: true
   aNested: {deeper: 1}
-authentication: {anonymous: {enabled: false}}
+authentication: {anonymous: {enabled: false, extra: 1}}
 "#);
     assert_eq!(c.testing.crash_loop_back_off_max, Duration::from_secs(20));
     assert_eq!(
         w,
         vec![
-            "unknown field \"authentication\" ignored".to_string(),
+            "unknown field \"authentication.anonymous.extra\" ignored".to_string(),
             "unknown field \"nodeletTesting.aNested\" ignored".to_string(),
             "unknown field \"nodeletTesting.fastForward\" ignored".to_string(),
             "unknown field \"zzz\" ignored".to_string(),
         ]
     );
+}
+
+#[test]
+fn the_servers_fields_with_upstreams_defaults() {
+    let (c, w) = ok("");
+    assert!(w.is_empty());
+    let s = &c.server;
+    assert_eq!(
+        (s.port, s.healthz_port, s.read_only_port),
+        (10250, 10248, 0)
+    );
+    assert!(!s.anonymous && s.token_webhook);
+    assert_eq!(s.authz_mode, AuthzMode::Webhook);
+    assert_eq!(s.token_cache_ttl, Duration::from_secs(120));
+    let (c, w) = ok(r#"
+address: 127.0.0.1
+port: 0
+healthzPort: 0
+tlsMinVersion: VersionTLS13
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false, cacheTTL: 10s}
+  x509: {clientCAFile: /etc/ca.crt}
+authorization:
+  mode: AlwaysAllow
+  webhook: {cacheAuthorizedTTL: 1m, cacheUnauthorizedTTL: 5s}
+"#);
+    assert!(w.is_empty(), "{w:?}");
+    let s = &c.server;
+    assert_eq!(s.address.to_string(), "127.0.0.1");
+    assert_eq!((s.port, s.healthz_port), (0, 0));
+    assert!(s.tls13_only && s.anonymous && !s.token_webhook);
+    assert_eq!(s.token_cache_ttl, Duration::from_secs(10));
+    assert_eq!(s.client_ca_file.as_deref(), Some(Path::new("/etc/ca.crt")));
+    assert_eq!(s.authz_mode, AuthzMode::AlwaysAllow);
+    assert_eq!(
+        (s.authz_allowed_ttl, s.authz_denied_ttl),
+        (Duration::from_secs(60), Duration::from_secs(5))
+    );
+    for (text, error) in [
+        (
+            "authorization: {mode: RBAC}",
+            "authorization.mode: \"RBAC\" is not AlwaysAllow or Webhook",
+        ),
+        ("port: 70000", "port: 70000 is not a valid port"),
+        (
+            "tlsMinVersion: VersionTLS10",
+            "tlsMinVersion: VersionTLS10 is not supported: rustls speaks TLS 1.2 and 1.3 only",
+        ),
+        (
+            "authentication: {anonymous: {enabled: 3}}",
+            "authentication.anonymous.enabled: must be true or false, not 3",
+        ),
+        (
+            "tlsCertFile: /a.crt",
+            "tlsCertFile: tlsCertFile and tlsPrivateKeyFile go together",
+        ),
+    ] {
+        assert_eq!(err(&format!("{HEAD}{text}\n")), error);
+    }
 }

@@ -90,9 +90,7 @@ impl Kubelet {
         );
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
-        // Admission checks pods against the registered Node, or against this one before that.
-        let local_node = crate::node::build_node(&facts, &cfg);
+        let mut facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
         let opts = ContainerOptions {
             sandbox: SandboxOptions {
                 pod_logs_dir: cfg.pod_logs_dir.clone(),
@@ -143,6 +141,35 @@ impl Kubelet {
         // The PLEG and the pod cache.
         let cache = Arc::new(pod_cache::PodCache::new());
         let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
+
+        // The kubelet server (10250) and healthz (10248); the Node advertises the port bound.
+        let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
+        let bound = {
+            let health = pleg_health.clone();
+            crate::server::start(
+                crate::server::ServerDeps {
+                    cfg: cfg.server.clone(),
+                    node_name: cfg.node_name.clone(),
+                    node_ips: vec![facts.node_ip],
+                    root_dir: cfg.root_dir.clone(),
+                    pod_logs_dir: cfg.pod_logs_dir.clone(),
+                    client: client.clone(),
+                    rt: rt.runtime.clone(),
+                    pods: pods_rx,
+                    status: status.clone(),
+                    health: Arc::new(move || match health.problem() {
+                        Some(p) => Err(p),
+                        None => Ok(()),
+                    }),
+                },
+                &mut tasks,
+                cancel.clone(),
+            )
+            .await?
+        };
+        facts.kubelet_port = bound.port;
+        // Admission checks pods against the registered Node, or against this one before that.
+        let local_node = crate::node::build_node(&facts, &cfg);
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
         let (refresh_tx, refresh_rx) = mpsc::unbounded_channel();
         let pleg = pleg::Pleg {
@@ -278,6 +305,7 @@ impl Kubelet {
             expected_sources,
             recorder,
             desired: desired_tx,
+            pods: pods_tx,
             changes: 0,
         };
         tasks.spawn(sync_loop.run(

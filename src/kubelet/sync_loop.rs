@@ -29,6 +29,8 @@ pub struct SyncLoop {
     pub expected_sources: Vec<&'static str>,
     pub recorder: EventRecorder,
     pub desired: watch::Sender<Desired>,
+    /// The pods the sources want, for the kubelet server (`/pods`, `/containerLogs`).
+    pub pods: watch::Sender<Arc<Vec<k8s_openapi::api::core::v1::Pod>>>,
     /// Things that happened to pods (source changes, PLEG changes, workers forgotten): the
     /// housekeeping task collects garbage when this moved.
     pub changes: u64,
@@ -66,6 +68,7 @@ impl SyncLoop {
                     for change in self.merger.merge(update) {
                         dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &node, change);
                     }
+                    self.pods.send_replace(Arc::new(self.merger.pods()));
                 }
                 Some(uid) = changed.recv() => {
                     self.changes += 1;

@@ -22,6 +22,7 @@ pub(crate) fn facts() -> NodeFacts {
         architecture: "amd64".into(),
         container_runtime_version: "nodelet://0.1.0".into(),
         kubelet_version: "v1.37.0+nodelet.0.1.0".into(),
+        kubelet_port: 10250,
     }
 }
 

@@ -55,6 +55,8 @@ pub struct NodeFacts {
     /// `<runtime name>://<runtime version>`.
     pub container_runtime_version: String,
     pub kubelet_version: String,
+    /// The kubelet server's port, advertised in `daemonEndpoints` (the one bound).
+    pub kubelet_port: u16,
 }
 
 impl NodeFacts {
@@ -89,6 +91,7 @@ impl NodeFacts {
             architecture: goarch(std::env::consts::ARCH).to_string(),
             container_runtime_version: format!("{runtime_name}://{runtime_version}"),
             kubelet_version: kubelet_version(),
+            kubelet_port: cfg.server.port,
         })
     }
 }

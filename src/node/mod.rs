@@ -72,8 +72,6 @@ pub const LABEL_ARCH_BETA: &str = "beta.kubernetes.io/arch";
 /// Tells the attach/detach controller that it, not the kubelet, attaches volumes here.
 pub const ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH: &str =
     "volumes.kubernetes.io/controller-managed-attach-detach";
-/// The kubelet's port, reported in `daemonEndpoints`.
-pub const KUBELET_PORT: i32 = 10250;
 
 /// The Node nodelet registers: metadata (name, default labels, the attach/detach annotation)
 /// and the status that follows from the facts alone (capacity, allocatable, addresses,
@@ -125,7 +123,9 @@ fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
             },
         ]),
         daemon_endpoints: Some(NodeDaemonEndpoints {
-            kubelet_endpoint: Some(DaemonEndpoint { port: KUBELET_PORT }),
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(facts.kubelet_port),
+            }),
         }),
         node_info: Some(NodeSystemInfo {
             architecture: facts.architecture.clone(),

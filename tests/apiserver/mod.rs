@@ -36,6 +36,15 @@ struct App {
     store: Mutex<Store>,
     requests: Mutex<Vec<String>>,
     addr: SocketAddr,
+    reviews: Mutex<Reviews>,
+}
+
+/// What TokenReview and SubjectAccessReview answer: the tokens known (with their user and
+/// groups) and the (user, verb, subresource) of `nodes` allowed; everything else is refused.
+#[derive(Default)]
+struct Reviews {
+    tokens: HashMap<String, (String, Vec<String>)>,
+    allowed: Vec<(String, String, String)>,
 }
 
 impl App {
@@ -56,6 +65,33 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
+    /// TokenReview authenticates `token` as `user` in `groups`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.app
+            .reviews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tokens
+            .insert(
+                token.to_string(),
+                (
+                    user.to_string(),
+                    groups.iter().map(|g| g.to_string()).collect(),
+                ),
+            );
+    }
+
+    /// SubjectAccessReview allows `user` to `verb` the `nodes/<subresource>` (`allow`) or no
+    /// longer (`!allow`).
+    pub fn set_allowed(&self, user: &str, verb: &str, subresource: &str, allow: bool) {
+        let mut r = self.app.reviews.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (user.to_string(), verb.to_string(), subresource.to_string());
+        r.allowed.retain(|k| k != &key);
+        if allow {
+            r.allowed.push(key);
+        }
+    }
+
     /// Starts serving on 127.0.0.1 on a free port.
     pub async fn start() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -68,6 +104,7 @@ impl ApiServer {
             store: Mutex::new(Store::new()),
             requests: Mutex::new(Vec::new()),
             addr,
+            reviews: Mutex::new(Reviews::default()),
         });
         let server = ApiServer {
             app,
@@ -284,10 +321,59 @@ async fn handle(
     {
         return respond(200, &doc);
     }
+    if method == Method::POST {
+        if let Some(r) = review(&app, uri.path(), &body) {
+            return r;
+        }
+    }
     match dispatch(&app, &method, uri.path(), &query, &headers, &body) {
         Ok(r) => r,
         Err(e) => respond(e.code, &e.status()),
     }
+}
+
+/// TokenReview and SubjectAccessReview (create only, never stored, as kube-apiserver).
+fn review(app: &App, path: &str, body: &[u8]) -> Option<Response> {
+    let kind = match path {
+        "/apis/authentication.k8s.io/v1/tokenreviews" => "TokenReview",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => "SubjectAccessReview",
+        _ => return None,
+    };
+    let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+        return Some(respond(
+            400,
+            &ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {kind})"
+            ))
+            .status(),
+        ));
+    };
+    let r = app.reviews.lock().unwrap_or_else(|e| e.into_inner());
+    let status = if kind == "TokenReview" {
+        let token = obj["spec"]["token"].as_str().unwrap_or("");
+        match r.tokens.get(token) {
+            Some((user, groups)) => json!({"authenticated": true,
+                "user": {"username": user, "uid": format!("uid-{user}"), "groups": groups}}),
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        }
+    } else {
+        let spec = &obj["spec"];
+        let attrs = &spec["resourceAttributes"];
+        let key = (
+            spec["user"].as_str().unwrap_or("").to_string(),
+            attrs["verb"].as_str().unwrap_or("").to_string(),
+            attrs["subresource"].as_str().unwrap_or("").to_string(),
+        );
+        let on_nodes = attrs["resource"] == "nodes";
+        if on_nodes && r.allowed.contains(&key) {
+            json!({"allowed": true, "reason": "allowed by the test API server"})
+        } else {
+            json!({"allowed": false})
+        }
+    };
+    obj["status"] = status;
+    obj["kind"] = kind.into();
+    Some(respond(201, &obj))
 }
 
 fn parse_body(body: &[u8], res: &Resource) -> Result<Value, ApiError> {

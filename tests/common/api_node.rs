@@ -25,6 +25,10 @@ pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 /// The cgroup root of the tests' own runtime handles (they create no cgroup).
 pub const UNUSED_CGROUP_ROOT: &str = "/nodelet-e2e-unused";
 
+/// The kubelet server of the tests' nodes: on the loopback at any free port (the Node
+/// advertises it), no healthz server, so that nodes running at once never collide.
+pub const SERVER: &str = "address: 127.0.0.1\nport: 0\nhealthzPort: 0\n";
+
 /// Which runtime the kubelet drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -110,7 +114,7 @@ impl ApiNode {
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\n{}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\n{SERVER}{}",
                 manifests.display(),
                 logs.display(),
                 setup.config

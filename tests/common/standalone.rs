@@ -10,6 +10,11 @@ use runtime::{RuntimeService, cri};
 
 use super::{KillOnDrop, assert_no_leaks, config, import_busybox, nodelet_bin};
 
+/// A standalone node has no API server for webhook authentication and authorization (the
+/// kubelet refuses to start with them, as upstream).
+pub const STANDALONE_AUTH: &str =
+    "authentication: {webhook: {enabled: false}}\nauthorization: {mode: AlwaysAllow}\n";
+
 pub struct Standalone {
     pub dir: tempfile::TempDir,
     pub root: PathBuf,
@@ -34,9 +39,10 @@ impl Standalone {
         std::fs::write(
             &config_file,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\n{extra}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\n{}{STANDALONE_AUTH}{extra}",
                 manifests.display(),
-                logs.display()
+                logs.display(),
+                super::api_node::SERVER,
             ),
         )
         .unwrap();

@@ -1,0 +1,593 @@
+//! The kubelet's HTTPS server (upstream `pkg/kubelet/server`): on `address`:`port` (10250),
+//! TLS with HTTP/2 and HTTP/1.1, every request authenticated and authorized ([`auth`]) before
+//! its handler; and the plain HTTP healthz server on `healthzBindAddress`:`healthzPort`.
+//!
+//! Served: `/healthz`, `/pods`, `/runningpods/`, `/containerLogs/{ns}/{pod}/{container}`.
+//! The other endpoints of the upstream kubelet (`/exec`, `/attach`, `/portForward`, `/run`,
+//! `/metrics*`, `/stats/*`, `/configz`, `/logs/`, `/checkpoint`) answer 501 with the reason
+//! until they are built: never an empty or made-up answer.
+
+pub mod auth;
+pub mod logs;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use runtime::{RuntimeService, cri};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::status_manager::StatusManager;
+use auth::{Auth, Refused};
+
+/// What the server reads.
+pub struct ServerDeps {
+    pub cfg: ServerConfig,
+    pub node_name: String,
+    pub node_ips: Vec<IpAddr>,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub client: Option<kube::Client>,
+    pub rt: Arc<dyn RuntimeService>,
+    /// The pods the kubelet runs (from its sources).
+    pub pods: watch::Receiver<Arc<Vec<Pod>>>,
+    pub status: Arc<StatusManager>,
+    /// The kubelet's health: `Err(why)` when the sync loop or the PLEG is not healthy.
+    pub health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+}
+
+/// The ports bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub port: u16,
+    pub healthz_port: Option<u16>,
+}
+
+struct Ctx {
+    deps: ServerDeps,
+    auth: Auth,
+}
+
+/// The verified client certificate's user of a connection.
+#[derive(Clone, Default)]
+struct Peer(Option<(String, Vec<String>)>);
+
+/// Binds the servers and spawns them into `tasks`; stops with `cancel`.
+pub async fn start(
+    deps: ServerDeps,
+    tasks: &mut JoinSet<()>,
+    cancel: CancellationToken,
+) -> anyhow::Result<Bound> {
+    let auth = Auth::new(
+        deps.cfg.clone(),
+        deps.node_name.clone(),
+        deps.client.clone(),
+    );
+    auth.check().map_err(anyhow::Error::msg)?;
+    let tls = tls::server_config(&deps.cfg, &deps.root_dir, &deps.node_name, &deps.node_ips)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let addr = SocketAddr::new(deps.cfg.address, deps.cfg.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the kubelet server on {addr}"))?;
+    let port = listener.local_addr()?.port();
+    let healthz = if deps.cfg.healthz_port != 0 {
+        let addr = SocketAddr::new(deps.cfg.healthz_address, deps.cfg.healthz_port);
+        Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the healthz server on {addr}"))?,
+        )
+    } else {
+        None
+    };
+    let healthz_port = match &healthz {
+        Some(l) => Some(l.local_addr()?.port()),
+        None => None,
+    };
+    let ctx = Arc::new(Ctx { deps, auth });
+    tracing::info!(%addr, port, "kubelet server listening");
+    let router = router(ctx.clone());
+    tasks.spawn(serve_tls(listener, acceptor, router, cancel.clone()));
+    if let Some(l) = healthz {
+        let app = axum::Router::new()
+            .route("/healthz", get(healthz_handler))
+            .with_state(ctx);
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move { c.cancelled().await })
+                .await;
+        });
+    }
+    Ok(Bound { port, healthz_port })
+}
+
+fn router(ctx: Arc<Ctx>) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(healthz_handler))
+        .route("/pods", get(pods_handler))
+        .route("/pods/", get(pods_handler))
+        .route("/runningpods/", get(running_pods_handler))
+        .route(
+            "/containerLogs/{ns}/{pod}/{container}",
+            get(container_logs_handler),
+        )
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            authn_authz,
+        ))
+        .with_state(ctx)
+}
+
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: axum::Router,
+    cancel: CancellationToken,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("kubelet server: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        conns.spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::debug!("kubelet server: TLS handshake: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let peer = Peer(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| tls::user_of_certificate(c)),
+            );
+            let svc = tower::ServiceExt::map_request(
+                router,
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer.clone());
+                    req
+                },
+            );
+            let svc = hyper_util::service::TowerToHyperService::new(svc);
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+        });
+    }
+    conns.shutdown().await;
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response {
+    let mut body: String = body.into();
+    if !body.ends_with('\n') {
+        body.push('\n');
+    }
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Authenticates and authorizes every request before its handler.
+async fn authn_authz(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<Peer>().cloned().unwrap_or_default();
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let user = match ctx
+        .auth
+        .authenticate(peer.0.as_ref(), authorization.as_deref())
+        .await
+    {
+        Ok(u) => u,
+        Err(r) => return refused(r),
+    };
+    let attrs = auth::attributes(req.method(), req.uri().path());
+    if let Err(r) = ctx.auth.authorize(&user, &attrs).await {
+        return refused(r);
+    }
+    next.run(req).await
+}
+
+fn refused(r: Refused) -> Response {
+    match r {
+        Refused::Unauthorized => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+        Refused::Forbidden(why) => text(StatusCode::FORBIDDEN, why),
+        Refused::Error(why) => {
+            tracing::warn!("kubelet server: {why}");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Server Error: {why}"),
+            )
+        }
+    }
+}
+
+async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    match (ctx.deps.health)() {
+        Ok(()) => text(StatusCode::OK, "ok"),
+        Err(why) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("[+]ping ok\n[+]log ok\n[-]syncloop failed: {why}\nhealthz check failed"),
+        ),
+    }
+}
+
+/// The endpoints upstream serves that nodelet does not yet: 501 with the reason; 404 otherwise.
+async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let not_yet = [
+        "/exec/",
+        "/attach/",
+        "/portForward/",
+        "/run/",
+        "/metrics",
+        "/stats",
+        "/configz",
+        "/logs",
+        "/checkpoint/",
+        "/debug/",
+    ];
+    if let Some(p) = not_yet.iter().find(|p| path.starts_with(*p)) {
+        return text(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "{method} {}: not implemented by nodelet yet",
+                p.trim_end_matches('/')
+            ),
+        );
+    }
+    text(StatusCode::NOT_FOUND, "404 page not found")
+}
+
+fn json(v: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// `/pods`: the pods the kubelet runs, with the statuses it computed.
+async fn pods_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let pods = ctx.deps.pods.borrow().clone();
+    let items: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            if let Some(st) = p
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| ctx.deps.status.status(u))
+            {
+                p.status = Some(st);
+            }
+            let mut v = serde_json::to_value(&p).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("kind".into(), "Pod".into());
+                o.insert("apiVersion".into(), "v1".into());
+            }
+            v
+        })
+        .collect();
+    json(
+        &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+    )
+}
+
+/// `/runningpods/`: the pods with running containers as the runtime reports them (names,
+/// namespaces, UIDs, container names and images only, as upstream).
+async fn running_pods_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let listed = ctx
+        .deps
+        .rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                state: Some(cri::ContainerStateValue {
+                    state: cri::ContainerState::ContainerRunning as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await;
+    let containers = match listed {
+        Ok(l) => l.containers,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut pods: std::collections::BTreeMap<String, Pod> = Default::default();
+    for c in containers {
+        let label = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
+        let uid = label(crate::pod::LABEL_POD_UID);
+        if uid.is_empty() {
+            continue;
+        }
+        let pod = pods.entry(uid.clone()).or_insert_with(|| Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(label("io.kubernetes.pod.name")),
+                namespace: Some(label("io.kubernetes.pod.namespace")),
+                uid: Some(uid),
+                ..Default::default()
+            },
+            spec: Some(PodSpec::default()),
+            status: None,
+        });
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers.push(Container {
+                name: c
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default(),
+                image: c.image.as_ref().map(|i| i.image.clone()),
+                ..Default::default()
+            });
+        }
+    }
+    let items: Vec<&Pod> = pods.values().collect();
+    json(
+        &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+    )
+}
+
+/// `/containerLogs/{ns}/{pod}/{container}`.
+async fn container_logs_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+    _headers: HeaderMap,
+) -> Response {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let opts = match logs::Options::from_query(&q, now) {
+        Ok(o) => o,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
+    let (follow, previous) = (flag("follow"), flag("previous"));
+    let pod = ctx
+        .deps
+        .pods
+        .borrow()
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns.as_str())
+                && p.metadata.name.as_deref() == Some(name.as_str())
+        })
+        .cloned();
+    let Some(pod) = pod else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod \"{ns}/{name}\" does not exist"),
+        );
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let known = pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == container)
+    });
+    if !known {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("container \"{container}\" not found in pod \"{ns}/{name}\""),
+        );
+    }
+    let rt = ctx.deps.rt.clone();
+    let mut instances = match instances_of(rt.as_ref(), &uid, &container).await {
+        Ok(v) => v,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
+    };
+    let chosen = if previous {
+        if instances.len() < 2 {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "previous terminated container \"{container}\" in pod \"{name}\" not found"
+                ),
+            );
+        }
+        instances.swap_remove(1)
+    } else {
+        match instances.into_iter().next() {
+            Some(c) => c,
+            None => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
+                    ),
+                );
+            }
+        }
+    };
+    let attempt = chosen.metadata.as_ref().map_or(0, |m| m.attempt);
+    let path = logs::log_path(
+        &chosen.log_path,
+        &ctx.deps.pod_logs_dir,
+        (&ns, &name, &uid),
+        &container,
+        attempt,
+    );
+    let (records, offset) = match tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || logs::read_from(&path, 0)
+    })
+    .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
+        Ok(Err(e)) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading {}: {e}", path.display()),
+            );
+        }
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let records = match opts.tail_lines {
+        Some(n) => logs::tail(records, n),
+        None => records,
+    };
+    let mut writer = logs::Writer::new(opts);
+    let mut first = Vec::new();
+    for r in &records {
+        first.extend(writer.write(r));
+        if writer.full() {
+            break;
+        }
+    }
+    let running = chosen.state == cri::ContainerState::ContainerRunning as i32;
+    if !follow || !running || writer.full() {
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain")],
+            first,
+        )
+            .into_response();
+    }
+    // Follow: what is there, then what comes, until the container stops (or the client goes).
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
+    let id = chosen.id.clone();
+    tokio::spawn(async move {
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let mut offset = offset;
+        loop {
+            tokio::time::sleep(logs::FOLLOW_POLL).await;
+            let p = path.clone();
+            let read = tokio::task::spawn_blocking(move || logs::read_from(&p, offset)).await;
+            let (records, next) = match read {
+                Ok(Ok(r)) => r,
+                _ => (Vec::new(), offset),
+            };
+            offset = next;
+            let mut out = Vec::new();
+            for r in &records {
+                out.extend(writer.write(r));
+            }
+            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                return;
+            }
+            if writer.full() || tx.is_closed() {
+                return;
+            }
+            if records.is_empty() {
+                let st = rt
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: id.clone(),
+                        verbose: false,
+                    })
+                    .await;
+                let still = st
+                    .ok()
+                    .and_then(|s| s.status)
+                    .is_some_and(|s| s.state == cri::ContainerState::ContainerRunning as i32);
+                if !still {
+                    // One more read for what it wrote last.
+                    let p = path.clone();
+                    if let Ok(Ok((records, _))) =
+                        tokio::task::spawn_blocking(move || logs::read_from(&p, offset)).await
+                    {
+                        let mut out = Vec::new();
+                        for r in &records {
+                            out.extend(writer.write(r));
+                        }
+                        let _ = tx.send(Ok(out)).await;
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// The instances of a container of the pod `uid`, newest first.
+async fn instances_of(
+    rt: &dyn RuntimeService,
+    uid: &str,
+    name: &str,
+) -> Result<Vec<cri::ContainerStatus>, String> {
+    let listed = rt
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                label_selector: [(crate::pod::LABEL_POD_UID.to_string(), uid.to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for c in listed.containers {
+        if c.metadata.as_ref().is_none_or(|m| m.name != name) {
+            continue;
+        }
+        match rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id,
+                verbose: false,
+            })
+            .await
+        {
+            Ok(r) => out.extend(r.status),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    out.sort_by_key(|c| {
+        std::cmp::Reverse((c.metadata.as_ref().map_or(0, |m| m.attempt), c.created_at))
+    });
+    Ok(out)
+}

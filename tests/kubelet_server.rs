@@ -1,0 +1,341 @@
+//! The kubelet's HTTPS server end to end: the real binary, the test API server (which answers
+//! TokenReview and SubjectAccessReview), real containers on the built-in runtime, and a real
+//! HTTPS client verifying the kubelet's self-signed serving certificate.
+//!
+//! - The Node advertises the port the server bound.
+//! - Authentication: no credentials 401; an unknown token 401; a token TokenReview accepts is
+//!   the user it names; a client certificate from `clientCAFile` is the user its CN names; a
+//!   certificate from another CA fails the handshake. Results are cached (one TokenReview).
+//! - Authorization: SubjectAccessReview; 403 with upstream's text; `/pods` allowed by the
+//!   fine-grained `nodes/pods` alone, `/containerLogs` needing `nodes/proxy`; decisions cached.
+//! - `/pods`, `/containerLogs` with `tailLines`, `limitBytes`, `timestamps`, `follow` (to the
+//!   container's end) and `previous`; `/healthz` on the healthz port; 501 for what is not built.
+//!
+//! Needs root (real containers); skips loudly otherwise.
+
+mod apiserver;
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use apiserver::ApiServer;
+use common::api_node::{ApiNode, Backend, NS, Setup, busybox, wait_for};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+const NODE: &str = "server-node";
+
+/// A CA and a client certificate it signed for `cn`.
+fn client_ca(dir: &Path, cn: &str) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "test client CA");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    std::fs::write(dir.join("client-ca.crt"), ca_cert.pem()).expect("writing the CA");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "kubelet-api-callers");
+    let cert = params.signed_by(&key, &issuer).expect("client cert");
+    (
+        vec![cert.der().clone()],
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key"),
+    )
+}
+
+/// A GET over HTTPS to the kubelet on 127.0.0.1:`port`, trusting `serving` (its self-signed
+/// certificate): the status and the whole body.
+async fn get(
+    port: u16,
+    serving: &Path,
+    path: &str,
+    token: Option<&str>,
+    cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<(u16, String), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(serving).map_err(|e| e.to_string())? {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots);
+    let config = match cert {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(|e| e.to_string())?,
+        None => builder.with_no_client_auth(),
+    };
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::get(path).header("Host", format!("127.0.0.1:{port}"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    let req = req
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn reviews(api: &ApiServer, what: &str) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with(&format!("POST /apis/{what}")))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
+    let api = ApiServer::start().await;
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (client_cert, client_key) = client_ca(keys.path(), "apiserver-kubelet-client");
+    let stranger_dir = tempfile::tempdir().expect("temp dir");
+    let stranger = client_ca(stranger_dir.path(), "apiserver-kubelet-client");
+    let healthz_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    // The Setup's config is static: leak the one formatted string of this test.
+    let config: &'static str = Box::leak(
+        format!(
+            "healthzPort: {healthz_port}\nauthentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\n",
+            keys.path().join("client-ca.crt").display()
+        )
+        .into_boxed_str(),
+    );
+    let setup = Setup {
+        name: NODE,
+        config,
+        cri_listen: false,
+    };
+    let test = "the_kubelet_api_authenticates_authorizes_and_serves_logs";
+    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let talker = format!(
+        "  restartPolicy: Never\n  containers:\n{}",
+        busybox(
+            "app",
+            "echo line 1; echo line 2; echo line 3; echo last >&2"
+        )
+    );
+    pods.create(&PostParams::default(), &node.pod("talker", &talker))
+        .await
+        .expect("creating the pod");
+    let agent = node.start();
+
+    // The Node advertises the port bound (the tests' nodes bind any free port).
+    let nodes: Api<Node> = Api::all(api.client());
+    let port = wait_for("the Node with its kubelet port", 60, async || {
+        let n = nodes.get_opt(NODE).await.ok().flatten()?;
+        let p = n.status?.daemon_endpoints?.kubelet_endpoint?.port;
+        u16::try_from(p).ok().filter(|p| *p != 0 && *p != 10250)
+    })
+    .await;
+    let serving = node.root.join("pki/kubelet.crt");
+    wait_for("talker finished", 60, async || {
+        let st = pods.get_opt("talker").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await;
+
+    // Authentication.
+    let (code, body) = get(port, &serving, "/pods", None, None).await.expect("GET");
+    assert_eq!((code, body.as_str()), (401, "Unauthorized\n"));
+    let (code, _) = get(port, &serving, "/pods", Some("nope"), None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 401);
+    api.add_token("alice-token", "alice", &["devs"]);
+    let alice = Some("alice-token");
+
+    // Authorization: nothing allowed yet (denials are not cached here: cacheUnauthorizedTTL 0).
+    let (code, body) = get(port, &serving, "/pods", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(
+        (code, body.as_str()),
+        (
+            403,
+            "Forbidden (user=alice, verb=get, resource=nodes, subresource=proxy)\n"
+        )
+    );
+    // The fine-grained nodes/pods is enough for /pods, not for the logs.
+    api.set_allowed("alice", "get", "pods", true);
+    let (code, body) = get(port, &serving, "/pods", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).expect("a PodList");
+    assert_eq!(list["kind"], "PodList");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["talker"]);
+    assert_eq!(list["items"][0]["status"]["phase"], "Succeeded");
+    let logs = "/containerLogs/default/talker/app";
+    let (code, _) = get(port, &serving, logs, alice, None).await.expect("GET");
+    assert_eq!(code, 403);
+
+    // Logs.
+    api.set_allowed("alice", "get", "proxy", true);
+    let log = async |query: &str| {
+        get(port, &serving, &format!("{logs}{query}"), alice, None)
+            .await
+            .expect("GET")
+    };
+    assert_eq!(
+        log("").await,
+        (200, "line 1\nline 2\nline 3\nlast\n".into())
+    );
+    assert_eq!(log("?tailLines=2").await, (200, "line 3\nlast\n".into()));
+    assert_eq!(log("?limitBytes=9").await, (200, "line 1\nli".into()));
+    let (_, stamped) = log("?timestamps=true&tailLines=1").await;
+    let (time, rest) = stamped.split_once(' ').expect("a timestamp");
+    assert!(
+        time.parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+        "{stamped:?}"
+    );
+    assert_eq!(rest, "last\n");
+    let (code, body) = log("?previous=true").await;
+    assert_eq!(
+        (code, body.as_str()),
+        (
+            400,
+            "previous terminated container \"app\" in pod \"talker\" not found\n"
+        )
+    );
+    let (code, _) = log("?tailLines=-3").await;
+    assert_eq!(code, 400);
+    let (code, body) = get(
+        port,
+        &serving,
+        "/containerLogs/default/talker/nope",
+        alice,
+        None,
+    )
+    .await
+    .expect("GET");
+    assert_eq!(code, 404, "{body}");
+
+    // Follow: the lines as they come, until the container ends.
+    let ticker = format!(
+        "  restartPolicy: Never\n  containers:\n{}",
+        busybox(
+            "app",
+            "i=0; while [ $i -lt 6 ]; do echo tick $i; i=$((i+1)); sleep 0.5; done"
+        )
+    );
+    pods.create(&PostParams::default(), &node.pod("ticker", &ticker))
+        .await
+        .expect("creating the pod");
+    wait_for("ticker running", 60, async || {
+        let st = pods.get_opt("ticker").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let (code, body) = get(
+        port,
+        &serving,
+        "/containerLogs/default/ticker/app?follow=true",
+        alice,
+        None,
+    )
+    .await
+    .expect("GET");
+    assert_eq!(code, 200);
+    let expected: String = (0..6).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(body, expected, "every line, once, in order, then the end");
+
+    // Caches: one TokenReview for the token; a revoked permission still holds for its TTL.
+    let sars = reviews(&api, "authorization.k8s.io");
+    api.set_allowed("alice", "get", "proxy", false);
+    assert_eq!(log("?tailLines=1").await.0, 200);
+    assert_eq!(reviews(&api, "authorization.k8s.io"), sars);
+    assert_eq!(reviews(&api, "authentication.k8s.io"), 2, "nope and alice");
+
+    // Client certificates.
+    let cert = (client_cert, client_key);
+    let (code, _) = get(port, &serving, logs, None, Some(&cert))
+        .await
+        .expect("GET");
+    assert_eq!(code, 403, "authenticated, not yet allowed");
+    api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
+    let (code, body) = get(port, &serving, logs, None, Some(&cert))
+        .await
+        .expect("GET");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "line 1\nline 2\nline 3\nlast\n")
+    );
+    let refused = get(port, &serving, logs, None, Some(&stranger)).await;
+    assert!(
+        refused.is_err() || refused.as_ref().is_ok_and(|(c, _)| *c != 200),
+        "a certificate of another CA: {refused:?}"
+    );
+
+    // Not built yet: 501 with the reason, after authorization.
+    api.set_allowed("alice", "get", "metrics", true);
+    let (code, body) = get(port, &serving, "/metrics", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(
+        (code, body.as_str()),
+        (501, "GET /metrics: not implemented by nodelet yet\n")
+    );
+
+    // healthz, plain HTTP.
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{healthz_port}/healthz")])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    drop(agent);
+}
