@@ -8,6 +8,7 @@ pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod crilog;
 pub mod kubelet;
 pub mod logging;
 pub mod node;

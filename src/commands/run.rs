@@ -157,17 +157,16 @@ impl LogFollower {
         let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
         while let Some(n) = self.pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = self.pending.drain(..=n).collect();
-            let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
-            let mut parts = text.splitn(4, ' ');
-            let (_ts, stream, tag) = (parts.next(), parts.next(), parts.next());
-            let content = parts.next().unwrap_or("");
-            let sink: &mut dyn Write = if stream == Some("stderr") {
+            let Some(rec) = crate::crilog::parse(&line[..line.len() - 1]) else {
+                continue;
+            };
+            let sink: &mut dyn Write = if rec.stream == "stderr" {
                 &mut err
             } else {
                 &mut out
             };
-            sink.write_all(content.as_bytes())?;
-            if tag == Some("F") {
+            sink.write_all(&rec.content)?;
+            if !rec.partial {
                 sink.write_all(b"\n")?;
             }
         }

@@ -185,18 +185,9 @@ pub fn read_at_most(path: &Path, max: usize) -> io::Result<String> {
 /// records are skipped.
 fn records_text(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    for rec in data.split(|&b| b == b'\n').filter(|r| !r.is_empty()) {
-        let mut parts = rec.splitn(4, |&b| b == b' ');
-        let (Some(_time), Some(stream), Some(tag)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if stream != b"stdout" && stream != b"stderr" {
-            continue;
-        }
-        out.extend_from_slice(parts.next().unwrap_or_default());
-        // Tags are `:`-separated; the first says partial or full.
-        if tag.split(|&b| b == b':').next() != Some(b"P") {
+    for rec in data.split(|&b| b == b'\n').filter_map(crate::crilog::parse) {
+        out.extend_from_slice(&rec.content);
+        if !rec.partial {
             out.push(b'\n');
         }
     }

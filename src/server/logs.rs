@@ -1,6 +1,6 @@
-//! Container logs as `kubectl logs` gets them (upstream `kuberuntime/logs`): the CRI log
-//! format parsed in one place (`<RFC 3339 time> <stream> <P|F> <content>`, partial lines joined),
-//! with `tailLines`, `limitBytes`, `sinceTime`/`sinceSeconds`, `timestamps` and `follow`.
+//! Container logs as `kubectl logs` gets them (upstream `kuberuntime/logs`): the records of
+//! [`crate::crilog`] with `tailLines`, `limitBytes`, `sinceTime`/`sinceSeconds`, `timestamps`
+//! and `follow`, partial lines joined.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Seek, SeekFrom};
@@ -9,39 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-/// One record of a CRI log file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// The time as written (RFC 3339 with nanoseconds).
-    pub time: String,
-    pub at: Option<Timestamp>,
-    /// `stdout` or `stderr`.
-    pub stream: String,
-    /// `P`: a part of a line that goes on in the next record.
-    pub partial: bool,
-    /// The content, without the record's newline.
-    pub content: Vec<u8>,
-}
-
-/// Parses one line of a CRI log file (without its newline); `None` when it is not one.
-pub fn parse(line: &[u8]) -> Option<Record> {
-    let mut parts = line.splitn(4, |b| *b == b' ');
-    let time = std::str::from_utf8(parts.next()?).ok()?.to_string();
-    let stream = std::str::from_utf8(parts.next()?).ok()?.to_string();
-    if stream != "stdout" && stream != "stderr" {
-        return None;
-    }
-    let tag = parts.next()?;
-    let partial = tag.split(|b| *b == b':').any(|t| t == b"P");
-    let content = parts.next().unwrap_or_default().to_vec();
-    Some(Record {
-        at: time.parse().ok(),
-        time,
-        stream,
-        partial,
-        content,
-    })
-}
+pub use crate::crilog::{Record, parse};
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
