@@ -19,6 +19,7 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+mod export;
 mod server;
 pub use server::{AuthzMode, ServerConfig};
 

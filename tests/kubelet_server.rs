@@ -9,7 +9,8 @@
 //! - Authorization: SubjectAccessReview; 403 with upstream's text; `/pods` allowed by the
 //!   fine-grained `nodes/pods` alone, `/containerLogs` needing `nodes/proxy`; decisions cached.
 //! - `/pods`, `/containerLogs` with `tailLines`, `limitBytes`, `timestamps`, `follow` (to the
-//!   container's end) and `previous`; `/healthz` on the healthz port; 501 for what is not built.
+//!   container's end) and `previous`; `/exec` over a WebSocket through the kubelet to the
+//!   runtime's streaming server; `/healthz` on the healthz port; 501 for what is not built.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -114,6 +115,90 @@ async fn get(
         .map_err(|e| format!("body: {e}"))?
         .to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Opens a WebSocket over TLS to the kubelet at `path` with `protocol`, as `token`.
+async fn websocket(
+    port: u16,
+    serving: &Path,
+    path: &str,
+    protocol: &str,
+    token: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    String,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(serving).map_err(|e| e.to_string())? {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let mut req = format!("wss://127.0.0.1:{port}{path}")
+        .into_client_request()
+        .map_err(|e| e.to_string())?;
+    let h = req.headers_mut();
+    h.insert(
+        "Sec-WebSocket-Protocol",
+        protocol.parse().map_err(|_| "protocol")?,
+    );
+    h.insert(
+        "Authorization",
+        format!("Bearer {token}").parse().map_err(|_| "token")?,
+    );
+    let (ws, _) = tokio_tungstenite::client_async(req, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ws)
+}
+
+/// Reads a remotecommand session to its end: stdout, and the status on the error channel.
+async fn session_output(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    >,
+) -> (String, String) {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut stdout, mut status) = (Vec::new(), Vec::new());
+    let read = async {
+        while let Some(Ok(msg)) = ws.next().await {
+            let Message::Binary(d) = msg else {
+                if matches!(msg, Message::Close(_)) {
+                    break;
+                }
+                continue;
+            };
+            match d.split_first() {
+                Some((1, p)) => stdout.extend_from_slice(p),
+                Some((3, p)) => status.extend_from_slice(p),
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), read)
+        .await
+        .expect("the session ended");
+    (
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&status).into_owned(),
+    )
 }
 
 fn reviews(api: &ApiServer, what: &str) -> usize {
@@ -320,6 +405,51 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         refused.is_err() || refused.as_ref().is_ok_and(|(c, _)| *c != 200),
         "a certificate of another CA: {refused:?}"
     );
+
+    // Exec through the kubelet API: the runtime's streaming server, proxied (WebSocket, v5).
+    let shell = format!("  containers:\n{}", busybox("app", "sleep 3600"));
+    pods.create(&PostParams::default(), &node.pod("shell", &shell))
+        .await
+        .expect("creating the pod");
+    wait_for("shell running", 60, async || {
+        let st = pods.get_opt("shell").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let exec = "/exec/default/shell/app?command=sh&command=-c&command=echo%20hello%3B%20exit%203&output=1&error=1";
+    api.set_allowed("alice", "get", "proxy", true);
+    let mut ws = websocket(port, &serving, exec, "v5.channel.k8s.io", "alice-token")
+        .await
+        .expect("an exec session");
+    let (out, status) = session_output(&mut ws).await;
+    assert_eq!(out, "hello\n");
+    assert!(
+        status.contains("NonZeroExitCode") && status.contains("\"message\":\"3\""),
+        "{status}"
+    );
+    api.add_token("bob-token", "bob", &[]);
+    let refused = websocket(port, &serving, exec, "v5.channel.k8s.io", "bob-token").await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("403")),
+        "bob may not exec: {:?}",
+        refused.map(|_| ())
+    );
+
+    // /configz: the effective configuration; nodes/configz is enough for it.
+    api.set_allowed("bob", "get", "configz", true);
+    let (code, body) = get(port, &serving, "/configz", Some("bob-token"), None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{body}");
+    let configz: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let kc = &configz["kubeletconfig"];
+    assert_eq!(kc["kind"], "KubeletConfiguration");
+    assert_eq!(
+        kc["authentication"]["x509"]["clientCAFile"],
+        keys.path().join("client-ca.crt").to_string_lossy().as_ref()
+    );
+    assert_eq!(kc["authorization"]["mode"], "Webhook");
+    assert_eq!(kc["healthzPort"], healthz_port);
 
     // Not built yet: 501 with the reason, after authorization.
     api.set_allowed("alice", "get", "metrics", true);

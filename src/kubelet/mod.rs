@@ -157,6 +157,7 @@ impl Kubelet {
                     rt: rt.runtime.clone(),
                     pods: pods_rx,
                     status: status.clone(),
+                    configz: cfg.to_v1beta1(),
                     health: Arc::new(move || match health.problem() {
                         Some(p) => Err(p),
                         None => Ok(()),

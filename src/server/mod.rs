@@ -2,13 +2,16 @@
 //! TLS with HTTP/2 and HTTP/1.1, every request authenticated and authorized ([`auth`]) before
 //! its handler; and the plain HTTP healthz server on `healthzBindAddress`:`healthzPort`.
 //!
-//! Served: `/healthz`, `/pods`, `/runningpods/`, `/containerLogs/{ns}/{pod}/{container}`.
-//! The other endpoints of the upstream kubelet (`/exec`, `/attach`, `/portForward`, `/run`,
-//! `/metrics*`, `/stats/*`, `/configz`, `/logs/`, `/checkpoint`) answer 501 with the reason
-//! until they are built: never an empty or made-up answer.
+//! Served: `/healthz`, `/pods`, `/runningpods/`, `/configz`,
+//! `/containerLogs/{ns}/{pod}/{container}`, and
+//! `/exec`, `/attach`, `/portForward` proxied to the runtime's streaming server ([`stream`]).
+//! The other endpoints of the upstream kubelet (`/run`, `/metrics*`, `/stats/*`, `/logs/`,
+//! `/checkpoint`) answer 501 with the reason until they are built: never an empty or
+//! made-up answer.
 
 pub mod auth;
 pub mod logs;
+mod stream;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -46,6 +49,8 @@ pub struct ServerDeps {
     /// The pods the kubelet runs (from its sources).
     pub pods: watch::Receiver<Arc<Vec<Pod>>>,
     pub status: Arc<StatusManager>,
+    /// The effective configuration as a `KubeletConfiguration`, for `/configz`.
+    pub configz: serde_json::Value,
     /// The kubelet's health: `Err(why)` when the sync loop or the PLEG is not healthy.
     pub health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
 }
@@ -123,9 +128,22 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/pods", get(pods_handler))
         .route("/pods/", get(pods_handler))
         .route("/runningpods/", get(running_pods_handler))
+        .route("/configz", get(configz_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
+        )
+        .route(
+            "/exec/{ns}/{pod}/{container}",
+            get(stream::exec_handler).post(stream::exec_handler),
+        )
+        .route(
+            "/attach/{ns}/{pod}/{container}",
+            get(stream::attach_handler).post(stream::attach_handler),
+        )
+        .route(
+            "/portForward/{ns}/{pod}",
+            get(stream::port_forward_handler).post(stream::port_forward_handler),
         )
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
@@ -257,13 +275,9 @@ async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
     let not_yet = [
-        "/exec/",
-        "/attach/",
-        "/portForward/",
         "/run/",
         "/metrics",
         "/stats",
-        "/configz",
         "/logs",
         "/checkpoint/",
         "/debug/",
@@ -290,6 +304,11 @@ fn json(v: &impl serde::Serialize) -> Response {
             .into_response(),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// `/configz`: the effective configuration, as upstream wraps it.
+async fn configz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    json(&serde_json::json!({"kubeletconfig": ctx.deps.configz}))
 }
 
 /// `/pods`: the pods the kubelet runs, with the statuses it computed.

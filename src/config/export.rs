@@ -1,0 +1,121 @@
+//! The effective configuration written back as a `KubeletConfiguration` (v1beta1 names, Go
+//! durations): what `/configz` serves, as upstream's `{"kubeletconfig": ...}`. Reading it back
+//! with [`super::parse`] gives the same configuration (tested).
+
+use serde_json::{Value, json};
+
+use super::{AuthzMode, KubeletConfig};
+use crate::node::conditions::go_duration as d;
+
+impl KubeletConfig {
+    /// The file's fields of this configuration (not those the flags set: node name, node IP,
+    /// kubeconfig, root dir).
+    pub fn to_v1beta1(&self) -> Value {
+        let s = &self.server;
+        let path = |p: &Option<std::path::PathBuf>| match p {
+            Some(p) => Value::from(p.to_string_lossy().into_owned()),
+            None => Value::Null,
+        };
+        json!({
+            "apiVersion": super::API_VERSION,
+            "kind": super::KIND,
+            "staticPodPath": self.static_pod_path.to_string_lossy(),
+            "staticPodURL": self.static_pod_url,
+            "syncFrequency": d(self.sync_frequency),
+            "fileCheckFrequency": d(self.file_check_frequency),
+            "httpCheckFrequency": d(self.http_check_frequency),
+            "nodeStatusUpdateFrequency": d(self.node_status_update_frequency),
+            "nodeStatusReportFrequency": d(self.node_status_report_frequency),
+            "nodeLeaseDurationSeconds": self.node_lease_duration_seconds,
+            "maxPods": self.max_pods,
+            "podPidsLimit": self.pod_pids_limit,
+            "podLogsDir": self.pod_logs_dir.to_string_lossy(),
+            "containerRuntimeEndpoint": self.container_runtime_endpoint,
+            "imageServiceEndpoint": self.image_service_endpoint,
+            "cgroupRoot": self.cgroup_root,
+            "cgroupsPerQOS": self.cgroups_per_qos,
+            "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+            "clusterDomain": self.cluster_domain,
+            "registerNode": self.register_node,
+            "evictionHard": self.eviction_hard,
+            "serializeImagePulls": self.serialize_image_pulls,
+            "maxParallelImagePulls": self.max_parallel_image_pulls,
+            "podCIDR": self.pod_cidr,
+            "nodeletPodBridge": self.pod_bridge,
+            "nodeletPodMasquerade": self.pod_masquerade,
+            "address": s.address.to_string(),
+            "port": s.port,
+            "readOnlyPort": s.read_only_port,
+            "healthzBindAddress": s.healthz_address.to_string(),
+            "healthzPort": s.healthz_port,
+            "tlsCertFile": path(&s.tls_cert_file),
+            "tlsPrivateKeyFile": path(&s.tls_private_key_file),
+            "tlsMinVersion": if s.tls13_only { "VersionTLS13" } else { "VersionTLS12" },
+            "tlsCipherSuites": s.tls_cipher_suites,
+            "authentication": {
+                "anonymous": {"enabled": s.anonymous},
+                "webhook": {"enabled": s.token_webhook, "cacheTTL": d(s.token_cache_ttl)},
+                "x509": {"clientCAFile": path(&s.client_ca_file)},
+            },
+            "authorization": {
+                "mode": match s.authz_mode {
+                    AuthzMode::AlwaysAllow => "AlwaysAllow",
+                    AuthzMode::Webhook => "Webhook",
+                },
+                "webhook": {
+                    "cacheAuthorizedTTL": d(s.authz_allowed_ttl),
+                    "cacheUnauthorizedTTL": d(s.authz_denied_ttl),
+                },
+            },
+            "enableSystemLogHandler": s.system_log_handler,
+            "nodeletTesting": {
+                "crashLoopBackOffInitial": d(self.testing.crash_loop_back_off_initial),
+                "crashLoopBackOffMax": d(self.testing.crash_loop_back_off_max),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ServerConfig, parse};
+    use super::*;
+
+    #[test]
+    fn the_written_configuration_reads_back_the_same() {
+        let mut cfg = KubeletConfig::default();
+        let (read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // The flags' fields are not in the file.
+        let flags = |c: &mut KubeletConfig| {
+            c.node_name = String::new();
+            c.root_dir = std::path::PathBuf::new();
+        };
+        let mut read = read;
+        flags(&mut read);
+        flags(&mut cfg);
+        assert_eq!(read, cfg);
+
+        let mut cfg = KubeletConfig {
+            static_pod_path: "/etc/nodelet/manifests".into(),
+            sync_frequency: std::time::Duration::from_millis(1500),
+            cluster_dns: vec!["10.96.0.10".parse().expect("ip")],
+            cluster_domain: "cluster.local".into(),
+            max_parallel_image_pulls: Some(3),
+            serialize_image_pulls: false,
+            server: ServerConfig {
+                port: 0,
+                client_ca_file: Some("/etc/ca.crt".into()),
+                tls_cipher_suites: vec!["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into()],
+                tls13_only: true,
+                ..ServerConfig::loopback_any_port()
+            },
+            ..Default::default()
+        };
+        let (mut read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        flags(&mut read);
+        flags(&mut cfg);
+        assert_eq!(read, cfg);
+    }
+}

@@ -1,0 +1,272 @@
+//! `/exec`, `/attach` and `/portForward` (upstream `getExec`, `getAttach`, `getPortForward` with
+//! the kubelet proxying the stream): the runtime is asked for a streaming URL (CRI `Exec`,
+//! `Attach`, `PortForward`) and the client's upgrade request is passed on to it; once the
+//! runtime's streaming server switches protocols (WebSocket or SPDY), bytes are copied both
+//! ways until either side closes. The client's credentials are not passed on.
+
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Pod;
+use runtime::cri;
+
+use super::{Ctx, text};
+
+/// The query's values, repeated keys kept (`command=sh&command=-c`).
+type Params = Vec<(String, String)>;
+
+fn flag(q: &Params, names: &[&str]) -> bool {
+    q.iter()
+        .any(|(k, v)| names.contains(&k.as_str()) && (v == "1" || v.eq_ignore_ascii_case("true")))
+}
+
+fn find_pod(ctx: &Ctx, ns: &str, name: &str) -> Option<Pod> {
+    ctx.deps
+        .pods
+        .borrow()
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        })
+        .cloned()
+}
+
+/// The running container `container` of the pod `ns/name`, or the response saying why not.
+async fn running_container(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    container: &str,
+) -> Result<String, Response> {
+    let pod = find_pod(ctx, ns, name).ok_or_else(|| {
+        text(
+            StatusCode::NOT_FOUND,
+            format!("pod \"{ns}/{name}\" does not exist"),
+        )
+    })?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let instances = super::instances_of(ctx.deps.rt.as_ref(), &uid, container)
+        .await
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    instances
+        .into_iter()
+        .find(|c| c.state == cri::ContainerState::ContainerRunning as i32)
+        .map(|c| c.id)
+        .ok_or_else(|| {
+            text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "container \"{container}\" not found in pod \"{ns}/{name}\" or not running"
+                ),
+            )
+        })
+}
+
+pub(super) async fn exec_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
+    Query(q): Query<Params>,
+    req: Request,
+) -> Response {
+    let cmd: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if cmd.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "exec: no command given");
+    }
+    let id = match running_container(&ctx, &ns, &name, &container).await {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let asked = ctx
+        .deps
+        .rt
+        .exec(cri::ExecRequest {
+            container_id: id,
+            cmd,
+            tty: flag(&q, &["tty"]),
+            stdin: flag(&q, &["input", "stdin"]),
+            stdout: flag(&q, &["output", "stdout"]),
+            stderr: flag(&q, &["error", "stderr"]),
+        })
+        .await;
+    match asked {
+        Ok(r) => proxy(&r.url, req).await,
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+pub(super) async fn attach_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
+    Query(q): Query<Params>,
+    req: Request,
+) -> Response {
+    let id = match running_container(&ctx, &ns, &name, &container).await {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let asked = ctx
+        .deps
+        .rt
+        .attach(cri::AttachRequest {
+            container_id: id,
+            tty: flag(&q, &["tty"]),
+            stdin: flag(&q, &["input", "stdin"]),
+            stdout: flag(&q, &["output", "stdout"]),
+            stderr: flag(&q, &["error", "stderr"]),
+        })
+        .await;
+    match asked {
+        Ok(r) => proxy(&r.url, req).await,
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+pub(super) async fn port_forward_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    req: Request,
+) -> Response {
+    let Some(pod) = find_pod(&ctx, &ns, &name) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod \"{ns}/{name}\" does not exist"),
+        );
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let sandboxes = ctx
+        .deps
+        .rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [(crate::pod::LABEL_POD_UID.to_string(), uid)].into(),
+                state: Some(cri::PodSandboxStateValue {
+                    state: cri::PodSandboxState::SandboxReady as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await;
+    let sandbox = match sandboxes {
+        Ok(l) => l.items.into_iter().max_by_key(|s| s.created_at),
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let Some(sandbox) = sandbox else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod \"{ns}/{name}\" has no ready sandbox"),
+        );
+    };
+    let asked = ctx
+        .deps
+        .rt
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: sandbox.id,
+            port: Vec::new(),
+        })
+        .await;
+    match asked {
+        Ok(r) => {
+            // WebSocket clients name their ports in the query; the runtime's server reads them.
+            let url = match req.uri().query() {
+                Some(q) if !r.url.contains('?') => format!("{}?{q}", r.url),
+                _ => r.url,
+            };
+            proxy(&url, req).await
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Passes `req` on to the streaming `url` and, when it switches protocols, joins the two
+/// upgraded connections.
+async fn proxy(url: &str, mut req: Request) -> Response {
+    let uri: http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the runtime's streaming URL {url:?}: {e}"),
+            );
+        }
+    };
+    if uri.scheme_str() != Some("http") {
+        return text(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("streaming URL {url:?}: only http:// streaming servers are proxied"),
+        );
+    }
+    let Some(authority) = uri.authority().cloned() else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the runtime's streaming URL {url:?} has no host"),
+        );
+    };
+    let backend = match tokio::net::TcpStream::connect(authority.as_str()).await {
+        Ok(s) => s,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!("connecting to the runtime's streaming server {authority}: {e}"),
+            );
+        }
+    };
+    let (mut sender, conn) =
+        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(backend)).await {
+            Ok(x) => x,
+            Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+        };
+    tokio::spawn(conn.with_upgrades());
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut out = hyper::Request::builder()
+        .method(req.method().clone())
+        .uri(path);
+    for (k, v) in req.headers() {
+        if k == header::HOST || k == header::AUTHORIZATION {
+            continue;
+        }
+        out = out.header(k, v);
+    }
+    out = out.header(header::HOST, authority.as_str());
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    let body = req.into_body();
+    let out = match out.body(body) {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let mut r = (status, body).into_response();
+        *r.headers_mut() = headers;
+        return r;
+    }
+    let backend_upgrade = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        let (Ok(client), Ok(backend)) = (client_upgrade.await, backend_upgrade.await) else {
+            return;
+        };
+        let mut client = hyper_util::rt::TokioIo::new(client);
+        let mut backend = hyper_util::rt::TokioIo::new(backend);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+    });
+    let mut r = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    *r.headers_mut() = headers;
+    r
+}
