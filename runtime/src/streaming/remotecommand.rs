@@ -154,6 +154,13 @@ pub(super) fn writer(
                 return;
             }
         }
+        // A normal closure with its code: clients (Go's gorilla/websocket in kubectl) read a
+        // close frame without one as an error (1005) and lose the exit status before it.
+        let normal = axum::extract::ws::CloseFrame {
+            code: axum::extract::ws::close_code::NORMAL,
+            reason: "".into(),
+        };
+        let _ = sink.send(Message::Close(Some(normal))).await;
         let _ = sink.close().await;
     });
     (tx, task)
