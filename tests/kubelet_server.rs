@@ -469,3 +469,116 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
     drop(agent);
 }
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
+    kubectl_env(kubeconfig, args, &[])
+}
+
+fn kubectl_env(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .envs(env.iter().copied())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+/// `pods/log` and `pods/exec` as clients use them: through the API server, which proxies them
+/// to the node's kubelet with its client certificate (kube-rs's log API, and kubectl: logs, and
+/// exec over WebSocket and over SPDY with its exit code).
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_and_exec_through_the_api_server() {
+    let test = "logs_and_exec_through_the_api_server";
+    let api = ApiServer::start().await;
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
+    let config: &'static str = Box::leak(
+        format!(
+            "authentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\n",
+            keys.path().join("client-ca.crt").display()
+        )
+        .into_boxed_str(),
+    );
+    let setup = Setup {
+        name: "proxied-node",
+        config,
+        cri_listen: false,
+    };
+    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let spec = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+        busybox("app", "echo one; echo two; echo three; sleep 3600")
+    );
+    pods.create(&PostParams::default(), &node.pod("chatty", &spec))
+        .await
+        .expect("creating the pod");
+    let agent = node.start();
+    let serving = node.root.join("pki/kubelet.crt");
+    wait_for("chatty running", 60, async || {
+        let st = pods.get_opt("chatty").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
+        .expect("the serving certificate")
+        .collect::<Result<_, _>>()
+        .expect("PEM");
+    api.set_kubelet_client(chain, key, trusted);
+
+    // Refused until the API server's identity may use nodes/proxy, as in a real cluster.
+    let params = kube::api::LogParams::default();
+    let err = pods.logs("chatty", &params).await.expect_err("forbidden");
+    assert!(err.to_string().contains("Forbidden"), "{err}");
+    api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
+    api.set_allowed("apiserver-kubelet-client", "create", "proxy", true);
+    let text = wait_for("the three lines", 30, async || {
+        let t = pods.logs("chatty", &params).await.ok()?;
+        (t.lines().count() == 3).then_some(t)
+    })
+    .await;
+    assert_eq!(text, "one\ntwo\nthree\n");
+    let tail = kube::api::LogParams {
+        tail_lines: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(pods.logs("chatty", &tail).await.expect("logs"), "three\n");
+
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        common::skip("kubectl not installed; scripts/setup.sh installs it", test);
+        drop(agent);
+        return;
+    }
+    let kc = api.write_kubeconfig(keys.path());
+    let (code, out, err) = kubectl(&kc, &["logs", "chatty", "--tail", "2"]);
+    assert_eq!((code, out.as_str()), (0, "two\nthree\n"), "{err}");
+    // kubectl exec: over WebSocket (v5) where kubectl speaks it, then over SPDY.
+    let exec = ["exec", "chatty", "--", "sh", "-c", "echo hi; exit 3"];
+    let (code, out, err) = kubectl(&kc, &exec);
+    assert_eq!((code, out.as_str()), (3, "hi\n"), "kubectl exec: {err}");
+    let spdy = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")];
+    let (code, out, err) = kubectl_env(&kc, &exec, &spdy);
+    assert_eq!(
+        (code, out.as_str()),
+        (3, "hi\n"),
+        "kubectl exec over SPDY: {err}"
+    );
+    drop(agent);
+}

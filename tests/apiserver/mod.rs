@@ -1,11 +1,14 @@
 //! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases and
 //! events over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
 //! resourceVersions, conflicts, the status subresource, patches, selectors, pagination,
-//! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion.
-//! Include it from a test file with `mod apiserver;`.
+//! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion;
+//! TokenReview and SubjectAccessReview answered from what a test sets; `pods/log`, `pods/exec`,
+//! `pods/attach` and `pods/portforward` proxied to the pod's kubelet with a client certificate
+//! (`proxy.rs`). Include it from a test file with `mod apiserver;`.
 #![allow(dead_code)]
 
 mod patch;
+mod proxy;
 mod select;
 mod store;
 mod watch;
@@ -37,6 +40,8 @@ struct App {
     requests: Mutex<Vec<String>>,
     addr: SocketAddr,
     reviews: Mutex<Reviews>,
+    /// How `pods/log`, `pods/exec`, ... reach kubelets.
+    kubelet_client: Mutex<Option<proxy::KubeletClient>>,
 }
 
 /// What TokenReview and SubjectAccessReview answer: the tokens known (with their user and
@@ -65,6 +70,22 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
+    /// Proxies `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` to kubelets with this
+    /// client certificate, trusting `trusted` as their serving certificates.
+    pub fn set_kubelet_client(
+        &self,
+        chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+        trusted: Vec<rustls::pki_types::CertificateDer<'static>>,
+    ) {
+        *self
+            .app
+            .kubelet_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) =
+            Some(proxy::KubeletClient::new(chain, key, trusted));
+    }
+
     /// TokenReview authenticates `token` as `user` in `groups`.
     pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
         self.app
@@ -105,6 +126,7 @@ impl ApiServer {
             requests: Mutex::new(Vec::new()),
             addr,
             reviews: Mutex::new(Reviews::default()),
+            kubelet_client: Mutex::new(None),
         });
         let server = ApiServer {
             app,
@@ -226,7 +248,7 @@ impl Drop for ApiServer {
 }
 
 async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot::Receiver<()>) {
-    let router = Router::new().fallback(handle).with_state(app);
+    let router = Router::new().fallback(entry).with_state(app);
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -236,7 +258,10 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot:
                 let service = hyper_util::service::TowerToHyperService::new(router.clone());
                 conns.spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(stream);
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .with_upgrades()
+                        .await;
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -299,6 +324,29 @@ fn respond(code: u16, body: &Value) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+/// Pod subresources proxied to kubelets keep their request (an upgrade needs it); everything
+/// else is read whole and handled.
+async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
+    if let Some((ns, name, sub)) = proxy::proxied(req.uri().path()) {
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("", |pq| pq.as_str())
+            .to_string();
+        app.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("{} {target}", req.method()));
+        return proxy::proxy(&app, &ns, &name, &sub, req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, 64 << 20).await {
+        Ok(b) => b,
+        Err(e) => return respond(400, &ApiError::bad_request(e.to_string()).status()),
+    };
+    handle(State(app), parts.method, parts.uri, parts.headers, body).await
 }
 
 async fn handle(
