@@ -65,6 +65,18 @@ async fn get(
     token: Option<&str>,
     cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
 ) -> Result<(u16, String), String> {
+    send("GET", port, serving, path, token, cert).await
+}
+
+/// A request over HTTPS to the kubelet (see [`get`]).
+async fn send(
+    method: &str,
+    port: u16,
+    serving: &Path,
+    path: &str,
+    token: Option<&str>,
+    cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<(u16, String), String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(serving).map_err(|e| e.to_string())? {
         roots
@@ -96,7 +108,10 @@ async fn get(
             .await
             .map_err(|e| format!("TLS: {e}"))?;
     tokio::spawn(conn);
-    let mut req = hyper::Request::get(path).header("Host", format!("127.0.0.1:{port}"));
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Host", format!("127.0.0.1:{port}"));
     if let Some(t) = token {
         req = req.header("Authorization", format!("Bearer {t}"));
     }
@@ -427,6 +442,19 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         status.contains("NonZeroExitCode") && status.contains("\"message\":\"3\""),
         "{status}"
     );
+    // /run (POST: the verb is create): a command's output in the answer.
+    api.set_allowed("alice", "create", "proxy", true);
+    let (code, body) = send(
+        "POST",
+        port,
+        &serving,
+        "/run/default/shell/app?cmd=echo%20ran%20here",
+        alice,
+        None,
+    )
+    .await
+    .expect("POST");
+    assert_eq!((code, body.as_str()), (200, "ran here\n"));
     api.add_token("bob-token", "bob", &[]);
     let refused = websocket(port, &serving, exec, "v5.channel.k8s.io", "bob-token").await;
     assert!(
@@ -450,6 +478,49 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     );
     assert_eq!(kc["authorization"]["mode"], "Webhook");
     assert_eq!(kc["healthzPort"], healthz_port);
+
+    // /logs/: the node's /var/log, with nodes/log.
+    api.set_allowed("bob", "get", "log", true);
+    let (code, listing) = get(port, &serving, "/logs/", Some("bob-token"), None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{listing}");
+    assert!(listing.starts_with("<pre>\n"), "{listing}");
+    let file = std::fs::read_dir("/var/log")
+        .expect("/var/log")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| {
+            n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        });
+    if let Some(file) = file {
+        assert!(
+            listing.contains(&format!("<a href=\"{file}\">")),
+            "{listing}"
+        );
+        let (code, _) = get(
+            port,
+            &serving,
+            &format!("/logs/{file}"),
+            Some("bob-token"),
+            None,
+        )
+        .await
+        .expect("GET");
+        assert_eq!(code, 200, "/var/log/{file}");
+    }
+    let (code, _) = get(
+        port,
+        &serving,
+        "/logs/no-such-file",
+        Some("bob-token"),
+        None,
+    )
+    .await
+    .expect("GET");
+    assert_eq!(code, 404);
 
     // Not built yet: 501 with the reason, after authorization.
     api.set_allowed("alice", "get", "metrics", true);

@@ -158,6 +158,7 @@ impl Kubelet {
                     pods: pods_rx,
                     status: status.clone(),
                     configz: cfg.to_v1beta1(),
+                    system_log_dir: std::path::PathBuf::from("/var/log"),
                     health: Arc::new(move || match health.problem() {
                         Some(p) => Err(p),
                         None => Ok(()),

@@ -3,10 +3,9 @@
 //! its handler; and the plain HTTP healthz server on `healthzBindAddress`:`healthzPort`.
 //!
 //! Served: `/healthz`, `/pods`, `/runningpods/`, `/configz`,
-//! `/containerLogs/{ns}/{pod}/{container}`, and
-//! `/exec`, `/attach`, `/portForward` proxied to the runtime's streaming server ([`stream`]).
-//! The other endpoints of the upstream kubelet (`/run`, `/metrics*`, `/stats/*`, `/logs/`,
-//! `/checkpoint`) answer 501 with the reason until they are built: never an empty or
+//! `/containerLogs/{ns}/{pod}/{container}`, `/exec`, `/attach`, `/portForward` proxied to the
+//! runtime's streaming server, `/run` and `/logs/` ([`stream`]). The other endpoints of the
+//! upstream kubelet (`/metrics*`, `/stats/*`, `/checkpoint`) answer 501 with the reason until they are built: never an empty or
 //! made-up answer.
 
 pub mod auth;
@@ -49,6 +48,8 @@ pub struct ServerDeps {
     /// The pods the kubelet runs (from its sources).
     pub pods: watch::Receiver<Arc<Vec<Pod>>>,
     pub status: Arc<StatusManager>,
+    /// What `/logs/` serves (`/var/log`).
+    pub system_log_dir: PathBuf,
     /// The effective configuration as a `KubeletConfiguration`, for `/configz`.
     pub configz: serde_json::Value,
     /// The kubelet's health: `Err(why)` when the sync loop or the PLEG is not healthy.
@@ -145,6 +146,13 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
             "/portForward/{ns}/{pod}",
             get(stream::port_forward_handler).post(stream::port_forward_handler),
         )
+        .route(
+            "/run/{ns}/{pod}/{container}",
+            axum::routing::post(stream::run_handler),
+        )
+        .route("/logs", get(stream::system_logs_handler))
+        .route("/logs/", get(stream::system_logs_handler))
+        .route("/logs/{*path}", get(stream::system_logs_handler))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
@@ -274,14 +282,7 @@ async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 /// The endpoints upstream serves that nodelet does not yet: 501 with the reason; 404 otherwise.
 async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let not_yet = [
-        "/run/",
-        "/metrics",
-        "/stats",
-        "/logs",
-        "/checkpoint/",
-        "/debug/",
-    ];
+    let not_yet = ["/metrics", "/stats", "/checkpoint/", "/debug/"];
     if let Some(p) = not_yet.iter().find(|p| path.starts_with(*p)) {
         return text(
             StatusCode::NOT_IMPLEMENTED,

@@ -270,3 +270,98 @@ async fn proxy(url: &str, mut req: Request) -> Response {
     *r.headers_mut() = headers;
     r
 }
+
+/// `/run/{ns}/{pod}/{container}?cmd=...`: runs the command (split at whitespace, as upstream)
+/// in the container through ExecSync and answers with its output.
+pub(super) async fn run_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
+    Query(q): Query<Params>,
+) -> Response {
+    let cmd: Vec<String> = q
+        .iter()
+        .find(|(k, _)| k == "cmd")
+        .map(|(_, v)| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    if cmd.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "run: no cmd given");
+    }
+    let id = match running_container(&ctx, &ns, &name, &container).await {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    match crate::prober::exec(ctx.deps.rt.as_ref(), &id, &cmd, None).await {
+        Ok((_, out)) => (StatusCode::OK, out).into_response(),
+        Err(why) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            why.unwrap_or_else(|| "timed out".into()),
+        ),
+    }
+}
+
+/// `/logs/...` with `enableSystemLogHandler`: the node's `/var/log`, files and directory
+/// listings (as Go's file server writes them), never outside it.
+pub(super) async fn system_logs_handler(
+    State(ctx): State<Arc<Ctx>>,
+    uri: axum::http::Uri,
+) -> Response {
+    if !ctx.deps.cfg.system_log_handler {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    }
+    let rel = uri
+        .path()
+        .trim_start_matches("/logs")
+        .trim_start_matches('/');
+    let rel = std::path::Path::new(rel);
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return text(StatusCode::BAD_REQUEST, "invalid path");
+    }
+    let path = ctx.deps.system_log_dir.join(rel);
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<(bool, Vec<u8>)> {
+        let meta = std::fs::metadata(&path)?;
+        if meta.is_dir() {
+            let mut names: Vec<String> = std::fs::read_dir(&path)?
+                .filter_map(|e| e.ok())
+                .map(|e| {
+                    let mut n = e.file_name().to_string_lossy().into_owned();
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        n.push('/');
+                    }
+                    n
+                })
+                .collect();
+            names.sort();
+            let mut html = String::from("<pre>\n");
+            for n in names {
+                let escaped = n
+                    .replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;")
+                    .replace('"', "&quot;");
+                html.push_str(&format!("<a href=\"{escaped}\">{escaped}</a>\n"));
+            }
+            html.push_str("</pre>\n");
+            Ok((true, html.into_bytes()))
+        } else {
+            Ok((false, std::fs::read(&path)?))
+        }
+    })
+    .await;
+    match read {
+        Ok(Ok((true, html))) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            html,
+        )
+            .into_response(),
+        Ok(Ok((false, data))) => (StatusCode::OK, data).into_response(),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            text(StatusCode::NOT_FOUND, "404 page not found")
+        }
+        Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
