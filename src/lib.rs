@@ -11,6 +11,7 @@ pub mod config;
 pub mod crilog;
 pub mod kubelet;
 pub mod logging;
+pub mod metrics;
 pub mod node;
 pub mod pod;
 pub mod pod_workers;

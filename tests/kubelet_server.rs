@@ -422,13 +422,19 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     );
 
     // Exec through the kubelet API: the runtime's streaming server, proxied (WebSocket, v5).
-    let shell = format!("  containers:\n{}", busybox("app", "sleep 3600"));
+    let shell = format!(
+        "  containers:\n{}    readinessProbe:\n      exec: {{command: [\"true\"]}}\n      periodSeconds: 1\n",
+        busybox("app", "sleep 3600")
+    );
     pods.create(&PostParams::default(), &node.pod("shell", &shell))
         .await
         .expect("creating the pod");
-    wait_for("shell running", 60, async || {
+    wait_for("shell ready (its readiness probe passed)", 60, async || {
         let st = pods.get_opt("shell").await.ok().flatten()?.status?;
-        (st.phase.as_deref() == Some("Running")).then_some(())
+        st.conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(())
     })
     .await;
     let exec = "/exec/default/shell/app?command=sh&command=-c&command=echo%20hello%3B%20exit%203&output=1&error=1";
@@ -522,14 +528,69 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     .expect("GET");
     assert_eq!(code, 404);
 
-    // Not built yet: 501 with the reason, after authorization.
+    // /metrics, with nodes/metrics: the kubelet's own, with upstream's names.
     api.set_allowed("alice", "get", "metrics", true);
     let (code, body) = get(port, &serving, "/metrics", alice, None)
         .await
         .expect("GET");
+    assert_eq!(code, 200, "{body}");
+    let sample = |name: &str| -> Option<f64> {
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(
+        sample("kubelet_node_name{node=\"server-node\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    let ready = node
+        .runtime()
+        .await
+        .list_pod_sandbox(runtime::cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .items
+        .iter()
+        .filter(|s| s.state == runtime::cri::PodSandboxState::SandboxReady as i32)
+        .count();
+    assert_eq!(sample("kubelet_running_pods"), Some(ready as f64), "{body}");
+    assert!(
+        sample("kubelet_started_containers_total{container_type=\"container\"}")
+            .is_some_and(|n| n >= 3.0),
+        "talker, ticker, shell: {body}"
+    );
+    assert!(
+        sample("kubelet_runtime_operations_total{operation_type=\"exec_sync\"}")
+            .is_some_and(|n| n >= 1.0),
+        "/run's ExecSync: {body}"
+    );
+    assert!(
+        sample("kubelet_pleg_relist_duration_seconds_count").is_some_and(|n| n >= 1.0),
+        "{body}"
+    );
+    assert!(body.ends_with("# EOF\n"), "OpenMetrics text");
+    let (code, probes) = get(port, &serving, "/metrics/probes", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200);
+    let prefix = "prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"shell\",namespace=\"default\",pod_uid=";
+    assert!(
+        probes.lines().any(|l| l.starts_with(prefix)),
+        "shell's readiness probe counted: {probes}"
+    );
+
+    // Not built yet: 501 with the reason, after authorization.
+    let (code, body) = get(port, &serving, "/metrics/cadvisor", alice, None)
+        .await
+        .expect("GET");
     assert_eq!(
         (code, body.as_str()),
-        (501, "GET /metrics: not implemented by nodelet yet\n")
+        (
+            501,
+            "GET /metrics/cadvisor: not implemented by nodelet yet\n"
+        )
     );
 
     // healthz, plain HTTP.

@@ -81,6 +81,15 @@ impl Kubelet {
         rt: Runtime,
         client: Option<kube::Client>,
     ) -> anyhow::Result<Kubelet> {
+        // Every runtime call counted and timed (kubelet_runtime_operations_*).
+        let instrumented = Arc::new(crate::metrics::Instrumented {
+            inner: rt.runtime.clone(),
+            images: rt.images.clone(),
+        });
+        let rt = Runtime {
+            runtime: instrumented.clone(),
+            images: instrumented,
+        };
         let version = rt.runtime.version(cri::VersionRequest::default()).await?;
         tracing::info!(
             node = %cfg.node_name,
@@ -170,6 +179,12 @@ impl Kubelet {
             .await?
         };
         facts.kubelet_port = bound.port;
+        crate::metrics::get()
+            .node_name
+            .get_or_create(&crate::metrics::NodeName {
+                node: cfg.node_name.clone(),
+            })
+            .set(1);
         // Admission checks pods against the registered Node, or against this one before that.
         let local_node = crate::node::build_node(&facts, &cfg);
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();

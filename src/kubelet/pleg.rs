@@ -80,6 +80,8 @@ impl PlegHealth {
 #[derive(Debug, Default)]
 pub struct Relister {
     last: HashMap<String, (String, i32)>,
+    /// When the previous relist began (`kubelet_pleg_relist_interval_seconds`).
+    began: Option<std::time::Instant>,
 }
 
 impl Relister {
@@ -461,6 +463,17 @@ impl Pleg {
     async fn relist(&self, relister: &Arc<Mutex<Relister>>) -> Option<usize> {
         let began = std::time::Instant::now();
         let at = Instant::now();
+        let metrics = crate::metrics::get();
+        if let Some(prev) = relister
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .began
+            .replace(began)
+        {
+            metrics
+                .pleg_relist_interval
+                .observe(began.duration_since(prev).as_secs_f64());
+        }
         let list = self
             .rt
             .list_containers(cri::ListContainersRequest { filter: None })
@@ -487,6 +500,13 @@ impl Pleg {
         }
         self.cache.update_time(at);
         self.health.record_relist(began.elapsed());
+        metrics
+            .pleg_relist_duration
+            .observe(began.elapsed().as_secs_f64());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        metrics.pleg_last_seen.set(now.as_secs_f64());
         Some(changed.len())
     }
 }

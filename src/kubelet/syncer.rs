@@ -195,12 +195,11 @@ impl Syncer {
         self.cache.set(&uid(pod), Ok(snapshot.clone()), at);
         Ok(snapshot)
     }
-}
 
-#[async_trait::async_trait]
-impl PodSyncer for Syncer {
-    async fn sync_pod(&self, _update: UpdateType, pod: &Pod) -> Result<SyncOutcome, SyncError> {
+    /// One sync of `pod` (see [`PodSyncer::sync_pod`]).
+    async fn sync_pod_inner(&self, pod: &Pod) -> Result<SyncOutcome, SyncError> {
         let snapshot = self.view(pod).await?;
+
         // As upstream: a pod on the pod network waits (and its worker retries) while the
         // runtime reports its network not ready.
         if !pod::host_network(pod) {
@@ -288,6 +287,27 @@ impl PodSyncer for Syncer {
                 requeue_after: result.requeue_after,
             }),
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl PodSyncer for Syncer {
+    async fn sync_pod(&self, update: UpdateType, pod: &Pod) -> Result<SyncOutcome, SyncError> {
+        let began = std::time::Instant::now();
+        let r = self.sync_pod_inner(pod).await;
+        let op = match update {
+            UpdateType::Create => "create",
+            UpdateType::Update => "update",
+            UpdateType::Sync => "sync",
+            UpdateType::Kill => "kill",
+        };
+        crate::metrics::get()
+            .pod_worker_duration
+            .get_or_create(&crate::metrics::Operation {
+                operation_type: op.to_string(),
+            })
+            .observe(began.elapsed().as_secs_f64());
+        r
     }
 
     async fn sync_terminating_pod(&self, pod: &Pod, grace: Duration) -> Result<(), SyncError> {

@@ -654,12 +654,19 @@ async fn start_one(
         "Created",
         format!("Created container: {name}"),
     );
-    cx.rt
+    let kind = if is_init(pod, name) {
+        "init_container"
+    } else {
+        "container"
+    };
+    let started = cx
+        .rt
         .start_container(cri::StartContainerRequest {
             container_id: id.clone(),
         })
-        .await
-        .map_err(|e| failed(WaitingReason::RunContainerError, e))?;
+        .await;
+    crate::metrics::get().container_started(kind, started.is_ok());
+    started.map_err(|e| failed(WaitingReason::RunContainerError, e))?;
     say(
         EventType::Normal,
         "Started",
@@ -703,6 +710,14 @@ async fn start_one(
         }
     }
     Ok(())
+}
+
+/// Whether `name` is one of the pod's init containers.
+fn is_init(pod: &Pod, name: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == name))
 }
 
 async fn rt_create(

@@ -201,6 +201,22 @@ impl Worker {
             }
         }
         let label = self.kind.label();
+        let counted = match &attempt {
+            Attempt::Success(_) | Attempt::Warning(_) => "successful",
+            Attempt::Failure(_) => "failed",
+            Attempt::Error(_) => "unknown",
+        };
+        crate::metrics::get()
+            .probe_total
+            .get_or_create(&crate::metrics::ProbeLabels {
+                probe_type: label.to_string(),
+                result: counted.to_string(),
+                container: name.clone(),
+                pod: self.pod.metadata.name.clone().unwrap_or_default(),
+                namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
+                pod_uid: uid.clone(),
+            })
+            .inc();
         let say = |kind: EventType, reason: &str, message: String| {
             self.shared
                 .events

@@ -130,6 +130,8 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/pods/", get(pods_handler))
         .route("/runningpods/", get(running_pods_handler))
         .route("/configz", get(configz_handler))
+        .route("/metrics", get(metrics_handler))
+        .route("/metrics/probes", get(probe_metrics_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
@@ -282,7 +284,13 @@ async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 /// The endpoints upstream serves that nodelet does not yet: 501 with the reason; 404 otherwise.
 async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let not_yet = ["/metrics", "/stats", "/checkpoint/", "/debug/"];
+    let not_yet = [
+        "/metrics/cadvisor",
+        "/metrics/resource",
+        "/stats",
+        "/checkpoint/",
+        "/debug/",
+    ];
     if let Some(p) = not_yet.iter().find(|p| path.starts_with(*p)) {
         return text(
             StatusCode::NOT_IMPLEMENTED,
@@ -305,6 +313,69 @@ fn json(v: &impl serde::Serialize) -> Response {
             .into_response(),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `/metrics`: the kubelet's metrics; the running pods and containers counted from the
+/// runtime at the scrape.
+async fn metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let m = crate::metrics::get();
+    let rt = ctx.deps.rt.as_ref();
+    if let Ok(l) = rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                state: Some(cri::PodSandboxStateValue {
+                    state: cri::PodSandboxState::SandboxReady as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+    {
+        m.running_pods
+            .set(i64::try_from(l.items.len()).unwrap_or(i64::MAX));
+    }
+    if let Ok(l) = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+    {
+        let mut counts: std::collections::BTreeMap<&str, i64> = [
+            ("created", 0),
+            ("running", 0),
+            ("exited", 0),
+            ("unknown", 0),
+        ]
+        .into();
+        for c in &l.containers {
+            let state = match cri::ContainerState::try_from(c.state) {
+                Ok(cri::ContainerState::ContainerCreated) => "created",
+                Ok(cri::ContainerState::ContainerRunning) => "running",
+                Ok(cri::ContainerState::ContainerExited) => "exited",
+                _ => "unknown",
+            };
+            *counts.entry(state).or_default() += 1;
+        }
+        for (state, n) in counts {
+            m.running_containers
+                .get_or_create(&crate::metrics::ContainerState {
+                    container_state: state.to_string(),
+                })
+                .set(n);
+        }
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, OPENMETRICS)],
+        m.encode(),
+    )
+        .into_response()
+}
+
+/// `/metrics/probes`: `prober_probe_total`.
+async fn probe_metrics_handler() -> Response {
+    let body = crate::metrics::get().encode_probes();
+    (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], body).into_response()
 }
 
 /// `/configz`: the effective configuration, as upstream wraps it.

@@ -1,0 +1,314 @@
+//! The kubelet's own metrics, with upstream's names and labels, in one process-wide registry
+//! (the Prometheus project's `prometheus-client`), served on `/metrics`; the probe counters on
+//! `/metrics/probes`. [`Instrumented`] wraps the runtime to count and time every CRI call
+//! (`kubelet_runtime_operations_*`).
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Operation {
+    pub operation_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerType {
+    pub container_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerState {
+    pub container_state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeName {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub probe_type: String,
+    pub result: String,
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    pub pod_uid: String,
+}
+
+/// Every metric the kubelet keeps.
+pub struct Metrics {
+    pub node_name: Family<NodeName, Gauge>,
+    pub running_pods: Gauge,
+    pub running_containers: Family<ContainerState, Gauge>,
+    pub started_containers: Family<ContainerType, Counter>,
+    pub started_containers_errors: Family<ContainerType, Counter>,
+    pub pod_worker_duration: Family<Operation, Histogram>,
+    pub pleg_relist_duration: Histogram,
+    pub pleg_relist_interval: Histogram,
+    pub pleg_last_seen: Gauge<f64, AtomicU64>,
+    pub runtime_operations: Family<Operation, Counter>,
+    pub runtime_operations_errors: Family<Operation, Counter>,
+    pub runtime_operations_duration: Family<Operation, Histogram>,
+    pub probe_total: Family<ProbeLabels, Counter>,
+}
+
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    // 5 ms .. ~82 s, as upstream's default-ish exponential buckets.
+    exponential_buckets(0.005, 2.5, 12)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let h = || Histogram::new(seconds_buckets());
+        Metrics {
+            node_name: Family::default(),
+            running_pods: Gauge::default(),
+            running_containers: Family::default(),
+            started_containers: Family::default(),
+            started_containers_errors: Family::default(),
+            pod_worker_duration: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            pleg_relist_duration: h(),
+            pleg_relist_interval: h(),
+            pleg_last_seen: Gauge::default(),
+            runtime_operations: Family::default(),
+            runtime_operations_errors: Family::default(),
+            runtime_operations_duration: Family::new_with_constructor(|| {
+                Histogram::new(seconds_buckets())
+            }),
+            probe_total: Family::default(),
+        }
+    }
+
+    /// The `/metrics` registry.
+    fn registry(&self) -> Registry {
+        let mut r = Registry::default();
+        let k = r.sub_registry_with_prefix("kubelet");
+        k.register(
+            "node_name",
+            "The node's name; the count is always 1",
+            self.node_name.clone(),
+        );
+        k.register(
+            "running_pods",
+            "Number of pods that have a running pod sandbox",
+            self.running_pods.clone(),
+        );
+        k.register(
+            "running_containers",
+            "Number of containers currently running",
+            self.running_containers.clone(),
+        );
+        k.register(
+            "started_containers",
+            "Cumulative number of containers started",
+            self.started_containers.clone(),
+        );
+        k.register(
+            "started_containers_errors",
+            "Cumulative number of errors when starting containers",
+            self.started_containers_errors.clone(),
+        );
+        k.register(
+            "pod_worker_duration_seconds",
+            "Duration in seconds to sync a single pod, broken down by operation type",
+            self.pod_worker_duration.clone(),
+        );
+        k.register(
+            "pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG",
+            self.pleg_relist_duration.clone(),
+        );
+        k.register(
+            "pleg_relist_interval_seconds",
+            "Interval in seconds between relisting in PLEG",
+            self.pleg_relist_interval.clone(),
+        );
+        k.register(
+            "pleg_last_seen_seconds",
+            "Timestamp in seconds when PLEG was last seen active",
+            self.pleg_last_seen.clone(),
+        );
+        k.register(
+            "runtime_operations",
+            "Cumulative number of runtime operations by operation type",
+            self.runtime_operations.clone(),
+        );
+        k.register(
+            "runtime_operations_errors",
+            "Cumulative number of runtime operation errors by operation type",
+            self.runtime_operations_errors.clone(),
+        );
+        k.register(
+            "runtime_operations_duration_seconds",
+            "Duration in seconds of runtime operations, broken down by operation type",
+            self.runtime_operations_duration.clone(),
+        );
+        r
+    }
+
+    /// The `/metrics/probes` registry.
+    fn probes_registry(&self) -> Registry {
+        let mut r = Registry::default();
+        r.sub_registry_with_prefix("prober").register(
+            "probe",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result",
+            self.probe_total.clone(),
+        );
+        r
+    }
+
+    /// `/metrics` in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry());
+        out
+    }
+
+    /// `/metrics/probes` in the Prometheus text format.
+    pub fn encode_probes(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.probes_registry());
+        out
+    }
+
+    /// Counts a container start (`container_type`: `container`, `init_container`).
+    pub fn container_started(&self, container_type: &str, ok: bool) {
+        let l = ContainerType {
+            container_type: container_type.to_string(),
+        };
+        self.started_containers.get_or_create(&l).inc();
+        if !ok {
+            self.started_containers_errors.get_or_create(&l).inc();
+        }
+    }
+
+    /// Records one runtime operation.
+    pub fn runtime_operation(&self, op: &str, took: Duration, ok: bool) {
+        let l = Operation {
+            operation_type: op.to_string(),
+        };
+        self.runtime_operations.get_or_create(&l).inc();
+        if !ok {
+            self.runtime_operations_errors.get_or_create(&l).inc();
+        }
+        self.runtime_operations_duration
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+/// A runtime whose every call is counted and timed in `kubelet_runtime_operations_*`, named as
+/// upstream's instrumented runtime names them.
+pub struct Instrumented {
+    pub inner: std::sync::Arc<dyn runtime::RuntimeService>,
+    pub images: std::sync::Arc<dyn runtime::ImageService>,
+}
+
+async fn timed<T>(
+    op: &str,
+    f: impl std::future::Future<Output = runtime::Result<T>>,
+) -> runtime::Result<T> {
+    let began = Instant::now();
+    let r = f.await;
+    get().runtime_operation(op, began.elapsed(), r.is_ok());
+    r
+}
+
+macro_rules! instrumented_runtime {
+    ($($name:ident, $op:literal, $req:ty, $resp:ty;)*) => {
+        #[async_trait::async_trait]
+        impl runtime::RuntimeService for Instrumented {
+            $(
+                async fn $name(&self, req: $req) -> runtime::Result<$resp> {
+                    timed($op, self.inner.$name(req)).await
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! instrumented_images {
+    ($($name:ident, $op:literal, $req:ty, $resp:ty;)*) => {
+        #[async_trait::async_trait]
+        impl runtime::ImageService for Instrumented {
+            $(
+                async fn $name(&self, req: $req) -> runtime::Result<$resp> {
+                    timed($op, self.images.$name(req)).await
+                }
+            )*
+        }
+    };
+}
+
+use runtime::cri;
+
+instrumented_runtime! {
+    version, "version", cri::VersionRequest, cri::VersionResponse;
+    run_pod_sandbox, "run_podsandbox", cri::RunPodSandboxRequest, cri::RunPodSandboxResponse;
+    stop_pod_sandbox, "stop_podsandbox", cri::StopPodSandboxRequest, cri::StopPodSandboxResponse;
+    remove_pod_sandbox, "remove_podsandbox", cri::RemovePodSandboxRequest, cri::RemovePodSandboxResponse;
+    pod_sandbox_status, "podsandbox_status", cri::PodSandboxStatusRequest, cri::PodSandboxStatusResponse;
+    list_pod_sandbox, "list_podsandbox", cri::ListPodSandboxRequest, cri::ListPodSandboxResponse;
+    create_container, "create_container", cri::CreateContainerRequest, cri::CreateContainerResponse;
+    start_container, "start_container", cri::StartContainerRequest, cri::StartContainerResponse;
+    stop_container, "stop_container", cri::StopContainerRequest, cri::StopContainerResponse;
+    remove_container, "remove_container", cri::RemoveContainerRequest, cri::RemoveContainerResponse;
+    list_containers, "list_containers", cri::ListContainersRequest, cri::ListContainersResponse;
+    container_status, "container_status", cri::ContainerStatusRequest, cri::ContainerStatusResponse;
+    update_container_resources, "update_container", cri::UpdateContainerResourcesRequest, cri::UpdateContainerResourcesResponse;
+    reopen_container_log, "reopen_container_log", cri::ReopenContainerLogRequest, cri::ReopenContainerLogResponse;
+    exec_sync, "exec_sync", cri::ExecSyncRequest, cri::ExecSyncResponse;
+    exec, "exec", cri::ExecRequest, cri::ExecResponse;
+    attach, "attach", cri::AttachRequest, cri::AttachResponse;
+    port_forward, "port_forward", cri::PortForwardRequest, cri::PortForwardResponse;
+    container_stats, "container_stats", cri::ContainerStatsRequest, cri::ContainerStatsResponse;
+    list_container_stats, "list_container_stats", cri::ListContainerStatsRequest, cri::ListContainerStatsResponse;
+    pod_sandbox_stats, "podsandbox_stats", cri::PodSandboxStatsRequest, cri::PodSandboxStatsResponse;
+    list_pod_sandbox_stats, "list_podsandbox_stats", cri::ListPodSandboxStatsRequest, cri::ListPodSandboxStatsResponse;
+    update_runtime_config, "update_runtime_config", cri::UpdateRuntimeConfigRequest, cri::UpdateRuntimeConfigResponse;
+    status, "status", cri::StatusRequest, cri::StatusResponse;
+    checkpoint_container, "checkpoint_container", cri::CheckpointContainerRequest, cri::CheckpointContainerResponse;
+    get_container_events, "get_container_events", cri::GetEventsRequest, runtime::EventStream;
+    list_metric_descriptors, "list_metric_descriptors", cri::ListMetricDescriptorsRequest, cri::ListMetricDescriptorsResponse;
+    list_pod_sandbox_metrics, "list_podsandbox_metrics", cri::ListPodSandboxMetricsRequest, cri::ListPodSandboxMetricsResponse;
+    runtime_config, "runtime_config", cri::RuntimeConfigRequest, cri::RuntimeConfigResponse;
+}
+
+instrumented_images! {
+    list_images, "list_images", cri::ListImagesRequest, cri::ListImagesResponse;
+    image_status, "image_status", cri::ImageStatusRequest, cri::ImageStatusResponse;
+    pull_image, "pull_image", cri::PullImageRequest, cri::PullImageResponse;
+    remove_image, "remove_image", cri::RemoveImageRequest, cri::RemoveImageResponse;
+    image_fs_info, "image_fs_info", cri::ImageFsInfoRequest, cri::ImageFsInfoResponse;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_registry_encodes_upstreams_names() {
+        let m = super::get();
+        m.container_started("container", true);
+        let text = m.encode();
+        assert!(
+            text.contains("kubelet_started_containers_total{container_type=\"container\"}"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE kubelet_running_pods gauge"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
