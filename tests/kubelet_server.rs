@@ -581,6 +581,41 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         "shell's readiness probe counted: {probes}"
     );
 
+    // /metrics/resource: what metrics-server reads, from the runtime's stats.
+    let (code, res) = get(port, &serving, "/metrics/resource", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{res}");
+    let value = |prefix: &str| -> Option<f64> {
+        res.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    let shell_app = "{container=\"app\",namespace=\"default\",pod=\"shell\"}";
+    assert!(
+        value(&format!("container_memory_working_set_bytes{shell_app} ")).is_some_and(|v| v > 0.0),
+        "{res}"
+    );
+    assert!(
+        value(&format!("container_cpu_usage_seconds_total{shell_app} ")).is_some_and(|v| v > 0.0),
+        "the readiness probe's execs ran in it: {res}"
+    );
+    assert!(
+        value("node_cpu_usage_seconds_total ").is_some_and(|v| v > 0.0),
+        "{res}"
+    );
+    assert!(
+        value("node_memory_working_set_bytes ").is_some_and(|v| v > 0.0),
+        "{res}"
+    );
+    assert!(
+        value("pod_memory_working_set_bytes{namespace=\"default\",pod=\"shell\"} ")
+            .is_some_and(|v| v > 0.0),
+        "{res}"
+    );
+    assert_eq!(value("resource_scrape_error "), Some(0.0), "{res}");
+
     // Not built yet: 501 with the reason, after authorization.
     let (code, body) = get(port, &serving, "/metrics/cadvisor", alice, None)
         .await

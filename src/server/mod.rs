@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod logs;
+pub mod resource;
 mod stream;
 pub mod tls;
 
@@ -132,6 +133,7 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/configz", get(configz_handler))
         .route("/metrics", get(metrics_handler))
         .route("/metrics/probes", get(probe_metrics_handler))
+        .route("/metrics/resource", get(resource_metrics_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
@@ -284,13 +286,7 @@ async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 /// The endpoints upstream serves that nodelet does not yet: 501 with the reason; 404 otherwise.
 async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let not_yet = [
-        "/metrics/cadvisor",
-        "/metrics/resource",
-        "/stats",
-        "/checkpoint/",
-        "/debug/",
-    ];
+    let not_yet = ["/metrics/cadvisor", "/stats", "/checkpoint/", "/debug/"];
     if let Some(p) = not_yet.iter().find(|p| path.starts_with(*p)) {
         return text(
             StatusCode::NOT_IMPLEMENTED,
@@ -368,6 +364,20 @@ async fn metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
         StatusCode::OK,
         [(header::CONTENT_TYPE, OPENMETRICS)],
         m.encode(),
+    )
+        .into_response()
+}
+
+/// `/metrics/resource`: what metrics-server reads ([`resource`]).
+async fn resource_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let body = resource::render(ctx.deps.rt.as_ref()).await;
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
     )
         .into_response()
 }
