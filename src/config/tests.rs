@@ -492,6 +492,10 @@ authorization:
         ),
         ("port: 70000", "port: 70000 is not a valid port"),
         (
+            "readOnlyPort: 10255",
+            "readOnlyPort: 10255: the unauthenticated read-only port is not served by nodelet; set 0",
+        ),
+        (
             "tlsMinVersion: VersionTLS10",
             "tlsMinVersion: VersionTLS10 is not supported: rustls speaks TLS 1.2 and 1.3 only",
         ),
