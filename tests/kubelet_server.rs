@@ -747,5 +747,52 @@ async fn logs_and_exec_through_the_api_server() {
         (3, "hi\n"),
         "kubectl exec over SPDY: {err}"
     );
+
+    // kubectl port-forward (SPDY) through the API server and the kubelet into the pod.
+    let web = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+        busybox(
+            "httpd",
+            "mkdir -p /www && echo forwarded > /www/index.html && exec httpd -f -p 8080 -h /www"
+        )
+    );
+    pods.create(&PostParams::default(), &node.pod("web", &web))
+        .await
+        .expect("creating the pod");
+    wait_for("web running", 60, async || {
+        let st = pods.get_opt("web").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let local = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut forward = std::process::Command::new("kubectl")
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["port-forward", "pod/web", &format!("{local}:8080")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl port-forward");
+    let page = wait_for("a page through kubectl port-forward", 30, async || {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "2",
+                &format!("http://127.0.0.1:{local}/"),
+            ])
+            .output()
+            .ok()?;
+        let body = String::from_utf8_lossy(&out.stdout).into_owned();
+        (!body.is_empty()).then_some(body)
+    })
+    .await;
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert_eq!(page, "forwarded\n");
     drop(agent);
 }
