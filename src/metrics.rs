@@ -52,6 +52,7 @@ pub struct Metrics {
     pub started_containers: Family<ContainerType, Counter>,
     pub started_containers_errors: Family<ContainerType, Counter>,
     pub pod_worker_duration: Family<Operation, Histogram>,
+    pub pod_start_duration: Histogram,
     pub pleg_relist_duration: Histogram,
     pub pleg_relist_interval: Histogram,
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
@@ -76,6 +77,7 @@ impl Metrics {
             started_containers: Family::default(),
             started_containers_errors: Family::default(),
             pod_worker_duration: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            pod_start_duration: h(),
             pleg_relist_duration: h(),
             pleg_relist_interval: h(),
             pleg_last_seen: Gauge::default(),
@@ -121,6 +123,11 @@ impl Metrics {
             "pod_worker_duration_seconds",
             "Duration in seconds to sync a single pod, broken down by operation type",
             self.pod_worker_duration.clone(),
+        );
+        k.register(
+            "pod_start_duration_seconds",
+            "Duration in seconds from the kubelet first having a status for a pod to the pod running",
+            self.pod_start_duration.clone(),
         );
         k.register(
             "pleg_relist_duration_seconds",

@@ -42,6 +42,10 @@ struct Entry {
     written: u64,
     /// Delete the pod object (grace 0) once the final status is written.
     delete: bool,
+    /// When the kubelet first had a status for the pod, and whether its start (Running) has
+    /// been counted in `kubelet_pod_start_duration_seconds`.
+    seen: std::time::Instant,
+    start_counted: bool,
 }
 
 /// Keeps the latest status of every pod and writes it to the API server.
@@ -108,9 +112,18 @@ impl StatusManager {
             version: 0,
             written: 0,
             delete: false,
+            seen: std::time::Instant::now(),
+            // A pod running at its first status (adopted after a restart) did not start now.
+            start_counted: status.phase.as_deref() == Some("Running"),
         });
         if entry.version > 0 && entry.status == status {
             return;
+        }
+        if !entry.start_counted && status.phase.as_deref() == Some("Running") {
+            entry.start_counted = true;
+            crate::metrics::get()
+                .pod_start_duration
+                .observe(entry.seen.elapsed().as_secs_f64());
         }
         entry.status = status;
         entry.version += 1;

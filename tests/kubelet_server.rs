@@ -570,6 +570,10 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         sample("kubelet_pleg_relist_duration_seconds_count").is_some_and(|n| n >= 1.0),
         "{body}"
     );
+    assert!(
+        sample("kubelet_pod_start_duration_seconds_count").is_some_and(|n| n >= 2.0),
+        "ticker and shell ran (talker may end before a status shows it running): {body}"
+    );
     assert!(body.ends_with("# EOF\n"), "OpenMetrics text");
     let (code, probes) = get(port, &serving, "/metrics/probes", alice, None)
         .await
