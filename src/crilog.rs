@@ -11,7 +11,6 @@ use k8s_openapi::jiff::Timestamp;
 pub struct Record {
     /// The time as written (RFC 3339 with nanoseconds).
     pub time: String,
-    pub at: Option<Timestamp>,
     /// `stdout` or `stderr`.
     pub stream: String,
     /// `P`: a part of a line that goes on in the next record.
@@ -33,10 +32,16 @@ pub fn parse(line: &[u8]) -> Option<Record> {
     let partial = tag.split(|b| *b == b':').next() == Some(b"P");
     let content = parts.next().unwrap_or_default().to_vec();
     Some(Record {
-        at: time.parse().ok(),
         time,
         stream,
         partial,
         content,
     })
+}
+
+impl Record {
+    /// The record's time, when it parses (only `sinceTime`/`sinceSeconds` need it).
+    pub fn at(&self) -> Option<Timestamp> {
+        self.time.parse().ok()
+    }
 }

@@ -56,27 +56,13 @@ fn client_ca(dir: &Path, cn: &str) -> (Vec<CertificateDer<'static>>, PrivateKeyD
     )
 }
 
-/// A GET over HTTPS to the kubelet on 127.0.0.1:`port`, trusting `serving` (its self-signed
-/// certificate): the status and the whole body.
-async fn get(
+/// A TLS connection to the kubelet on 127.0.0.1:`port`, trusting `serving` (its self-signed
+/// certificate), with the client certificate `cert` if given.
+async fn connect(
     port: u16,
     serving: &Path,
-    path: &str,
-    token: Option<&str>,
     cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-) -> Result<(u16, String), String> {
-    send("GET", port, serving, path, token, cert).await
-}
-
-/// A request over HTTPS to the kubelet (see [`get`]).
-async fn send(
-    method: &str,
-    port: u16,
-    serving: &Path,
-    path: &str,
-    token: Option<&str>,
-    cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-) -> Result<(u16, String), String> {
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(serving).map_err(|e| e.to_string())? {
         roots
@@ -99,10 +85,34 @@ async fn send(
         .await
         .map_err(|e| e.to_string())?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(|e| format!("TLS: {e}"))
+}
+
+/// A GET over HTTPS to the kubelet on 127.0.0.1:`port`, trusting `serving` (its self-signed
+/// certificate): the status and the whole body.
+async fn get(
+    port: u16,
+    serving: &Path,
+    path: &str,
+    token: Option<&str>,
+    cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<(u16, String), String> {
+    send("GET", port, serving, path, token, cert).await
+}
+
+/// A request over HTTPS to the kubelet (see [`get`]).
+async fn send(
+    method: &str,
+    port: u16,
+    serving: &Path,
+    path: &str,
+    token: Option<&str>,
+    cert: Option<&(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<(u16, String), String> {
+    let tls = connect(port, serving, cert).await?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
@@ -144,27 +154,7 @@ async fn websocket(
     String,
 > {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(serving).map_err(|e| e.to_string())? {
-        roots
-            .add(c.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS: {e}"))?;
+    let tls = connect(port, serving, None).await?;
     let mut req = format!("wss://127.0.0.1:{port}{path}")
         .into_client_request()
         .map_err(|e| e.to_string())?;

@@ -31,6 +31,17 @@ pub struct ProbeView {
     pub started: HashMap<String, bool>,
 }
 
+/// The containers that may have probes: the sidecars and the app containers (regular init
+/// containers have none).
+fn probed_containers(pod: &Pod) -> impl Iterator<Item = &k8s_openapi::api::core::v1::Container> {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
+    let app = spec.map_or(&[][..], |s| s.containers.as_slice());
+    init.iter().filter(|c| is_sidecar(c)).chain(app)
+}
+
 struct PodProbes {
     keys: HashSet<(String, ProbeKind)>,
     stop: CancellationToken,
@@ -93,35 +104,22 @@ impl ProbeManager {
     /// Starts the workers of the pod's probes that do not run yet: its app containers' and its
     /// sidecars' (regular init containers have none).
     pub fn add_pod(&self, pod: &Pod) {
-        let Some(spec) = pod.spec.as_ref() else {
-            return;
-        };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let containers = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| is_sidecar(c))
-            .chain(spec.containers.iter());
         let mut pods = self.lock();
-        let entry = pods.entry(uid).or_insert_with(|| PodProbes {
-            keys: HashSet::new(),
-            stop: self.cancel.child_token(),
-        });
-        let pod = Arc::new(pod.clone());
-        for c in containers {
+        // Called on every sync: the pod is copied only when a worker is started.
+        let mut shared: Option<Arc<Pod>> = None;
+        for c in probed_containers(pod) {
             for kind in ProbeKind::ALL {
                 let Some(probe) = kind.of(c) else { continue };
+                let entry = pods.entry(uid.clone()).or_insert_with(|| PodProbes {
+                    keys: HashSet::new(),
+                    stop: self.cancel.child_token(),
+                });
                 if !entry.keys.insert((c.name.clone(), kind)) {
                     continue;
                 }
-                let worker = Worker::new(
-                    self.shared.clone(),
-                    pod.clone(),
-                    c.clone(),
-                    kind,
-                    probe.clone(),
-                );
+                let pod = shared.get_or_insert_with(|| Arc::new(pod.clone())).clone();
+                let worker = Worker::new(self.shared.clone(), pod, c.clone(), kind, probe.clone());
                 tokio::spawn(worker.run(entry.stop.clone()));
             }
         }
@@ -142,17 +140,8 @@ impl ProbeManager {
     /// The pod's results for its newest containers as `status` lists them.
     pub fn view(&self, pod: &Pod, status: &RuntimePodStatus) -> ProbeView {
         let mut v = ProbeView::default();
-        let Some(spec) = pod.spec.as_ref() else {
-            return v;
-        };
         let results = &self.shared.results;
-        let containers = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| is_sidecar(c))
-            .chain(spec.containers.iter());
-        for c in containers {
+        for c in probed_containers(pod) {
             let id = status.latest(&c.name).map(|l| l.id.as_str());
             let get = |kind| id.and_then(|id| results.get(id, kind));
             if c.startup_probe.is_some() {

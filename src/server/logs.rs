@@ -96,7 +96,7 @@ impl Writer {
 
     /// The bytes of `r` to send (cut at `limitBytes`).
     pub fn write(&mut self, r: &Record) -> Vec<u8> {
-        if let (Some(since), Some(at)) = (self.opts.since, r.at) {
+        if let (Some(since), Some(at)) = (self.opts.since, r.at()) {
             if at < since {
                 return Vec::new();
             }
@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(r.stream, "stdout");
         assert!(!r.partial);
         assert_eq!(r.content, b"hello world");
-        assert!(r.at.is_some());
+        assert!(r.at().is_some());
         assert!(parse(b"garbage").is_none());
         assert!(parse(b"2026-12-01T10:00:00Z stdin F x").is_none());
         let empty = rec("2026-12-01T10:00:00Z stderr F");

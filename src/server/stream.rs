@@ -95,8 +95,13 @@ pub(super) async fn exec_handler(
             stderr: flag(&q, &["error", "stderr"]),
         })
         .await;
-    match asked {
-        Ok(r) => proxy(&r.url, req).await,
+    proxy_to(asked.map(|r| r.url), req).await
+}
+
+/// Proxies `req` to the streaming URL the runtime gave, or says why it gave none.
+async fn proxy_to(url: runtime::Result<String>, req: Request) -> Response {
+    match url {
+        Ok(url) => proxy(&url, req).await,
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -122,10 +127,7 @@ pub(super) async fn attach_handler(
             stderr: flag(&q, &["error", "stderr"]),
         })
         .await;
-    match asked {
-        Ok(r) => proxy(&r.url, req).await,
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    proxy_to(asked.map(|r| r.url), req).await
 }
 
 pub(super) async fn port_forward_handler(
@@ -171,17 +173,13 @@ pub(super) async fn port_forward_handler(
             port: Vec::new(),
         })
         .await;
-    match asked {
-        Ok(r) => {
-            // WebSocket clients name their ports in the query; the runtime's server reads them.
-            let url = match req.uri().query() {
-                Some(q) if !r.url.contains('?') => format!("{}?{q}", r.url),
-                _ => r.url,
-            };
-            proxy(&url, req).await
-        }
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    // WebSocket clients name their ports in the query; the runtime's server reads them.
+    let query = req.uri().query().map(str::to_string);
+    let url = asked.map(|r| match query {
+        Some(q) if !r.url.contains('?') => format!("{}?{q}", r.url),
+        _ => r.url,
+    });
+    proxy_to(url, req).await
 }
 
 /// Passes `req` on to the streaming `url` and, when it switches protocols, joins the two

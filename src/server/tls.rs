@@ -117,9 +117,7 @@ pub fn server_config(
             })
             .collect();
         if !unknown.is_empty() {
-            tracing::warn!(
-                "tlsCipherSuites: {unknown:?} not offered by rustls (ring); using the others"
-            );
+            bail!("tlsCipherSuites: {unknown:?} not offered by nodelet's TLS (rustls with ring)");
         }
     }
     let provider = Arc::new(provider);
