@@ -419,6 +419,59 @@ fn exec_output_and_timeout(env: &Env) {
         }))
         .expect_err("unknown container");
     assert_eq!(err.kind(), Kind::NotFound);
+    // A command the container lacks is the exec's error, in runc's words.
+    let err = env
+        .block(client.exec(ExecSpec {
+            container_id: "e".into(),
+            args: vec!["no-such-command".into()],
+            timeout_ms: 10_000,
+        }))
+        .expect_err("missing command");
+    assert_eq!(err.kind(), Kind::InvalidArgument, "{err}");
+    assert!(
+        err.to_string()
+            .contains(r#"exec: "no-such-command": executable file not found in $PATH"#),
+        "{err}"
+    );
+    // The exec joins every namespace and cgroup of the container's init, and its PID
+    // namespace: it sees the init as PID 1 and itself under another PID.
+    let r = env
+        .block(client.exec(ExecSpec {
+            container_id: "e".into(),
+            args: vec![
+                "sh".into(),
+                "-c".into(),
+                "for n in cgroup ipc mnt net pid uts; do \
+                   [ \"$(readlink /proc/self/ns/$n)\" = \"$(readlink /proc/1/ns/$n)\" ] || echo ns $n differs; \
+                 done; \
+                 [ \"$(cat /proc/self/cgroup)\" = \"$(cat /proc/1/cgroup)\" ] || echo cgroups differ; \
+                 echo pid $$; cat /proc/1/cmdline | tr '\\0' ' '"
+                    .into(),
+            ],
+            timeout_ms: 10_000,
+        }))
+        .expect("exec");
+    let out = String::from_utf8_lossy(&r.stdout);
+    assert_eq!(
+        r.exit_code,
+        0,
+        "{out}{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(!out.contains("differ"), "{out}");
+    assert!(
+        out.contains("sleep 60"),
+        "PID 1 is the container's init: {out}"
+    );
+    let pid: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("pid line");
+    assert!(
+        pid > 1 && pid < 100,
+        "a PID of the container's namespace: {out}"
+    );
     // The container is untouched by the failed execs.
     let st = env.block(client.state()).expect("state");
     assert_eq!(st.containers[0].state, State::Running);

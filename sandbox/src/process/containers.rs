@@ -10,11 +10,11 @@ use libcontainer::container::Container;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::syscall::syscall::SyscallType;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::MsgFlags;
 use nix::unistd::{Pid, pipe2};
 
-use super::exec::receive_master;
 use super::ns::pidfd_open;
 use super::payload;
 use crate::logs::{LogWriter, Stream};
@@ -38,6 +38,10 @@ pub struct Ctr {
     /// Until `start`: the read end of the pipe on which its init reports a program it could
     /// not execute (see [`payload`](super::payload)).
     pub report: Option<OwnedFd>,
+    /// Its bundle (the OCI spec in `config.json`).
+    pub bundle: std::path::PathBuf,
+    /// What its execs need, from its first exec until it exits (see [`exec`](super::exec)).
+    pub exec_target: Option<Box<super::exec::Target>>,
 }
 
 /// An attach connection (non-blocking).
@@ -212,7 +216,42 @@ pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
         stdin_once: spec.stdin_once && !terminal,
         attached: Vec::new(),
         report: Some(report),
+        bundle: spec.bundle.clone(),
+        exec_target: None,
     })
+}
+
+/// The terminal master libcontainer sends to the console socket while creating a container
+/// with a terminal.
+fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+    let ready = poll(&mut fds, PollTimeout::from(5000u16)).map_err(|e| internal("poll", e))?;
+    if ready == 0 {
+        return Err(internal(
+            "terminal container",
+            "no terminal came back from the container",
+        ));
+    }
+    let (conn, _) = listener
+        .accept()
+        .map_err(|e| internal("accepting the console socket", e))?;
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let mut buf = [0u8; 4096];
+    let mut fds = Vec::new();
+    loop {
+        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
+            .map_err(|e| internal("receiving the terminal", e))?;
+        if let Some(fd) = fds.pop() {
+            return Ok(fd);
+        }
+        if n == 0 {
+            return Err(internal(
+                "terminal container",
+                "the console socket closed without a terminal",
+            ));
+        }
+    }
 }
 
 /// Lets a created container's init exec the user's process.
@@ -421,6 +460,7 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
         "Error".into()
     };
     c.pidfd = None;
+    c.exec_target = None;
 }
 
 /// Deletes a container: kills it if it still runs, then removes its libcontainer state and cgroup.

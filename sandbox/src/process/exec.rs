@@ -1,27 +1,47 @@
-//! Exec in a running container: a process started in the container's namespaces and cgroup
-//! through libcontainer's tenant builder, with pipes (ExecSync), the caller's descriptors, or a
-//! terminal made in the container, and the container's seccomp filter applied last.
+//! Exec in a running container: the sandbox process forks the exec's process straight into the
+//! container. The fork lands in the container's PID namespace (the sandbox points its
+//! children's PID namespace there for the fork and back), and the child joins the container's
+//! cgroups and its other namespaces (the user namespace first, the mount namespace last),
+//! takes a terminal made in the container or the given stdio, becomes the container's user
+//! with its groups, rlimits, capabilities, no_new_privs and seccomp filter, changes to its
+//! working directory and executes the command with the container's environment: the
+//! container's own OCI process with other arguments, as containerd execs it.
+//!
+//! What this needs of a container (descriptors of its namespaces and of its cgroups'
+//! `cgroup.procs`, its OCI process) is gathered at its first exec and kept until it exits
+//! ([`Target`]), so an exec costs one fork and the command's own exec. libcontainer's tenant
+//! builder, used before, loaded the container's state and OCI spec from disk for every exec,
+//! wrote a process file, forked an intermediate and an init process and, on cgroup v1, parsed
+//! the mount table once per controller: about 12 ms of CPU per exec probe (docs/BENCHMARKS.md).
+//!
+//! A command that cannot be executed (not found, not executable, no interpreter) is the exec's
+//! error, in runc's words, reported by the child on a close-on-exec pipe as the container's own
+//! start reports it ([`payload`](super::payload)).
+#![allow(unsafe_code)] // fork, _exit, the TIOCSCTTY ioctl and close_range in the forked child
 
 use std::collections::HashSet;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 
-use libcontainer::capabilities::drop_privileges;
-use libcontainer::container::Container;
-use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::capabilities::{drop_privileges, reset_effective};
 use libcontainer::seccomp::initialize_seccomp;
-use libcontainer::syscall::syscall::{SyscallType, create_syscall};
-use libcontainer::workload::default::DefaultExecutor;
-use libcontainer::workload::{
-    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
+use libcontainer::syscall::syscall::create_syscall;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, pipe2};
+use oci_spec::runtime::{
+    Capability, LinuxCapabilities, LinuxNamespaceType, LinuxSeccomp, Process, Spec,
 };
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::unistd::Pid;
-use oci_spec::runtime::{Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
 
-use super::containers::{Ctr, internal, lc_error, output_pipe};
+use super::containers::{Ctr, internal, output_pipe};
 use super::ns::pidfd_open;
-use crate::spec::{Layout, State};
+use super::payload::{self, errno_text, look_path};
+use crate::spec::State;
 use crate::{Error, Kind, Result};
 
 /// A running exec and what it has written so far.
@@ -38,7 +58,7 @@ pub struct Exec {
 
 /// Where an exec's stdio goes.
 pub enum ExecIo {
-    /// Pipes whose output the server collects (ExecSync).
+    /// Pipes whose output the server collects (ExecSync); stdin is /dev/null.
     Capture,
     /// The caller's descriptors: stdin, stdout, stderr.
     Fds([OwnedFd; 3]),
@@ -46,228 +66,184 @@ pub enum ExecIo {
     Tty,
 }
 
-/// Starts a process in a running container. With [`ExecIo::Capture`] the server collects its
-/// output; with [`ExecIo::Tty`] the terminal's master side comes back with it.
-///
-/// The process is the container's own OCI process with the exec's arguments, as containerd
-/// execs it: same user and groups, working directory, environment, capabilities,
-/// no_new_privs and rlimits. The container's seccomp filter is loaded too ([`ExecSeccomp`]):
-/// libcontainer's exec builds a `linux` section of its own without it.
-pub fn exec(
-    layout: &Layout,
-    c: &Ctr,
-    args: &[String],
-    timeout_ms: u64,
-    io: ExecIo,
-) -> Result<(Exec, Option<OwnedFd>)> {
-    if c.status.state != State::Running {
-        return Err(Error::new(
-            Kind::FailedPrecondition,
-            format!("container {} is not running", c.status.id),
-        ));
-    }
-    if args.is_empty() {
-        return Err(Error::new(Kind::InvalidArgument, "exec needs a command"));
-    }
-    let state_dir = layout.container_root().join(&c.status.id);
-    let container =
-        Container::load(state_dir.clone()).map_err(|e| lc_error("loading", &c.status.id, e))?;
-    let config = container.bundle().join("config.json");
-    let oci = Spec::load(&config).map_err(|e| {
-        internal(
-            &format!("loading the OCI spec of container {}", c.status.id),
-            e,
-        )
-    })?;
-    let tty = matches!(io, ExecIo::Tty);
-    let (process, executor) = exec_process(&oci, args, tty)?;
-    let process_file = state_dir.join("exec-process.json");
-    let text = serde_json::to_vec(&process)?;
-    std::fs::write(&process_file, text).map_err(|e| Error::io("writing", &process_file, e))?;
-    let console_path = layout.console_socket();
-    // Bound (and handed to libcontainer) through its directory when too long for sun_path;
-    // alive until the exec's process exists (see `sockpath`).
-    let console_short = match io {
-        ExecIo::Tty => Some(
-            crate::sockpath::SocketPath::new(&console_path)
-                .map_err(|e| Error::io("binding", &console_path, e))?,
-        ),
-        _ => None,
-    };
-    let console = console_short
-        .as_ref()
-        .map_or(console_path.clone(), |s| s.path().to_path_buf());
-    let mut out = [None, None];
-    let mut console_listener = None;
-    let built = ContainerBuilder::new(c.status.id.clone(), SyscallType::default())
-        .with_root_path(layout.container_root())
-        .map_err(|e| lc_error("exec in", &c.status.id, e))
-        .and_then(|b| {
-            let b = match io {
-                ExecIo::Capture => {
-                    let (out_r, out_w) = output_pipe()?;
-                    let (err_r, err_w) = output_pipe()?;
-                    out = [Some(out_r), Some(err_r)];
-                    b.with_stdout(out_w).with_stderr(err_w)
-                }
-                ExecIo::Fds([i, o, e]) => b.with_stdin(i).with_stdout(o).with_stderr(e),
-                ExecIo::Tty => {
-                    let _ = std::fs::remove_file(&console_path);
-                    let l = UnixListener::bind(&console)
-                        .map_err(|e| Error::io("binding", &console_path, e))?;
-                    console_listener = Some(l);
-                    b.with_console_socket(Some(&console))
-                }
-            };
-            b.with_executor(executor)
-                .as_tenant()
-                .with_process(Some(&process_file))
-                .with_detach(true)
-                .build()
-                .map_err(|e| {
-                    Error::new(
-                        Kind::Internal,
-                        format!("exec {args:?} in container {}: {e}", c.status.id),
-                    )
-                })
-        });
-    let _ = std::fs::remove_file(&process_file);
-    let master = match console_listener {
-        Some(l) => {
-            let _ = std::fs::remove_file(&console_path);
-            match &built {
-                Ok(_) => Some(receive_master(&l)?),
-                Err(_) => None,
-            }
-        }
-        None => None,
-    };
-    let pid = built?;
-    let deadline = (timeout_ms > 0)
-        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms));
-    let exec = Exec {
-        pid,
-        container_id: c.status.id.clone(),
-        out,
-        buf: [Vec::new(), Vec::new()],
-        pidfd: pidfd_open(pid).ok(),
-        deadline,
-        exit_code: None,
-        timed_out: false,
-    };
-    Ok((exec, master))
+/// What an exec in one running container needs, gathered at its first exec from its OCI spec
+/// and its init's `/proc` entries, and kept until the container exits.
+pub struct Target {
+    /// The container's PID namespace, when it has one: the exec is forked into it.
+    pid_ns: Option<OwnedFd>,
+    /// Its user namespace, joined before the others.
+    user_ns: Option<OwnedFd>,
+    /// Its other namespaces, joined in this order (the mount namespace last).
+    namespaces: Vec<(CloneFlags, OwnedFd)>,
+    /// `cgroup.procs` of each of its cgroups: one on cgroup v2, one per hierarchy on v1.
+    cgroups: Vec<OwnedFd>,
+    /// Its OCI process: user, groups, capabilities, rlimits, no_new_privs, working directory.
+    process: Process,
+    env: Vec<CString>,
+    /// The `PATH` of its environment, where a command without a slash is looked up.
+    path_var: Option<String>,
+    seccomp: Option<LinuxSeccomp>,
+    /// The exec holds CAP_SYS_ADMIN until its seccomp filter is loaded (see [`lends_sys_admin`]).
+    lend_sys_admin: bool,
 }
 
-/// The terminal master libcontainer sends to the console socket while starting a terminal exec.
-pub(super) fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
-    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-    let ready = poll(&mut fds, PollTimeout::from(5000u16)).map_err(|e| internal("poll", e))?;
-    if ready == 0 {
-        return Err(internal(
-            "terminal exec",
-            "no terminal came back from the container",
-        ));
-    }
-    let (conn, _) = listener
-        .accept()
-        .map_err(|e| internal("accepting the console socket", e))?;
-    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    let mut buf = [0u8; 4096];
-    let mut fds = Vec::new();
-    loop {
-        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
-            .map_err(|e| internal("receiving the terminal", e))?;
-        if let Some(fd) = fds.pop() {
-            return Ok(fd);
-        }
-        if n == 0 {
-            return Err(internal(
-                "terminal exec",
-                "the console socket closed without a terminal",
+impl Target {
+    /// Gathers what an exec in `c` (running, its init alive) needs.
+    pub fn open(c: &Ctr) -> Result<Target> {
+        let id = &c.status.id;
+        let config = c.bundle.join("config.json");
+        let oci = Spec::load(&config)
+            .map_err(|e| internal(&format!("loading the OCI spec of container {id}"), e))?;
+        let process = oci.process().clone().ok_or_else(|| {
+            Error::new(
+                Kind::InvalidArgument,
+                format!("the OCI spec of container {id} has no process"),
+            )
+        })?;
+        if process
+            .selinux_label()
+            .as_deref()
+            .is_some_and(|l| !l.is_empty())
+        {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                format!(
+                    "container {id} has an SELinux label, which this runtime cannot apply to an exec"
+                ),
             ));
         }
+        let pid = c.status.pid;
+        let (mut pid_ns, mut user_ns, mut namespaces) = (None, None, Vec::new());
+        let listed = oci.linux().as_ref().and_then(|l| l.namespaces().as_ref());
+        for ns in listed.into_iter().flatten() {
+            let typ = ns.typ();
+            let path = format!("/proc/{pid}/ns/{}", namespace_file(typ));
+            let fd: OwnedFd = std::fs::File::open(&path)
+                .map_err(|e| Error::io("opening", Path::new(&path), e))?
+                .into();
+            match typ {
+                LinuxNamespaceType::Pid => pid_ns = Some(fd),
+                LinuxNamespaceType::User => user_ns = Some(fd),
+                _ => namespaces.push((CloneFlags::from_bits_retain(typ as i32), fd)),
+            }
+        }
+        // Stable: the others keep the spec's order.
+        namespaces.sort_by_key(|(flag, _)| *flag == CloneFlags::CLONE_NEWNS);
+        let env = process
+            .env()
+            .iter()
+            .flatten()
+            .filter_map(|v| CString::new(v.as_bytes()).ok())
+            .collect();
+        let path_var = process
+            .env()
+            .iter()
+            .flatten()
+            .rev()
+            .find_map(|v| v.strip_prefix("PATH="))
+            .map(str::to_string);
+        let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
+        Ok(Target {
+            pid_ns,
+            user_ns,
+            namespaces,
+            cgroups: cgroup_procs(pid)?,
+            lend_sys_admin: lends_sys_admin(&process, seccomp.is_some()),
+            process,
+            env,
+            path_var,
+            seccomp,
+        })
     }
 }
 
-/// The process of an exec in a container whose OCI spec is `oci`, and the executor that
-/// confines it with the container's seccomp filter.
-///
-/// The kernel loads a filter only for a process with no_new_privs or CAP_SYS_ADMIN, and the
-/// executor runs after libcontainer dropped the capabilities. runc loads the filter before
-/// dropping them; to do the same here, a container process without no_new_privs and without
-/// CAP_SYS_ADMIN gets CAP_SYS_ADMIN in its permitted set only (never bounding or effective),
-/// and the executor raises it, loads the filter and restores the container's exact sets before
-/// exec'ing the command.
-fn exec_process(oci: &Spec, args: &[String], tty: bool) -> Result<(Process, ExecSeccomp)> {
-    let mut process = oci.process().clone().ok_or_else(|| {
-        Error::new(
-            Kind::InvalidArgument,
-            "the container's OCI spec has no process",
-        )
-    })?;
-    process.set_args(Some(args.to_vec()));
-    process.set_terminal(Some(tty));
-    process.set_console_size(None);
-    let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
-    let caps = process.capabilities().clone();
-    // A container in the pod's user namespace: libcontainer's exec joins all its namespaces but
-    // that one, so the executor joins it (see `ExecSeccomp::exec`), with CAP_SYS_ADMIN lent.
-    let userns = match user_namespace_path(oci) {
-        Some(path) => Some(std::sync::Arc::new(
-            std::fs::File::open(&path).map_err(|e| Error::io("opening", &path, e))?,
-        )),
-        None => None,
+/// A namespace's file under `/proc/<pid>/ns`.
+fn namespace_file(typ: LinuxNamespaceType) -> &'static str {
+    match typ {
+        LinuxNamespaceType::Mount => "mnt",
+        LinuxNamespaceType::Cgroup => "cgroup",
+        LinuxNamespaceType::Uts => "uts",
+        LinuxNamespaceType::Ipc => "ipc",
+        LinuxNamespaceType::User => "user",
+        LinuxNamespaceType::Pid => "pid",
+        LinuxNamespaceType::Network => "net",
+        LinuxNamespaceType::Time => "time",
+    }
+}
+
+/// Opens `cgroup.procs` of every cgroup `pid` is in that this process is not in too (a fork
+/// is in this process's cgroups), through this process's cgroup mounts: the unified
+/// hierarchy, and each v1 hierarchy with controllers (named ones such as `name=systemd` hold no
+/// container: libcontainer moves its processes into none of them). Writing `0` to each moves
+/// the writer.
+fn cgroup_procs(pid: i32) -> Result<Vec<OwnedFd>> {
+    let read = |p: procfs::ProcResult<procfs::process::Process>| {
+        p.and_then(|p| p.cgroups())
+            .map_err(|e| internal(&format!("reading the cgroups of process {pid}"), e))
     };
-    let has_admin = caps
+    let groups = read(procfs::process::Process::new(pid))?;
+    let own = read(procfs::process::Process::myself())?;
+    let mounts = procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .map_err(|e| internal("reading the mount table", e))?;
+    let mut out = Vec::new();
+    for g in groups.0 {
+        if own
+            .0
+            .iter()
+            .any(|o| o.hierarchy == g.hierarchy && o.pathname == g.pathname)
+        {
+            continue;
+        }
+        let mount = if g.controllers.is_empty() && g.hierarchy == 0 {
+            mounts.0.iter().find(|m| m.fs_type == "cgroup2")
+        } else if g.controllers.is_empty() || g.controllers.iter().any(|c| c.starts_with("name=")) {
+            continue;
+        } else {
+            mounts.0.iter().find(|m| {
+                m.fs_type == "cgroup"
+                    && g.controllers
+                        .iter()
+                        .all(|c| m.super_options.contains_key(c))
+            })
+        };
+        // A hierarchy not mounted here has nothing to join.
+        let Some(m) = mount else { continue };
+        let rel = Path::new(&g.pathname).strip_prefix(&m.root).map_err(|_| {
+            internal(
+                &format!("joining cgroup {}", g.pathname),
+                format!(
+                    "outside the mount of its hierarchy at {}",
+                    m.mount_point.display()
+                ),
+            )
+        })?;
+        let file: PathBuf = m.mount_point.join(rel).join("cgroup.procs");
+        let fd = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .map_err(|e| Error::io("opening", &file, e))?;
+        out.push(fd.into());
+    }
+    Ok(out)
+}
+
+/// Whether an exec of `process` holds CAP_SYS_ADMIN until its seccomp filter is loaded: the
+/// kernel loads a filter only for a process with no_new_privs or CAP_SYS_ADMIN, and runc loads
+/// it before the last capabilities are dropped. A process without either gets CAP_SYS_ADMIN
+/// added to its effective and permitted sets for that moment (never to the bounding set), and
+/// its exact sets once the filter is in.
+fn lends_sys_admin(process: &Process, seccomp: bool) -> bool {
+    let has_admin = process
+        .capabilities()
         .as_ref()
         .and_then(|c| c.effective().as_ref())
         .is_some_and(|e| e.contains(&Capability::SysAdmin));
-    let lend_sys_admin = userns.is_some()
-        || (seccomp.is_some() && process.no_new_privileges() != Some(true) && !has_admin);
-    let restore = if lend_sys_admin {
-        let original = caps.clone().unwrap_or_default();
-        let mut lent = original.clone();
-        let mut permitted = lent.permitted().clone().unwrap_or_default();
-        permitted.insert(Capability::SysAdmin);
-        lent.set_permitted(Some(permitted));
-        process.set_capabilities(Some(lent));
-        Some(original)
-    } else {
-        None
-    };
-    let user = userns.as_ref().map(|_| {
-        let u = process.user();
-        (
-            u.uid(),
-            u.gid(),
-            u.additional_gids().clone().unwrap_or_default(),
-        )
-    });
-    Ok((
-        process,
-        ExecSeccomp {
-            seccomp,
-            restore,
-            userns,
-            user,
-        },
-    ))
-}
-
-/// The user namespace a container joined, from its OCI spec.
-fn user_namespace_path(oci: &Spec) -> Option<std::path::PathBuf> {
-    oci.linux()
-        .as_ref()?
-        .namespaces()
-        .as_ref()?
-        .iter()
-        .find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User)
-        .and_then(|n| n.path().clone())
+    seccomp && process.no_new_privileges() != Some(true) && !has_admin
 }
 
 /// The container's capability sets with CAP_SYS_ADMIN added to the effective and permitted
-/// ones (not the bounding set): what an exec needs for a moment to load a seccomp filter or to
-/// join a user namespace.
+/// ones (not the bounding set).
 fn with_sys_admin(original: &LinuxCapabilities) -> LinuxCapabilities {
     let with_admin = |set: &Option<HashSet<Capability>>| {
         let mut set = set.clone().unwrap_or_default();
@@ -283,103 +259,319 @@ fn with_sys_admin(original: &LinuxCapabilities) -> LinuxCapabilities {
     raised
 }
 
-/// Runs an exec'd command under its container's seccomp filter (see [`exec_process`]).
-#[derive(Clone)]
-struct ExecSeccomp {
-    seccomp: Option<LinuxSeccomp>,
-    /// The container's capabilities, restored after CAP_SYS_ADMIN was lent to load the filter
-    /// or join the user namespace; `None` when nothing was lent.
-    restore: Option<LinuxCapabilities>,
-    /// The container's user namespace, joined before anything else when it has one.
-    userns: Option<std::sync::Arc<std::fs::File>>,
-    /// The process's uid, gid and groups, taken again inside that namespace.
-    user: Option<(u32, u32, Vec<u32>)>,
+/// The stdio a forked exec takes.
+enum ChildIo {
+    Files([OwnedFd; 3]),
+    /// A terminal made in the container, its master sent back on this socket.
+    Tty(OwnedFd),
 }
 
-impl Executor for ExecSeccomp {
-    fn exec(&self, spec: &Spec) -> std::result::Result<(), ExecutorError> {
-        let failed = |what: &str, e: &dyn std::fmt::Display| {
-            ExecutorError::Other(format!("exec: {what}: {e}"))
-        };
-        let syscall = create_syscall();
-        let raise = |original: &LinuxCapabilities| {
-            drop_privileges(&with_sys_admin(original), &*syscall)
-                .map_err(|e| failed("raising CAP_SYS_ADMIN", &e))
-        };
-        if let Some(original) = &self.restore {
-            raise(original)?;
-        }
-        if let (Some(ns), Some((uid, gid, groups)), Some(original)) =
-            (&self.userns, &self.user, &self.restore)
-        {
-            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUSER)
-                .map_err(|e| failed("joining the user namespace", &e))?;
-            // Full capabilities in the namespace now; become the process's user there, keeping
-            // them (KEEPCAPS) until the container's own sets are restored below.
-            nix::sys::prctl::set_keepcaps(true).map_err(|e| failed("keeping capabilities", &e))?;
-            let gids: Vec<nix::unistd::Gid> = groups
-                .iter()
-                .map(|&g| nix::unistd::Gid::from_raw(g))
-                .collect();
-            nix::unistd::setgroups(&gids).map_err(|e| failed("setting the groups", &e))?;
-            let (g, u) = (
-                nix::unistd::Gid::from_raw(*gid),
-                nix::unistd::Uid::from_raw(*uid),
-            );
-            nix::unistd::setresgid(g, g, g).map_err(|e| failed("setting the gid", &e))?;
-            nix::unistd::setresuid(u, u, u).map_err(|e| failed("setting the uid", &e))?;
-            let _ = nix::sys::prctl::set_keepcaps(false);
-            raise(original)?;
-        }
-        if let Some(filter) = &self.seccomp {
-            let notify =
-                initialize_seccomp(filter).map_err(|e| failed("loading the seccomp filter", &e))?;
-            if let Some(fd) = notify {
-                // Nobody listens for an exec's notifications; the kernel answers ENOSYS.
-                let _ = nix::unistd::close(fd);
-            }
-        }
-        if let Some(original) = &self.restore {
-            drop_privileges(original, &*syscall)
-                .map_err(|e| failed("restoring the capabilities", &e))?;
-        }
-        DefaultExecutor {}.exec(spec)
+/// Starts `args` in the running container `c`. With [`ExecIo::Capture`] the server collects its
+/// output; with [`ExecIo::Tty`] the terminal's master side comes back with it.
+pub fn exec(
+    c: &mut Ctr,
+    args: &[String],
+    timeout_ms: u64,
+    io: ExecIo,
+) -> Result<(Exec, Option<OwnedFd>)> {
+    let id = c.status.id.clone();
+    if c.status.state != State::Running {
+        return Err(Error::new(
+            Kind::FailedPrecondition,
+            format!("container {id} is not running"),
+        ));
     }
+    if args.is_empty() {
+        return Err(Error::new(Kind::InvalidArgument, "exec needs a command"));
+    }
+    let argv = args
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| {
+            Error::new(
+                Kind::InvalidArgument,
+                format!("exec {args:?}: an argument holds a NUL byte"),
+            )
+        })?;
+    let target = match c.exec_target.take() {
+        Some(t) => t,
+        None => Box::new(Target::open(c)?),
+    };
+    let t = &**c.exec_target.insert(target);
+    let (report_r, report_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?;
+    let mut out = [None, None];
+    let mut tty = None;
+    let child_io = match io {
+        ExecIo::Capture => {
+            let null = std::fs::File::open("/dev/null")
+                .map_err(|e| Error::io("opening", Path::new("/dev/null"), e))?;
+            let (out_r, out_w) = output_pipe()?;
+            let (err_r, err_w) = output_pipe()?;
+            out = [Some(out_r), Some(err_r)];
+            ChildIo::Files([null.into(), out_w, err_w])
+        }
+        ExecIo::Fds(fds) => ChildIo::Files(fds),
+        ExecIo::Tty => {
+            let (ours, theirs) = socketpair(
+                AddressFamily::Unix,
+                SockType::Stream,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(|e| internal("socketpair", e))?;
+            tty = Some(ours);
+            ChildIo::Tty(theirs)
+        }
+    };
+    if let Some(ns) = &t.pid_ns {
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWPID)
+            .map_err(|e| internal(&format!("joining the PID namespace of container {id}"), e))?;
+    }
+    // SAFETY: the sandbox process is single-threaded (one event loop), so the child may run
+    // any code: no lock or allocator state is held by a thread that does not exist there.
+    let forked = unsafe { fork() };
+    if t.pid_ns.is_some() && !matches!(forked, Ok(ForkResult::Child)) {
+        restore_pid_namespace();
+    }
+    let pid = match forked {
+        Ok(ForkResult::Child) => {
+            let Err(why) = enter(t, &argv, child_io);
+            let _ = nix::unistd::write(&report_w, why.as_bytes());
+            // SAFETY: ends the forked child without running anything of the sandbox's.
+            unsafe { libc::_exit(payload::START_ERROR_EXIT_CODE) }
+        }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => return Err(internal("fork", e)),
+    };
+    drop(report_w);
+    drop(child_io);
+    if let Some(why) = payload::read_report(&report_r) {
+        let _ = nix::sys::wait::waitpid(pid, None);
+        return Err(Error::new(
+            Kind::InvalidArgument,
+            format!("exec {args:?} in container {id}: {why}"),
+        ));
+    }
+    let master = match &tty {
+        Some(sock) => Some(receive_master(sock.as_fd())?),
+        None => None,
+    };
+    let deadline = (timeout_ms > 0)
+        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms));
+    let exec = Exec {
+        pid,
+        container_id: id,
+        out,
+        buf: [Vec::new(), Vec::new()],
+        pidfd: pidfd_open(pid).ok(),
+        deadline,
+        exit_code: None,
+        timed_out: false,
+    };
+    Ok((exec, master))
+}
 
-    fn validate(&self, spec: &Spec) -> std::result::Result<(), ExecutorValidationError> {
-        DefaultExecutor {}.validate(spec)
+/// Points this process's new children back to its own PID namespace after a fork into a
+/// container's.
+fn restore_pid_namespace() {
+    static OWN: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    let own = OWN.get_or_init(|| {
+        std::fs::File::open("/proc/self/ns/pid")
+            .ok()
+            .map(Into::into)
+    });
+    let restored = own
+        .as_ref()
+        .map(|fd| nix::sched::setns(fd, CloneFlags::CLONE_NEWPID));
+    if !matches!(restored, Some(Ok(()))) {
+        tracing::error!(
+            "cannot point new children back to the sandbox's PID namespace: {restored:?}"
+        );
     }
+}
 
-    fn setup_envs(
-        &self,
-        envs: std::collections::HashMap<String, String>,
-    ) -> std::result::Result<(), ExecutorSetEnvsError> {
-        DefaultExecutor {}.setup_envs(envs)
+/// The terminal master an exec's child sends on `sock` before executing its command.
+fn receive_master(sock: BorrowedFd<'_>) -> Result<OwnedFd> {
+    let mut buf = [0u8; 16];
+    let mut fds = Vec::new();
+    loop {
+        let n = crate::fdpass::recv(sock, &mut buf, &mut fds)
+            .map_err(|e| internal("receiving the exec's terminal", e))?;
+        if let Some(fd) = fds.pop() {
+            return Ok(fd);
+        }
+        if n == 0 {
+            return Err(internal(
+                "terminal exec",
+                "the exec's process sent no terminal",
+            ));
+        }
     }
+}
+
+/// The forked child: joins the container and executes the command; returns only why it could
+/// not.
+fn enter(t: &Target, argv: &[CString], io: ChildIo) -> std::result::Result<Infallible, String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("exec: {what}: {e}");
+    reset_signals();
+    for fd in &t.cgroups {
+        nix::unistd::write(fd, b"0").map_err(|e| fail("joining the container's cgroup", &e))?;
+    }
+    if let Some(adj) = t.process.oom_score_adj() {
+        std::fs::write("/proc/self/oom_score_adj", adj.to_string())
+            .map_err(|e| fail("setting oom_score_adj", &e))?;
+    }
+    if let Some(profile) = t.process.apparmor_profile() {
+        libcontainer::apparmor::apply_profile(profile)
+            .map_err(|e| fail("applying the AppArmor profile", &e))?;
+    }
+    if let Some(ns) = &t.user_ns {
+        nix::sched::setns(ns, CloneFlags::CLONE_NEWUSER)
+            .map_err(|e| fail("joining the user namespace", &e))?;
+    }
+    for (flag, ns) in &t.namespaces {
+        nix::sched::setns(ns, *flag)
+            .map_err(|e| fail(&format!("joining namespace {flag:?}"), &e))?;
+    }
+    match io {
+        ChildIo::Files(fds) => stdio(&fds).map_err(|e| fail("setting up stdio", &e))?,
+        ChildIo::Tty(sock) => terminal(&sock).map_err(|e| fail("making the terminal", &e))?,
+    }
+    let syscall = create_syscall();
+    let user = t.process.user();
+    nix::sys::prctl::set_keepcaps(true).map_err(|e| fail("keeping capabilities", &e))?;
+    let groups: Vec<Gid> = user
+        .additional_gids()
+        .iter()
+        .flatten()
+        .map(|&g| Gid::from_raw(g))
+        .collect();
+    nix::unistd::setgroups(&groups).map_err(|e| fail("setting the groups", &e))?;
+    let (gid, uid) = (Gid::from_raw(user.gid()), Uid::from_raw(user.uid()));
+    nix::unistd::setresgid(gid, gid, gid).map_err(|e| fail("setting the gid", &e))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(|e| fail("setting the uid", &e))?;
+    reset_effective(&*syscall).map_err(|e| fail("keeping capabilities", &e))?;
+    for limit in t.process.rlimits().iter().flatten() {
+        syscall
+            .set_rlimit(limit)
+            .map_err(|e| fail("setting an rlimit", &e))?;
+    }
+    let caps = t.process.capabilities().as_ref();
+    if let Some(caps) = caps {
+        let first = if t.lend_sys_admin {
+            with_sys_admin(caps)
+        } else {
+            caps.clone()
+        };
+        drop_privileges(&first, &*syscall).map_err(|e| fail("setting the capabilities", &e))?;
+    }
+    let cwd = t.process.cwd();
+    nix::unistd::chdir(cwd).map_err(|e| {
+        format!(
+            "exec: chdir to cwd ({:?}) set in config.json failed: {}",
+            cwd,
+            errno_text(e)
+        )
+    })?;
+    if t.process.no_new_privileges() == Some(true) {
+        nix::sys::prctl::set_no_new_privs().map_err(|e| fail("setting no_new_privs", &e))?;
+    }
+    if let Some(filter) = &t.seccomp {
+        let notify =
+            initialize_seccomp(filter).map_err(|e| fail("loading the seccomp filter", &e))?;
+        if let Some(fd) = notify {
+            // Nobody listens for an exec's notifications; the kernel answers ENOSYS.
+            let _ = nix::unistd::close(fd);
+        }
+    }
+    if let (true, Some(caps)) = (t.lend_sys_admin, caps) {
+        drop_privileges(caps, &*syscall).map_err(|e| fail("restoring the capabilities", &e))?;
+    }
+    // Nothing of the sandbox's reaches the command: every descriptor above stdio closes at exec.
+    // SAFETY: a plain system call on this process's descriptor table.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+    let Some(name) = argv.first().and_then(|a| a.to_str().ok()) else {
+        return Err("exec: the command's name is not UTF-8".into());
+    };
+    let path = look_path(name, t.path_var.as_deref())?;
+    let prog = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("exec: {name:?}: contains a NUL byte"))?;
+    match nix::unistd::execve(&prog, argv, &t.env) {
+        Ok(never) => match never {},
+        Err(e) => Err(format!("exec {}: {}", path.display(), errno_text(e))),
+    }
+}
+
+/// Default dispositions and an empty mask, as a new process has (the sandbox ignores SIGPIPE).
+fn reset_signals() {
+    for sig in Signal::iterator() {
+        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
+            // SAFETY: installs the default disposition, no handler.
+            let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
+        }
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+/// Makes `fds` this process's stdin, stdout and stderr. Each is first copied above 2, so that
+/// none is overwritten before it was copied.
+fn stdio(fds: &[OwnedFd; 3]) -> nix::Result<()> {
+    let mut high = [0 as RawFd; 3];
+    for (h, fd) in high.iter_mut().zip(fds) {
+        *h = fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    }
+    for (target, fd) in high.into_iter().enumerate() {
+        nix::unistd::dup2(fd, target as RawFd)?;
+    }
+    Ok(())
+}
+
+/// Makes a terminal in the container (its devpts, through `/dev/ptmx`), sends its master on
+/// `sock`, and makes its slave this process's controlling terminal and stdio.
+fn terminal(sock: &OwnedFd) -> std::result::Result<(), String> {
+    use nix::pty::{grantpt, posix_openpt, ptsname_r, unlockpt};
+    let master = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+        .map_err(|e| format!("opening /dev/ptmx: {e}"))?;
+    grantpt(&master).map_err(|e| format!("grantpt: {e}"))?;
+    unlockpt(&master).map_err(|e| format!("unlockpt: {e}"))?;
+    let name = ptsname_r(&master).map_err(|e| format!("ptsname: {e}"))?;
+    let slave: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&name)
+        .map_err(|e| format!("opening {name}: {e}"))?
+        .into();
+    crate::fdpass::send(sock, b"t", &[master.as_fd()])
+        .map_err(|e| format!("sending the master: {e}"))?;
+    drop(master);
+    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+    // SAFETY: TIOCSCTTY takes an int argument; the slave is a terminal this process opened.
+    if unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSCTTY, 0) } < 0 {
+        return Err(format!("TIOCSCTTY: {}", std::io::Error::last_os_error()));
+    }
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup: {e}"));
+    stdio(&[dup(&slave)?, dup(&slave)?, slave]).map_err(|e| format!("stdio: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
-    use oci_spec::runtime::{LinuxBuilder, LinuxCapabilitiesBuilder, ProcessBuilder, UserBuilder};
-
-    use std::path::Path;
+    use oci_spec::runtime::{LinuxCapabilitiesBuilder, ProcessBuilder};
 
     use super::*;
 
-    fn spec(nnp: Option<bool>, effective: &[Capability], seccomp: bool) -> Spec {
+    fn process(nnp: Option<bool>, effective: &[Capability]) -> Process {
         let set: HashSet<Capability> = effective.iter().copied().collect();
         let mut process = ProcessBuilder::default()
             .args(vec!["sleep".to_string(), "600".to_string()])
-            .cwd("/work")
-            .env(vec!["A=b".to_string()])
-            .user(
-                UserBuilder::default()
-                    .uid(65534u32)
-                    .gid(65534u32)
-                    .additional_gids(vec![1234u32])
-                    .build()
-                    .unwrap(),
-            )
             .capabilities(
                 LinuxCapabilitiesBuilder::default()
                     .bounding(set.clone())
@@ -390,81 +582,89 @@ mod tests {
                     .build()
                     .unwrap(),
             )
-            .terminal(true)
             .build()
             .unwrap();
         process.set_no_new_privileges(nnp);
-        let mut linux = LinuxBuilder::default().build().unwrap();
-        linux.set_seccomp(seccomp.then(LinuxSeccomp::default));
-        let mut spec = Spec::default();
-        spec.set_process(Some(process)).set_linux(Some(linux));
-        spec
-    }
-
-    fn args() -> Vec<String> {
-        vec!["id".to_string(), "-u".to_string()]
+        process
     }
 
     #[test]
-    fn exec_runs_the_containers_process_with_other_args() {
-        let oci = spec(None, &[Capability::Chown], false);
-        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
-        assert_eq!(p.args().as_deref(), Some(&args()[..]));
-        assert_eq!(p.terminal(), Some(false));
-        assert_eq!((p.user().uid(), p.user().gid()), (65534, 65534));
-        assert_eq!(p.user().additional_gids().as_deref(), Some(&[1234u32][..]));
-        assert_eq!(p.cwd(), Path::new("/work"));
-        assert_eq!(p.env().as_deref(), Some(&["A=b".to_string()][..]));
-        assert_eq!(
-            p.capabilities(),
-            oci.process().as_ref().unwrap().capabilities()
-        );
-        assert!(executor.seccomp.is_none() && executor.restore.is_none());
+    fn sys_admin_is_lent_only_to_load_a_filter_that_needs_it() {
+        // A filter, no no_new_privs, no CAP_SYS_ADMIN: lent.
+        assert!(lends_sys_admin(&process(None, &[Capability::Chown]), true));
+        assert!(lends_sys_admin(
+            &process(Some(false), &[Capability::Chown]),
+            true
+        ));
+        // No filter; no_new_privs; CAP_SYS_ADMIN already: nothing lent.
+        assert!(!lends_sys_admin(
+            &process(None, &[Capability::Chown]),
+            false
+        ));
+        assert!(!lends_sys_admin(
+            &process(Some(true), &[Capability::Chown]),
+            true
+        ));
+        assert!(!lends_sys_admin(
+            &process(None, &[Capability::SysAdmin]),
+            true
+        ));
     }
 
     #[test]
-    fn exec_seccomp_lends_sys_admin_only_when_needed() {
-        // A filter, no no_new_privs, no CAP_SYS_ADMIN: lent in permitted, never effective or
-        // bounding, and the original sets are restored.
-        let oci = spec(None, &[Capability::Chown], true);
-        let (p, executor) = exec_process(&oci, &args(), false).unwrap();
-        assert!(executor.seccomp.is_some());
-        let caps = p.capabilities().clone().unwrap();
+    fn lent_sys_admin_never_reaches_the_bounding_set() {
+        let original = process(None, &[Capability::Chown])
+            .capabilities()
+            .clone()
+            .unwrap();
+        let raised = with_sys_admin(&original);
+        for set in [raised.effective(), raised.permitted()] {
+            let set = set.as_ref().unwrap();
+            assert!(set.contains(&Capability::SysAdmin) && set.contains(&Capability::Chown));
+        }
+        assert_eq!(raised.bounding(), original.bounding());
         assert!(
-            caps.permitted()
-                .as_ref()
-                .unwrap()
-                .contains(&Capability::SysAdmin)
-        );
-        assert!(
-            !caps
-                .effective()
-                .as_ref()
-                .unwrap()
-                .contains(&Capability::SysAdmin)
-        );
-        assert!(
-            !caps
+            !raised
                 .bounding()
                 .as_ref()
                 .unwrap()
                 .contains(&Capability::SysAdmin)
         );
-        assert_eq!(
-            executor.restore.as_ref(),
-            oci.process().as_ref().unwrap().capabilities().as_ref()
-        );
-        // With no_new_privs, or CAP_SYS_ADMIN already, nothing is lent.
-        for oci in [
-            spec(Some(true), &[Capability::Chown], true),
-            spec(None, &[Capability::SysAdmin], true),
+    }
+
+    #[test]
+    fn namespaces_are_named_as_proc_names_them() {
+        for (typ, file) in [
+            (LinuxNamespaceType::Mount, "mnt"),
+            (LinuxNamespaceType::Network, "net"),
+            (LinuxNamespaceType::Pid, "pid"),
+            (LinuxNamespaceType::Ipc, "ipc"),
+            (LinuxNamespaceType::Uts, "uts"),
+            (LinuxNamespaceType::User, "user"),
+            (LinuxNamespaceType::Cgroup, "cgroup"),
+            (LinuxNamespaceType::Time, "time"),
         ] {
-            let (p, executor) = exec_process(&oci, &args(), false).unwrap();
-            assert!(executor.seccomp.is_some() && executor.restore.is_none());
-            assert_eq!(
-                p.capabilities(),
-                oci.process().as_ref().unwrap().capabilities()
+            assert_eq!(namespace_file(typ), file);
+            assert!(
+                Path::new("/proc/self/ns").join(file).exists(),
+                "{file} in /proc/self/ns"
             );
         }
+        // The spec's type is the clone flag setns takes.
+        assert_eq!(
+            CloneFlags::from_bits_retain(LinuxNamespaceType::Mount as i32),
+            CloneFlags::CLONE_NEWNS
+        );
+        assert_eq!(
+            CloneFlags::from_bits_retain(LinuxNamespaceType::Network as i32),
+            CloneFlags::CLONE_NEWNET
+        );
+    }
+
+    #[test]
+    fn a_fork_joins_only_the_cgroups_it_is_not_in() {
+        // This process's own cgroups: a fork is in every one of them already.
+        let fds = cgroup_procs(std::process::id() as i32).expect("cgroup.procs");
+        assert!(fds.is_empty());
     }
 }

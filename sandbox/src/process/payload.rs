@@ -177,7 +177,7 @@ fn executable(path: &Path) -> std::result::Result<(), NotExecutable> {
 }
 
 /// An errno as Go prints it: "no such file or directory", "permission denied".
-fn errno_text(e: Errno) -> String {
+pub(super) fn errno_text(e: Errno) -> String {
     let desc = e.desc();
     let mut chars = desc.chars();
     match chars.next() {

@@ -215,15 +215,9 @@ impl Server {
             } => return self.stop(id, signal, timeout_ms, conn),
             Request::Delete { id } => Ok(self.delete(&id)),
             Request::Exec(spec) => {
-                let started = self.container(&spec.container_id).and_then(|c| {
-                    exec::exec(
-                        &self.layout,
-                        c,
-                        &spec.args,
-                        spec.timeout_ms,
-                        ExecIo::Capture,
-                    )
-                });
+                let started = self
+                    .container_mut(&spec.container_id)
+                    .and_then(|c| exec::exec(c, &spec.args, spec.timeout_ms, ExecIo::Capture));
                 match started {
                     Ok((e, _)) => {
                         self.execs.push((e, conn));

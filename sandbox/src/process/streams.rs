@@ -37,8 +37,8 @@ impl Server {
                 })
         };
         let started = io.and_then(|io| {
-            self.container(&spec.container_id)
-                .and_then(|c| exec::exec(&self.layout, c, &spec.args, 0, io))
+            self.container_mut(&spec.container_id)
+                .and_then(|c| exec::exec(c, &spec.args, 0, io))
         });
         match started {
             Ok((e, master)) => {
