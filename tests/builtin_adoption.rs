@@ -159,3 +159,99 @@ async fn sigkilled_agent_leaves_containers_running_and_they_are_adopted() {
     };
     n.teardown().await;
 }
+
+/// A sandbox process that dies while no agent runs is reaped by the next agent: its containers
+/// are killed (not left running unseen), reported exited with the reason, the sandbox NotReady.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
+    if !root_or_skip("a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption") {
+        return;
+    }
+    let node = Node::new("reapdown").await;
+    let root = node.root.path().to_path_buf();
+    let mut agent = spawn_agent(&root, &node.cgroup_root, "orphan", "sleep 600");
+    // Found from /proc, not through a runtime of this process (see `sandbox_of_process`).
+    let mut sandbox = None;
+    for _ in 0..200 {
+        sandbox = sandbox_of_process(&root, b"sleep\x00600\x00");
+        if sandbox.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sandbox = sandbox.expect("the container runs under a sandbox process of this root");
+    agent.kill().expect("kill agent");
+    let _ = agent.wait();
+    // The agent's pod cgroup: above the sandbox process's own (`<pod>/sandbox`).
+    let cgroups = std::fs::read_to_string(format!("/proc/{sandbox}/cgroup")).unwrap();
+    let pod_cgroup = cgroups
+        .lines()
+        .find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string()))
+        .or_else(|| {
+            cgroups
+                .lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .and_then(|p| p.strip_suffix("/sandbox").map(str::to_string))
+        .expect("the sandbox's cgroup");
+    let before = pids_in_cgroups(&pod_cgroup);
+    assert!(
+        before.len() >= 2,
+        "the sandbox and its container: {before:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sandbox),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the sandbox process");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !pids_in_cgroups(&pod_cgroup).is_empty(),
+        "with no agent, the container outlives its sandbox process"
+    );
+
+    let agent = node.reopen().await;
+    let c = find(&agent, "orphan")
+        .await
+        .expect("the container's record");
+    let s = agent
+        .container_status(cri::ContainerStatusRequest {
+            container_id: c.id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(s.state, cri::ContainerState::ContainerExited as i32);
+    assert_eq!(s.exit_code, 137);
+    assert!(s.message.contains("sandbox process died"), "{}", s.message);
+    let sb = agent
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: c.pod_sandbox_id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(sb.state, cri::PodSandboxState::SandboxNotready as i32);
+    for _ in 0..100 {
+        if before.iter().all(|p| process_gone(*p)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<i32> = before.into_iter().filter(|p| !process_gone(*p)).collect();
+    assert!(
+        left.is_empty(),
+        "processes of the pod left running: {left:?}"
+    );
+    let n = Node {
+        rt: agent,
+        root: node.root,
+        cgroup_root: node.cgroup_root,
+        network: node.network,
+    };
+    n.teardown().await;
+}

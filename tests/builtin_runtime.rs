@@ -1020,3 +1020,123 @@ async fn programs_that_cannot_be_executed_fail_the_start() {
     assert_eq!((code, out.as_str()), (0, "after\n"));
     node.teardown().await;
 }
+
+/// A sandbox process that dies (SIGKILL, as a crash) leaves nothing of its pod running: the
+/// runtime kills the containers, an exec and the helpers through their cgroups, reports the
+/// sandbox NotReady without an address and the containers exited (137, with the reason), and
+/// tells watchers; the exec under way fails instead of hanging. Stop and remove then leave
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_sandbox_process_has_its_pod_reaped() {
+    if !root_or_skip("a_dead_sandbox_process_has_its_pod_reaped") {
+        return;
+    }
+    use futures::StreamExt;
+    let node = Node::new("reap").await;
+    let mut events = node
+        .rt
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .unwrap();
+    let sb = node.sandbox("reap").await;
+    let a = node.container(&sb, "a", &["sleep", "600"]).await;
+    let b = node
+        .container(&sb, "b", &["sh", "-c", "trap '' TERM; sleep 600"])
+        .await;
+    let rt = node.rt.clone();
+    let exec_in = a.clone();
+    let exec = tokio::spawn(async move {
+        rt.exec_sync(cri::ExecSyncRequest {
+            container_id: exec_in,
+            cmd: vec!["sleep".into(), "300".into()],
+            timeout: 0,
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = pids_in_cgroups(&node.cgroup_root);
+    let sandbox = sandbox_pid(&node.rt, &sb.0).await;
+    assert!(
+        before.contains(&sandbox) && before.len() >= 4,
+        "the sandbox, its containers and the exec are in the pod's cgroups: {before:?}"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sandbox),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the sandbox process");
+
+    let r = tokio::time::timeout(Duration::from_secs(20), exec)
+        .await
+        .expect("the exec under way ends instead of hanging")
+        .expect("exec task");
+    assert!(r.is_err(), "the exec fails: {r:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut stopped = std::collections::HashSet::new();
+    while !(stopped.contains(&a) && stopped.contains(&b) && stopped.contains(&sb.0)) {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("stopped events in time")
+            .expect("stream open")
+            .unwrap();
+        if ev.container_event_type == cri::ContainerEventType::ContainerStoppedEvent as i32 {
+            stopped.insert(ev.container_id);
+        }
+    }
+    let st = node
+        .rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.state, cri::PodSandboxState::SandboxNotready as i32);
+    assert_eq!(
+        st.network.map(|n| n.ip).unwrap_or_default(),
+        "",
+        "the pod's address is freed"
+    );
+    for id in [&a, &b] {
+        let s = node.status(id).await;
+        assert_eq!(s.state, cri::ContainerState::ContainerExited as i32, "{id}");
+        assert_eq!((s.exit_code, s.reason.as_str()), (137, "Error"), "{id}");
+        assert!(s.message.contains("sandbox process died"), "{}", s.message);
+        assert!(s.finished_at >= s.started_at, "{s:?}");
+    }
+    // Killed processes take a moment to finish exiting.
+    for _ in 0..100 {
+        if before.iter().all(|p| process_gone(*p)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<String> = before
+        .into_iter()
+        .filter(|p| !process_gone(*p))
+        .map(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let cg = std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+            format!("{p} {:?} in {cg}", String::from_utf8_lossy(&cmd))
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of the pod left running: {left:?}"
+    );
+    assert!(
+        pids_in_cgroups(&node.cgroup_root).is_empty(),
+        "nothing is left in the pod's cgroups"
+    );
+    // The kubelet's next steps: stop and remove, as for any sandbox.
+    node.rt
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.0.clone(),
+        })
+        .await
+        .expect("StopPodSandbox of a dead sandbox");
+    node.teardown().await;
+}

@@ -607,6 +607,99 @@ async fn termination_message(backend: Backend, test: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A sandbox process that dies
+// ---------------------------------------------------------------------------------------------
+
+/// The built-in runtime's sandbox process of a running pod is killed (as a crash): its
+/// container is killed with it and reported exited, the kubelet sees the sandbox not ready,
+/// records `SandboxChanged`, makes a new sandbox and starts the container again in it (restart
+/// count 1, the last termination the kill), as upstream does when a pause container dies.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_sandbox_is_replaced_builtin() {
+    let test = "a_dead_sandbox_is_replaced_builtin";
+    let api = ApiServer::start().await;
+    let Some(node) = prepare(&api, Backend::Builtin, test).await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let spec = format!(
+        "  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}",
+        busybox("app", "echo started; exec sleep 600")
+    );
+    let created = pods
+        .create(&PostParams::default(), &node.plain_pod("phoenix", &spec))
+        .await
+        .expect("creating the pod");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    let agent = node.start();
+    wait_for("app running", 120, async || {
+        let st = checked_status(&pods, "phoenix").await?;
+        container(&st, "app")?
+            .state
+            .as_ref()?
+            .running
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+    // From /proc: a runtime opened here would watch the sandbox and reap it, as the agent must.
+    let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
+        .expect("the app's sandbox process");
+    // Its state dir, `<root>/sandboxes/<id>`, is its last argument.
+    let cmdline = std::fs::read(format!("/proc/{sandbox}/cmdline")).expect("cmdline");
+    let first: Vec<String> = String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .rfind(|a| !a.is_empty())
+        .and_then(|dir| Path::new(dir).file_name())
+        .map(|id| id.to_string_lossy().into_owned())
+        .into_iter()
+        .collect();
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sandbox),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the sandbox process");
+
+    let st = wait_for("app running again after a restart", 120, async || {
+        let st = checked_status(&pods, "phoenix").await?;
+        let app = container(&st, "app")?;
+        (app.restart_count >= 1 && app.state.as_ref()?.running.is_some()).then_some(st)
+    })
+    .await;
+    let app = container(&st, "app").expect("app");
+    assert_eq!(app.restart_count, 1, "{app:?}");
+    let last = app
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(last.exit_code, 137, "{last:?}");
+    let now = node.sandboxes_of(&uid).await;
+    assert!(
+        now.iter().any(|s| !first.contains(s)),
+        "a new sandbox: {first:?} -> {now:?}"
+    );
+    let events: Api<Event> = Api::namespaced(api.client(), NS);
+    wait_for("a SandboxChanged event", 30, async || {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("SandboxChanged")
+                    && e.involved_object.name.as_deref() == Some("phoenix")
+            })
+            .then_some(())
+    })
+    .await;
+
+    delete_and_check_gone(&node, &pods, &[("phoenix", &uid)]).await;
+    drop(agent);
+    assert_node_clean(&node, &[&uid]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Deletion
 // ---------------------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use libcgroups::common::{
-    AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, create_cgroup_manager,
+    AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState,
+    create_cgroup_manager,
 };
 use nix::unistd::Pid;
 use oci_spec::runtime::LinuxResources;
@@ -40,6 +41,45 @@ pub fn join(path: &str, pid: Pid) -> Result<()> {
     manager(path)?
         .add_task(pid)
         .map_err(|e| Error::new(Kind::Internal, format!("joining cgroup {path}: {e}")))
+}
+
+/// Kills every process in the cgroup at `path` and below it: the cgroup is frozen first (where
+/// the freezer is available) so that none forks meanwhile, each process gets SIGKILL, then it is
+/// thawed so they die; again until none is left or `wait` has passed. Returns how many were
+/// killed. A missing cgroup has none.
+pub fn kill_tree(path: &str, wait: std::time::Duration) -> Result<usize> {
+    if !exists(path) {
+        return Ok(0);
+    }
+    let m = manager(path)?;
+    let pids = |m: &AnyCgroupManager| {
+        m.get_all_pids()
+            .map_err(|e| Error::new(Kind::Internal, format!("listing cgroup {path}: {e}")))
+    };
+    let deadline = std::time::Instant::now() + wait;
+    let mut killed = 0;
+    loop {
+        let frozen = m.freeze(FreezerState::Frozen).is_ok();
+        let left = pids(&m)?;
+        for pid in &left {
+            if nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+        if frozen {
+            let _ = m.freeze(FreezerState::Thawed);
+        }
+        if left.is_empty() {
+            return Ok(killed);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::new(
+                Kind::Internal,
+                format!("cgroup {path} still holds processes {left:?} after SIGKILL"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Removes the cgroup at `path`, killing nothing: it must be empty. Missing is fine.

@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
@@ -460,6 +461,42 @@ impl Client {
     /// Container statuses persisted on disk: what is known of a sandbox whose process is gone.
     pub fn persisted(&self) -> Vec<ContainerStatus> {
         crate::process::read_persisted(&self.layout)
+    }
+
+    /// Whether the sandbox process is alive: the process its pid file names exists and serves
+    /// this state dir (a PID another process reuses does not count). Before its pid file is
+    /// written (during set-up) it counts as alive.
+    pub fn process_alive(&self) -> bool {
+        let Ok(text) = std::fs::read_to_string(self.layout.pid_file()) else {
+            return !self.is_stopped();
+        };
+        let Ok(pid) = text.trim().parse::<u32>() else {
+            return false;
+        };
+        // Its last argument is its state dir, however spelled: the same directory as ours.
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
+            return false;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let Some(last) = cmd.split(|b| *b == 0).rfind(|arg| !arg.is_empty()) else {
+            return false;
+        };
+        let arg = Path::new(std::ffi::OsStr::from_bytes(last));
+        let dir = if arg.is_absolute() {
+            arg.to_path_buf()
+        } else {
+            Path::new(&format!("/proc/{pid}/cwd")).join(arg)
+        };
+        std::fs::metadata(dir).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino())
+    }
+
+    /// After the sandbox process died without shutting down: see [`crate::process::reap_dead`].
+    /// Blocks (kills and waits, at most seconds).
+    pub fn reap_dead(&self, cgroup_parent: &str) -> Result<Vec<ContainerStatus>> {
+        crate::process::reap_dead(&self.layout, cgroup_parent)
     }
 
     /// Whether the sandbox has been shut down (its process ended after cleaning up).

@@ -539,3 +539,79 @@ pub async fn http_get(addr: std::net::SocketAddr) -> String {
         }
     }
 }
+
+/// The PIDs in every cgroup below `cgroup_root` (the pids hierarchy on v1, the unified one on v2).
+pub fn pids_in_cgroups(cgroup_root: &str) -> Vec<i32> {
+    fn walk(dir: &Path, out: &mut Vec<i32>) {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.path().is_dir() {
+                walk(&entry.path(), out);
+            }
+        }
+    }
+    let rel = cgroup_root.trim_start_matches('/');
+    let mut out = Vec::new();
+    for base in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+        let dir = Path::new(base).join(rel);
+        if dir.join("cgroup.procs").exists() {
+            walk(&dir, &mut out);
+            break;
+        }
+    }
+    out
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet: it runs nothing).
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The PID of sandbox `id`'s process, from its verbose status.
+pub async fn sandbox_pid(rt: &dyn RuntimeService, id: &str) -> i32 {
+    let st = rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .expect("PodSandboxStatus");
+    let info: serde_json::Value =
+        serde_json::from_str(&st.info["info"]).expect("verbose info is JSON");
+    info["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("the sandbox's pid")
+}
+
+/// The sandbox process (found from /proc, without opening a runtime in this process: one would
+/// watch the sandbox and act on its death as an agent does) of the container process whose
+/// command line is `cmdline` (NUL-separated, as in /proc): the parent of that process, when
+/// its own command line names a path under `root`.
+pub fn sandbox_of_process(root: &Path, cmdline: &[u8]) -> Option<i32> {
+    let read = |pid: &str| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let root = root.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if read(&pid) != cmdline {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+        else {
+            continue;
+        };
+        if String::from_utf8_lossy(&read(ppid)).contains(&root) {
+            return ppid.parse().ok();
+        }
+    }
+    None
+}

@@ -216,47 +216,100 @@ impl BuiltinRuntime {
     }
 
     /// Re-attaches to the sandboxes a previous agent started: live ones get their event
-    /// subscription back; those whose process is gone are marked stopped.
+    /// subscription back; what is left of those whose process died is reaped
+    /// ([`Self::reap_if_dead`]).
     async fn adopt(&self) {
         for rec in self.inner.records.all_sandboxes() {
-            if rec.stopped {
-                continue;
-            }
-            match self.client(&rec.id).state().await {
-                Ok(_) => self.watch_sandbox(&rec.id).await,
-                Err(e) => {
-                    tracing::warn!(sandbox = %rec.id, "sandbox process is gone ({e}); marking it not ready");
-                    let mut rec = rec;
-                    rec.stopped = true;
-                    if let Err(e) = self.inner.records.save_sandbox(&rec) {
-                        tracing::error!("{e}");
-                    }
-                }
+            if !rec.stopped {
+                self.watch_sandbox(&rec.id).await;
             }
         }
     }
 
-    /// Forwards a sandbox's container events to CRI event subscribers.
+    /// Forwards a sandbox's container events to CRI event subscribers until its process ends;
+    /// one that ends without having been shut down is reaped.
     async fn watch_sandbox(&self, id: &str) {
         let rx = match self.client(id).subscribe().await {
             Ok(rx) => rx,
             Err(e) => {
-                tracing::warn!(sandbox = %id, "cannot subscribe to sandbox events: {e}");
+                if !self.reap_if_dead(id).await {
+                    tracing::warn!(sandbox = %id, "cannot subscribe to sandbox events: {e}");
+                }
                 return;
             }
         };
         let this = self.clone();
+        let id = id.to_string();
         tokio::spawn(async move {
             let mut rx = rx;
-            while let Some(ev) = rx.recv().await {
-                let kind = match ev.status.state {
-                    sandbox::State::Created => cri::ContainerEventType::ContainerCreatedEvent,
-                    sandbox::State::Running => cri::ContainerEventType::ContainerStartedEvent,
-                    _ => cri::ContainerEventType::ContainerStoppedEvent,
-                };
-                this.emit(&ev.status.id, kind);
+            loop {
+                while let Some(ev) = rx.recv().await {
+                    let kind = match ev.status.state {
+                        sandbox::State::Created => cri::ContainerEventType::ContainerCreatedEvent,
+                        sandbox::State::Running => cri::ContainerEventType::ContainerStartedEvent,
+                        _ => cri::ContainerEventType::ContainerStoppedEvent,
+                    };
+                    this.emit(&ev.status.id, kind);
+                }
+                // The subscription ends with the process; one that is alive (it dropped us)
+                // is subscribed to again while its sandbox exists.
+                loop {
+                    if this.reap_if_dead(&id).await
+                        || this.client(&id).is_stopped()
+                        || this.inner.records.sandbox(&id).is_none_or(|r| r.stopped)
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    match this.client(&id).subscribe().await {
+                        Ok(again) => {
+                            rx = again;
+                            break;
+                        }
+                        Err(e) => tracing::debug!(sandbox = %id, "subscribing again: {e}"),
+                    }
+                }
             }
         });
+    }
+
+    /// When sandbox `id`'s process has died without being shut down (killed, crashed): kills
+    /// what is left of its pod and records its containers as exited
+    /// ([`sandbox::Client::reap_dead`]), frees its address, marks it stopped (NotReady, as a
+    /// sandbox whose pause container died) and tells watchers, so the kubelet makes a new
+    /// sandbox. Returns whether it was dead.
+    async fn reap_if_dead(&self, id: &str) -> bool {
+        let client = self.client(id);
+        if client.is_stopped() || client.process_alive() {
+            return false;
+        }
+        let lock = self.sandbox_lock(id);
+        let _exclusive = lock.write().await;
+        let Some(mut rec) = self.inner.records.sandbox(id) else {
+            return true;
+        };
+        if rec.stopped {
+            return true;
+        }
+        tracing::warn!(sandbox = %id, "the sandbox process died; killing what is left of its pod");
+        let cgroup_parent = rec.cgroup_parent.clone();
+        let reaped = tokio::task::spawn_blocking(move || client.reap_dead(&cgroup_parent)).await;
+        match reaped {
+            Ok(Ok(ended)) => {
+                for s in ended {
+                    self.emit(&s.id, cri::ContainerEventType::ContainerStoppedEvent);
+                }
+            }
+            Ok(Err(e)) => tracing::error!(sandbox = %id, "reaping its pod: {e}"),
+            Err(e) => tracing::error!(sandbox = %id, "reaping its pod: {e}"),
+        }
+        rec.stopped = true;
+        if let Err(e) = self.inner.records.save_sandbox(&rec) {
+            tracing::error!(sandbox = %id, "{e}");
+        }
+        self.release_address(id, rec.ip);
+        self.emit(id, cri::ContainerEventType::ContainerStoppedEvent);
+        true
     }
 
     /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).

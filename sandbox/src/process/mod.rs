@@ -147,3 +147,49 @@ fn release_cgroups(spec: &Spec) {
 pub fn read_persisted(layout: &Layout) -> Vec<crate::spec::ContainerStatus> {
     containers::read_persisted(layout).into_values().collect()
 }
+
+/// What is left of a pod whose sandbox process died without shutting down: the helpers in the
+/// sandbox's own cgroup (namespace holders, the node-port proxy) and every container and exec in
+/// the containers' cgroups are killed (nobody else may reap or confine them now), the
+/// containers' cgroups removed, and the containers that were created or running recorded as
+/// exited, killed, as the sandbox would have recorded them. Returns those statuses.
+///
+/// Only the cgroups the sandbox made are touched: the pod cgroup above them may be the caller's.
+pub fn reap_dead(
+    layout: &Layout,
+    cgroup_parent: &str,
+) -> Result<Vec<crate::spec::ContainerStatus>> {
+    use crate::spec::State;
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let parent = cgroup_parent.trim_end_matches('/');
+    let mut failures = Vec::new();
+    if !parent.is_empty() {
+        let own = format!("{parent}/{SANDBOX_CGROUP}");
+        if let Err(e) = cgroup::kill_tree(&own, WAIT) {
+            failures.push(e.to_string());
+        }
+    }
+    let mut ended = Vec::new();
+    for (_, mut status) in containers::read_persisted(layout) {
+        if let Some(path) = status.cgroup_path.clone() {
+            match cgroup::kill_tree(&path, WAIT).and_then(|_| cgroup::remove(&path)) {
+                Ok(()) => {}
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        if matches!(status.state, State::Created | State::Running) {
+            status.state = State::Exited;
+            status.exit_code = 128 + nix::sys::signal::Signal::SIGKILL as i32;
+            status.finished_at = crate::spec::now_ns();
+            status.reason = "Error".into();
+            status.message = "the pod's sandbox process died; the container was killed".into();
+            containers::persist(layout, &status);
+            ended.push(status);
+        }
+    }
+    if failures.is_empty() {
+        Ok(ended)
+    } else {
+        Err(Error::new(Kind::Internal, failures.join("; ")))
+    }
+}
