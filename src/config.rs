@@ -20,7 +20,9 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 mod export;
+mod logs;
 mod server;
+pub use logs::{ContainerLogConfig, parse_bytes};
 pub use server::{AuthzMode, ServerConfig};
 
 /// The only accepted `apiVersion`.
@@ -115,6 +117,8 @@ pub struct KubeletConfig {
     pub pod_masquerade: bool,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
+    /// Rotation of the containers' log files.
+    pub container_logs: ContainerLogConfig,
 }
 
 impl Default for KubeletConfig {
@@ -150,6 +154,7 @@ impl Default for KubeletConfig {
             pod_bridge: "nodelet0".to_string(),
             pod_masquerade: true,
             server: ServerConfig::default(),
+            container_logs: ContainerLogConfig::default(),
         }
     }
 }
@@ -277,6 +282,9 @@ struct RawConfig {
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
     server: server::RawServer,
+    /// The container log rotation fields.
+    #[serde(flatten)]
+    container_logs: logs::RawContainerLogs,
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
@@ -310,6 +318,7 @@ impl RawConfig {
             }
         };
         let server = self.server.into_config(&mut warnings)?;
+        let container_logs = self.container_logs.into_config()?;
         warnings.sort();
 
         let pod_pids_limit = match get(self.pod_pids_limit) {
@@ -420,6 +429,7 @@ impl RawConfig {
             max_parallel_image_pulls,
             testing,
             server,
+            container_logs,
             pod_cidr,
             pod_bridge: get(self.nodelet_pod_bridge).unwrap_or(d.pod_bridge),
             pod_masquerade: get(self.nodelet_pod_masquerade).unwrap_or(d.pod_masquerade),

@@ -790,3 +790,123 @@ async fn logs_and_exec_through_the_api_server() {
     assert_eq!(page, "forwarded\n");
     drop(agent);
 }
+
+/// Container log rotation: with `containerLogMaxSize` 4Ki, `containerLogMaxFiles` 3 and a 3 s
+/// monitor interval, a chatty container's log is rotated again and again: never more than 3
+/// files, older ones gzipped CRI logs; and `kubectl logs -f` (pods/log through the API server)
+/// goes on across the rotations without losing or repeating a line.
+#[tokio::test(flavor = "multi_thread")]
+async fn container_logs_rotate_and_follow_goes_on() {
+    use futures::AsyncBufReadExt;
+    use std::io::Read;
+    let test = "container_logs_rotate_and_follow_goes_on";
+    let api = ApiServer::start().await;
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
+    let config: &'static str = Box::leak(
+        format!(
+            "authentication:\n  x509: {{clientCAFile: {}}}\ncontainerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 3s\n",
+            keys.path().join("client-ca.crt").display()
+        )
+        .into_boxed_str(),
+    );
+    let setup = Setup {
+        name: "rotating-node",
+        config,
+        cri_listen: false,
+    };
+    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let spec = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n{}",
+        busybox(
+            "app",
+            "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.01; done"
+        )
+    );
+    let created = pods
+        .create(&PostParams::default(), &node.pod("chatty", &spec))
+        .await
+        .expect("creating the pod");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    let agent = node.start();
+    wait_for("chatty running", 60, async || {
+        let st = pods.get_opt("chatty").await.ok().flatten()?.status?;
+        (st.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let serving = node.root.join("pki/kubelet.crt");
+    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
+        .expect("the serving certificate")
+        .collect::<Result<_, _>>()
+        .expect("PEM");
+    api.set_kubelet_client(chain, key, trusted);
+    api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
+
+    let follow = kube::api::LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut lines = pods
+        .log_stream("chatty", &follow)
+        .await
+        .expect("following the log")
+        .lines();
+    let dir = node.pod_log_dir("chatty", &uid).join("app");
+    let mut numbers: Vec<u64> = Vec::new();
+    let mut rotated_seen = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    while tokio::time::Instant::now() < deadline {
+        use futures::StreamExt;
+        let line = tokio::time::timeout(std::time::Duration::from_secs(5), lines.next())
+            .await
+            .expect("a line within 5 s")
+            .expect("the stream goes on")
+            .expect("a line");
+        let n: u64 = line
+            .strip_prefix("line ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a line of the app: {line:?}"));
+        numbers.push(n);
+        let files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("the container's log dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(files.len() <= 3, "at most containerLogMaxFiles: {files:?}");
+        rotated_seen.extend(files.into_iter().filter(|f| f != "0.log"));
+    }
+    assert!(
+        rotated_seen.len() >= 2,
+        "rotated at least twice while followed: {rotated_seen:?}"
+    );
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1),
+        "every line once, in order, across the rotations: {} lines from {:?}",
+        numbers.len(),
+        numbers.first()
+    );
+    // An older rotated file is a gzipped CRI log of the app's lines.
+    let gz = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".gz"))
+        .expect("a compressed rotated log");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&gz).expect("open"))
+        .read_to_string(&mut text)
+        .expect("gunzip");
+    let first = text.lines().next().unwrap_or("");
+    assert!(
+        first.contains(" stdout F line "),
+        "a CRI log record: {first:?}"
+    );
+    drop(agent);
+}

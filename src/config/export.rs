@@ -16,7 +16,7 @@ impl KubeletConfig {
             Some(p) => Value::from(p.to_string_lossy().into_owned()),
             None => Value::Null,
         };
-        json!({
+        let mut v = json!({
             "apiVersion": super::API_VERSION,
             "kind": super::KIND,
             "staticPodPath": self.static_pod_path.to_string_lossy(),
@@ -72,7 +72,21 @@ impl KubeletConfig {
                 "crashLoopBackOffInitial": d(self.testing.crash_loop_back_off_initial),
                 "crashLoopBackOffMax": d(self.testing.crash_loop_back_off_max),
             },
-        })
+        });
+        let logs = &self.container_logs;
+        if let Some(m) = v.as_object_mut() {
+            m.insert(
+                "containerLogMaxSize".into(),
+                logs.max_size.to_string().into(),
+            );
+            m.insert("containerLogMaxFiles".into(), logs.max_files.into());
+            m.insert("containerLogMaxWorkers".into(), logs.max_workers.into());
+            m.insert(
+                "containerLogMonitorInterval".into(),
+                d(logs.monitor_interval).into(),
+            );
+        }
+        v
     }
 }
 
@@ -109,6 +123,12 @@ mod tests {
                 tls_cipher_suites: vec!["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into()],
                 tls13_only: true,
                 ..ServerConfig::loopback_any_port()
+            },
+            container_logs: super::super::ContainerLogConfig {
+                max_size: 1536,
+                max_files: 3,
+                max_workers: 2,
+                monitor_interval: std::time::Duration::from_secs(4),
             },
             ..Default::default()
         };

@@ -511,3 +511,56 @@ authorization:
         assert_eq!(err(&format!("{HEAD}{text}\n")), error);
     }
 }
+
+#[test]
+fn container_log_rotation_settings() {
+    let (cfg, warnings) = parse(&format!(
+        "{HEAD}containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMaxWorkers: 2\ncontainerLogMonitorInterval: 5s\n"
+    ))
+    .expect("valid");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        cfg.container_logs,
+        super::ContainerLogConfig {
+            max_size: 1024 * 1024,
+            max_files: 3,
+            max_workers: 2,
+            monitor_interval: Duration::from_secs(5),
+        }
+    );
+    // Upstream's defaults.
+    let (cfg, _) = parse(HEAD).expect("valid");
+    assert_eq!(
+        (
+            cfg.container_logs.max_size,
+            cfg.container_logs.max_files,
+            cfg.container_logs.max_workers,
+            cfg.container_logs.monitor_interval
+        ),
+        (10 * 1024 * 1024, 5, 1, Duration::from_secs(10))
+    );
+    for (text, error) in [
+        (
+            "containerLogMaxSize: 10MB",
+            "containerLogMaxSize: \"10MB\" is not a positive quantity of bytes",
+        ),
+        (
+            "containerLogMaxSize: '0'",
+            "containerLogMaxSize: \"0\" is not a positive quantity of bytes",
+        ),
+        (
+            "containerLogMaxFiles: 1",
+            "containerLogMaxFiles: 1: must be greater than 1",
+        ),
+        (
+            "containerLogMaxWorkers: 0",
+            "containerLogMaxWorkers: 0: must be at least 1",
+        ),
+        (
+            "containerLogMonitorInterval: 1s",
+            "containerLogMonitorInterval: 1s: must be at least 3s",
+        ),
+    ] {
+        assert_eq!(err(&format!("{HEAD}{text}\n")), error);
+    }
+}

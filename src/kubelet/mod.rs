@@ -10,6 +10,7 @@
 pub mod events;
 pub mod gc;
 pub mod housekeeping;
+pub mod logrotate;
 pub mod mirror;
 pub mod pleg;
 pub mod pod_cache;
@@ -302,6 +303,11 @@ impl Kubelet {
             cache: cache.clone(),
         };
         tasks.spawn(hk.run(desired_rx, cancel.clone()));
+        tasks.spawn(logrotate::run(
+            rt.runtime.clone(),
+            cfg.container_logs.clone(),
+            cancel.clone(),
+        ));
 
         let node = {
             let agent = node_agent.clone();

@@ -124,6 +124,11 @@ impl Writer {
 /// complete line.
 pub fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<Record>, u64)> {
     let mut f = std::fs::File::open(path)?;
+    read_lines(&mut f, offset)
+}
+
+/// The records of the complete lines of `f` from `offset`, and the offset after the last.
+fn read_lines(f: &mut std::fs::File, offset: u64) -> std::io::Result<(Vec<Record>, u64)> {
     f.seek(SeekFrom::Start(offset))?;
     let mut reader = std::io::BufReader::new(f);
     let mut out = Vec::new();
@@ -142,6 +147,56 @@ pub fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<Record>, u64)
         }
     }
     Ok((out, pos))
+}
+
+/// A log followed across rotations: it reads the file it opened, and when the log's path names
+/// another file (the kubelet renamed it and the runtime reopened the log) it finishes the old
+/// one and goes on with the new one from its start.
+pub struct Follower {
+    path: PathBuf,
+    file: Option<(std::fs::File, u64)>,
+    offset: u64,
+}
+
+impl Follower {
+    /// Follows `path` from `offset` (the end of what was read already).
+    pub fn new(path: PathBuf, offset: u64) -> Self {
+        Follower {
+            path,
+            file: None,
+            offset,
+        }
+    }
+
+    /// The records written since the last call (none when the log is not there yet).
+    pub fn read_new(&mut self) -> std::io::Result<Vec<Record>> {
+        use std::os::unix::fs::MetadataExt;
+        if self.file.is_none() {
+            match std::fs::File::open(&self.path) {
+                Ok(f) => {
+                    let ino = f.metadata()?.ino();
+                    self.file = Some((f, ino));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((f, ino)) = self.file.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let (mut records, next) = read_lines(f, self.offset)?;
+        self.offset = next;
+        let rotated = std::fs::metadata(&self.path).map_or(true, |m| m.ino() != *ino);
+        if rotated {
+            // What the old file got before the runtime reopened the log, then the new file.
+            let (rest, _) = read_lines(f, self.offset)?;
+            records.extend(rest);
+            self.file = None;
+            self.offset = 0;
+            records.extend(self.read_new()?);
+        }
+        Ok(records)
+    }
 }
 
 /// The records of the last `n` lines (a line being its partial records and the full one).
@@ -194,6 +249,39 @@ mod tests {
 
     fn rec(line: &str) -> Record {
         parse(line.as_bytes()).expect("a record")
+    }
+
+    #[test]
+    fn a_followed_log_goes_on_across_a_rotation() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("0.log");
+        let line = |n: u32| format!("2026-12-02T00:00:0{n}Z stdout F line {n}\n");
+        let text = |rs: Vec<Record>| -> Vec<String> {
+            rs.into_iter()
+                .map(|r| String::from_utf8_lossy(&r.content).into_owned())
+                .collect()
+        };
+        let mut w = std::fs::File::create(&log).expect("create");
+        w.write_all(line(1).as_bytes()).expect("write");
+        let mut f = Follower::new(log.clone(), 0);
+        assert_eq!(text(f.read_new().expect("read")), ["line 1"]);
+        assert!(f.read_new().expect("read").is_empty());
+        // Rotated: renamed, one more line reaches the old file before the runtime reopens
+        // the log, then the new file gets its lines.
+        std::fs::rename(&log, dir.path().join("0.log.20261202-000000")).expect("rename");
+        w.write_all(line(2).as_bytes()).expect("write");
+        let mut w = std::fs::File::create(&log).expect("create");
+        w.write_all(line(3).as_bytes()).expect("write");
+        assert_eq!(text(f.read_new().expect("read")), ["line 2", "line 3"]);
+        w.write_all(line(4).as_bytes()).expect("write");
+        assert_eq!(text(f.read_new().expect("read")), ["line 4"]);
+        // Between the rename and the reopen there is no log: nothing, then the new one.
+        std::fs::rename(&log, dir.path().join("0.log.20261202-000001")).expect("rename");
+        assert!(f.read_new().expect("read").is_empty());
+        let mut w = std::fs::File::create(&log).expect("create");
+        w.write_all(line(5).as_bytes()).expect("write");
+        assert_eq!(text(f.read_new().expect("read")), ["line 5"]);
     }
 
     #[test]

@@ -598,16 +598,24 @@ async fn container_logs_handler(
         if tx.send(Ok(first)).await.is_err() {
             return;
         }
-        let mut offset = offset;
+        let mut follower = Some(logs::Follower::new(path, offset));
         loop {
             tokio::time::sleep(logs::FOLLOW_POLL).await;
-            let p = path.clone();
-            let read = tokio::task::spawn_blocking(move || logs::read_from(&p, offset)).await;
-            let (records, next) = match read {
-                Ok(Ok(r)) => r,
-                _ => (Vec::new(), offset),
+            let Some(mut f) = follower.take() else {
+                return;
             };
-            offset = next;
+            let read = tokio::task::spawn_blocking(move || {
+                let r = f.read_new();
+                (f, r)
+            })
+            .await;
+            let records = match read {
+                Ok((f, r)) => {
+                    follower = Some(f);
+                    r.unwrap_or_default()
+                }
+                Err(_) => return,
+            };
             let mut out = Vec::new();
             for r in &records {
                 out.extend(writer.write(r));
@@ -631,10 +639,10 @@ async fn container_logs_handler(
                     .is_some_and(|s| s.state == cri::ContainerState::ContainerRunning as i32);
                 if !still {
                     // One more read for what it wrote last.
-                    let p = path.clone();
-                    if let Ok(Ok((records, _))) =
-                        tokio::task::spawn_blocking(move || logs::read_from(&p, offset)).await
-                    {
+                    let Some(mut f) = follower.take() else {
+                        return;
+                    };
+                    if let Ok(Ok(records)) = tokio::task::spawn_blocking(move || f.read_new()).await {
                         let mut out = Vec::new();
                         for r in &records {
                             out.extend(writer.write(r));
