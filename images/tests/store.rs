@@ -548,3 +548,116 @@ fn an_id_mapped_rootfs_belongs_to_the_namespace_root() {
     assert!(mountinfo_mentions(store.root()).is_empty());
     assert!(!store.root().join("containers/gone").exists());
 }
+
+/// A relay to `upstream` on 127.0.0.1 that, while `cut` is set, drops each connection once it
+/// has carried 32 KiB from the registry: the registry dying in the middle of a layer (the
+/// manifest and the config are smaller). Returns its address.
+async fn cutting_relay(
+    upstream: String,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> String {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CUT_AFTER: usize = 32 * 1024;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut buf = vec![0u8; 8192];
+                let mut carried = 0;
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if cut.load(Ordering::SeqCst) && carried + n > CUT_AFTER {
+                        let _ = cw.write_all(&buf[..CUT_AFTER - carried]).await;
+                        break;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    carried += n;
+                }
+                up.abort();
+            });
+        }
+    });
+    addr
+}
+
+/// Every file under `dir` (recursively).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The registry goes away in the middle of a layer: the pull fails with an error, nothing of
+/// it is kept (no blob, no staging file, no image), and the next pull works and gives the
+/// whole image.
+#[tokio::test]
+async fn a_registry_that_dies_mid_pull_leaves_nothing_and_the_next_pull_works() {
+    let Some(registry) = start_registry() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("busybox.tar");
+    build_image(&archive, "oci", "busybox:latest");
+    let client = push_client(&registry.host);
+    let config_digest = push_archive(&client, &archive, &registry.host, "test/busybox", "v1").await;
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let relay = cutting_relay(registry.host.clone(), cut.clone()).await;
+
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let config = RegistryConfig {
+        insecure: vec![relay.clone()],
+        ..Default::default()
+    };
+    let reference = format!("{relay}/test/busybox:v1");
+    let err = store
+        .pull(&reference, &RegistryAuth::default(), &config)
+        .await
+        .expect_err("a pull whose layer is cut off fails");
+    // As an unreachable registry: Unavailable, with the registry named.
+    assert_eq!(err.kind(), Kind::Unavailable, "{err}");
+    assert!(err.to_string().contains(&relay), "{err}");
+    let kept: Vec<PathBuf> = files_under(&dir.path().join("store"))
+        .into_iter()
+        .filter(|p| !p.ends_with("lock") && !p.ends_with("images.json"))
+        .collect();
+    assert!(
+        kept.is_empty(),
+        "nothing of the failed pull is kept: {kept:?}"
+    );
+    assert!(store.list().unwrap().is_empty(), "no image");
+
+    cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    let image = store
+        .pull(&reference, &RegistryAuth::default(), &config)
+        .await
+        .expect("the next pull works");
+    assert_eq!(image.id, config_digest);
+    let layers = files_under(&dir.path().join("store/blobs"));
+    assert!(
+        layers.len() >= 3,
+        "manifest, config and layer blobs: {layers:?}"
+    );
+}

@@ -642,7 +642,8 @@ async fn container_logs_handler(
                     let Some(mut f) = follower.take() else {
                         return;
                     };
-                    if let Ok(Ok(records)) = tokio::task::spawn_blocking(move || f.read_new()).await {
+                    if let Ok(Ok(records)) = tokio::task::spawn_blocking(move || f.read_new()).await
+                    {
                         let mut out = Vec::new();
                         for r in &records {
                             out.extend(writer.write(r));
