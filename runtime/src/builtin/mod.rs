@@ -255,6 +255,7 @@ impl BuiltinRuntime {
                 // is subscribed to again while its sandbox exists.
                 loop {
                     if this.reap_if_dead(&id).await
+                        || !this.sandbox_dir(&id).exists()
                         || this.client(&id).is_stopped()
                         || this.inner.records.sandbox(&id).is_none_or(|r| r.stopped)
                     {
@@ -280,7 +281,8 @@ impl BuiltinRuntime {
     /// sandbox. Returns whether it was dead.
     async fn reap_if_dead(&self, id: &str) -> bool {
         let client = self.client(id);
-        if client.is_stopped() || client.process_alive() {
+        // A removed sandbox (its state dir gone) has nothing left to reap.
+        if !self.sandbox_dir(id).exists() || client.is_stopped() || client.process_alive() {
             return false;
         }
         let lock = self.sandbox_lock(id);
