@@ -255,3 +255,95 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
     };
     n.teardown().await;
 }
+
+/// Whether a process whose command line is exactly `cmdline` runs.
+fn running(cmdline: &[u8]) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == cmdline))
+}
+
+/// Torn or corrupt records at start: the runtime starts, sets them aside (moved to
+/// `cri/corrupt/`, reported) and adopts every other pod; nothing they described runs on unseen:
+/// a container whose record is unreadable is killed and its rootfs released, a sandbox whose
+/// record is unreadable is stopped with its containers and removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn unreadable_records_are_set_aside_and_the_rest_adopted() {
+    if !root_or_skip("unreadable_records_are_set_aside_and_the_rest_adopted") {
+        return;
+    }
+    let node = Node::new("torn").await;
+    let a = node.sandbox("torn-a").await;
+    let b = node.sandbox("torn-b").await;
+    let a1 = node.container(&a, "a1", &["sleep", "600"]).await;
+    let a2 = node.container(&a, "a2", &["sleep", "601"]).await;
+    let b1 = node.container(&b, "b1", &["sleep", "602"]).await;
+    let cri_dir = node.root.path().join("cri");
+    // A torn write (half the file) and garbage.
+    let torn = cri_dir.join("containers").join(format!("{a2}.json"));
+    let text = std::fs::read(&torn).unwrap();
+    std::fs::write(&torn, &text[..text.len() / 2]).unwrap();
+    let garbage = cri_dir.join("sandboxes").join(format!("{}.json", b.0));
+    std::fs::write(&garbage, b"\0\0not json").unwrap();
+
+    let agent = node.reopen().await;
+    let containers = agent
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .containers;
+    let state_of = |id: &str| containers.iter().find(|c| c.id == id).map(|c| c.state);
+    assert_eq!(
+        state_of(&a1),
+        Some(cri::ContainerState::ContainerRunning as i32),
+        "the readable pod is adopted"
+    );
+    assert_eq!(state_of(&a2), None, "{containers:?}");
+    assert_eq!(state_of(&b1), None, "{containers:?}");
+    let sandboxes: Vec<String> = agent
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(sandboxes, [a.0.clone()]);
+    assert!(!torn.exists() && !garbage.exists());
+    let aside: Vec<String> = std::fs::read_dir(cri_dir.join("corrupt"))
+        .expect("the corrupt dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(aside.len(), 2, "{aside:?}");
+    assert!(
+        aside
+            .iter()
+            .any(|f| f.starts_with(&format!("containers-{a2}.json.")))
+            && aside
+                .iter()
+                .any(|f| f.starts_with(&format!("sandboxes-{}.json.", b.0))),
+        "{aside:?}"
+    );
+    for cmd in [&b"sleep\x00601\x00"[..], b"sleep\x00602\x00"] {
+        for _ in 0..100 {
+            if !running(cmd) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!running(cmd), "{} still runs", String::from_utf8_lossy(cmd));
+    }
+    assert!(
+        running(b"sleep\x00600\x00"),
+        "the adopted container runs on"
+    );
+    let n = Node {
+        rt: agent,
+        root: node.root,
+        cgroup_root: node.cgroup_root,
+        network: node.network,
+    };
+    n.teardown().await;
+}

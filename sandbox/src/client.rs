@@ -493,6 +493,13 @@ impl Client {
         std::fs::metadata(dir).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino())
     }
 
+    /// The spec the sandbox was launched with.
+    pub fn spec(&self) -> Result<crate::Spec> {
+        let path = self.layout.spec();
+        let text = std::fs::read(&path).map_err(|e| Error::io("reading", &path, e))?;
+        Ok(serde_json::from_slice(&text)?)
+    }
+
     /// After the sandbox process died without shutting down: see [`crate::process::reap_dead`].
     /// Blocks (kills and waits, at most seconds).
     pub fn reap_dead(&self, cgroup_parent: &str) -> Result<Vec<ContainerStatus>> {

@@ -281,7 +281,7 @@ impl BuiltinRuntime {
     }
 
     /// Unmounts and deletes a container's rootfs and bundle.
-    fn release(&self, id: &str) {
+    pub(super) fn release(&self, id: &str) {
         let bundle = self.bundle_dir(id);
         userns::unstage(&bundle);
         if let Err(e) = self.inner.images.release_rootfs(id, &bundle.join("rootfs")) {

@@ -169,6 +169,7 @@ impl BuiltinRuntime {
             }),
         };
         rt.adopt().await;
+        rt.discard_set_aside().await;
         rt.release_stale_addresses();
         Ok(rt)
     }
@@ -222,6 +223,77 @@ impl BuiltinRuntime {
         for rec in self.inner.records.all_sandboxes() {
             if !rec.stopped {
                 self.watch_sandbox(&rec.id).await;
+            }
+        }
+    }
+
+    /// What records found unreadable at load (set aside) described must not run on unseen, nor
+    /// be adopted half: a container is deleted in the live sandbox that has it (killed) and its
+    /// rootfs released; a sandbox's process is shut down (or what is left of a dead one reaped,
+    /// from the spec in its state dir) and the containers recorded in it are discarded. The
+    /// kubelet then makes those pods again.
+    async fn discard_set_aside(&self) {
+        let set_aside = &self.inner.records.set_aside;
+        for id in &set_aside.containers {
+            tracing::error!(container = %id, "its record was unreadable: killing and removing it");
+            for rec in self.inner.records.all_sandboxes() {
+                let client = self.client(&rec.id);
+                if rec.stopped || client.is_stopped() {
+                    continue;
+                }
+                let Ok(state) = client.state().await else {
+                    continue;
+                };
+                if state.containers.iter().any(|c| &c.id == id) {
+                    if let Err(e) = client.delete(id).await {
+                        tracing::warn!(container = %id, "deleting it in its sandbox: {e}");
+                    }
+                    let status = client.layout().status_dir().join(format!("{id}.json"));
+                    let _ = std::fs::remove_file(status);
+                }
+            }
+            self.release(id);
+        }
+        for id in &set_aside.sandboxes {
+            tracing::error!(sandbox = %id, "its record was unreadable: stopping it");
+            let client = self.client(id);
+            if self.sandbox_dir(id).exists() && !client.is_stopped() {
+                if client.process_alive() {
+                    if let Err(e) = client.shutdown().await {
+                        tracing::warn!(sandbox = %id, "shutting it down: {e}");
+                    }
+                } else {
+                    match client.spec() {
+                        Ok(spec) => {
+                            let reaped = tokio::task::spawn_blocking(move || {
+                                client.reap_dead(&spec.cgroup_parent)
+                            })
+                            .await;
+                            if !matches!(reaped, Ok(Ok(_))) {
+                                tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
+                            }
+                        }
+                        Err(e) => tracing::warn!(sandbox = %id, "reading its spec: {e}"),
+                    }
+                }
+            }
+            for c in self.inner.records.all_containers() {
+                if &c.sandbox_id == id {
+                    self.discard_container(&c.id).await;
+                }
+            }
+            // Then what remove_sandbox removes: its cgroups and its state dir.
+            if let Ok(spec) = self.client(id).spec() {
+                let parent = spec.cgroup_parent.trim_end_matches('/').to_string();
+                if !parent.is_empty() {
+                    let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
+                    if spec.owns_cgroup_parent {
+                        let _ = sandbox::cgroup::remove(&parent);
+                    }
+                }
+            }
+            if !self.client(id).process_alive() {
+                let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
             }
         }
     }

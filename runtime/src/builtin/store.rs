@@ -56,6 +56,16 @@ pub struct Records {
     dir: PathBuf,
     pub sandboxes: Mutex<BTreeMap<String, SandboxRecord>>,
     pub containers: Mutex<BTreeMap<String, ContainerRecord>>,
+    /// The ids of the sandbox and container records found unreadable at load, which were set
+    /// aside (moved to `dir/corrupt/`).
+    pub set_aside: SetAside,
+}
+
+/// The ids of records set aside at load.
+#[derive(Debug, Default)]
+pub struct SetAside {
+    pub sandboxes: Vec<String>,
+    pub containers: Vec<String>,
 }
 
 fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
@@ -63,12 +73,20 @@ fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 impl Records {
-    /// Loads every record under `dir`; unreadable files are skipped with a warning.
+    /// Loads every record under `dir`. An unreadable one (torn, corrupt) is reported and set
+    /// aside in `dir/corrupt/`, its id kept in [`Records::set_aside`]; the others load.
     pub fn load(dir: &Path) -> Result<Self> {
+        let corrupt = dir.join("corrupt");
+        let (sandboxes, bad_sandboxes) = load_all(&dir.join("sandboxes"), &corrupt)?;
+        let (containers, bad_containers) = load_all(&dir.join("containers"), &corrupt)?;
         let records = Records {
             dir: dir.to_path_buf(),
-            sandboxes: Mutex::new(load_all(&dir.join("sandboxes"))?),
-            containers: Mutex::new(load_all(&dir.join("containers"))?),
+            sandboxes: Mutex::new(sandboxes),
+            containers: Mutex::new(containers),
+            set_aside: SetAside {
+                sandboxes: bad_sandboxes,
+                containers: bad_containers,
+            },
         };
         Ok(records)
     }
@@ -171,9 +189,19 @@ fn resolve<'a>(ids: impl Iterator<Item = &'a String>, id: &str) -> Result<Option
     }
 }
 
-fn load_all<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<BTreeMap<String, T>> {
+/// The records in `dir`, and the ids of those that could not be read, which are moved to
+/// `corrupt` as `<kind>-<id>.json.<unix time>` (or, if even that fails, left and skipped).
+fn load_all<T: for<'de> Deserialize<'de>>(
+    dir: &Path,
+    corrupt: &Path,
+) -> Result<(BTreeMap<String, T>, Vec<String>)> {
     std::fs::create_dir_all(dir).map_err(|e| internal("creating", dir, e))?;
+    let kind = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut out = BTreeMap::new();
+    let mut bad = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|e| internal("reading", dir, e))?;
     for entry in entries.flatten() {
         let path = entry.path();
@@ -191,10 +219,29 @@ fn load_all<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<BTreeMap<String,
             Ok(r) => {
                 out.insert(id.to_string(), r);
             }
-            Err(e) => tracing::warn!("skipping unreadable record {}: {e}", path.display()),
+            Err(e) => {
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let aside = corrupt.join(format!("{kind}-{id}.json.{stamp}"));
+                let moved =
+                    std::fs::create_dir_all(corrupt).and_then(|()| std::fs::rename(&path, &aside));
+                match moved {
+                    Ok(()) => tracing::error!(
+                        "unreadable record {} ({e}): set aside as {}",
+                        path.display(),
+                        aside.display()
+                    ),
+                    Err(m) => tracing::error!(
+                        "unreadable record {} ({e}), skipped; setting it aside failed: {m}",
+                        path.display()
+                    ),
+                }
+                bad.push(id.to_string());
+            }
         }
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
 fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
