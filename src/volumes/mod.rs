@@ -1,3 +1,4 @@
-//! Volumes whose content the kubelet writes: the atomic writer.
+//! Volumes whose content the kubelet writes: the atomic writer and the payloads.
 
 pub mod atomic_writer;
+pub mod projection;
