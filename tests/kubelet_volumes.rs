@@ -3,8 +3,8 @@
 //! runtime call):
 //!
 //! - a pod with an emptyDir runs, its container writing into the directory the kubelet made;
-//! - a pod with a configMap volume (a type nodelet does not support yet) and a pod with a
-//!   hostPath `type: File` naming a missing path stay Pending, their containers waiting in
+//! - a pod with a persistentVolumeClaim volume (a type nodelet does not support yet) and a pod
+//!   with a hostPath `type: File` naming a missing path stay Pending, their containers waiting in
 //!   `ContainerCreating`, with a Warning `FailedMount` event naming the volume and the reason
 //!   (one Event object counted up as the worker retries); nothing of them is created in the
 //!   runtime and nothing is created at the missing path; deleted, such a pod goes.
@@ -122,7 +122,7 @@ async fn unsupported_and_failed_volumes_keep_the_pod_waiting() {
         (
             "cfg",
             format!(
-                "{}  volumes: [{{name: settings, configMap: {{name: app-settings}}}}]\n",
+                "{}  volumes: [{{name: settings, persistentVolumeClaim: {{claimName: app-settings}}}}]\n",
                 container("sleep 3600", "[{name: settings, mountPath: /etc/app}]")
             ),
         ),
@@ -167,8 +167,8 @@ async fn unsupported_and_failed_volumes_keep_the_pod_waiting() {
     assert_eq!(
         cfg.message.as_deref(),
         Some(
-            "MountVolume.SetUp failed for volume \"settings\" : volume type configMap is not \
-             supported by nodelet yet"
+            "MountVolume.SetUp failed for volume \"settings\" : volume type \
+             persistentVolumeClaim is not supported by nodelet yet"
         )
     );
     assert_waiting_with_nothing_created(&node, &pods, "cfg", &uids[1]).await;

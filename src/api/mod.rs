@@ -1,7 +1,10 @@
 //! The kubelet's side of the API server: the client (kube-rs over rustls with the ring
-//! provider) and the names the kubelet writes under.
+//! provider), the names the kubelet writes under, the objects its pods reference
+//! ([`objects`]) and their service account tokens ([`tokens`]).
 
 pub mod events;
+pub mod objects;
+pub mod tokens;
 
 use std::path::Path;
 

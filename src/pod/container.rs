@@ -2,8 +2,9 @@
 //!
 //! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
 //! both with `$(VAR)` references expanded from the container's env), the environment (values,
-//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath and
-//! emptyDir, set up before the sandbox by [`super::volumes`], which refuses every other type),
+//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (of the
+//! volumes set up before the sandbox by [`super::volumes`] and [`crate::volumes`]; configMap,
+//! secret, downwardAPI and projected ones always read-only),
 //! the log path `<name>/<restart count>.log`, labels, annotations
 //! (spec hash, restart count, termination message path and policy), Linux resources (CPU
 //! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
@@ -254,7 +255,9 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
         out.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: m.read_only.unwrap_or(false),
+            // The volumes the kubelet writes are read-only in every container (upstream's
+            // mustMountRO).
+            readonly: m.read_only.unwrap_or(false) || volumes::read_only(v),
             propagation: propagation as i32,
             uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
             gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),

@@ -170,7 +170,8 @@ fn mounts_table() {
     let c = with(
         json!([
             {"name": "data", "mountPath": "/data", "readOnly": true, "subPath": "a/b"},
-            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"}
+            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"},
+            {"name": "cfg", "mountPath": "/etc/cfg", "readOnly": false}
         ]),
         false,
     )
@@ -202,6 +203,13 @@ fn mounts_table() {
                 "/root/pods/u-1/volumes/kubernetes.io~empty-dir/scratch",
                 false,
                 cri::MountPropagation::PropagationHostToContainer as i32
+            ),
+            // A volume the kubelet writes: read-only whatever the mount says.
+            (
+                "/etc/cfg",
+                "/root/pods/u-1/volumes/kubernetes.io~configmap/cfg",
+                true,
+                cri::MountPropagation::PropagationPrivate as i32
             ),
         ]
     );
@@ -241,12 +249,6 @@ fn mounts_table() {
             json!([{"name": "pvc", "mountPath": "/d"}]),
             runtime::Code::Unimplemented,
             "spec.volumes[pvc]: volume type persistentVolumeClaim is not supported",
-        ),
-        // Never an empty directory in place of the configMap's contents.
-        (
-            json!([{"name": "cfg", "mountPath": "/etc/cfg"}]),
-            runtime::Code::Unimplemented,
-            "spec.volumes[cfg]: volume type configMap is not supported",
         ),
     ];
     for (mounts, code, field) in errors {
