@@ -13,7 +13,10 @@
 //!   once the ConfigMap is created;
 //! - the `kube-api-access` projected volume every admitted pod has: the token file equal to the
 //!   token the API server issued for the pod (bound to it, with its audience), refreshed as it
-//!   nears its end (the server caps lifetimes at a few seconds), `ca.crt` and `namespace`.
+//!   nears its end (the server caps lifetimes at a few seconds), `ca.crt` and `namespace`;
+//! - a container's environment from ConfigMaps and Secrets (`envFrom` with a prefix, key refs,
+//!   optional ones left out, invalid names skipped with an event), fields and resources; a
+//!   missing ConfigMap as CreateContainerConfigError until it is created.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -578,5 +581,148 @@ async fn service_account_tokens_are_issued_for_the_pod_and_refreshed() {
     })
     .await;
     assert_eq!(mounts_under(&pod_dir), Vec::<(String, String)>::new());
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environment_from_config_maps_secrets_and_fields() {
+    let test = "environment_from_config_maps_secrets_and_fields";
+    let api = ApiServer::start().await;
+    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let client = api.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    cms.create(
+        &PostParams::default(),
+        &config_map("env-cfg", &[("mode", "fast"), ("1st", "one")], &[]),
+    )
+    .await
+    .expect("creating the configmap");
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("env-secret".into());
+    secret.string_data = Some(BTreeMap::from([
+        ("password".into(), "s3cr3t".into()),
+        ("1bad".into(), "skipped".into()),
+    ]));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the secret");
+    let spec = r#"  containers:
+  - name: app
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "env > /tmp/env; sleep 3600"]
+    resources:
+      limits: {memory: 64Mi}
+    envFrom:
+    - {configMapRef: {name: env-cfg}, prefix: CFG_}
+    - {secretRef: {name: env-secret}}
+    - {configMapRef: {name: absent, optional: true}}
+    env:
+    - {name: MODE, valueFrom: {configMapKeyRef: {name: env-cfg, key: mode}}}
+    - {name: LATE, valueFrom: {configMapKeyRef: {name: late-cfg, key: k}}}
+    - {name: OPT, valueFrom: {secretKeyRef: {name: absent, key: k, optional: true}}}
+    - {name: MEM, valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}}
+    - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+    - {name: TIER, valueFrom: {fieldRef: {fieldPath: "metadata.labels['tier']"}}}
+    - {name: COPY, value: "$(MODE)-$(password)"}
+"#;
+    let mut pod = node.pod("envs", spec);
+    pod.metadata.labels = Some(BTreeMap::from([("tier".into(), "web".into())]));
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the pod")
+        .metadata
+        .uid
+        .expect("a uid");
+    let agent = node.start();
+
+    // A required key of a ConfigMap that does not exist: CreateContainerConfigError with
+    // upstream's message, nothing created.
+    let waiting = wait_for("CreateContainerConfigError", 90, async || {
+        let st = pods.get("envs").await.ok()?.status?;
+        let w = st.container_statuses?.into_iter().next()?.state?.waiting?;
+        (w.reason.as_deref() == Some("CreateContainerConfigError")).then_some(w)
+    })
+    .await;
+    assert_eq!(
+        waiting.message.as_deref(),
+        Some("configmap \"late-cfg\" not found")
+    );
+    assert_eq!(node.containers_of(&uid).await, []);
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let of_pod = |reason: &'static str| {
+        let events = events.clone();
+        let uid = uid.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.uid.as_deref() == Some(uid.as_str())
+                        && e.reason.as_deref() == Some(reason)
+                })
+        }
+    };
+    let failed = wait_for("a Failed event", 30, async || of_pod("Failed").await).await;
+    assert_eq!(
+        failed.message.as_deref(),
+        Some("Error: configmap \"late-cfg\" not found")
+    );
+
+    cms.create(
+        &PostParams::default(),
+        &config_map("late-cfg", &[("k", "arrived")], &[]),
+    )
+    .await
+    .expect("creating the late configmap");
+    let id = running_app(&node, &uid).await;
+    wait_for("the env file", 30, async || {
+        (sh(&node, &id, "test -s /tmp/env").await.0 == 0).then_some(())
+    })
+    .await;
+    let env: BTreeMap<String, String> = out(&node, &id, "cat /tmp/env")
+        .await
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let get = |k: &str| env.get(k).map(String::as_str);
+    assert_eq!(get("CFG_mode"), Some("fast"));
+    assert_eq!(get("CFG_1st"), Some("one"));
+    assert_eq!(get("password"), Some("s3cr3t"));
+    assert_eq!(get("1bad"), None, "not a variable name: skipped");
+    assert_eq!(get("MODE"), Some("fast"));
+    assert_eq!(get("LATE"), Some("arrived"));
+    assert_eq!(get("OPT"), None, "optional and missing: left out");
+    assert_eq!(get("MEM"), Some("64"));
+    assert_eq!(get("NODE"), Some(SETUP.name));
+    assert_eq!(get("TIER"), Some("web"));
+    assert_eq!(get("COPY"), Some("fast-s3cr3t"));
+    let invalid = wait_for("an InvalidEnvironmentVariableNames event", 30, async || {
+        of_pod("InvalidEnvironmentVariableNames").await
+    })
+    .await;
+    assert_eq!(invalid.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        invalid.message.as_deref(),
+        Some(
+            "Keys [1bad] from the EnvFrom secret default/env-secret were skipped since they \
+             are considered invalid environment variable names."
+        )
+    );
+    delete_and_wait_gone(&pods, "envs").await;
     drop(agent);
 }

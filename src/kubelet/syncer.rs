@@ -220,7 +220,7 @@ impl Syncer {
                 return Err(SyncError::NetworkNotReady(e));
             }
         }
-        let opts = match self.pod_options(pod) {
+        let mut opts = match self.pod_options(pod) {
             Ok(opts) => opts,
             Err(e) => {
                 self.record_status(pod, &snapshot, self.last_waiting(pod));
@@ -239,6 +239,8 @@ impl Syncer {
             self.record_status(pod, &snapshot, self.last_waiting(pod));
             return Err(e);
         }
+        // The objects its containers' environments reference, as they are now.
+        opts.env_objects = self.volumes.env_objects(pod).await;
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
         self.probes.add_pod(pod);

@@ -1,8 +1,8 @@
 //! Pod container → CRI `ContainerConfig` (upstream `generateContainerConfig`).
 //!
 //! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
-//! both with `$(VAR)` references expanded from the container's env), the environment (values,
-//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (of the
+//! both with `$(VAR)` references expanded from the container's env), the environment
+//! ([`super::env`]), volume mounts (of the
 //! volumes set up before the sandbox by [`super::volumes`] and [`crate::volumes`]; configMap,
 //! secret, downwardAPI and projected ones always read-only),
 //! the log path `<name>/<restart count>.log`, labels, annotations
@@ -53,6 +53,8 @@ pub struct ContainerOptions {
     /// `k8s-cri` bindings have it has no field for it, so for other runtimes a
     /// `lifecycle.stopSignal` is refused).
     pub stop_signal_annotation: bool,
+    /// The ConfigMaps and Secrets the pod's environments reference, read for this sync.
+    pub env_objects: super::env::EnvObjects,
 }
 
 impl Default for ContainerOptions {
@@ -65,6 +67,7 @@ impl Default for ContainerOptions {
             host_ips: Vec::new(),
             node_memory_bytes: 0,
             stop_signal_annotation: false,
+            env_objects: Default::default(),
         }
     }
 }
@@ -106,95 +109,6 @@ pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
     }
     out.push_str(rest);
     out
-}
-
-fn field_ref(pod: &Pod, path: &str, opts: &ContainerOptions, field: &str) -> Result<String> {
-    let (uid, name, namespace) = pod_identity(pod);
-    let spec = pod.spec.as_ref();
-    let keyed = |prefix: &str, map: Option<&std::collections::BTreeMap<String, String>>| {
-        path.strip_prefix(prefix)
-            .and_then(|r| r.strip_suffix("']"))
-            .map(|k| map.and_then(|m| m.get(k)).cloned().unwrap_or_default())
-    };
-    if let Some(v) = keyed("metadata.labels['", pod.metadata.labels.as_ref()) {
-        return Ok(v);
-    }
-    if let Some(v) = keyed("metadata.annotations['", pod.metadata.annotations.as_ref()) {
-        return Ok(v);
-    }
-    Ok(match path {
-        "metadata.name" => name.into(),
-        "metadata.namespace" => namespace.into(),
-        "metadata.uid" => uid.into(),
-        "spec.nodeName" => spec
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_else(|| opts.node_name.clone()),
-        "spec.serviceAccountName" => spec
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_default(),
-        "status.podIP" => opts.pod_ips.first().cloned().unwrap_or_default(),
-        "status.podIPs" => opts.pod_ips.join(","),
-        "status.hostIP" => opts.host_ips.first().cloned().unwrap_or_default(),
-        "status.hostIPs" => opts.host_ips.join(","),
-        other => {
-            return Err(Error::invalid_argument(format!(
-                "{field}: unsupported fieldPath {other:?}"
-            )));
-        }
-    })
-}
-
-fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String, String)>> {
-    let mut order: Vec<String> = Vec::new();
-    let mut vars: HashMap<String, String> = HashMap::new();
-    for (i, e) in c.env.iter().flatten().enumerate() {
-        let field = format!("spec.containers[{}].env[{i}]", c.name);
-        let value = match (&e.value, &e.value_from) {
-            (_, Some(from)) => {
-                if let Some(f) = &from.field_ref {
-                    field_ref(
-                        pod,
-                        &f.field_path,
-                        opts,
-                        &format!("{field}.valueFrom.fieldRef"),
-                    )?
-                } else if from
-                    .config_map_key_ref
-                    .as_ref()
-                    .is_some_and(|r| r.optional == Some(true))
-                    || from
-                        .secret_key_ref
-                        .as_ref()
-                        .is_some_and(|r| r.optional == Some(true))
-                {
-                    continue;
-                } else {
-                    return Err(Error::unimplemented(format!(
-                        "{field}.valueFrom: only fieldRef is supported"
-                    )));
-                }
-            }
-            (Some(v), None) => expand(v, &vars),
-            (None, None) => String::new(),
-        };
-        if !vars.contains_key(&e.name) {
-            order.push(e.name.clone());
-        }
-        vars.insert(e.name.clone(), value);
-    }
-    if c.env_from.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(Error::unimplemented(format!(
-            "spec.containers[{}].envFrom is not supported",
-            c.name
-        )));
-    }
-    Ok(order
-        .into_iter()
-        .map(|k| {
-            let v = vars.get(&k).cloned().unwrap_or_default();
-            (k, v)
-        })
-        .collect())
 }
 
 fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
@@ -404,7 +318,7 @@ pub fn container_config(
             ))
         })?;
     let (uid, name, namespace) = pod_identity(pod);
-    let env = envs(pod, container, opts)?;
+    let env = super::env::envs(pod, container, opts)?;
     let vars: HashMap<String, String> = env.iter().cloned().collect();
     let expand_all =
         |v: &Option<Vec<String>>| v.iter().flatten().map(|s| expand(s, &vars)).collect();

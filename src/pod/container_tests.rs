@@ -358,10 +358,11 @@ fn rejects_bad_input() {
     assert!(err.message().contains("image"));
     let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]}]}), 0).expect_err("bad fieldPath");
     assert_eq!(err.code(), runtime::Code::InvalidArgument);
-    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}), 0).expect_err("secret");
-    assert_eq!(err.code(), runtime::Code::Unimplemented);
-    let ok = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]}]}), 0).expect("optional");
-    assert!(ok.envs.is_empty());
+    // A secret nobody read for the sync (the syncer reads every one referenced) is an error,
+    // even for an optional reference: never a variable silently left out.
+    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]}]}), 0).expect_err("secret");
+    assert_eq!(err.code(), runtime::Code::InvalidArgument);
+    assert_eq!(err.message(), "secret \"s\" was not read for this sync");
     let p = pod(json!({"containers": [{"name": "a", "image": "x"}]}));
     let other = Container {
         name: "zzz".into(),

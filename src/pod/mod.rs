@@ -14,6 +14,7 @@
 pub mod actions;
 pub mod backoff;
 pub mod container;
+pub mod env;
 pub mod hash;
 pub mod hooks;
 pub mod quantity;

@@ -628,9 +628,25 @@ async fn start_one(
     let previous = snapshot.status.latest(name);
     let restart_count = previous.map_or(0, |p| p.attempt + 1);
     let image_ref = cx.ensure_image(pod, container, sandbox).await?;
+    // As upstream, `envFrom` keys that are no variable names are skipped, with an event.
+    for message in super::env::invalid_env_from_keys(pod, container, &opts.env_objects) {
+        say(
+            EventType::Warning,
+            "InvalidEnvironmentVariableNames",
+            message,
+        );
+    }
+    // The reason's message is the error's own, as upstream's (`configmap "x" not found`).
     let mut config = container_config(pod, container, restart_count, opts).map_err(|e| {
-        let w = Waiting::new(WaitingReason::CreateContainerConfigError, e.to_string());
-        say(EventType::Warning, "Failed", format!("Error: {e}"));
+        let w = Waiting::new(
+            WaitingReason::CreateContainerConfigError,
+            e.message().to_string(),
+        );
+        say(
+            EventType::Warning,
+            "Failed",
+            format!("Error: {}", e.message()),
+        );
         (w, None)
     })?;
     if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {

@@ -34,6 +34,7 @@ use k8s_openapi::api::core::v1::{
 use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::{TokenKey, TokenManager};
 use crate::pod::SyncError;
+use crate::pod::env::EnvObjects;
 use crate::pod::sync::PodEvents;
 use crate::pod::volumes::{self as local, Failure, Source};
 use crate::pod::{pod_identity, quantity};
@@ -99,7 +100,8 @@ impl VolumeManager {
         local::report(pod, &failed, events)
     }
 
-    /// Registers the ConfigMaps and Secrets the pod's volumes reference with their managers.
+    /// Registers the ConfigMaps and Secrets the pod's volumes and environments reference with
+    /// their managers.
     fn register(&self, pod: &Pod) {
         let (uid, _, ns) = pod_identity(pod);
         let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
@@ -130,8 +132,41 @@ impl VolumeManager {
                 _ => {}
             }
         }
+        let (env_cms, env_secrets) = crate::pod::env::env_references(pod);
+        cms.extend(env_cms.iter().map(|n| key(n)));
+        secrets.extend(env_secrets.iter().map(|n| key(n)));
         self.config_maps.register(uid, cms);
         self.secrets.register(uid, secrets);
+    }
+
+    /// The ConfigMaps and Secrets the environments of `pod`'s containers reference, read now
+    /// (the pod registered them with its last [`Self::set_up`]).
+    pub async fn env_objects(&self, pod: &Pod) -> EnvObjects {
+        let ns = pod_identity(pod).2;
+        let (cms, secrets) = crate::pod::env::env_references(pod);
+        let mut out = EnvObjects {
+            allocatable: self.allocatable.clone(),
+            ..Default::default()
+        };
+        for name in cms {
+            let read = self.config_maps.get(ns, &name).await;
+            let data = read.map(|o| o.map(|cm| cm.data.clone().unwrap_or_default()));
+            out.config_maps.insert(name, data);
+        }
+        for name in secrets {
+            let read = self.secrets.get(ns, &name).await;
+            let data = read.map(|o| {
+                o.map(|s| {
+                    s.data
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.0.clone()))
+                        .collect()
+                })
+            });
+            out.secrets.insert(name, data);
+        }
+        out
     }
 
     async fn config_map(&self, ns: &str, name: &str, optional: bool) -> Result<ConfigMap, String> {
