@@ -5,7 +5,7 @@
 //!
 //! - content and file modes of configMap (`data`, `binaryData`, `items`, `defaultMode`, an
 //!   optional missing one), secret (on a tmpfs) and downwardAPI volumes (fields, labels,
-//!   resources with divisors); mounts read-only; a ConfigMap update, a Secret update and a
+//!   resources with divisors), a memory-backed emptyDir (a tmpfs of its `sizeLimit`); mounts read-only; a ConfigMap update, a Secret update and a
 //!   label change reaching the running container through the `..data` swap, a subPath mount
 //!   keeping its file; objects watched one by one (`fieldSelector=metadata.name=...`), never
 //!   listed; after the pod's deletion no mount and no directory left;
@@ -183,7 +183,9 @@ async fn config_map_secret_and_downward_api_volumes_with_updates() {
     - {name: sec, mountPath: /etc/sec}
     - {name: opt, mountPath: /etc/opt}
     - {name: podinfo, mountPath: /etc/podinfo}
+    - {name: ram, mountPath: /ram}
   volumes:
+  - {name: ram, emptyDir: {medium: Memory, sizeLimit: 16Mi}}
   - {name: cfg, configMap: {name: app-config, defaultMode: 416}}
   - name: cfgitems
     configMap:
@@ -263,10 +265,29 @@ async fn config_map_secret_and_downward_api_volumes_with_updates() {
     );
     let pod_dir = node.pod_dir(&uid);
     let secret_dir = pod_dir.join("volumes/kubernetes.io~secret/sec");
+    let ram_dir = pod_dir.join("volumes/kubernetes.io~empty-dir/ram");
+    let mut mounted = mounts_under(&pod_dir);
+    mounted.sort();
     assert_eq!(
-        mounts_under(&pod_dir),
-        [(secret_dir.display().to_string(), "tmpfs".to_string())],
-        "only the secret is a mount of the kubelet's"
+        mounted,
+        [
+            (ram_dir.display().to_string(), "tmpfs".to_string()),
+            (secret_dir.display().to_string(), "tmpfs".to_string()),
+        ],
+        "the secret and the memory-backed emptyDir are the kubelet's mounts"
+    );
+    // The memory-backed emptyDir: a tmpfs of its sizeLimit (below the pod's 64Mi), writable.
+    let ram = out(
+        &node,
+        &id,
+        "awk '$2 == \"/ram\" {print $1, $3, $4}' /proc/mounts",
+    )
+    .await;
+    assert!(ram.starts_with("tmpfs tmpfs rw,"), "{ram}");
+    assert!(ram.contains("size=16384k"), "{ram}");
+    assert_eq!(
+        out(&node, &id, "echo x > /ram/f && cat /ram/f").await,
+        "x\n"
     );
     // An optional configMap that does not exist: an empty volume.
     assert_eq!(out(&node, &id, "ls /etc/opt").await, "");

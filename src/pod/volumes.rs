@@ -6,9 +6,8 @@
 //!
 //! - **emptyDir** on disk: the directory `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`
 //!   (mode 0777, as upstream), removed with the pod's directories. `sizeLimit` is not enforced
-//!   here (that is eviction's job). `medium: Memory` (a tmpfs) and huge pages are refused: this
-//!   kubelet mounts nothing of its own yet, and a tmpfs it could not unmount would keep the pod's
-//!   directories from ever being removed.
+//!   here (that is eviction's job). `medium: Memory` (a tmpfs in the same directory) is the
+//!   volume manager's ([`crate::volumes::VolumeManager`]); huge pages are refused.
 //! - **hostPath** with upstream's type checks ([`check_host_path`]): `DirectoryOrCreate` makes
 //!   the directory (0755, with its parents), `FileOrCreate` an empty file (0644; its parent must
 //!   exist), the other types check what is there; unset or `""` checks nothing.
@@ -185,8 +184,14 @@ pub fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
     regular.chain(ephemeral).collect()
 }
 
-/// Sets up the volumes `pod`'s containers use but those whose content the kubelet writes
-/// ([`written_plugin`]); the ones that failed, in spec order.
+/// Whether the volume manager sets the volume up: those whose content the kubelet writes
+/// ([`written_plugin`]) and memory-backed emptyDirs (a tmpfs it mounts).
+pub fn managed(s: &Source<'_>) -> bool {
+    written_plugin(s).is_some() || *s == (Source::EmptyDir { medium: "Memory" })
+}
+
+/// Sets up the volumes `pod`'s containers use but the [`managed`] ones; the ones that failed,
+/// in spec order.
 pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
     let used = used_volumes(pod);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
@@ -194,7 +199,7 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
         .into_iter()
         .flatten()
         .filter(|v| used.contains(v.name.as_str()))
-        .filter(|v| written_plugin(&source(v)).is_none())
+        .filter(|v| !managed(&source(v)))
         .filter_map(|v| {
             set_up_one(pods_dir, pod, v).err().map(|message| Failure {
                 volume: v.name.clone(),
@@ -208,11 +213,10 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
 pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
     match source(v) {
         Source::EmptyDir { medium: "" } => make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name)),
-        Source::EmptyDir { medium } if medium == "Memory" || medium.starts_with("HugePages") => {
-            Err(format!(
-                "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk)"
-            ))
-        }
+        Source::EmptyDir { medium } if medium.starts_with("HugePages") => Err(format!(
+            "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk \
+             and memory)"
+        )),
         Source::EmptyDir { medium } => Err(format!("unknown storage medium {medium:?}")),
         Source::HostPath(h) => check_host_path(&h.path, h.type_.as_deref().unwrap_or("")),
         Source::Unsupported(t) => Err(unsupported(&t)),
@@ -225,7 +229,7 @@ pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> 
 
 /// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`); its
 /// parents as the kubelet's other pod directories (0750).
-fn make_empty_dir(dir: &Path) -> Result<(), String> {
+pub fn make_empty_dir(dir: &Path) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
     if let Some(parent) = dir.parent() {
         DirBuilder::new()

@@ -166,7 +166,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
 }
 
 #[test]
-fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
+fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
     let dir = tempfile::tempdir().expect("pods dir");
     let p = pod_with(
         json!([
@@ -178,7 +178,7 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
         &["scratch", "ram", "huge", "odd"],
     );
     let events = Recorded::default();
-    let err = report(&p, &set_up_volumes(dir.path(), &p), &events).expect_err("memory refused");
+    let err = report(&p, &set_up_volumes(dir.path(), &p), &events).expect_err("huge pages");
     assert!(matches!(err, SyncError::Volumes(_)), "{err:?}");
     let scratch = empty_dir_path(dir.path(), &p, "scratch");
     assert_eq!(
@@ -191,6 +191,7 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
+    // Memory-backed: the volume manager's (a tmpfs), not made here.
     assert!(!empty_dir_path(dir.path(), &p, "ram").exists());
     let messages: Vec<String> = events
         .0
@@ -202,10 +203,8 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
     assert_eq!(
         messages,
         [
-            "MountVolume.SetUp failed for volume \"ram\" : emptyDir medium Memory is not \
-             supported by nodelet yet (only the node's disk)",
             "MountVolume.SetUp failed for volume \"huge\" : emptyDir medium HugePages-2Mi is \
-             not supported by nodelet yet (only the node's disk)",
+             not supported by nodelet yet (only the node's disk and memory)",
             "MountVolume.SetUp failed for volume \"odd\" : unknown storage medium \"Tape\"",
         ]
     );

@@ -12,6 +12,10 @@
 //! atomic writer swaps in only what changed: an updated object, a new token, changed labels
 //! reach running containers (their mounts are read-only binds of the volume directory).
 //!
+//! emptyDirs with `medium: Memory` are a tmpfs it mounts on the emptyDir's directory (sized as
+//! upstream: the node's allocatable memory, or the pod's memory limit or the volume's
+//! `sizeLimit` when smaller).
+//!
 //! A volume that cannot be set up (an object missing and not optional, a key missing, no API
 //! server) is a `FailedMount` event with upstream's message (`configmap "x" not found`) and the
 //! pod waits, retried until it can be. When the pod has terminated (or, after a restart, when
@@ -40,6 +44,9 @@ use crate::pod::volumes::{self as local, Failure, Source};
 use crate::pod::{pod_identity, quantity};
 use atomic_writer::Payload;
 use projection::{Allocatable, DEFAULT_MODE};
+
+/// The emptyDir plugin's directory name.
+const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 
 /// Where the kernel lists this process's mounts.
 const MOUNTINFO: &str = "/proc/self/mountinfo";
@@ -88,6 +95,7 @@ impl VolumeManager {
                     Ok(payload) => self.write(pod, v, plugin, tmpfs, &payload),
                     Err(e) => Err(e),
                 },
+                None if local::managed(&src) => self.memory_empty_dir(pod, v),
                 None => local::set_up_one(&self.pods_dir, pod, v),
             };
             if let Err(message) = r {
@@ -324,10 +332,29 @@ impl VolumeManager {
         let dir = local::plugin_dir(&self.pods_dir, pod_identity(pod).0, plugin).join(&v.name);
         make_volume_dir(&dir)?;
         if tmpfs && !is_mount_point(&dir)? {
-            let size = pod_memory_limit(pod).or(self.allocatable.memory);
+            let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), None);
             mount_tmpfs(&dir, size)?;
         }
         atomic_writer::write(&dir, payload).map(drop)
+    }
+
+    /// An emptyDir with `medium: Memory`: its directory (0777) with a tmpfs mounted on it,
+    /// sized as upstream (the node's allocatable memory, or less: the pod's memory limit, the
+    /// volume's `sizeLimit`).
+    fn memory_empty_dir(&self, pod: &Pod, v: &Volume) -> Result<(), String> {
+        let dir = local::empty_dir_path(&self.pods_dir, pod, &v.name);
+        local::make_empty_dir(&dir)?;
+        if is_mount_point(&dir)? {
+            return Ok(());
+        }
+        let limit = v
+            .empty_dir
+            .as_ref()
+            .and_then(|e| e.size_limit.as_ref())
+            .map(|q| quantity::parse_bytes(&q.0))
+            .transpose()?;
+        let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), limit);
+        mount_tmpfs(&dir, size)
     }
 
     /// Unmounts and removes the written volumes of pod `uid` and forgets its objects and
@@ -341,7 +368,7 @@ impl VolumeManager {
         }
     }
 
-    /// Tears down the written volumes of the pods in the pods directory that `active` says are
+    /// Tears down the written and memory-backed volumes of the pods in the pods directory that `active` says are
     /// neither wanted nor known to a worker (pods gone while the kubelet was down).
     pub fn tear_down_gone(&self, active: impl Fn(&str) -> bool) {
         let Ok(entries) = std::fs::read_dir(&self.pods_dir) else {
@@ -355,7 +382,13 @@ impl VolumeManager {
             let written = local::WRITTEN_PLUGINS
                 .iter()
                 .any(|p| local::plugin_dir(&self.pods_dir, &uid, p).exists());
-            if written {
+            let empty_dirs = local::plugin_dir(&self.pods_dir, &uid, EMPTY_DIR_PLUGIN);
+            let mounted = std::fs::read_dir(&empty_dirs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| is_mount_point(&e.path()).unwrap_or(true));
+            if written || mounted {
                 tracing::info!(pod_uid = %uid, "tearing down the volumes of a pod that is gone");
                 self.tear_down(&uid);
             }
@@ -406,6 +439,19 @@ fn mount_tmpfs(dir: &Path, size: Option<i64>) -> Result<(), String> {
     .map_err(|e| format!("mounting a tmpfs at {}: {e}", dir.display()))
 }
 
+/// A memory-backed volume's size (upstream's `calculateEmptyDirMemorySize`): the node's
+/// allocatable memory, or the pod's limit, or the volume's own, whichever is smallest (a zero
+/// one counting as none).
+fn memory_size(allocatable: Option<i64>, pod: Option<i64>, volume: Option<i64>) -> Option<i64> {
+    let mut size = allocatable;
+    for cand in [pod, volume].into_iter().flatten().filter(|c| *c > 0) {
+        if size.is_none_or(|s| cand <= s) {
+            size = Some(cand);
+        }
+    }
+    size
+}
+
 /// The pod's memory limit as its cgroup gets it: the sum of its app containers' limits (or an
 /// init container's, if larger), when every app container has one.
 fn pod_memory_limit(pod: &Pod) -> Option<i64> {
@@ -430,9 +476,26 @@ fn pod_memory_limit(pod: &Pod) -> Option<i64> {
     Some(sum)
 }
 
-/// Unmounts (when mounted) and removes every written volume directory of pod `uid`.
+/// Unmounts (when mounted) and removes every written volume directory of pod `uid`, and
+/// unmounts its memory-backed emptyDirs (their directories go with the pod's).
 fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), String> {
     let mut errors = Vec::new();
+    let empty_dirs = local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN);
+    for e in std::fs::read_dir(&empty_dirs)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let path = e.path();
+        let r = is_mount_point(&path).and_then(|mounted| match mounted {
+            true => nix::mount::umount2(&path, nix::mount::MntFlags::empty())
+                .map_err(|e| format!("unmounting {}: {e}", path.display())),
+            false => Ok(()),
+        });
+        if let Err(e) = r {
+            errors.push(e);
+        }
+    }
     for plugin in local::WRITTEN_PLUGINS {
         let dir = local::plugin_dir(pods_dir, uid, plugin);
         let Ok(entries) = std::fs::read_dir(&dir) else {

@@ -75,3 +75,32 @@ async fn standalone_object_volumes_fail_clearly_and_downward_api_is_written() {
     vm.tear_down("u-1");
     assert!(!volumes.join("kubernetes.io~downward-api").exists());
 }
+
+#[test]
+fn memory_volumes_take_the_smallest_size() {
+    let gi = 1 << 30;
+    assert_eq!(memory_size(Some(8 * gi), None, None), Some(8 * gi));
+    assert_eq!(memory_size(Some(8 * gi), Some(gi), None), Some(gi));
+    assert_eq!(
+        memory_size(Some(8 * gi), Some(gi), Some(gi / 2)),
+        Some(gi / 2)
+    );
+    // Larger than what the pod may use: the pod's limit.
+    assert_eq!(memory_size(Some(8 * gi), Some(gi), Some(2 * gi)), Some(gi));
+    assert_eq!(
+        memory_size(Some(8 * gi), Some(0), Some(16 * gi)),
+        Some(8 * gi)
+    );
+    assert_eq!(memory_size(None, None, None), None);
+    let p: Pod = serde_json::from_value(json!({"spec": {
+        "containers": [
+            {"name": "a", "resources": {"limits": {"memory": "64Mi"}}},
+            {"name": "b", "resources": {"limits": {"memory": "32Mi"}}}],
+        "initContainers": [{"name": "i", "resources": {"limits": {"memory": "128Mi"}}}]}}))
+    .expect("a pod");
+    assert_eq!(pod_memory_limit(&p), Some(128 << 20));
+    let unlimited: Pod = serde_json::from_value(json!({"spec": {
+        "containers": [{"name": "a", "resources": {"limits": {"memory": "64Mi"}}}, {"name": "b"}]}}))
+    .expect("a pod");
+    assert_eq!(pod_memory_limit(&unlimited), None);
+}
