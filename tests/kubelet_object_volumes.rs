@@ -16,7 +16,8 @@
 //!   nears its end (the server caps lifetimes at a few seconds), `ca.crt` and `namespace`;
 //! - a container's environment from ConfigMaps and Secrets (`envFrom` with a prefix, key refs,
 //!   optional ones left out, invalid names skipped with an event), fields and resources; a
-//!   missing ConfigMap as CreateContainerConfigError until it is created.
+//!   missing ConfigMap as CreateContainerConfigError until it is created; a `subPathExpr`
+//!   expanded from that environment.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -640,9 +641,10 @@ async fn environment_from_config_maps_secrets_and_fields() {
   - name: app
     image: docker.io/library/busybox:latest
     imagePullPolicy: Never
-    command: ["sh", "-c", "env > /tmp/env; sleep 3600"]
+    command: ["sh", "-c", "env > /tmp/env; echo hi > /logs/hi; sleep 3600"]
     resources:
       limits: {memory: 64Mi}
+    volumeMounts: [{name: logs, mountPath: /logs, subPathExpr: "$(TIER)"}]
     envFrom:
     - {configMapRef: {name: env-cfg}, prefix: CFG_}
     - {secretRef: {name: env-secret}}
@@ -655,6 +657,7 @@ async fn environment_from_config_maps_secrets_and_fields() {
     - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
     - {name: TIER, valueFrom: {fieldRef: {fieldPath: "metadata.labels['tier']"}}}
     - {name: COPY, value: "$(MODE)-$(password)"}
+  volumes: [{name: logs, emptyDir: {}}]
 "#;
     let mut pod = node.pod("envs", spec);
     pod.metadata.labels = Some(BTreeMap::from([("tier".into(), "web".into())]));
@@ -732,6 +735,14 @@ async fn environment_from_config_maps_secrets_and_fields() {
     assert_eq!(get("NODE"), Some(SETUP.name));
     assert_eq!(get("TIER"), Some("web"));
     assert_eq!(get("COPY"), Some("fast-s3cr3t"));
+    // A subPathExpr expanded from the environment.
+    let hi = node
+        .pod_dir(&uid)
+        .join("volumes/kubernetes.io~empty-dir/logs/web/hi");
+    wait_for("the file in the subPathExpr directory", 30, async || {
+        (std::fs::read_to_string(&hi).ok()? == "hi\n").then_some(())
+    })
+    .await;
     let invalid = wait_for("an InvalidEnvironmentVariableNames event", 30, async || {
         of_pod("InvalidEnvironmentVariableNames").await
     })

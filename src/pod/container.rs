@@ -10,8 +10,9 @@
 //! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
 //! by the container's) and the termination message file with its mount
 //! ([`super::termination::prepare_mount`]). Besides that file, this module only makes the
-//! directories a `subPath` lacks in its volume ([`super::volumes::sub_path`], which refuses a
-//! `subPath` leading out of its volume through a symbolic link).
+//! directories a `subPath` (or a `subPathExpr`, expanded from the container's environment)
+//! lacks in its volume ([`super::volumes::sub_path`], which refuses a `subPath` leading out of
+//! its volume through a symbolic link).
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -116,7 +117,50 @@ fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<Pa
         .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
 }
 
-fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::Mount>> {
+/// Upstream's `ExpandContainerVolumeMounts`: a `subPathExpr` with its `$(VAR)`s taken from the
+/// container's environment; a variable unset or empty is an error naming it.
+fn expand_sub_path(
+    expr: &str,
+    vars: &HashMap<String, String>,
+) -> std::result::Result<String, String> {
+    let mut missing = std::collections::BTreeSet::new();
+    let mut known = HashMap::new();
+    // The references as `expand` sees them: `$$` is an escaped `$`, `$(NAME)` a variable.
+    let mut rest = expr;
+    while let Some(i) = rest.find('$') {
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            rest = tail;
+            continue;
+        }
+        let Some(inner) = after.strip_prefix('(') else {
+            rest = after;
+            continue;
+        };
+        let Some(end) = inner.find(')') else { break };
+        let name = &inner[..end];
+        match vars.get(name).filter(|v| !v.is_empty()) {
+            Some(v) => known.insert(name.to_string(), v.clone()),
+            None => {
+                missing.insert(name.to_string());
+                known.insert(name.to_string(), String::new())
+            }
+        };
+        rest = &inner[end + 1..];
+    }
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.into_iter().collect();
+        return Err(format!("missing value for {}", names.join(", ")));
+    }
+    Ok(expand(expr, &known))
+}
+
+fn mounts(
+    pod: &Pod,
+    c: &Container,
+    opts: &ContainerOptions,
+    vars: &HashMap<String, String>,
+) -> Result<Vec<cri::Mount>> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     let privileged = c
         .security_context
@@ -132,7 +176,18 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
                 Error::invalid_argument(format!("{field}.name: no volume {:?}", m.name))
             })?;
         let mut host_path = volume_host_path(pod, v, opts)?;
-        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+        let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
+            Some(expr) => Some(
+                expand_sub_path(expr, vars)
+                    .map_err(|e| Error::invalid_argument(format!("{field}.subPathExpr: {e}")))?,
+            ),
+            None => None,
+        };
+        if let Some(sub) = expanded
+            .as_deref()
+            .or(m.sub_path.as_deref())
+            .filter(|s| !s.is_empty())
+        {
             let p = Path::new(sub);
             if p.components()
                 .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
@@ -354,7 +409,7 @@ pub fn container_config(
     if let Some(sig) = stop_signal {
         annotations.insert(runtime::builtin::ANNOTATION_STOP_SIGNAL.to_string(), sig);
     }
-    let mut mounts = mounts(pod, container, opts)?;
+    let mut mounts = mounts(pod, container, opts, &vars)?;
     let linux = cri::LinuxContainerConfig {
         resources: Some(resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),

@@ -537,3 +537,36 @@ fn the_termination_message_file_exists_on_the_host() {
     let err = container_config(&p, &c, 0, &opts).expect_err("no dir");
     assert!(err.message().contains("terminationMessagePath"), "{err}");
 }
+
+#[test]
+fn sub_path_expr_expands_from_the_env() {
+    let data = tempfile::tempdir().expect("a host dir");
+    let data_path = data.path().display().to_string();
+    let with = |expr: &str| {
+        config(
+            json!({"volumes": [{"name": "data", "hostPath": {"path": data_path}}],
+                "containers": [{"name": "app", "image": "x",
+                    "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "EMPTY", "value": ""}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/d", "subPathExpr": expr}]}]}),
+            0,
+        )
+    };
+    let c = with("logs/$(POD)").expect("expanded");
+    assert_eq!(c.mounts[0].host_path, format!("{data_path}/logs/web"));
+    assert!(data.path().join("logs/web").is_dir());
+    // `$$` escapes; an escaped reference is no variable.
+    let c = with("a$$(NOPE)").expect("escaped");
+    assert_eq!(c.mounts[0].host_path, format!("{data_path}/a$(NOPE)"));
+    for (expr, want) in [
+        (
+            "$(NOPE)/$(EMPTY)",
+            "subPathExpr: missing value for EMPTY, NOPE",
+        ),
+        ("../$(POD)", "must be a relative path without '..'"),
+    ] {
+        let e = with(expr).expect_err(expr);
+        assert_eq!(e.code(), runtime::Code::InvalidArgument);
+        assert!(e.message().contains(want), "{expr}: {}", e.message());
+    }
+}
