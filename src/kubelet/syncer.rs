@@ -235,9 +235,12 @@ impl Syncer {
         }
         // Its volumes, before anything of it is created (upstream's WaitForAttachAndMount): one
         // that cannot be set up is a FailedMount event and the pod waits in ContainerCreating.
-        if let Err(e) = self.volumes.set_up(pod, self.events.as_ref()).await {
-            self.record_status(pod, &snapshot, self.last_waiting(pod));
-            return Err(e);
+        match self.volumes.set_up(pod, self.events.as_ref()).await {
+            Ok(claims) => opts.claims = claims,
+            Err(e) => {
+                self.record_status(pod, &snapshot, self.last_waiting(pod));
+                return Err(e);
+            }
         }
         // The objects its containers' environments reference, as they are now.
         opts.env_objects = self.volumes.env_objects(pod).await;

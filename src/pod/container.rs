@@ -56,6 +56,8 @@ pub struct ContainerOptions {
     pub stop_signal_annotation: bool,
     /// The ConfigMaps and Secrets the pod's environments reference, read for this sync.
     pub env_objects: super::env::EnvObjects,
+    /// The pod's persistentVolumeClaim volumes by name, resolved for this sync.
+    pub claims: std::collections::BTreeMap<String, volumes::ClaimMount>,
 }
 
 impl Default for ContainerOptions {
@@ -69,6 +71,7 @@ impl Default for ContainerOptions {
             node_memory_bytes: 0,
             stop_signal_annotation: false,
             env_objects: Default::default(),
+            claims: Default::default(),
         }
     }
 }
@@ -113,6 +116,9 @@ pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
 }
 
 fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
+    if let Some(c) = opts.claims.get(&v.name) {
+        return Ok(c.path.clone());
+    }
     volumes::host_path(&opts.pods_dir, pod, v)
         .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
 }
@@ -226,7 +232,9 @@ fn mounts(
             host_path: host_path.to_string_lossy().into_owned(),
             // The volumes the kubelet writes are read-only in every container (upstream's
             // mustMountRO).
-            readonly: m.read_only.unwrap_or(false) || volumes::read_only(v),
+            readonly: m.read_only.unwrap_or(false)
+                || volumes::read_only(v)
+                || opts.claims.get(&v.name).is_some_and(|c| c.read_only),
             propagation: propagation as i32,
             uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
             gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),

@@ -248,7 +248,7 @@ fn mounts_table() {
         (
             json!([{"name": "pvc", "mountPath": "/d"}]),
             runtime::Code::Unimplemented,
-            "spec.volumes[pvc]: volume type persistentVolumeClaim is not supported",
+            "spec.volumes[pvc]: persistentVolumeClaim \"x\" was not resolved for this sync",
         ),
     ];
     for (mounts, code, field) in errors {

@@ -14,8 +14,9 @@
 //!
 //! configMap, secret, downwardAPI and projected volumes, whose content the kubelet writes, are
 //! set up by [`crate::volumes::VolumeManager`] in `<pods dir>/<uid>/volumes/<plugin>/<name>`
-//! ([`plugin_dir`]). Every other type (persistentVolumeClaim, nfs, csi, ...) is refused rather
-//! than handed to the runtime as an empty directory. A volume that cannot be set up is a
+//! ([`plugin_dir`]); it also resolves persistentVolumeClaims to their PersistentVolume's path
+//! (`hostPath` and `local` ones). Every other type (nfs, csi, ...) is refused rather than
+//! handed to the runtime as an empty directory. A volume that cannot be set up is a
 //! Warning `FailedMount` event on the pod (`MountVolume.SetUp failed for volume "cfg" : ...`)
 //! and a [`SyncError::Volumes`] ([`report`]): the pod stays Pending with its containers waiting
 //! in `ContainerCreating`, nothing of it is created in the runtime, and its worker tries again.
@@ -26,8 +27,8 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsE
 use std::path::{Component, Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, DownwardAPIVolumeSource, HostPathVolumeSource, Pod,
-    ProjectedVolumeSource, SecretVolumeSource, Volume,
+    ConfigMapVolumeSource, DownwardAPIVolumeSource, HostPathVolumeSource,
+    PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource, Volume,
 };
 
 use super::pod_identity;
@@ -47,6 +48,8 @@ pub enum Source<'a> {
     Secret(&'a SecretVolumeSource),
     DownwardApi(&'a DownwardAPIVolumeSource),
     Projected(&'a ProjectedVolumeSource),
+    /// A claim, resolved by the volume manager to its PersistentVolume's path.
+    Claim(&'a PersistentVolumeClaimVolumeSource),
     /// Any other type, by its API field name (`configMap`, `persistentVolumeClaim`, ...).
     Unsupported(String),
 }
@@ -72,6 +75,9 @@ pub fn source(v: &Volume) -> Source<'_> {
     }
     if let Some(p) = &v.projected {
         return Source::Projected(p);
+    }
+    if let Some(c) = &v.persistent_volume_claim {
+        return Source::Claim(c);
     }
     // Which other field is set, by its API name: read from the volume's API form, so that no
     // type (nor one newer than this kubelet) goes unnamed.
@@ -124,6 +130,10 @@ pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, Stri
         Source::HostPath(h) => Ok(PathBuf::from(&h.path)),
         Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, pod, &v.name)),
         Source::Unsupported(t) => Err(unsupported(&t)),
+        Source::Claim(c) => Err(format!(
+            "persistentVolumeClaim {:?} was not resolved for this sync",
+            c.claim_name
+        )),
         written => match written_plugin(&written) {
             Some((plugin, _)) => {
                 Ok(plugin_dir(pods_dir, pod_identity(pod).0, plugin).join(&v.name))
@@ -141,6 +151,14 @@ pub fn read_only(v: &Volume) -> bool {
 
 fn unsupported(t: &str) -> String {
     format!("volume type {t} is not supported by nodelet yet")
+}
+
+/// A persistentVolumeClaim volume resolved to its PersistentVolume: the host path to bind and
+/// whether the pod's volume asks for it read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimMount {
+    pub path: PathBuf,
+    pub read_only: bool,
 }
 
 /// A volume that could not be set up, and why.
@@ -185,9 +203,11 @@ pub fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
 }
 
 /// Whether the volume manager sets the volume up: those whose content the kubelet writes
-/// ([`written_plugin`]) and memory-backed emptyDirs (a tmpfs it mounts).
+/// ([`written_plugin`]), memory-backed emptyDirs (a tmpfs it mounts) and claims.
 pub fn managed(s: &Source<'_>) -> bool {
-    written_plugin(s).is_some() || *s == (Source::EmptyDir { medium: "Memory" })
+    written_plugin(s).is_some()
+        || *s == (Source::EmptyDir { medium: "Memory" })
+        || matches!(s, Source::Claim(_))
 }
 
 /// Sets up the volumes `pod`'s containers use but the [`managed`] ones; the ones that failed,

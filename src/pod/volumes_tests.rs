@@ -85,11 +85,11 @@ fn source_names_every_type() {
         assert!(read_only(&vol));
     }
     assert!(!read_only(&v(json!({"name": "a", "emptyDir": {}}))));
+    assert!(matches!(
+        source(&v(json!({"name": "a", "persistentVolumeClaim": {"claimName": "p"}}))),
+        Source::Claim(c) if c.claim_name == "p"
+    ));
     let others = [
-        (
-            json!({"persistentVolumeClaim": {"claimName": "p"}}),
-            "persistentVolumeClaim",
-        ),
         (json!({"nfs": {"server": "s", "path": "/"}}), "nfs"),
         (json!({"csi": {"driver": "d"}}), "csi"),
         (json!({"ephemeral": {}}), "ephemeral"),
@@ -108,7 +108,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
             {"name": "cfg", "configMap": {"name": "c"}},
             {"name": "unused", "secret": {"secretName": "s"}},
             {"name": "token", "projected": {"sources": []}},
-            {"name": "claim", "persistentVolumeClaim": {"claimName": "p"}},
+            {"name": "claim", "nfs": {"server": "s", "path": "/"}},
             {"name": "scratch", "emptyDir": {}}
         ]),
         &["cfg", "token", "claim", "scratch"],
@@ -121,10 +121,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
     // The configMap and projected volumes are the volume manager's.
     assert_eq!(
         got,
-        [(
-            "claim",
-            "volume type persistentVolumeClaim is not supported by nodelet yet"
-        )]
+        [("claim", "volume type nfs is not supported by nodelet yet")]
     );
     // What can be set up still is.
     assert!(empty_dir_path(dir.path(), &p, "scratch").is_dir());

@@ -12,6 +12,10 @@
 //! atomic writer swaps in only what changed: an updated object, a new token, changed labels
 //! reach running containers (their mounts are read-only binds of the volume directory).
 //!
+//! persistentVolumeClaims are read (with their PersistentVolume) on each sync and resolved to
+//! the path of a `hostPath` or `local` PersistentVolume, bound by the runtime (read-only when
+//! the pod's volume says so); other PersistentVolume types are refused.
+//!
 //! emptyDirs with `medium: Memory` are a tmpfs it mounts on the emptyDir's directory (sized as
 //! upstream: the node's allocatable memory, or the pod's memory limit or the volume's
 //! `sizeLimit` when smaller).
@@ -25,25 +29,39 @@
 pub mod atomic_writer;
 pub mod projection;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::DirBuilder;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapProjection, Pod, ProjectedVolumeSource, Secret, SecretProjection,
+    ConfigMap, ConfigMapProjection, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, Secret, SecretProjection,
     ServiceAccountTokenProjection, Volume,
 };
+use kube::Api;
 
 use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::{TokenKey, TokenManager};
 use crate::pod::SyncError;
 use crate::pod::env::EnvObjects;
 use crate::pod::sync::PodEvents;
-use crate::pod::volumes::{self as local, Failure, Source};
+use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
 use crate::pod::{pod_identity, quantity};
 use atomic_writer::Payload;
 use projection::{Allocatable, DEFAULT_MODE};
+
+/// The fields of a PersistentVolume's spec that are not its source.
+const PV_SPEC_FIELDS: [&str; 8] = [
+    "accessModes",
+    "capacity",
+    "claimRef",
+    "mountOptions",
+    "nodeAffinity",
+    "persistentVolumeReclaimPolicy",
+    "storageClassName",
+    "volumeMode",
+];
 
 /// The emptyDir plugin's directory name.
 const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
@@ -53,6 +71,7 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// Sets up and tears down the pods' volumes.
 pub struct VolumeManager {
+    client: Option<kube::Client>,
     pods_dir: PathBuf,
     config_maps: ObjectManager<ConfigMap>,
     secrets: ObjectManager<Secret>,
@@ -65,6 +84,7 @@ impl VolumeManager {
     /// (`None` on a standalone node: volumes needing them fail with a clear reason).
     pub fn new(client: Option<kube::Client>, pods_dir: PathBuf, allocatable: Allocatable) -> Self {
         VolumeManager {
+            client: client.clone(),
             pods_dir,
             config_maps: ObjectManager::new(client.clone(), "configmap"),
             secrets: ObjectManager::new(client.clone(), "secret"),
@@ -79,17 +99,34 @@ impl VolumeManager {
     }
 
     /// Sets up the volumes `pod`'s containers use; those that fail are `FailedMount` events and
-    /// a [`SyncError::Volumes`].
-    pub async fn set_up(&self, pod: &Pod, events: &dyn PodEvents) -> Result<(), SyncError> {
+    /// a [`SyncError::Volumes`]. Returns the claims resolved, by volume name.
+    pub async fn set_up(
+        &self,
+        pod: &Pod,
+        events: &dyn PodEvents,
+    ) -> Result<BTreeMap<String, ClaimMount>, SyncError> {
         self.register(pod);
         let used = local::used_volumes(pod);
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
         let mut failed = Vec::new();
+        let mut claims = BTreeMap::new();
         for v in volumes.into_iter().flatten() {
             if !used.contains(v.name.as_str()) {
                 continue;
             }
             let src = local::source(v);
+            if let Source::Claim(c) = src {
+                match self.claim(pod, c).await {
+                    Ok(m) => {
+                        claims.insert(v.name.clone(), m);
+                    }
+                    Err(message) => failed.push(Failure {
+                        volume: v.name.clone(),
+                        message,
+                    }),
+                }
+                continue;
+            }
             let r = match local::written_plugin(&src) {
                 Some((plugin, tmpfs)) => match self.payload(pod, &src).await {
                     Ok(payload) => self.write(pod, v, plugin, tmpfs, &payload),
@@ -105,7 +142,110 @@ impl VolumeManager {
                 });
             }
         }
-        local::report(pod, &failed, events)
+        local::report(pod, &failed, events).map(|()| claims)
+    }
+
+    /// A persistentVolumeClaim resolved as upstream's desired state populator does (the claim
+    /// bound, its PersistentVolume claimed by it), to the path of a `hostPath` (type checked as
+    /// a hostPath volume's) or `local` PersistentVolume; other types are refused.
+    async fn claim(
+        &self,
+        pod: &Pod,
+        c: &PersistentVolumeClaimVolumeSource,
+    ) -> Result<ClaimMount, String> {
+        let ns = pod_identity(pod).2;
+        let name = &c.claim_name;
+        let wrap = |e: String| format!("error processing PVC {ns}/{name}: {e}");
+        let Some(client) = &self.client else {
+            return Err(wrap(
+                "the node has no API server (standalone) to read it from".into(),
+            ));
+        };
+        let message = |e: kube::Error| match e {
+            kube::Error::Api(s) => s.message.clone(),
+            e => e.to_string(),
+        };
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+        let pvc = claims.get(name).await.map_err(|e| {
+            wrap(format!(
+                "failed to fetch PVC from API server: {}",
+                message(e)
+            ))
+        })?;
+        if pvc.metadata.deletion_timestamp.is_some() {
+            return Err(wrap("PVC is being deleted".into()));
+        }
+        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            return Err(wrap("PVC is not bound".into()));
+        }
+        let pv_name = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| wrap("PVC has empty pvc.Spec.VolumeName".into()))?;
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pv = pvs.get(&pv_name).await.map_err(|e| {
+            wrap(format!(
+                "failed to fetch PV {pv_name} from API server: {}",
+                message(e)
+            ))
+        })?;
+        let spec = pv.spec.unwrap_or_default();
+        let claim_uid = pvc.metadata.uid.clone().unwrap_or_default();
+        match spec
+            .claim_ref
+            .as_ref()
+            .map(|r| r.uid.clone().unwrap_or_default())
+        {
+            None => {
+                return Err(wrap(format!(
+                    "found PV object {pv_name} but it has a nil pv.Spec.ClaimRef indicating it \
+                     is not yet bound to the claim"
+                )));
+            }
+            Some(uid) if uid != claim_uid => {
+                return Err(wrap(format!(
+                    "found PV object {pv_name} but its pv.Spec.ClaimRef.UID {uid} does not \
+                     point to claim.UID {claim_uid}"
+                )));
+            }
+            Some(_) => {}
+        }
+        if spec.volume_mode.as_deref() == Some("Block") {
+            return Err(format!(
+                "persistentVolume {pv_name}: volumeMode Block is not supported by nodelet yet"
+            ));
+        }
+        let path = if let Some(h) = &spec.host_path {
+            local::check_host_path(&h.path, h.type_.as_deref().unwrap_or(""))?;
+            PathBuf::from(&h.path)
+        } else if let Some(l) = &spec.local {
+            let p = PathBuf::from(&l.path);
+            if !p.exists() {
+                return Err(format!("path {:?} does not exist", l.path));
+            }
+            p
+        } else {
+            let what = serde_json::to_value(&spec)
+                .ok()
+                .and_then(|v| {
+                    v.as_object().and_then(|o| {
+                        o.keys()
+                            .find(|k| !PV_SPEC_FIELDS.contains(&k.as_str()))
+                            .cloned()
+                    })
+                })
+                .unwrap_or_else(|| "with no source".to_string());
+            return Err(format!(
+                "persistentVolume {pv_name}: volume type {what} is not supported by nodelet yet \
+                 (only hostPath and local)"
+            ));
+        };
+        Ok(ClaimMount {
+            path,
+            read_only: c.read_only.unwrap_or(false),
+        })
     }
 
     /// Registers the ConfigMaps and Secrets the pod's volumes and environments reference with

@@ -79,6 +79,22 @@ pub const RESOURCES: &[Resource] = &[
     res("", "configmaps", "ConfigMap", true, 0, &["cm"]),
     res("", "secrets", "Secret", true, 0, &[]),
     res("", "serviceaccounts", "ServiceAccount", true, 0, &["sa"]),
+    res(
+        "",
+        "persistentvolumes",
+        "PersistentVolume",
+        false,
+        STATUS,
+        &["pv"],
+    ),
+    res(
+        "",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        STATUS,
+        &["pvc"],
+    ),
     res("coordination.k8s.io", "leases", "Lease", true, 0, &[]),
     res(
         "events.k8s.io",
