@@ -17,7 +17,8 @@
 //! - a container's environment from ConfigMaps and Secrets (`envFrom` with a prefix, key refs,
 //!   optional ones left out, invalid names skipped with an event), fields and resources; a
 //!   missing ConfigMap as CreateContainerConfigError until it is created; a `subPathExpr`
-//!   expanded from that environment.
+//!   expanded from that environment;
+//! - a pod's `fsGroup` owning its emptyDirs and written volumes, with upstream's modes.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -756,5 +757,79 @@ async fn environment_from_config_maps_secrets_and_fields() {
         )
     );
     delete_and_wait_gone(&pods, "envs").await;
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_fs_group_owns_the_pods_volumes() {
+    let test = "an_fs_group_owns_the_pods_volumes";
+    let api = ApiServer::start().await;
+    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let client = api.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    cms.create(
+        &PostParams::default(),
+        &config_map("grouped", &[("app.conf", "x")], &[]),
+    )
+    .await
+    .expect("creating the configmap");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("grouped".into());
+    secret.string_data = Some(BTreeMap::from([("key".into(), "k".into())]));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the secret");
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let mut sa = ServiceAccount::default();
+    sa.metadata.name = Some("default".into());
+    sas.create(&PostParams::default(), &sa)
+        .await
+        .expect("creating the service account");
+    let spec = r#"  serviceAccountName: default
+  securityContext: {fsGroup: 2000}
+  containers:
+  - name: app
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "sleep 3600"]
+    volumeMounts:
+    - {name: scratch, mountPath: /scratch}
+    - {name: ram, mountPath: /ram}
+    - {name: cfg, mountPath: /etc/cfg}
+    - {name: sec, mountPath: /etc/sec}
+    - {name: token, mountPath: /var/run/token}
+  volumes:
+  - {name: scratch, emptyDir: {}}
+  - {name: ram, emptyDir: {medium: Memory}}
+  - {name: cfg, configMap: {name: grouped}}
+  - {name: sec, secret: {secretName: grouped, defaultMode: 256}}
+  - {name: token, projected: {sources: [{serviceAccountToken: {path: token}}]}}
+"#;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let uid = pods
+        .create(&PostParams::default(), &node.pod("grouped", spec))
+        .await
+        .expect("creating the pod")
+        .metadata
+        .uid
+        .expect("a uid");
+    let agent = node.start();
+    let id = running_app(&node, &uid).await;
+    let stat = "stat -L -c '%n %g %a' /scratch /ram /etc/cfg /etc/cfg/app.conf /etc/sec/key \
+                /var/run/token/token";
+    assert_eq!(
+        out(&node, &id, stat).await,
+        "/scratch 2000 2777\n/ram 2000 3777\n/etc/cfg 2000 2777\n/etc/cfg/app.conf 2000 644\n\
+         /etc/sec/key 2000 440\n/var/run/token/token 2000 640\n"
+    );
+    delete_and_wait_gone(&pods, "grouped").await;
     drop(agent);
 }

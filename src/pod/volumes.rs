@@ -232,7 +232,9 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
 /// Sets up an emptyDir or hostPath volume; refuses the types not supported.
 pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
     match source(v) {
-        Source::EmptyDir { medium: "" } => make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name)),
+        Source::EmptyDir { medium: "" } => {
+            make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name), fs_group(pod)?)
+        }
         Source::EmptyDir { medium } if medium.starts_with("HugePages") => Err(format!(
             "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk \
              and memory)"
@@ -247,9 +249,35 @@ pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> 
     }
 }
 
-/// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`); its
-/// parents as the kubelet's other pod directories (0750).
-pub fn make_empty_dir(dir: &Path) -> Result<(), String> {
+/// The pod's `fsGroup`, the group its volumes are given.
+pub fn fs_group(pod: &Pod) -> Result<Option<u32>, String> {
+    let g = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|c| c.fs_group);
+    g.map(|g| u32::try_from(g).map_err(|_| format!("invalid fsGroup {g}")))
+        .transpose()
+}
+
+/// What an `fsGroup` adds to a writable volume's directory (upstream's `SetVolumeOwnership`):
+/// `0660 | 0110` and setgid, owned by the group.
+const GROUP_RW_DIR_BITS: u32 = 0o2770;
+
+/// Gives the directory `dir` to `group` as upstream's `SetVolumeOwnership` does for a writable
+/// volume (its mode plus [`GROUP_RW_DIR_BITS`]).
+pub fn own_by_group(dir: &Path, group: u32) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("giving {} to group {group}: {e}", dir.display());
+    let meta = std::fs::metadata(dir).map_err(fail)?;
+    std::os::unix::fs::chown(dir, None, Some(group)).map_err(fail)?;
+    let mode = meta.permissions().mode() & 0o7777 | GROUP_RW_DIR_BITS;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(fail)
+}
+
+/// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`), given
+/// to the pod's `fsGroup` when it has one; its parents as the kubelet's other pod directories
+/// (0750). An existing directory is left as it is (its container may have changed its mode).
+pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
     if let Some(parent) = dir.parent() {
         DirBuilder::new()
@@ -259,18 +287,22 @@ pub fn make_empty_dir(dir: &Path) -> Result<(), String> {
             .map_err(fail)?;
     }
     match DirBuilder::new().mode(0o777).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(fail(e)),
+        Ok(()) => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
+            if let Some(g) = group {
+                own_by_group(dir, g)?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
+            if !meta.is_dir() {
+                return Err(format!("{} is not a directory", dir.display()));
+            }
+            Ok(())
+        }
+        Err(e) => Err(fail(e)),
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
-    if !meta.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
-    if meta.permissions().mode() & 0o7777 != 0o777 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// Upstream's hostPath `SetUp`: the path has no `..`, then what `type` asks is checked, and

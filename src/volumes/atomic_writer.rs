@@ -26,6 +26,10 @@ use std::path::{Component, Path, PathBuf};
 pub const DATA_DIR: &str = "..data";
 /// The link made next to [`DATA_DIR`] then renamed over it.
 const DATA_DIR_TMP: &str = "..data_tmp";
+/// What an `fsGroup` adds to a written volume (upstream's `SetVolumeOwnership` of a read-only
+/// volume): files `0440`, directories `0440 | 0110` and setgid, all owned by the group.
+const GROUP_FILE_BITS: u32 = 0o440;
+const GROUP_DIR_BITS: u32 = 0o2550;
 /// Upstream's limits on a path and on each of its names.
 const MAX_PATH_LENGTH: usize = 4096;
 const MAX_FILE_NAME_LENGTH: usize = 255;
@@ -154,7 +158,7 @@ fn read_tree(dir: &Path) -> Result<Payload, String> {
 }
 
 /// A new, empty data directory's name: `..<UTC time>.<nanoseconds and a random number>`.
-fn new_data_dir(dir: &Path) -> Result<String, String> {
+fn new_data_dir(dir: &Path, group: Option<u32>) -> Result<String, String> {
     let now = chrono::Utc::now();
     for _ in 0..100 {
         let name = format!(
@@ -166,8 +170,7 @@ fn new_data_dir(dir: &Path) -> Result<String, String> {
         match DirBuilder::new().mode(0o700).create(dir.join(&name)) {
             Ok(()) => {
                 // Group and others must be able to walk it, whatever the umask.
-                std::fs::set_permissions(dir.join(&name), std::fs::Permissions::from_mode(0o755))
-                    .map_err(|e| format!("setting the mode of {name}: {e}"))?;
+                own_dir(&dir.join(&name), 0o755, group)?;
                 return Ok(name);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -177,17 +180,31 @@ fn new_data_dir(dir: &Path) -> Result<String, String> {
     Err(format!("no free data directory name in {}", dir.display()))
 }
 
+/// Sets a directory's mode (with the group's bits, and the group as its owner, when given).
+fn own_dir(path: &Path, mode: u32, group: Option<u32>) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("setting the mode of {}: {e}", path.display());
+    if let Some(g) = group {
+        std::os::unix::fs::chown(path, None, Some(g)).map_err(fail)?;
+    }
+    let mode = mode | group.map_or(0, |_| GROUP_DIR_BITS);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)
+}
+
 /// Writes each file of `payload` under `data` (made directories 0755, files with their mode
-/// whatever the umask).
-fn write_files(data: &Path, payload: &Payload) -> Result<(), String> {
+/// whatever the umask; owned by `group` when given).
+fn write_files(data: &Path, payload: &Payload, group: Option<u32>) -> Result<(), String> {
     for (path, file) in payload {
         let full = data.join(path);
-        if let Some(parent) = full.parent() {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+        // Each directory between `data` and the file, made as needed.
+        let mut at = data.to_path_buf();
+        let names: Vec<&str> = path.split('/').collect();
+        for name in &names[..names.len().saturating_sub(1)] {
+            at.push(name);
+            match DirBuilder::new().mode(0o755).create(&at) {
+                Ok(()) => own_dir(&at, 0o755, group)?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("creating {}: {e}", at.display())),
+            }
         }
         let fail = |e: std::io::Error| format!("writing {}: {e}", full.display());
         let mut f = OpenOptions::new()
@@ -197,6 +214,9 @@ fn write_files(data: &Path, payload: &Payload) -> Result<(), String> {
             .open(&full)
             .map_err(fail)?;
         f.write_all(&file.data).map_err(fail)?;
+        if let Some(g) = group {
+            std::os::unix::fs::fchown(&f, None, Some(g)).map_err(fail)?;
+        }
         f.set_permissions(std::fs::Permissions::from_mode(file.mode))
             .map_err(fail)?;
     }
@@ -206,7 +226,27 @@ fn write_files(data: &Path, payload: &Payload) -> Result<(), String> {
 /// Writes `payload` into the volume directory `dir` (which must exist) as described in the
 /// module docs. Returns whether a new data directory was written.
 pub fn write(dir: &Path, payload: &Payload) -> Result<bool, String> {
-    let payload = validate_payload(payload)?;
+    write_owned(dir, payload, None)
+}
+
+/// [`write`], the volume owned by the pod's `fsGroup` when given: the volume directory, the
+/// data and every file its group's (files `| 0440`, directories `| 02550`), as upstream's
+/// `SetVolumeOwnership` leaves a read-only volume, done before the swap.
+pub fn write_owned(dir: &Path, payload: &Payload, group: Option<u32>) -> Result<bool, String> {
+    let mut payload = validate_payload(payload)?;
+    if group.is_some() {
+        for f in payload.values_mut() {
+            f.mode |= GROUP_FILE_BITS;
+        }
+    }
+    if let Some(g) = group {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let want = meta.mode() & 0o7777 | GROUP_DIR_BITS;
+        if meta.gid() != g || meta.mode() & 0o7777 != want {
+            own_dir(dir, meta.mode() & 0o7777, group)?;
+        }
+    }
     let data_link = dir.join(DATA_DIR);
     let old = match std::fs::read_link(&data_link) {
         Ok(target) => Some(target),
@@ -230,9 +270,9 @@ pub fn write(dir: &Path, payload: &Payload) -> Result<bool, String> {
         .collect();
     let written = old_files.as_ref() != Some(&payload);
     if written {
-        let name = new_data_dir(dir)?;
+        let name = new_data_dir(dir, group)?;
         let data = dir.join(&name);
-        if let Err(e) = write_files(&data, &payload) {
+        if let Err(e) = write_files(&data, &payload, group) {
             let _ = std::fs::remove_dir_all(&data);
             return Err(e);
         }
@@ -244,6 +284,10 @@ pub fn write(dir: &Path, payload: &Payload) -> Result<bool, String> {
         }
         std::os::unix::fs::symlink(&name, &tmp)
             .map_err(|e| format!("linking {}: {e}", tmp.display()))?;
+        if let Some(g) = group {
+            std::os::unix::fs::lchown(&tmp, None, Some(g))
+                .map_err(|e| format!("owning {}: {e}", tmp.display()))?;
+        }
         std::fs::rename(&tmp, &data_link)
             .map_err(|e| format!("renaming {} to {DATA_DIR}: {e}", tmp.display()))?;
     }
@@ -254,6 +298,10 @@ pub fn write(dir: &Path, payload: &Payload) -> Result<bool, String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::os::unix::fs::symlink(Path::new(DATA_DIR).join(name), &visible)
                     .map_err(|e| format!("linking {}: {e}", visible.display()))?;
+                if let Some(g) = group {
+                    std::os::unix::fs::lchown(&visible, None, Some(g))
+                        .map_err(|e| format!("owning {}: {e}", visible.display()))?;
+                }
             }
             Err(e) => return Err(format!("reading {}: {e}", visible.display())),
         }

@@ -178,3 +178,40 @@ fn a_failed_write_keeps_the_current_data() {
     assert_eq!(data_dir(dir), ts);
     assert_eq!(names(dir), vec![ts, "..data".into(), "a".into()]);
 }
+
+#[test]
+fn an_fs_group_owns_the_volume() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("0777");
+    let p = payload(&[
+        ("a", "1", 0o644),
+        ("s/key", "k", 0o400),
+        ("t", "tok", 0o600),
+    ]);
+    assert!(write_owned(dir, &p, Some(2000)).expect("write"));
+    let ts = data_dir(dir);
+    let meta = |p: &Path| std::fs::symlink_metadata(p).expect("metadata");
+    for (path, mode) in [
+        (dir.to_path_buf(), 0o2777),
+        (dir.join(&ts), 0o2755),
+        (dir.join(&ts).join("s"), 0o2755),
+        (dir.join(&ts).join("a"), 0o644),
+        (dir.join(&ts).join("s/key"), 0o440),
+        (dir.join(&ts).join("t"), 0o640),
+    ] {
+        let m = meta(&path);
+        assert_eq!(
+            (m.gid(), m.mode() & 0o7777),
+            (2000, mode),
+            "{}",
+            path.display()
+        );
+    }
+    for link in ["..data", "a", "s", "t"] {
+        assert_eq!(meta(&dir.join(link)).gid(), 2000, "{link}");
+    }
+    // Written again unchanged: nothing to do (the group's bits are part of the comparison).
+    assert!(!write_owned(dir, &p, Some(2000)).expect("again"));
+}

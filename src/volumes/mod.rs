@@ -451,6 +451,12 @@ impl VolumeManager {
             pod_uid: uid.to_string(),
         };
         let token = self.tokens.token(&key).await?;
+        // With an fsGroup, the token is the owner's and the group's only (upstream's 0600,
+        // then the group's read bit).
+        let mode = match local::fs_group(pod)? {
+            Some(_) => 0o600,
+            None => mode,
+        };
         Ok(Payload::from([(
             t.path.clone(),
             atomic_writer::FileProjection {
@@ -475,7 +481,7 @@ impl VolumeManager {
             let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), None);
             mount_tmpfs(&dir, size)?;
         }
-        atomic_writer::write(&dir, payload).map(drop)
+        atomic_writer::write_owned(&dir, payload, local::fs_group(pod)?).map(drop)
     }
 
     /// An emptyDir with `medium: Memory`: its directory (0777) with a tmpfs mounted on it,
@@ -483,7 +489,8 @@ impl VolumeManager {
     /// volume's `sizeLimit`).
     fn memory_empty_dir(&self, pod: &Pod, v: &Volume) -> Result<(), String> {
         let dir = local::empty_dir_path(&self.pods_dir, pod, &v.name);
-        local::make_empty_dir(&dir)?;
+        let group = local::fs_group(pod)?;
+        local::make_empty_dir(&dir, group)?;
         if is_mount_point(&dir)? {
             return Ok(());
         }
@@ -494,7 +501,11 @@ impl VolumeManager {
             .map(|q| quantity::parse_bytes(&q.0))
             .transpose()?;
         let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), limit);
-        mount_tmpfs(&dir, size)
+        mount_tmpfs(&dir, size)?;
+        match group {
+            Some(g) => local::own_by_group(&dir, g),
+            None => Ok(()),
+        }
     }
 
     /// Unmounts and removes the written volumes of pod `uid` and forgets its objects and
