@@ -16,7 +16,8 @@
 //!   nears its end (the server caps lifetimes at a few seconds), `ca.crt` and `namespace`;
 //! - a container's environment from ConfigMaps and Secrets (`envFrom` with a prefix, key refs,
 //!   optional ones left out, invalid names skipped with an event), fields and resources; a
-//!   missing ConfigMap as CreateContainerConfigError until it is created; a `subPathExpr`
+//!   missing ConfigMap as CreateContainerConfigError until it is created; the service variables
+//!   (`KUBERNETES_SERVICE_HOST`, ...); a `subPathExpr`
 //!   expanded from that environment;
 //! - a pod's `fsGroup` owning its emptyDirs and written volumes, with upstream's modes.
 //!
@@ -31,7 +32,7 @@ use std::path::Path;
 use apiserver::ApiServer;
 use common::api_node::{ApiNode, Backend, NS, Setup, wait_for};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret, Service, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use runtime::cri;
@@ -638,6 +639,37 @@ async fn environment_from_config_maps_secrets_and_fields() {
         .create(&PostParams::default(), &secret)
         .await
         .expect("creating the secret");
+    // The master service kube-apiserver makes, and one of the pod's namespace.
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let service = |name: &str, ip: Option<&str>, port: serde_json::Value| -> Service {
+        let mut spec = serde_json::json!({"ports": [port]});
+        if let Some(ip) = ip {
+            spec["clusterIP"] = serde_json::json!(ip);
+        }
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec}))
+            .expect("a service")
+    };
+    services
+        .create(
+            &PostParams::default(),
+            &service(
+                "kubernetes",
+                Some("10.96.0.1"),
+                serde_json::json!({"name": "https", "port": 443}),
+            ),
+        )
+        .await
+        .expect("creating the kubernetes service");
+    let web_ip = services
+        .create(
+            &PostParams::default(),
+            &service("web-api", None, serde_json::json!({"port": 80})),
+        )
+        .await
+        .expect("creating a service")
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("an allocated cluster IP");
     let spec = r#"  containers:
   - name: app
     image: docker.io/library/busybox:latest
@@ -736,6 +768,16 @@ async fn environment_from_config_maps_secrets_and_fields() {
     assert_eq!(get("NODE"), Some(SETUP.name));
     assert_eq!(get("TIER"), Some("web"));
     assert_eq!(get("COPY"), Some("fast-s3cr3t"));
+    // Service variables: the master service's, and those of the namespace's services.
+    assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"));
+    assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("443"));
+    assert_eq!(get("KUBERNETES_SERVICE_PORT_HTTPS"), Some("443"));
+    assert_eq!(get("KUBERNETES_PORT_443_TCP"), Some("tcp://10.96.0.1:443"));
+    assert_eq!(get("WEB_API_SERVICE_HOST"), Some(web_ip.as_str()));
+    assert_eq!(
+        get("WEB_API_PORT").map(String::from),
+        Some(format!("tcp://{web_ip}:80"))
+    );
     // A subPathExpr expanded from the environment.
     let hi = node
         .pod_dir(&uid)

@@ -1,9 +1,11 @@
 //! The kubelet's side of the API server: the client (kube-rs over rustls with the ring
 //! provider), the names the kubelet writes under, the objects its pods reference
-//! ([`objects`]) and their service account tokens ([`tokens`]).
+//! ([`objects`]), their service account tokens ([`tokens`]) and the Services of their
+//! environments ([`services`]).
 
 pub mod events;
 pub mod objects;
+pub mod services;
 pub mod tokens;
 
 use std::path::Path;

@@ -229,11 +229,17 @@ impl Kubelet {
                     probes,
                 },
             )
-            .with_volumes(crate::volumes::VolumeManager::new(
-                client.clone(),
-                opts.pods_dir.clone(),
-                crate::volumes::projection::Allocatable::from_node(&local_node),
-            )),
+            .with_volumes(
+                crate::volumes::VolumeManager::new(
+                    client.clone(),
+                    opts.pods_dir.clone(),
+                    crate::volumes::projection::Allocatable::from_node(&local_node),
+                )
+                .with_services(crate::api::services::Services::start(
+                    client.clone(),
+                    cancel.child_token(),
+                )),
+            ),
         );
         let workers = PodWorkers::new(
             syncer.clone(),

@@ -1,4 +1,5 @@
-//! A container's environment (upstream's `makeEnvironmentVariables`, behaviour only): `envFrom`
+//! A container's environment (upstream's `makeEnvironmentVariables`, behaviour only): the
+//! service variables ([`crate::api::services`]) under everything else, `envFrom`
 //! (ConfigMaps and Secrets, with `prefix`; keys that are not valid variable names skipped),
 //! then `env` in order: values with `$(VAR)` expanded from what is defined so far, `fieldRef`
 //! (the pod's metadata, node name, service account, pod and host IPs), `resourceFieldRef` (the
@@ -32,6 +33,10 @@ pub struct EnvObjects {
     /// Secrets' `data` by name.
     pub secrets: BTreeMap<String, Read<BTreeMap<String, Vec<u8>>>>,
     pub allocatable: Allocatable,
+    /// The service environment variables of the pod ([`crate::api::services`]).
+    pub service_env: BTreeMap<String, String>,
+    /// Why the service environment could not be made (the Services not read yet).
+    pub service_env_error: Option<String>,
 }
 
 /// The names of the ConfigMaps and Secrets the environments of `pod`'s containers (init, app
@@ -175,10 +180,20 @@ fn object<'a, T>(
 pub fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String, String)>> {
     let ns = pod_identity(pod).2;
     let objects = &opts.env_objects;
+    if let Some(e) = &objects.service_env_error {
+        return Err(Error::invalid_argument(e.clone()));
+    }
     let mut order: Vec<String> = Vec::new();
-    let mut vars: HashMap<String, String> = HashMap::new();
+    // The service variables first, so that `$(VAR)` sees them; any defined by the container
+    // replaces one of them.
+    let mut vars: HashMap<String, String> = objects
+        .service_env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut defined: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut set = |k: String, v: String, vars: &mut HashMap<String, String>| {
-        if !vars.contains_key(&k) {
+        if defined.insert(k.clone()) {
             order.push(k.clone());
         }
         vars.insert(k, v);
@@ -259,8 +274,16 @@ pub fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(St
         };
         set(e.name.clone(), value, &mut vars);
     }
+    // Then the service variables the container did not define, by name.
+    let services = objects
+        .service_env
+        .keys()
+        .filter(|k| !order.contains(k))
+        .cloned()
+        .collect::<Vec<_>>();
     Ok(order
         .into_iter()
+        .chain(services)
         .map(|k| {
             let v = vars.get(&k).cloned().unwrap_or_default();
             (k, v)

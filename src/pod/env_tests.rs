@@ -38,6 +38,14 @@ fn objects() -> EnvObjects {
             memory: Some(8 << 30),
             ephemeral_storage: None,
         },
+        service_env: BTreeMap::from([
+            (
+                "KUBERNETES_SERVICE_HOST".to_string(),
+                "10.96.0.1".to_string(),
+            ),
+            ("MODE".to_string(), "from-a-service".to_string()),
+        ]),
+        service_env_error: None,
     }
 }
 
@@ -103,8 +111,28 @@ fn every_source_in_order() {
             ("SA", "builder"),
             ("IPS", "10.1.0.5,fd00::5"),
             ("LABELS", "app=\"web\""),
+            // The service variables the container does not define, last.
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
         ])
     );
+    // `$(VAR)` sees the service variables.
+    let got = run(json!({"env": [{"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST)"}]}))
+        .expect("env");
+    assert_eq!(got[0], ("API".to_string(), "https://10.96.0.1".to_string()));
+}
+
+#[test]
+fn no_environment_before_the_services_are_read() {
+    let p = pod(json!({"containers": [{"name": "app", "image": "x"}]}));
+    let mut objects = objects();
+    objects.service_env_error = Some("services have not yet been read at least once".into());
+    let opts = ContainerOptions {
+        env_objects: objects,
+        ..Default::default()
+    };
+    let c = p.spec.as_ref().expect("spec").containers[0].clone();
+    let e = envs(&p, &c, &opts).expect_err("not read");
+    assert_eq!(e.message(), "services have not yet been read at least once");
 }
 
 #[test]

@@ -77,6 +77,7 @@ pub struct VolumeManager {
     secrets: ObjectManager<Secret>,
     tokens: TokenManager,
     allocatable: Allocatable,
+    services: crate::api::services::Services,
 }
 
 impl VolumeManager {
@@ -90,7 +91,14 @@ impl VolumeManager {
             secrets: ObjectManager::new(client.clone(), "secret"),
             tokens: TokenManager::new(client),
             allocatable,
+            services: Default::default(),
         }
+    }
+
+    /// Gives containers the service environment variables of `services`.
+    pub fn with_services(mut self, services: crate::api::services::Services) -> Self {
+        self.services = services;
+        self
     }
 
     /// How many ConfigMaps and Secrets are watched.
@@ -288,7 +296,7 @@ impl VolumeManager {
     }
 
     /// The ConfigMaps and Secrets the environments of `pod`'s containers reference, read now
-    /// (the pod registered them with its last [`Self::set_up`]).
+    /// (the pod registered them with its last [`Self::set_up`]), and its service variables.
     pub async fn env_objects(&self, pod: &Pod) -> EnvObjects {
         let ns = pod_identity(pod).2;
         let (cms, secrets) = crate::pod::env::env_references(pod);
@@ -296,6 +304,17 @@ impl VolumeManager {
             allocatable: self.allocatable.clone(),
             ..Default::default()
         };
+        // As upstream: a pod from the API server waits for the Services' first list.
+        let links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let wait = crate::status_manager::is_api_pod(pod);
+        match self.services.env(ns, links, wait).await {
+            Ok(env) => out.service_env = env,
+            Err(e) => out.service_env_error = Some(e),
+        }
         for name in cms {
             let read = self.config_maps.get(ns, &name).await;
             let data = read.map(|o| o.map(|cm| cm.data.clone().unwrap_or_default()));

@@ -1,6 +1,6 @@
 //! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases,
-//! events, configmaps, secrets, serviceaccounts, persistentvolumes and persistentvolumeclaims
-//! over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
+//! events, configmaps, secrets, serviceaccounts, services (cluster IPs allocated),
+//! persistentvolumes and persistentvolumeclaims over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
 //! resourceVersions, conflicts, the status subresource, patches, selectors, pagination,
 //! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion;
 //! TokenReview and SubjectAccessReview answered from what a test sets and the service account

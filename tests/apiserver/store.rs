@@ -79,6 +79,7 @@ pub const RESOURCES: &[Resource] = &[
     res("", "configmaps", "ConfigMap", true, 0, &["cm"]),
     res("", "secrets", "Secret", true, 0, &[]),
     res("", "serviceaccounts", "ServiceAccount", true, 0, &["sa"]),
+    res("", "services", "Service", true, STATUS, &["svc"]),
     res(
         "",
         "persistentvolumes",
@@ -339,6 +340,73 @@ impl Store {
         }
     }
 
+    /// A Service's defaults as kube-apiserver fills them: `type: ClusterIP`, ports' protocol
+    /// TCP, and a cluster IP allocated from 10.96.0.0/16 (from .10 up; a given one must be
+    /// free) unless it is `None` (headless) or the Service an ExternalName.
+    fn prepare_service(
+        &mut self,
+        res: &'static Resource,
+        name: &str,
+        svc: &mut Value,
+    ) -> Result<(), ApiError> {
+        if !svc.get("spec").is_some_and(Value::is_object) {
+            svc["spec"] = json!({});
+        }
+        let spec = &mut svc["spec"];
+        if spec.get("type").is_none() {
+            spec["type"] = json!("ClusterIP");
+        }
+        for p in spec
+            .get_mut("ports")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if p.get("protocol").is_none() {
+                p["protocol"] = json!("TCP");
+            }
+        }
+        if spec["type"] == "ExternalName" {
+            return Ok(());
+        }
+        let used: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "services")
+            .filter_map(|(_, o)| o.pointer("/spec/clusterIP")?.as_str().map(String::from))
+            .collect();
+        let asked = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let ip = if asked == "None" {
+            asked
+        } else if !asked.is_empty() {
+            if used.contains(&asked) {
+                let msg = format!(
+                    "Invalid value: \"{asked}\": failed to allocate IP {asked}: provided IP is already allocated"
+                );
+                return Err(ApiError::invalid(
+                    res,
+                    name,
+                    "spec.clusterIPs",
+                    "FieldValueInvalid",
+                    &msg,
+                ));
+            }
+            asked
+        } else {
+            (10..=65534u32)
+                .map(|n| format!("10.96.{}.{}", n >> 8, n & 0xff))
+                .find(|ip| !used.contains(ip) && !ip.ends_with(".0") && !ip.ends_with(".255"))
+                .ok_or_else(|| ApiError::new(500, "InternalError", "no cluster IP left"))?
+        };
+        spec["clusterIP"] = json!(ip);
+        spec["clusterIPs"] = json!([ip]);
+        Ok(())
+    }
+
     pub fn next(&mut self) -> u64 {
         self.seq += 1;
         let mut x = self.seed ^ self.seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -528,6 +596,9 @@ impl Store {
         }
         if self.objects.contains_key(&key(res, ns, &name)) {
             return Err(ApiError::already_exists(res, &name));
+        }
+        if res.kind == "Service" {
+            self.prepare_service(res, &name, &mut body)?;
         }
         let uid = self.new_uid();
         let m = meta(&mut body);
