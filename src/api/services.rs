@@ -77,8 +77,7 @@ impl Services {
                 "services have not yet been read at least once, cannot construct envvars".into(),
             );
         }
-        let services: Vec<Service> = store.state().iter().map(|s| (**s).clone()).collect();
-        Ok(service_env(&services, namespace, links))
+        Ok(service_env(&store.state(), namespace, links))
     }
 }
 
@@ -92,9 +91,13 @@ fn has_cluster_ip(s: &Service) -> bool {
 }
 
 /// The variables of the Services a pod in `namespace` sees (see the module docs).
-pub fn service_env(services: &[Service], namespace: &str, links: bool) -> BTreeMap<String, String> {
+pub fn service_env<S: std::ops::Deref<Target = Service>>(
+    services: &[S],
+    namespace: &str,
+    links: bool,
+) -> BTreeMap<String, String> {
     let mut chosen: BTreeMap<String, &Service> = BTreeMap::new();
-    for s in services.iter().filter(|s| has_cluster_ip(s)) {
+    for s in services.iter().map(|s| &**s).filter(|s| has_cluster_ip(s)) {
         let name = s.metadata.name.clone().unwrap_or_default();
         let ns = s.metadata.namespace.as_deref().unwrap_or("");
         if ns == "default" && name == "kubernetes" {
@@ -145,7 +148,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> Service {
+    fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> Box<Service> {
         serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns},
             "spec": {"clusterIP": ip, "ports": ports}}))
         .expect("a service")
