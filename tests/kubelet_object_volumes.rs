@@ -1,7 +1,7 @@
 //! The volumes whose content the kubelet writes (configMap, secret, downwardAPI, projected with
 //! service account tokens), end to end: the real binary (`nodelet run-node`) against the
-//! project's test API server on the built-in runtime, what each container sees read through
-//! CRI exec:
+//! project's test API server on the built-in runtime (the volumes and tokens tests on
+//! containerd too), what each container sees read through CRI exec:
 //!
 //! - content and file modes of configMap (`data`, `binaryData`, `items`, `defaultMode`, an
 //!   optional missing one), secret (on a tmpfs) and downwardAPI volumes (fields, labels,
@@ -140,13 +140,20 @@ async fn delete_and_wait_gone(pods: &Api<Pod>, name: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn config_map_secret_and_downward_api_volumes_with_updates() {
-    let test = "config_map_secret_and_downward_api_volumes_with_updates";
+async fn volumes_with_updates_builtin() {
+    volumes_with_updates(Backend::Builtin, "volumes_with_updates_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_with_updates_containerd() {
+    volumes_with_updates(Backend::Containerd, "volumes_with_updates_containerd").await;
+}
+
+/// configMap, secret, downwardAPI and memory-backed emptyDir volumes, their updates and their
+/// removal, on `backend`.
+async fn volumes_with_updates(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
-    .await
+    let Some(node) = ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
     else {
         return;
     };
@@ -464,15 +471,21 @@ async fn a_missing_config_map_holds_the_pod_until_it_is_created() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn service_account_tokens_are_issued_for_the_pod_and_refreshed() {
-    let test = "service_account_tokens_are_issued_for_the_pod_and_refreshed";
+async fn service_account_tokens_builtin() {
+    service_account_tokens(Backend::Builtin, "service_account_tokens_builtin").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn service_account_tokens_containerd() {
+    service_account_tokens(Backend::Containerd, "service_account_tokens_containerd").await;
+}
+
+/// The kube-api-access volume's token issued for the pod and refreshed, on `backend`.
+async fn service_account_tokens(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
     // Tokens live 20 seconds: refreshed within their last 4 (less a jitter of up to 10).
     api.set_max_token_expiration(20);
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
-    .await
+    let Some(node) = ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
     else {
         return;
     };
