@@ -10,7 +10,9 @@
 //!   runtime and nothing is created at the missing path; deleted, such a pod goes.
 //!
 //! - persistentVolumeClaims bound to a hostPath PersistentVolume are its directory in the
-//!   container (read-only where the pod says so); a pod with an unbound claim waits.
+//!   container (read-only where the pod says so); a pod with an unbound claim waits;
+//! - a subPath through a link leading out of its volume (absolute, or climbing with `..`) is
+//!   refused as CreateContainerConfigError while the pod's other containers run.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -346,5 +348,81 @@ async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait() {
         )
     );
     assert_waiting_with_nothing_created(&node, &pods, "unbound", &uids[1]).await;
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_path_leading_out_of_its_volume_is_refused() {
+    let test = "a_sub_path_leading_out_of_its_volume_is_refused";
+    let api = ApiServer::start().await;
+    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    // The init container plants links in the emptyDir: one absolute, one climbing out.
+    let spec = r#"  initContainers:
+  - name: plant
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "ln -s /etc /shared/abs; ln -s ../../../../../../../.. /shared/up; mkdir -p /shared/ok; echo in > /shared/ok/f"]
+    volumeMounts: [{name: shared, mountPath: /shared}]
+  containers:
+  - name: app
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "sleep 3600"]
+    volumeMounts: [{name: shared, mountPath: /escape, subPath: abs}]
+  - name: climb
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "sleep 3600"]
+    volumeMounts: [{name: shared, mountPath: /escape, subPath: up/etc}]
+  - name: fine
+    image: docker.io/library/busybox:latest
+    imagePullPolicy: Never
+    command: ["sh", "-c", "cat /ok/f; sleep 3600"]
+    volumeMounts: [{name: shared, mountPath: /ok, subPath: ok}]
+  volumes: [{name: shared, emptyDir: {}}]
+"#;
+    pods.create(&PostParams::default(), &node.pod("links", spec))
+        .await
+        .expect("creating the pod");
+    let agent = node.start();
+    let waiting = |st: &PodStatus, name: &str| {
+        st.container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .and_then(|c| c.state.as_ref()?.waiting.clone())
+    };
+    let st = wait_for(
+        "both escapes refused, the other container running",
+        120,
+        async || {
+            let st = status(&pods, "links").await?;
+            let running =
+                st.container_statuses.iter().flatten().any(|c| {
+                    c.name == "fine" && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                });
+            let refused = ["app", "climb"].iter().all(|n| {
+                waiting(&st, n).and_then(|w| w.reason).as_deref()
+                    == Some("CreateContainerConfigError")
+            });
+            (running && refused).then_some(st)
+        },
+    )
+    .await;
+    assert_eq!(
+        waiting(&st, "app").and_then(|w| w.message).as_deref(),
+        Some("spec.containers[app].volumeMounts[0].subPath: \"abs\" leads out of its volume")
+    );
+    assert_eq!(
+        waiting(&st, "climb").and_then(|w| w.message).as_deref(),
+        Some("spec.containers[climb].volumeMounts[0].subPath: \"up/etc\" leads out of its volume")
+    );
     drop(agent);
 }
