@@ -16,7 +16,7 @@ impl KubeletConfig {
             Some(p) => Value::from(p.to_string_lossy().into_owned()),
             None => Value::Null,
         };
-        json!({
+        let mut v = json!({
             "apiVersion": super::API_VERSION,
             "kind": super::KIND,
             "staticPodPath": self.static_pod_path.to_string_lossy(),
@@ -72,7 +72,9 @@ impl KubeletConfig {
                 "crashLoopBackOffInitial": d(self.testing.crash_loop_back_off_initial),
                 "crashLoopBackOffMax": d(self.testing.crash_loop_back_off_max),
             },
-        })
+        });
+        v["nodeletInsecureRegistries"] = json!(self.insecure_registries);
+        v
     }
 }
 

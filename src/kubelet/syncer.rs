@@ -244,6 +244,22 @@ impl Syncer {
         }
         // The objects its containers' environments reference, as they are now.
         opts.env_objects = self.volumes.env_objects(pod).await;
+        // Its image pull secrets: one that cannot be read is a warning, the pull goes on.
+        let (pull_secrets, failed) = self.volumes.pull_secrets(pod).await;
+        if !failed.is_empty() {
+            self.events.event(
+                pod,
+                None,
+                crate::pod::sync::EventType::Warning,
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the \
+                     image may not succeed.",
+                    failed.join(", ")
+                ),
+            );
+        }
+        opts.pull_secrets = pull_secrets;
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
         self.probes.add_pod(pod);

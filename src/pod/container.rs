@@ -58,6 +58,8 @@ pub struct ContainerOptions {
     pub env_objects: super::env::EnvObjects,
     /// The pod's persistentVolumeClaim volumes by name, resolved for this sync.
     pub claims: std::collections::BTreeMap<String, volumes::ClaimMount>,
+    /// The pod's `imagePullSecrets` read for this sync.
+    pub pull_secrets: Vec<k8s_openapi::api::core::v1::Secret>,
 }
 
 impl Default for ContainerOptions {
@@ -72,6 +74,7 @@ impl Default for ContainerOptions {
             stop_signal_annotation: false,
             env_objects: Default::default(),
             claims: Default::default(),
+            pull_secrets: Vec::new(),
         }
     }
 }

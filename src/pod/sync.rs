@@ -290,14 +290,40 @@ impl SyncContext<'_> {
             None => None,
         };
         let began = std::time::Instant::now();
-        let pulled = self
-            .images
-            .pull_image(cri::PullImageRequest {
-                image: Some(spec),
-                auth: None,
-                sandbox_config: Some(sandbox.clone()),
-            })
-            .await;
+        // As upstream: without matching credentials one anonymous pull, else each in turn
+        // until one succeeds (the errors of all when none does).
+        let (ring, bad) = super::pull_secrets::Keyring::from_secrets(&self.opts.pull_secrets);
+        for b in bad {
+            tracing::warn!(pod = %crate::sources::pod_full_name(pod), "unreadable image pull secret {b}");
+        }
+        let creds = ring.lookup(&super::pull_secrets::repository(&image));
+        let mut pulled = Err(runtime::Error::internal("no pull attempted"));
+        let mut errors = Vec::new();
+        for auth in creds.into_iter().map(Some).chain(std::iter::once(None)) {
+            let anonymous = auth.is_none();
+            if anonymous && !errors.is_empty() {
+                break;
+            }
+            pulled = self
+                .images
+                .pull_image(cri::PullImageRequest {
+                    image: Some(spec.clone()),
+                    auth,
+                    sandbox_config: Some(sandbox.clone()),
+                })
+                .await;
+            match &pulled {
+                Ok(_) => break,
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if errors.len() > 1 && pulled.is_err() {
+            let code = pulled.as_ref().err().map(|e| e.code());
+            pulled = Err(runtime::Error::new(
+                code.unwrap_or(runtime::Code::Unknown),
+                format!("[{}]", errors.join(", ")),
+            ));
+        }
         match pulled {
             Ok(r) => {
                 lock(self.image_backoff).reset(&key);

@@ -288,11 +288,39 @@ impl VolumeManager {
                 _ => {}
             }
         }
+        for r in pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.image_pull_secrets.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|r| !r.name.is_empty())
+        {
+            secrets.insert(key(&r.name));
+        }
         let (env_cms, env_secrets) = crate::pod::env::env_references(pod);
         cms.extend(env_cms.iter().map(|n| key(n)));
         secrets.extend(env_secrets.iter().map(|n| key(n)));
         self.config_maps.register(uid, cms);
         self.secrets.register(uid, secrets);
+    }
+
+    /// The pod's `imagePullSecrets` as they are now (registered with its last
+    /// [`Self::set_up`]), and the names of those that could not be read.
+    pub async fn pull_secrets(&self, pod: &Pod) -> (Vec<Secret>, Vec<String>) {
+        let ns = pod_identity(pod).2;
+        let (mut found, mut failed) = (Vec::new(), Vec::new());
+        let refs = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.image_pull_secrets.as_ref());
+        for r in refs.into_iter().flatten().filter(|r| !r.name.is_empty()) {
+            match self.secrets.get(ns, &r.name).await {
+                Ok(Some(s)) => found.push((*s).clone()),
+                Ok(None) | Err(_) => failed.push(r.name.clone()),
+            }
+        }
+        (found, failed)
     }
 
     /// The ConfigMaps and Secrets the environments of `pod`'s containers reference, read now
