@@ -16,6 +16,8 @@ use kube::{Api, Client};
 
 /// A token older than this is refreshed whatever its lifetime.
 const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long a TokenRequest may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most a refresh is brought forward by, at random.
 const MAX_JITTER_SECS: u64 = 10;
 
@@ -130,9 +132,11 @@ async fn request(client: &Client, key: &TokenKey) -> Result<Cached, String> {
         }),
         ..Default::default()
     };
-    let answer = api
-        .create_token_request(&key.service_account, &PostParams::default(), &req)
+    let params = PostParams::default();
+    let asked = api.create_token_request(&key.service_account, &params, &req);
+    let answer = tokio::time::timeout(REQUEST_TIMEOUT, asked)
         .await
+        .map_err(|_| "requesting a service account token: timed out".to_string())?
         .map_err(|e| match e {
             kube::Error::Api(s) => s.message.clone(),
             e => format!("requesting a service account token: {e}"),

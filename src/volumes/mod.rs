@@ -20,6 +20,10 @@
 //! upstream: the node's allocatable memory, or the pod's memory limit or the volume's
 //! `sizeLimit` when smaller).
 //!
+//! The manager also reads, for each sync, what the containers' environments reference
+//! ([`VolumeManager::env_objects`]: ConfigMaps, Secrets, the service variables) and the pod's
+//! `imagePullSecrets` ([`VolumeManager::pull_secrets`]), through the same watches.
+//!
 //! A volume that cannot be set up (an object missing and not optional, a key missing, no API
 //! server) is a `FailedMount` event with upstream's message (`configmap "x" not found`) and the
 //! pod waits, retried until it can be. When the pod has terminated (or, after a restart, when
@@ -62,6 +66,9 @@ const PV_SPEC_FIELDS: [&str; 8] = [
     "storageClassName",
     "volumeMode",
 ];
+
+/// How long a sync waits for one API request of a volume (a claim, its volume).
+const API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The emptyDir plugin's directory name.
 const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
@@ -174,12 +181,15 @@ impl VolumeManager {
             e => e.to_string(),
         };
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-        let pvc = claims.get(name).await.map_err(|e| {
-            wrap(format!(
-                "failed to fetch PVC from API server: {}",
-                message(e)
-            ))
-        })?;
+        let pvc = tokio::time::timeout(API_TIMEOUT, claims.get(name))
+            .await
+            .map_err(|_| wrap("failed to fetch PVC from API server: timed out".into()))?
+            .map_err(|e| {
+                wrap(format!(
+                    "failed to fetch PVC from API server: {}",
+                    message(e)
+                ))
+            })?;
         if pvc.metadata.deletion_timestamp.is_some() {
             return Err(wrap("PVC is being deleted".into()));
         }
@@ -193,12 +203,19 @@ impl VolumeManager {
             .filter(|v| !v.is_empty())
             .ok_or_else(|| wrap("PVC has empty pvc.Spec.VolumeName".into()))?;
         let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        let pv = pvs.get(&pv_name).await.map_err(|e| {
-            wrap(format!(
-                "failed to fetch PV {pv_name} from API server: {}",
-                message(e)
-            ))
-        })?;
+        let pv = tokio::time::timeout(API_TIMEOUT, pvs.get(&pv_name))
+            .await
+            .map_err(|_| {
+                wrap(format!(
+                    "failed to fetch PV {pv_name} from API server: timed out"
+                ))
+            })?
+            .map_err(|e| {
+                wrap(format!(
+                    "failed to fetch PV {pv_name} from API server: {}",
+                    message(e)
+                ))
+            })?;
         let spec = pv.spec.unwrap_or_default();
         let claim_uid = pvc.metadata.uid.clone().unwrap_or_default();
         match spec
