@@ -10,7 +10,8 @@
 //!   runtime and nothing is created at the missing path; deleted, such a pod goes.
 //!
 //! - persistentVolumeClaims bound to a hostPath PersistentVolume are its directory in the
-//!   container (read-only where the pod says so); a pod with an unbound claim waits;
+//!   container (read-only where the pod says so), a local one is given to the pod's fsGroup;
+//!   a pod with an unbound claim waits;
 //! - a subPath through a link leading out of its volume (absolute, or climbing with `..`) is
 //!   refused as CreateContainerConfigError while the pod's other containers run.
 //!
@@ -336,6 +337,68 @@ async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait() {
     let (code, out) = sh_in_app(&node, &uids[0], "echo no > /ro/no").await;
     assert_ne!(code, 0);
     assert!(out.contains("Read-only file system"), "{out}");
+
+    // A local PersistentVolume is given to the pod's fsGroup when it first mounts it.
+    let local = tempfile::tempdir().expect("a local volume's dir");
+    std::fs::set_permissions(
+        local.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("0755");
+    std::fs::write(local.path().join("old.txt"), "kept\n").expect("a file");
+    std::fs::set_permissions(
+        local.path().join("old.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("0644");
+    let mut scratch = claim("scratch");
+    scratch.spec.as_mut().expect("spec").volume_name = Some("local-pv2".into());
+    let scratch = claims
+        .create(&PostParams::default(), &scratch)
+        .await
+        .expect("creating the local claim");
+    claims
+        .patch_status(
+            "scratch",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Bound"}})),
+        )
+        .await
+        .expect("binding the local claim");
+    let pv2: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "local-pv2"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "local": {"path": local.path().display().to_string()},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [SETUP.name]}]}]}},
+            "claimRef": {"namespace": NS, "name": "scratch", "uid": scratch.metadata.uid}}}))
+    .expect("a local volume");
+    pvs.create(&PostParams::default(), &pv2)
+        .await
+        .expect("creating the local volume");
+    let grouped = format!(
+        "  securityContext: {{fsGroup: 3000}}\n{}  volumes: [{{name: scratch, persistentVolumeClaim: {{claimName: scratch}}}}]\n",
+        container("sleep 3600", "[{name: scratch, mountPath: /scratch}]")
+    );
+    let g_uid = pods
+        .create(&PostParams::default(), &node.pod("grouped", &grouped))
+        .await
+        .expect("creating the fsGroup pod")
+        .metadata
+        .uid
+        .expect("a uid");
+    assert_eq!(
+        sh_in_app(
+            &node,
+            &g_uid,
+            "stat -c '%n %g %a' /scratch /scratch/old.txt; cat /scratch/old.txt"
+        )
+        .await,
+        (
+            0,
+            "/scratch 3000 2775\n/scratch/old.txt 3000 664\nkept\n".to_string()
+        )
+    );
 
     // An unbound claim: the pod waits with the reason.
     let events: Api<Event> = Api::namespaced(client.clone(), NS);

@@ -31,6 +31,7 @@
 //! the pod's directory goes with the garbage collector.
 
 pub mod atomic_writer;
+pub mod ownership;
 pub mod projection;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,6 +86,12 @@ pub struct VolumeManager {
     tokens: TokenManager,
     allocatable: Allocatable,
     services: crate::api::services::Services,
+    /// The (pod UID, volume) given to the pod's fsGroup already.
+    owned: std::sync::Mutex<BTreeSet<(String, String)>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl VolumeManager {
@@ -99,6 +106,7 @@ impl VolumeManager {
             tokens: TokenManager::new(client),
             allocatable,
             services: Default::default(),
+            owned: Default::default(),
         }
     }
 
@@ -250,6 +258,10 @@ impl VolumeManager {
             if !p.exists() {
                 return Err(format!("path {:?} does not exist", l.path));
             }
+            // A local volume is given to the pod's fsGroup when the pod first mounts it (a
+            // hostPath one never is), as upstream's local plugin.
+            let read_only = c.read_only.unwrap_or(false);
+            self.own_once(pod, &pv_name, &p, read_only)?;
             p
         } else {
             let what = serde_json::to_value(&spec)
@@ -530,6 +542,31 @@ impl VolumeManager {
         )]))
     }
 
+    /// Gives the directory `dir` of the volume `name` to the pod's `fsGroup` once per pod
+    /// (upstream's `SetVolumeOwnership` at mount), as its `fsGroupChangePolicy` says:
+    /// `OnRootMismatch` skips a volume whose root already has the group and its bits.
+    fn own_once(&self, pod: &Pod, name: &str, dir: &Path, read_only: bool) -> Result<(), String> {
+        let Some(group) = local::fs_group(pod)? else {
+            return Ok(());
+        };
+        let key = (pod_identity(pod).0.to_string(), name.to_string());
+        if lock(&self.owned).contains(&key) {
+            return Ok(());
+        }
+        let policy = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|c| c.fs_group_change_policy.as_deref())
+            .unwrap_or("Always");
+        let skip = policy == "OnRootMismatch" && ownership::root_matches(dir, group, read_only);
+        if !skip {
+            ownership::set_volume_ownership(dir, group, read_only)?;
+        }
+        lock(&self.owned).insert(key);
+        Ok(())
+    }
+
     /// Makes the volume's directory (on a tmpfs when asked) and writes the payload into it.
     fn write(
         &self,
@@ -578,6 +615,7 @@ impl VolumeManager {
         self.config_maps.unregister(uid);
         self.secrets.unregister(uid);
         self.tokens.forget_pod(uid);
+        lock(&self.owned).retain(|(u, _)| u != uid);
         if let Err(e) = tear_down_dirs(&self.pods_dir, uid) {
             tracing::warn!(pod_uid = %uid, "tearing down volumes: {e}");
         }
