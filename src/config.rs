@@ -115,6 +115,9 @@ pub struct KubeletConfig {
     /// `nodeletPodMasquerade`: whether the built-in runtime masquerades pod traffic leaving the
     /// pod CIDR.
     pub pod_masquerade: bool,
+    /// `nodeletInsecureRegistries`: registries (`host[:port]`) the built-in runtime pulls from
+    /// over plain HTTP.
+    pub insecure_registries: Vec<String>,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -153,6 +156,7 @@ impl Default for KubeletConfig {
             pod_cidr: "10.88.0.0/16".to_string(),
             pod_bridge: "nodelet0".to_string(),
             pod_masquerade: true,
+            insecure_registries: Vec::new(),
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -278,6 +282,7 @@ struct RawConfig {
     pod_cidr: Option<Typed<String>>,
     nodelet_pod_bridge: Option<Typed<String>>,
     nodelet_pod_masquerade: Option<Typed<bool>>,
+    nodelet_insecure_registries: Option<Typed<Vec<String>>>,
     nodelet_testing: Option<Testing>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
@@ -433,6 +438,8 @@ impl RawConfig {
             pod_cidr,
             pod_bridge: get(self.nodelet_pod_bridge).unwrap_or(d.pod_bridge),
             pod_masquerade: get(self.nodelet_pod_masquerade).unwrap_or(d.pod_masquerade),
+            insecure_registries: get(self.nodelet_insecure_registries)
+                .unwrap_or(d.insecure_registries),
             // Set from flags.
             node_name: d.node_name,
             node_ip: d.node_ip,
@@ -541,6 +548,23 @@ impl FromValue for String {
             // A list item or mapping value written as `null` (a field is then unset).
             Value::Null => Ok(String::new()),
             other => Err(format!("must be a string, not {other}")),
+        }
+    }
+}
+
+/// A list of non-empty strings.
+impl FromValue for Vec<String> {
+    fn from_value(v: Value) -> Result<Self, String> {
+        match v {
+            Value::Null => Ok(Vec::new()),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|i| match i {
+                    Value::String(s) if !s.is_empty() => Ok(s),
+                    other => Err(format!("must be a list of non-empty strings, not {other}")),
+                })
+                .collect(),
+            other => Err(format!("must be a list of strings, not {other}")),
         }
     }
 }

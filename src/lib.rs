@@ -19,3 +19,4 @@ pub mod prober;
 pub mod server;
 pub mod sources;
 pub mod status_manager;
+pub mod volumes;

@@ -1494,3 +1494,255 @@ async fn kubectl_get_create_apply_and_force_delete() {
         "{err}"
     );
 }
+
+/// Secrets and ConfigMaps as kube-apiserver takes them: `stringData` merged into base64
+/// `data`, `type` defaulted, bad base64, bad keys and duplicate keys refused, immutable ones
+/// kept; one object watched by name.
+#[tokio::test]
+async fn secrets_and_config_maps() {
+    let server = ApiServer::start().await;
+    let ns = "/api/v1/namespaces/default";
+    let (code, s) = http(
+        &server,
+        "POST",
+        &format!("{ns}/secrets"),
+        "application/json",
+        r#"{"metadata": {"name": "s"}, "stringData": {"password": "s3cr3t"}, "data": {"user": "YWxpY2U="}}"#,
+    )
+    .await;
+    assert_eq!(code, 201, "{s}");
+    assert_eq!(
+        s["data"],
+        json!({"password": "czNjcjN0", "user": "YWxpY2U="})
+    );
+    assert_eq!(s["type"], "Opaque");
+    assert!(s.get("stringData").is_none(), "{s}");
+    let (code, e) = http(
+        &server,
+        "POST",
+        &format!("{ns}/secrets"),
+        "application/json",
+        r#"{"metadata": {"name": "bad"}, "data": {"k": "not base64!"}}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "{e}");
+    let (code, e) = http(
+        &server,
+        "POST",
+        &format!("{ns}/configmaps"),
+        "application/json",
+        r#"{"metadata": {"name": "bad"}, "data": {"a/b": "x"}}"#,
+    )
+    .await;
+    assert_eq!((code, e["reason"].as_str()), (422, Some("Invalid")), "{e}");
+    let (code, e) = http(
+        &server,
+        "POST",
+        &format!("{ns}/configmaps"),
+        "application/json",
+        r#"{"metadata": {"name": "dup"}, "data": {"k": "x"}, "binaryData": {"k": "eA=="}}"#,
+    )
+    .await;
+    assert_eq!(code, 422, "{e}");
+    let (code, _) = http(
+        &server,
+        "POST",
+        &format!("{ns}/configmaps"),
+        "application/json",
+        r#"{"metadata": {"name": "frozen"}, "data": {"k": "x"}, "immutable": true}"#,
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, e) = http(
+        &server,
+        "PATCH",
+        &format!("{ns}/configmaps/frozen"),
+        "application/merge-patch+json",
+        r#"{"data": {"k": "y"}}"#,
+    )
+    .await;
+    assert_eq!(code, 422, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("field is immutable when `immutable` is set")),
+        "{e}"
+    );
+    // A change to another object is not seen by a watch of one name.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(server.client(), "default");
+    let list = cms
+        .list(&ListParams::default().fields("metadata.name=frozen"))
+        .await
+        .expect("list by name");
+    assert_eq!(list.items.len(), 1);
+    let wp = WatchParams::default().fields("metadata.name=watched");
+    let rv = list.metadata.resource_version.expect("a list rv");
+    let mut w = cms.watch(&wp, &rv).await.expect("watch").boxed();
+    for name in ["other", "watched"] {
+        let (code, _) = http(
+            &server,
+            "POST",
+            &format!("{ns}/configmaps"),
+            "application/json",
+            &format!(r#"{{"metadata": {{"name": "{name}"}}, "data": {{"k": "v"}}}}"#),
+        )
+        .await;
+        assert_eq!(code, 201);
+    }
+    match next(&mut w).await {
+        Ok(WatchEvent::Added(cm)) => {
+            assert_eq!(cm.metadata.name.as_deref(), Some("watched"))
+        }
+        other => panic!("the watched configmap's ADDED, got {other:?}"),
+    }
+}
+
+/// TokenRequest as kube-apiserver answers it, and Services' cluster IPs.
+#[tokio::test]
+async fn token_requests_and_service_cluster_ips() {
+    let server = ApiServer::start().await;
+    let ns = "/api/v1/namespaces/default";
+    let request = |body: Value| body.to_string();
+    let token_path = format!("{ns}/serviceaccounts/builder/token");
+    let (code, e) = http(&server, "POST", &token_path, "application/json", "{}").await;
+    assert_eq!(code, 404, "no such service account: {e}");
+    let (code, _) = http(
+        &server,
+        "POST",
+        &format!("{ns}/serviceaccounts"),
+        "application/json",
+        r#"{"metadata": {"name": "builder"}}"#,
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, e) = http(
+        &server,
+        "POST",
+        &token_path,
+        "application/json",
+        &request(json!({"spec": {"expirationSeconds": 60}})),
+    )
+    .await;
+    assert_eq!(code, 422, "under 10 minutes: {e}");
+    let mut p = pod("web", Some("n1"), json!({}));
+    p.spec.as_mut().expect("spec").service_account_name = Some("builder".into());
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let uid = pods
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("a pod")
+        .metadata
+        .uid
+        .expect("a uid");
+    let bound = |uid: &str| {
+        request(
+            json!({"spec": {"audiences": ["vault"], "expirationSeconds": 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": uid}}}),
+        )
+    };
+    let (code, e) = http(
+        &server,
+        "POST",
+        &token_path,
+        "application/json",
+        &bound("x"),
+    )
+    .await;
+    assert_eq!(code, 409, "another pod's UID: {e}");
+    server.set_max_token_expiration(1200);
+    let (code, t) = http(
+        &server,
+        "POST",
+        &token_path,
+        "application/json",
+        &bound(&uid),
+    )
+    .await;
+    assert_eq!(code, 201, "{t}");
+    assert_eq!(t["kind"], "TokenRequest");
+    assert_eq!(t["spec"]["expirationSeconds"], 1200, "capped");
+    assert_eq!(t["spec"]["audiences"], json!(["vault"]));
+    let token = t["status"]["token"].as_str().expect("a token");
+    let issued = server.issued_tokens();
+    assert_eq!(issued.len(), 1);
+    assert_eq!(issued[0].token, token);
+    assert_eq!(issued[0].pod, Some(("web".to_string(), uid.clone())));
+    let claims = apiserver::claims(token).expect("a JWT");
+    assert_eq!(claims["sub"], "system:serviceaccount:default:builder");
+    assert_eq!(claims["aud"], json!(["vault"]));
+    // TokenReview knows the token it issued.
+    let (code, r) = http(
+        &server,
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        "application/json",
+        &request(json!({"spec": {"token": token}})),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(
+        r["status"]["user"]["username"],
+        "system:serviceaccount:default:builder"
+    );
+    // Another service account's pod cannot be bound.
+    let (code, _) = http(
+        &server,
+        "POST",
+        &format!("{ns}/serviceaccounts"),
+        "application/json",
+        r#"{"metadata": {"name": "other"}}"#,
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, e) = http(
+        &server,
+        "POST",
+        &format!("{ns}/serviceaccounts/other/token"),
+        "application/json",
+        &bound(&uid),
+    )
+    .await;
+    assert_eq!(code, 400, "{e}");
+
+    // Services: a cluster IP allocated, a taken one refused, headless kept.
+    let svc = |name: &str, ip: Option<&str>| {
+        let mut spec = json!({"ports": [{"port": 80}]});
+        if let Some(ip) = ip {
+            spec["clusterIP"] = json!(ip);
+        }
+        request(json!({"metadata": {"name": name}, "spec": spec}))
+    };
+    let (code, a) = http(
+        &server,
+        "POST",
+        &format!("{ns}/services"),
+        "application/json",
+        &svc("a", None),
+    )
+    .await;
+    assert_eq!(code, 201, "{a}");
+    let ip = a["spec"]["clusterIP"].as_str().expect("an IP").to_string();
+    assert!(ip.starts_with("10.96."), "{ip}");
+    assert_eq!(a["spec"]["type"], "ClusterIP");
+    assert_eq!(a["spec"]["ports"][0]["protocol"], "TCP");
+    let (code, e) = http(
+        &server,
+        "POST",
+        &format!("{ns}/services"),
+        "application/json",
+        &svc("b", Some(&ip)),
+    )
+    .await;
+    assert_eq!(code, 422, "{e}");
+    let (code, h) = http(
+        &server,
+        "POST",
+        &format!("{ns}/services"),
+        "application/json",
+        &svc("h", Some("None")),
+    )
+    .await;
+    assert_eq!((code, h["spec"]["clusterIP"].as_str()), (201, Some("None")));
+}

@@ -2,7 +2,8 @@
 //! pods from a manifest directory are started, survive a SIGKILL of the kubelet (adopted, not
 //! restarted), are replaced when their manifest changes, restarted per restartPolicy with
 //! CrashLoopBackOff, stopped and removed when their manifest goes; a broken manifest beside
-//! good ones is skipped without disturbing them.
+//! good ones is skipped without disturbing them; volumes needing an API server fail without
+//! harming the others.
 
 mod common;
 
@@ -178,6 +179,101 @@ async fn static_pods_lifecycle() {
     .await;
     // The sandboxes go after their containers, on a later pass of the garbage collection.
     node.wait_all_removed().await;
+    drop(agent);
+    node.assert_all_gone().await;
+}
+
+/// Without an API server, configMap and service-account-token volumes cannot be set up: their
+/// pods get nothing created (the reason is a FailedMount event in the kubelet's log) while a pod
+/// with a downwardAPI volume and a memory-backed emptyDir runs beside them, and the kubelet
+/// keeps running; removed, they leave no mount behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_volumes_without_an_api_server() {
+    if !root_or_skip("standalone_volumes_without_an_api_server") {
+        return;
+    }
+    let node = common::standalone::Standalone::new("");
+    let pod = |name: &str, volume: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: {name}}}\nspec:\n  terminationGracePeriodSeconds: 2\n  serviceAccountName: default\n  containers:\n  - name: main\n    image: docker.io/library/busybox:latest\n    imagePullPolicy: Never\n    command: [\"sh\", \"-c\", {script:?}]\n    volumeMounts: [{{name: v, mountPath: /v}}, {{name: ram, mountPath: /ram}}]\n  volumes:\n  - {{name: ram, emptyDir: {{medium: Memory}}}}\n  - name: v\n{volume}"
+        )
+    };
+    let manifests = [
+        (
+            "info",
+            pod(
+                "info",
+                "    downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}\n",
+                "sleep 3600",
+            ),
+        ),
+        (
+            "cfg",
+            pod("cfg", "    configMap: {name: settings}\n", "sleep 3600"),
+        ),
+        (
+            "tok",
+            pod(
+                "tok",
+                "    projected: {sources: [{serviceAccountToken: {path: token}}]}\n",
+                "sleep 3600",
+            ),
+        ),
+    ];
+    for (name, text) in &manifests {
+        std::fs::write(node.manifests.join(format!("{name}.yaml")), text).expect("a manifest");
+    }
+    let mut agent = node.start();
+    let id = wait_for("the downwardAPI pod running", async || {
+        running(&containers(&node.root).await, "info-e2e-node")
+    })
+    .await;
+    let rt = node.runtime().await;
+    let out = rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id,
+            cmd: vec![
+                "sh".into(),
+                "-c".into(),
+                "cat /v/labels; echo; awk '$2 == \"/ram\" {print $3}' /proc/mounts".into(),
+            ],
+            timeout: 10,
+        })
+        .await
+        .expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "app=\"info\"\ntmpfs\n"
+    );
+    // The others were tried (every sync) and got nothing; the kubelet still runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sandboxes = node
+        .runtime()
+        .await
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("list sandboxes");
+    let names: Vec<String> = sandboxes
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.as_ref().map(|m| m.name.clone()))
+        .collect();
+    assert_eq!(names, ["info-e2e-node"]);
+    assert!(
+        agent.0.try_wait().expect("the agent's state").is_none(),
+        "the kubelet keeps running"
+    );
+    for (name, _) in &manifests {
+        std::fs::remove_file(node.manifests.join(format!("{name}.yaml"))).expect("removing");
+    }
+    node.wait_all_removed().await;
+    // The memory-backed emptyDir's tmpfs is unmounted once the pod is gone.
+    wait_for("no mount left under the pods dir", async || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let pods = node.root.join("pods").display().to_string();
+        (!info.contains(&pods)).then_some(())
+    })
+    .await;
     drop(agent);
     node.assert_all_gone().await;
 }

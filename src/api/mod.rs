@@ -1,7 +1,12 @@
 //! The kubelet's side of the API server: the client (kube-rs over rustls with the ring
-//! provider) and the names the kubelet writes under.
+//! provider), the names the kubelet writes under, the objects its pods reference
+//! ([`objects`]), their service account tokens ([`tokens`]) and the Services of their
+//! environments ([`services`]).
 
 pub mod events;
+pub mod objects;
+pub mod services;
+pub mod tokens;
 
 use std::path::Path;
 

@@ -110,11 +110,19 @@ pub async fn open_runtime(
             &cfg.pod_cidr,
             cfg.pod_masquerade,
         )?);
+        builtin.registry.insecure = cfg.insecure_registries.clone();
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         return Ok(kubelet::Runtime {
             runtime: Arc::new(rt.clone()),
             images: Arc::new(rt),
         });
+    }
+    if !cfg.insecure_registries.is_empty() {
+        anyhow::bail!(
+            "nodeletInsecureRegistries is the built-in runtime's; with containerRuntimeEndpoint \
+             {:?}, configure the registries in that runtime",
+            cfg.container_runtime_endpoint
+        );
     }
     let remote = runtime::remote::connect(&cfg.container_runtime_endpoint, CONNECT).await?;
     let images = if cfg.image_service_endpoint.is_empty()

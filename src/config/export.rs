@@ -86,6 +86,7 @@ impl KubeletConfig {
                 d(logs.monitor_interval).into(),
             );
         }
+        v["nodeletInsecureRegistries"] = json!(self.insecure_registries);
         v
     }
 }

@@ -116,8 +116,13 @@ nodeletTesting:
 podCIDR: 10.99.0.0/20
 nodeletPodBridge: pods0
 nodeletPodMasquerade: false
+nodeletInsecureRegistries: ["127.0.0.1:5000", registry.local]
 "#);
     assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        c.insecure_registries,
+        ["127.0.0.1:5000".to_string(), "registry.local".to_string()]
+    );
     assert_eq!(c.pod_cidr, "10.99.0.0/20");
     assert_eq!(c.pod_bridge, "pods0");
     assert!(!c.pod_masquerade);

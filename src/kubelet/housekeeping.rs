@@ -1,6 +1,6 @@
 //! Housekeeping, off the sync loop (upstream `HandlePodCleanups` and the GC loops): every time
 //! the loop publishes the desired pods, stop and remove the sandboxes of pods no source wants,
-//! give back user namespaces, drop old back-off entries, collect garbage (dead containers,
+//! give back user namespaces, tear down the written volumes of pods gone, drop old back-off entries, collect garbage (dead containers,
 //! sandboxes, pod and log directories), and keep the mirror pods of static pods in step.
 
 use std::collections::HashSet;
@@ -94,6 +94,11 @@ impl Housekeeping {
             remove_orphans(self.rt.as_ref(), &uids, &self.workers).await;
             self.userns
                 .release_others(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
+            // Written volumes (a tmpfs) of pods gone while the kubelet was down, which would
+            // keep the garbage collector from removing their directories.
+            self.syncer
+                .volumes
+                .tear_down_gone(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
             let workers = &self.workers;
             let state = |uid: &str| match workers.state(uid) {
                 Some(WorkerState::Syncing | WorkerState::Terminating) => PodState::Active,

@@ -210,25 +210,38 @@ impl Kubelet {
             probe_tx,
             cancel.child_token(),
         ));
-        let syncer = Arc::new(Syncer::new(
-            rt.clone(),
-            SyncerParts {
-                opts: opts.clone(),
-                runtime_name: version.runtime_name.clone(),
-                backoff: Backoff::new(
-                    cfg.testing.crash_loop_back_off_initial,
-                    cfg.testing.crash_loop_back_off_max,
-                ),
-                pulls: ImagePulls::new(cfg.serialize_image_pulls, cfg.max_parallel_image_pulls),
-                status: status.clone(),
-                runtime_state: runtime_state.clone(),
-                userns: userns.clone(),
-                cache: cache.clone(),
-                refresh: refresh_tx,
-                events: pod_events,
-                probes,
-            },
-        ));
+        let syncer = Arc::new(
+            Syncer::new(
+                rt.clone(),
+                SyncerParts {
+                    opts: opts.clone(),
+                    runtime_name: version.runtime_name.clone(),
+                    backoff: Backoff::new(
+                        cfg.testing.crash_loop_back_off_initial,
+                        cfg.testing.crash_loop_back_off_max,
+                    ),
+                    pulls: ImagePulls::new(cfg.serialize_image_pulls, cfg.max_parallel_image_pulls),
+                    status: status.clone(),
+                    runtime_state: runtime_state.clone(),
+                    userns: userns.clone(),
+                    cache: cache.clone(),
+                    refresh: refresh_tx,
+                    events: pod_events,
+                    probes,
+                },
+            )
+            .with_volumes(
+                crate::volumes::VolumeManager::new(
+                    client.clone(),
+                    opts.pods_dir.clone(),
+                    crate::volumes::projection::Allocatable::from_node(&local_node),
+                )
+                .with_services(crate::api::services::Services::start(
+                    client.clone(),
+                    cancel.child_token(),
+                )),
+            ),
+        );
         let workers = PodWorkers::new(
             syncer.clone(),
             Timing {

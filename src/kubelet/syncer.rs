@@ -23,6 +23,7 @@ use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting}
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
 use crate::prober::ProbeManager;
 use crate::status_manager::StatusManager;
+use crate::volumes::VolumeManager;
 
 /// Syncs pods against a runtime and hands each computed status to the status manager.
 pub struct Syncer {
@@ -41,6 +42,8 @@ pub struct Syncer {
     refresh: mpsc::UnboundedSender<Refresh>,
     events: Arc<dyn PodEvents>,
     probes: Arc<ProbeManager>,
+    /// The pods' volumes: set up before a sync's actions, torn down once a pod terminated.
+    pub volumes: Arc<VolumeManager>,
     /// Per pod: when its last sync's actions were done, and why containers then waited.
     synced: Mutex<HashMap<String, LastSync>>,
 }
@@ -92,7 +95,9 @@ fn uid(pod: &Pod) -> String {
 impl Syncer {
     pub fn new(rt: super::Runtime, parts: SyncerParts) -> Self {
         let image_backoff = Backoff::new(crate::pod::backoff::INITIAL, crate::pod::backoff::MAX);
+        let volumes = VolumeManager::new(None, parts.opts.pods_dir.clone(), Default::default());
         Syncer {
+            volumes: Arc::new(volumes),
             rt: rt.runtime,
             images: rt.images,
             opts: parts.opts,
@@ -109,6 +114,13 @@ impl Syncer {
             probes: parts.probes,
             synced: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sets up volumes with `volumes` (by default, those of a standalone node: no object,
+    /// no token, no node allocatable).
+    pub fn with_volumes(mut self, volumes: VolumeManager) -> Self {
+        self.volumes = Arc::new(volumes);
+        self
     }
 
     /// Drops the back-off entries nobody needs any more (housekeeping).
@@ -208,7 +220,7 @@ impl Syncer {
                 return Err(SyncError::NetworkNotReady(e));
             }
         }
-        let opts = match self.pod_options(pod) {
+        let mut opts = match self.pod_options(pod) {
             Ok(opts) => opts,
             Err(e) => {
                 self.record_status(pod, &snapshot, self.last_waiting(pod));
@@ -223,10 +235,31 @@ impl Syncer {
         }
         // Its volumes, before anything of it is created (upstream's WaitForAttachAndMount): one
         // that cannot be set up is a FailedMount event and the pod waits in ContainerCreating.
-        if let Err(e) = pod::volumes::set_up(&self.opts.pods_dir, pod, self.events.as_ref()) {
-            self.record_status(pod, &snapshot, self.last_waiting(pod));
-            return Err(e);
+        match self.volumes.set_up(pod, self.events.as_ref()).await {
+            Ok(claims) => opts.claims = claims,
+            Err(e) => {
+                self.record_status(pod, &snapshot, self.last_waiting(pod));
+                return Err(e);
+            }
         }
+        // The objects its containers' environments reference, as they are now.
+        opts.env_objects = self.volumes.env_objects(pod).await;
+        // Its image pull secrets: one that cannot be read is a warning, the pull goes on.
+        let (pull_secrets, failed) = self.volumes.pull_secrets(pod).await;
+        if !failed.is_empty() {
+            self.events.event(
+                pod,
+                None,
+                crate::pod::sync::EventType::Warning,
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the \
+                     image may not succeed.",
+                    failed.join(", ")
+                ),
+            );
+        }
+        opts.pull_secrets = pull_secrets;
         // The status as it stands, before the actions (which may take long: a pull).
         self.record_status(pod, &snapshot, self.last_waiting(pod));
         self.probes.add_pod(pod);
@@ -331,13 +364,15 @@ impl PodSyncer for Syncer {
         Ok(())
     }
 
-    /// What the stopped pod still holds besides its containers: its user namespace block and
+    /// What the stopped pod still holds besides its containers: its written volumes (tmpfs
+    /// unmounted, objects no longer watched, tokens forgotten), its user namespace block and
     /// the kubelet's memory of it. Its dead containers and sandboxes stay for `kubectl logs`
     /// (the newest per container) until the garbage collector removes them, all of them once
     /// no source wants the pod.
     async fn sync_terminated_pod(&self, pod: &Pod) -> Result<(), SyncError> {
         let uid = uid(pod);
         self.probes.remove_pod(&uid);
+        self.volumes.tear_down(&uid);
         self.userns.release(&uid);
         lock(&self.backoff).forget_pod(&uid);
         lock(&self.image_backoff).forget_pod(&uid);

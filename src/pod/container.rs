@@ -1,16 +1,18 @@
 //! Pod container → CRI `ContainerConfig` (upstream `generateContainerConfig`).
 //!
 //! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
-//! both with `$(VAR)` references expanded from the container's env), the environment (values,
-//! downward-API `fieldRef`s, `$(VAR)` expansion between variables), volume mounts (hostPath and
-//! emptyDir, set up before the sandbox by [`super::volumes`], which refuses every other type),
+//! both with `$(VAR)` references expanded from the container's env), the environment
+//! ([`super::env`]), volume mounts (of the
+//! volumes set up before the sandbox by [`super::volumes`] and [`crate::volumes`]; configMap,
+//! secret, downwardAPI and projected ones always read-only),
 //! the log path `<name>/<restart count>.log`, labels, annotations
 //! (spec hash, restart count, termination message path and policy), Linux resources (CPU
 //! shares/quota, memory limit, OOM score by QoS), the security context (pod settings overridden
 //! by the container's) and the termination message file with its mount
 //! ([`super::termination::prepare_mount`]). Besides that file, this module only makes the
-//! directories a `subPath` lacks in its volume ([`super::volumes::sub_path`], which refuses a
-//! `subPath` leading out of its volume through a symbolic link).
+//! directories a `subPath` (or a `subPathExpr`, expanded from the container's environment)
+//! lacks in its volume ([`super::volumes::sub_path`], which refuses a `subPath` leading out of
+//! its volume through a symbolic link).
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -52,6 +54,12 @@ pub struct ContainerOptions {
     /// `k8s-cri` bindings have it has no field for it, so for other runtimes a
     /// `lifecycle.stopSignal` is refused).
     pub stop_signal_annotation: bool,
+    /// The ConfigMaps and Secrets the pod's environments reference, read for this sync.
+    pub env_objects: super::env::EnvObjects,
+    /// The pod's persistentVolumeClaim volumes by name, resolved for this sync.
+    pub claims: std::collections::BTreeMap<String, volumes::ClaimMount>,
+    /// The pod's `imagePullSecrets` read for this sync.
+    pub pull_secrets: Vec<k8s_openapi::api::core::v1::Secret>,
 }
 
 impl Default for ContainerOptions {
@@ -64,6 +72,9 @@ impl Default for ContainerOptions {
             host_ips: Vec::new(),
             node_memory_bytes: 0,
             stop_signal_annotation: false,
+            env_objects: Default::default(),
+            claims: Default::default(),
+            pull_secrets: Vec::new(),
         }
     }
 }
@@ -107,101 +118,58 @@ pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
     out
 }
 
-fn field_ref(pod: &Pod, path: &str, opts: &ContainerOptions, field: &str) -> Result<String> {
-    let (uid, name, namespace) = pod_identity(pod);
-    let spec = pod.spec.as_ref();
-    let keyed = |prefix: &str, map: Option<&std::collections::BTreeMap<String, String>>| {
-        path.strip_prefix(prefix)
-            .and_then(|r| r.strip_suffix("']"))
-            .map(|k| map.and_then(|m| m.get(k)).cloned().unwrap_or_default())
-    };
-    if let Some(v) = keyed("metadata.labels['", pod.metadata.labels.as_ref()) {
-        return Ok(v);
-    }
-    if let Some(v) = keyed("metadata.annotations['", pod.metadata.annotations.as_ref()) {
-        return Ok(v);
-    }
-    Ok(match path {
-        "metadata.name" => name.into(),
-        "metadata.namespace" => namespace.into(),
-        "metadata.uid" => uid.into(),
-        "spec.nodeName" => spec
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_else(|| opts.node_name.clone()),
-        "spec.serviceAccountName" => spec
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_default(),
-        "status.podIP" => opts.pod_ips.first().cloned().unwrap_or_default(),
-        "status.podIPs" => opts.pod_ips.join(","),
-        "status.hostIP" => opts.host_ips.first().cloned().unwrap_or_default(),
-        "status.hostIPs" => opts.host_ips.join(","),
-        other => {
-            return Err(Error::invalid_argument(format!(
-                "{field}: unsupported fieldPath {other:?}"
-            )));
-        }
-    })
-}
-
-fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String, String)>> {
-    let mut order: Vec<String> = Vec::new();
-    let mut vars: HashMap<String, String> = HashMap::new();
-    for (i, e) in c.env.iter().flatten().enumerate() {
-        let field = format!("spec.containers[{}].env[{i}]", c.name);
-        let value = match (&e.value, &e.value_from) {
-            (_, Some(from)) => {
-                if let Some(f) = &from.field_ref {
-                    field_ref(
-                        pod,
-                        &f.field_path,
-                        opts,
-                        &format!("{field}.valueFrom.fieldRef"),
-                    )?
-                } else if from
-                    .config_map_key_ref
-                    .as_ref()
-                    .is_some_and(|r| r.optional == Some(true))
-                    || from
-                        .secret_key_ref
-                        .as_ref()
-                        .is_some_and(|r| r.optional == Some(true))
-                {
-                    continue;
-                } else {
-                    return Err(Error::unimplemented(format!(
-                        "{field}.valueFrom: only fieldRef is supported"
-                    )));
-                }
-            }
-            (Some(v), None) => expand(v, &vars),
-            (None, None) => String::new(),
-        };
-        if !vars.contains_key(&e.name) {
-            order.push(e.name.clone());
-        }
-        vars.insert(e.name.clone(), value);
-    }
-    if c.env_from.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(Error::unimplemented(format!(
-            "spec.containers[{}].envFrom is not supported",
-            c.name
-        )));
-    }
-    Ok(order
-        .into_iter()
-        .map(|k| {
-            let v = vars.get(&k).cloned().unwrap_or_default();
-            (k, v)
-        })
-        .collect())
-}
-
 fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
+    if let Some(c) = opts.claims.get(&v.name) {
+        return Ok(c.path.clone());
+    }
     volumes::host_path(&opts.pods_dir, pod, v)
         .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
 }
 
-fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::Mount>> {
+/// Upstream's `ExpandContainerVolumeMounts`: a `subPathExpr` with its `$(VAR)`s taken from the
+/// container's environment; a variable unset or empty is an error naming it.
+fn expand_sub_path(
+    expr: &str,
+    vars: &HashMap<String, String>,
+) -> std::result::Result<String, String> {
+    let mut missing = std::collections::BTreeSet::new();
+    let mut known = HashMap::new();
+    // The references as `expand` sees them: `$$` is an escaped `$`, `$(NAME)` a variable.
+    let mut rest = expr;
+    while let Some(i) = rest.find('$') {
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            rest = tail;
+            continue;
+        }
+        let Some(inner) = after.strip_prefix('(') else {
+            rest = after;
+            continue;
+        };
+        let Some(end) = inner.find(')') else { break };
+        let name = &inner[..end];
+        match vars.get(name).filter(|v| !v.is_empty()) {
+            Some(v) => known.insert(name.to_string(), v.clone()),
+            None => {
+                missing.insert(name.to_string());
+                known.insert(name.to_string(), String::new())
+            }
+        };
+        rest = &inner[end + 1..];
+    }
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.into_iter().collect();
+        return Err(format!("missing value for {}", names.join(", ")));
+    }
+    Ok(expand(expr, &known))
+}
+
+fn mounts(
+    pod: &Pod,
+    c: &Container,
+    opts: &ContainerOptions,
+    vars: &HashMap<String, String>,
+) -> Result<Vec<cri::Mount>> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     let privileged = c
         .security_context
@@ -217,7 +185,18 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
                 Error::invalid_argument(format!("{field}.name: no volume {:?}", m.name))
             })?;
         let mut host_path = volume_host_path(pod, v, opts)?;
-        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+        let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
+            Some(expr) => Some(
+                expand_sub_path(expr, vars)
+                    .map_err(|e| Error::invalid_argument(format!("{field}.subPathExpr: {e}")))?,
+            ),
+            None => None,
+        };
+        if let Some(sub) = expanded
+            .as_deref()
+            .or(m.sub_path.as_deref())
+            .filter(|s| !s.is_empty())
+        {
             let p = Path::new(sub);
             if p.components()
                 .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
@@ -254,7 +233,11 @@ fn mounts(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<cri::
         out.push(cri::Mount {
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: m.read_only.unwrap_or(false),
+            // The volumes the kubelet writes are read-only in every container (upstream's
+            // mustMountRO).
+            readonly: m.read_only.unwrap_or(false)
+                || volumes::read_only(v)
+                || opts.claims.get(&v.name).is_some_and(|c| c.read_only),
             propagation: propagation as i32,
             uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
             gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),
@@ -401,7 +384,7 @@ pub fn container_config(
             ))
         })?;
     let (uid, name, namespace) = pod_identity(pod);
-    let env = envs(pod, container, opts)?;
+    let env = super::env::envs(pod, container, opts)?;
     let vars: HashMap<String, String> = env.iter().cloned().collect();
     let expand_all =
         |v: &Option<Vec<String>>| v.iter().flatten().map(|s| expand(s, &vars)).collect();
@@ -437,7 +420,7 @@ pub fn container_config(
     if let Some(sig) = stop_signal {
         annotations.insert(runtime::builtin::ANNOTATION_STOP_SIGNAL.to_string(), sig);
     }
-    let mut mounts = mounts(pod, container, opts)?;
+    let mut mounts = mounts(pod, container, opts, &vars)?;
     let linux = cri::LinuxContainerConfig {
         resources: Some(resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),

@@ -170,7 +170,8 @@ fn mounts_table() {
     let c = with(
         json!([
             {"name": "data", "mountPath": "/data", "readOnly": true, "subPath": "a/b"},
-            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"}
+            {"name": "scratch", "mountPath": "/tmp/s", "mountPropagation": "HostToContainer"},
+            {"name": "cfg", "mountPath": "/etc/cfg", "readOnly": false}
         ]),
         false,
     )
@@ -202,6 +203,13 @@ fn mounts_table() {
                 "/root/pods/u-1/volumes/kubernetes.io~empty-dir/scratch",
                 false,
                 cri::MountPropagation::PropagationHostToContainer as i32
+            ),
+            // A volume the kubelet writes: read-only whatever the mount says.
+            (
+                "/etc/cfg",
+                "/root/pods/u-1/volumes/kubernetes.io~configmap/cfg",
+                true,
+                cri::MountPropagation::PropagationPrivate as i32
             ),
         ]
     );
@@ -240,13 +248,7 @@ fn mounts_table() {
         (
             json!([{"name": "pvc", "mountPath": "/d"}]),
             runtime::Code::Unimplemented,
-            "spec.volumes[pvc]: volume type persistentVolumeClaim is not supported",
-        ),
-        // Never an empty directory in place of the configMap's contents.
-        (
-            json!([{"name": "cfg", "mountPath": "/etc/cfg"}]),
-            runtime::Code::Unimplemented,
-            "spec.volumes[cfg]: volume type configMap is not supported",
+            "spec.volumes[pvc]: persistentVolumeClaim \"x\" was not resolved for this sync",
         ),
     ];
     for (mounts, code, field) in errors {
@@ -356,10 +358,11 @@ fn rejects_bad_input() {
     assert!(err.message().contains("image"));
     let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]}]}), 0).expect_err("bad fieldPath");
     assert_eq!(err.code(), runtime::Code::InvalidArgument);
-    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}), 0).expect_err("secret");
-    assert_eq!(err.code(), runtime::Code::Unimplemented);
-    let ok = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]}]}), 0).expect("optional");
-    assert!(ok.envs.is_empty());
+    // A secret nobody read for the sync (the syncer reads every one referenced) is an error,
+    // even for an optional reference: never a variable silently left out.
+    let err = config(json!({"containers": [{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]}]}), 0).expect_err("secret");
+    assert_eq!(err.code(), runtime::Code::InvalidArgument);
+    assert_eq!(err.message(), "secret \"s\" was not read for this sync");
     let p = pod(json!({"containers": [{"name": "a", "image": "x"}]}));
     let other = Container {
         name: "zzz".into(),
@@ -533,4 +536,37 @@ fn the_termination_message_file_exists_on_the_host() {
     opts.pods_dir = blocker;
     let err = container_config(&p, &c, 0, &opts).expect_err("no dir");
     assert!(err.message().contains("terminationMessagePath"), "{err}");
+}
+
+#[test]
+fn sub_path_expr_expands_from_the_env() {
+    let data = tempfile::tempdir().expect("a host dir");
+    let data_path = data.path().display().to_string();
+    let with = |expr: &str| {
+        config(
+            json!({"volumes": [{"name": "data", "hostPath": {"path": data_path}}],
+                "containers": [{"name": "app", "image": "x",
+                    "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "EMPTY", "value": ""}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/d", "subPathExpr": expr}]}]}),
+            0,
+        )
+    };
+    let c = with("logs/$(POD)").expect("expanded");
+    assert_eq!(c.mounts[0].host_path, format!("{data_path}/logs/web"));
+    assert!(data.path().join("logs/web").is_dir());
+    // `$$` escapes; an escaped reference is no variable.
+    let c = with("a$$(NOPE)").expect("escaped");
+    assert_eq!(c.mounts[0].host_path, format!("{data_path}/a$(NOPE)"));
+    for (expr, want) in [
+        (
+            "$(NOPE)/$(EMPTY)",
+            "subPathExpr: missing value for EMPTY, NOPE",
+        ),
+        ("../$(POD)", "must be a relative path without '..'"),
+    ] {
+        let e = with(expr).expect_err(expr);
+        assert_eq!(e.code(), runtime::Code::InvalidArgument);
+        assert!(e.message().contains(want), "{expr}: {}", e.message());
+    }
 }

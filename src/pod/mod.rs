@@ -14,8 +14,10 @@
 pub mod actions;
 pub mod backoff;
 pub mod container;
+pub mod env;
 pub mod hash;
 pub mod hooks;
+pub mod pull_secrets;
 pub mod quantity;
 pub mod spec;
 pub mod status;

@@ -290,14 +290,40 @@ impl SyncContext<'_> {
             None => None,
         };
         let began = std::time::Instant::now();
-        let pulled = self
-            .images
-            .pull_image(cri::PullImageRequest {
-                image: Some(spec),
-                auth: None,
-                sandbox_config: Some(sandbox.clone()),
-            })
-            .await;
+        // As upstream: without matching credentials one anonymous pull, else each in turn
+        // until one succeeds (the errors of all when none does).
+        let (ring, bad) = super::pull_secrets::Keyring::from_secrets(&self.opts.pull_secrets);
+        for b in bad {
+            tracing::warn!(pod = %crate::sources::pod_full_name(pod), "unreadable image pull secret {b}");
+        }
+        let creds = ring.lookup(&super::pull_secrets::repository(&image));
+        let mut pulled = Err(runtime::Error::internal("no pull attempted"));
+        let mut errors = Vec::new();
+        for auth in creds.into_iter().map(Some).chain(std::iter::once(None)) {
+            let anonymous = auth.is_none();
+            if anonymous && !errors.is_empty() {
+                break;
+            }
+            pulled = self
+                .images
+                .pull_image(cri::PullImageRequest {
+                    image: Some(spec.clone()),
+                    auth,
+                    sandbox_config: Some(sandbox.clone()),
+                })
+                .await;
+            match &pulled {
+                Ok(_) => break,
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if errors.len() > 1 && pulled.is_err() {
+            let code = pulled.as_ref().err().map(|e| e.code());
+            pulled = Err(runtime::Error::new(
+                code.unwrap_or(runtime::Code::Unknown),
+                format!("[{}]", errors.join(", ")),
+            ));
+        }
         match pulled {
             Ok(r) => {
                 lock(self.image_backoff).reset(&key);
@@ -628,9 +654,25 @@ async fn start_one(
     let previous = snapshot.status.latest(name);
     let restart_count = previous.map_or(0, |p| p.attempt + 1);
     let image_ref = cx.ensure_image(pod, container, sandbox).await?;
+    // As upstream, `envFrom` keys that are no variable names are skipped, with an event.
+    for message in super::env::invalid_env_from_keys(pod, container, &opts.env_objects) {
+        say(
+            EventType::Warning,
+            "InvalidEnvironmentVariableNames",
+            message,
+        );
+    }
+    // The reason's message is the error's own, as upstream's (`configmap "x" not found`).
     let mut config = container_config(pod, container, restart_count, opts).map_err(|e| {
-        let w = Waiting::new(WaitingReason::CreateContainerConfigError, e.to_string());
-        say(EventType::Warning, "Failed", format!("Error: {e}"));
+        let w = Waiting::new(
+            WaitingReason::CreateContainerConfigError,
+            e.message().to_string(),
+        );
+        say(
+            EventType::Warning,
+            "Failed",
+            format!("Error: {}", e.message()),
+        );
         (w, None)
     })?;
     if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {

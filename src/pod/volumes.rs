@@ -2,29 +2,34 @@
 //! with the emptyDir and hostPath plugins' `SetUp`).
 //!
 //! Only the volumes some container mounts are set up (as upstream, an unused volume is
-//! ignored). Two types are supported:
+//! ignored). Two types are set up here:
 //!
 //! - **emptyDir** on disk: the directory `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`
 //!   (mode 0777, as upstream), removed with the pod's directories. `sizeLimit` is not enforced
-//!   here (that is eviction's job). `medium: Memory` (a tmpfs) and huge pages are refused: this
-//!   kubelet mounts nothing of its own yet, and a tmpfs it could not unmount would keep the pod's
-//!   directories from ever being removed.
+//!   here (that is eviction's job). `medium: Memory` (a tmpfs in the same directory) is the
+//!   volume manager's ([`crate::volumes::VolumeManager`]); huge pages are refused.
 //! - **hostPath** with upstream's type checks ([`check_host_path`]): `DirectoryOrCreate` makes
 //!   the directory (0755, with its parents), `FileOrCreate` an empty file (0644; its parent must
 //!   exist), the other types check what is there; unset or `""` checks nothing.
 //!
-//! Every other type (configMap, secret, downwardAPI, projected, persistentVolumeClaim, ...) is
-//! refused rather than handed to the runtime as an empty directory. A volume that cannot be set
-//! up is a Warning `FailedMount` event on the pod (`MountVolume.SetUp failed for volume "cfg" :
-//! ...`) and a [`SyncError::Volumes`]: the pod stays Pending with its containers waiting in
-//! `ContainerCreating`, nothing of it is created in the runtime, and its worker tries again.
+//! configMap, secret, downwardAPI and projected volumes, whose content the kubelet writes, are
+//! set up by [`crate::volumes::VolumeManager`] in `<pods dir>/<uid>/volumes/<plugin>/<name>`
+//! ([`plugin_dir`]); it also resolves persistentVolumeClaims to their PersistentVolume's path
+//! (`hostPath` and `local` ones). Every other type (nfs, csi, ...) is refused rather than
+//! handed to the runtime as an empty directory. A volume that cannot be set up is a
+//! Warning `FailedMount` event on the pod (`MountVolume.SetUp failed for volume "cfg" : ...`)
+//! and a [`SyncError::Volumes`] ([`report`]): the pod stays Pending with its containers waiting
+//! in `ContainerCreating`, nothing of it is created in the runtime, and its worker tries again.
 
 use std::collections::BTreeSet;
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{HostPathVolumeSource, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, DownwardAPIVolumeSource, HostPathVolumeSource,
+    PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource, Volume,
+};
 
 use super::pod_identity;
 use super::sync::{EventType, PodEvents};
@@ -39,6 +44,12 @@ pub enum Source<'a> {
         medium: &'a str,
     },
     HostPath(&'a HostPathVolumeSource),
+    ConfigMap(&'a ConfigMapVolumeSource),
+    Secret(&'a SecretVolumeSource),
+    DownwardApi(&'a DownwardAPIVolumeSource),
+    Projected(&'a ProjectedVolumeSource),
+    /// A claim, resolved by the volume manager to its PersistentVolume's path.
+    Claim(&'a PersistentVolumeClaimVolumeSource),
     /// Any other type, by its API field name (`configMap`, `persistentVolumeClaim`, ...).
     Unsupported(String),
 }
@@ -52,6 +63,21 @@ pub fn source(v: &Volume) -> Source<'_> {
         return Source::EmptyDir {
             medium: e.medium.as_deref().unwrap_or(""),
         };
+    }
+    if let Some(c) = &v.config_map {
+        return Source::ConfigMap(c);
+    }
+    if let Some(s) = &v.secret {
+        return Source::Secret(s);
+    }
+    if let Some(d) = &v.downward_api {
+        return Source::DownwardApi(d);
+    }
+    if let Some(p) = &v.projected {
+        return Source::Projected(p);
+    }
+    if let Some(c) = &v.persistent_volume_claim {
+        return Source::Claim(c);
     }
     // Which other field is set, by its API name: read from the volume's API form, so that no
     // type (nor one newer than this kubelet) goes unnamed.
@@ -68,12 +94,34 @@ pub fn source(v: &Volume) -> Source<'_> {
 
 /// `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`.
 pub fn empty_dir_path(pods_dir: &Path, pod: &Pod, name: &str) -> PathBuf {
-    pods_dir
-        .join(pod_identity(pod).0)
-        .join("volumes")
-        .join("kubernetes.io~empty-dir")
-        .join(name)
+    plugin_dir(pods_dir, pod_identity(pod).0, "kubernetes.io~empty-dir").join(name)
 }
+
+/// `<pods dir>/<uid>/volumes/<plugin>`: the directory of a pod's volumes of one type
+/// (`kubernetes.io~configmap`, ...), as upstream names it.
+pub fn plugin_dir(pods_dir: &Path, uid: &str, plugin: &str) -> PathBuf {
+    pods_dir.join(uid).join("volumes").join(plugin)
+}
+
+/// The plugin directory name of a volume type whose content the kubelet writes, and whether
+/// it is kept on a tmpfs (secrets and projected volumes, which hold tokens, as upstream).
+pub fn written_plugin(s: &Source<'_>) -> Option<(&'static str, bool)> {
+    match s {
+        Source::ConfigMap(_) => Some(("kubernetes.io~configmap", false)),
+        Source::Secret(_) => Some(("kubernetes.io~secret", true)),
+        Source::DownwardApi(_) => Some(("kubernetes.io~downward-api", false)),
+        Source::Projected(_) => Some(("kubernetes.io~projected", true)),
+        _ => None,
+    }
+}
+
+/// Every plugin directory of [`written_plugin`].
+pub const WRITTEN_PLUGINS: [&str; 4] = [
+    "kubernetes.io~configmap",
+    "kubernetes.io~secret",
+    "kubernetes.io~downward-api",
+    "kubernetes.io~projected",
+];
 
 /// The host directory (or file) a mount of `v` binds: the hostPath's path, or the emptyDir's
 /// directory. `Err` names the volume type this kubelet does not support.
@@ -82,11 +130,35 @@ pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, Stri
         Source::HostPath(h) => Ok(PathBuf::from(&h.path)),
         Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, pod, &v.name)),
         Source::Unsupported(t) => Err(unsupported(&t)),
+        Source::Claim(c) => Err(format!(
+            "persistentVolumeClaim {:?} was not resolved for this sync",
+            c.claim_name
+        )),
+        written => match written_plugin(&written) {
+            Some((plugin, _)) => {
+                Ok(plugin_dir(pods_dir, pod_identity(pod).0, plugin).join(&v.name))
+            }
+            None => Err(unsupported(&v.name)),
+        },
     }
+}
+
+/// Whether a mount of the volume is always read-only: the types whose content the kubelet
+/// writes (upstream's `mustMountRO`).
+pub fn read_only(v: &Volume) -> bool {
+    written_plugin(&source(v)).is_some()
 }
 
 fn unsupported(t: &str) -> String {
     format!("volume type {t} is not supported by nodelet yet")
+}
+
+/// A persistentVolumeClaim volume resolved to its PersistentVolume: the host path to bind and
+/// whether the pod's volume asks for it read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimMount {
+    pub path: PathBuf,
+    pub read_only: bool,
 }
 
 /// A volume that could not be set up, and why.
@@ -108,7 +180,7 @@ impl Failure {
 
 /// The names of the volumes the pod's containers (init, app and ephemeral) mount or use as
 /// devices.
-fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
+pub fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
     let Some(spec) = pod.spec.as_ref() else {
         return BTreeSet::new();
     };
@@ -130,7 +202,16 @@ fn used_volumes(pod: &Pod) -> BTreeSet<&str> {
     regular.chain(ephemeral).collect()
 }
 
-/// Sets up the volumes `pod`'s containers use; the ones that failed, in spec order.
+/// Whether the volume manager sets the volume up: those whose content the kubelet writes
+/// ([`written_plugin`]), memory-backed emptyDirs (a tmpfs it mounts) and claims.
+pub fn managed(s: &Source<'_>) -> bool {
+    written_plugin(s).is_some()
+        || *s == (Source::EmptyDir { medium: "Memory" })
+        || matches!(s, Source::Claim(_))
+}
+
+/// Sets up the volumes `pod`'s containers use but the [`managed`] ones; the ones that failed,
+/// in spec order.
 pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
     let used = used_volumes(pod);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
@@ -138,6 +219,7 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
         .into_iter()
         .flatten()
         .filter(|v| used.contains(v.name.as_str()))
+        .filter(|v| !managed(&source(v)))
         .filter_map(|v| {
             set_up_one(pods_dir, pod, v).err().map(|message| Failure {
                 volume: v.name.clone(),
@@ -147,23 +229,55 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
         .collect()
 }
 
-fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
+/// Sets up an emptyDir or hostPath volume; refuses the types not supported.
+pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
     match source(v) {
-        Source::EmptyDir { medium: "" } => make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name)),
-        Source::EmptyDir { medium } if medium == "Memory" || medium.starts_with("HugePages") => {
-            Err(format!(
-                "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk)"
-            ))
+        Source::EmptyDir { medium: "" } => {
+            make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name), fs_group(pod)?)
         }
+        Source::EmptyDir { medium } if medium.starts_with("HugePages") => Err(format!(
+            "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk \
+             and memory)"
+        )),
         Source::EmptyDir { medium } => Err(format!("unknown storage medium {medium:?}")),
         Source::HostPath(h) => check_host_path(&h.path, h.type_.as_deref().unwrap_or("")),
         Source::Unsupported(t) => Err(unsupported(&t)),
+        _ => Err(format!(
+            "volume {:?} is set up by the volume manager, not here",
+            v.name
+        )),
     }
 }
 
-/// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`); its
-/// parents as the kubelet's other pod directories (0750).
-fn make_empty_dir(dir: &Path) -> Result<(), String> {
+/// The pod's `fsGroup`, the group its volumes are given.
+pub fn fs_group(pod: &Pod) -> Result<Option<u32>, String> {
+    let g = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|c| c.fs_group);
+    g.map(|g| u32::try_from(g).map_err(|_| format!("invalid fsGroup {g}")))
+        .transpose()
+}
+
+/// What an `fsGroup` adds to a writable volume's directory (upstream's `SetVolumeOwnership`):
+/// `0660 | 0110` and setgid, owned by the group.
+const GROUP_RW_DIR_BITS: u32 = 0o2770;
+
+/// Gives the directory `dir` to `group` as upstream's `SetVolumeOwnership` does for a writable
+/// volume (its mode plus [`GROUP_RW_DIR_BITS`]).
+pub fn own_by_group(dir: &Path, group: u32) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("giving {} to group {group}: {e}", dir.display());
+    let meta = std::fs::metadata(dir).map_err(fail)?;
+    std::os::unix::fs::chown(dir, None, Some(group)).map_err(fail)?;
+    let mode = meta.permissions().mode() & 0o7777 | GROUP_RW_DIR_BITS;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(fail)
+}
+
+/// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`), given
+/// to the pod's `fsGroup` when it has one; its parents as the kubelet's other pod directories
+/// (0750). An existing directory is left as it is (its container may have changed its mode).
+pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
     if let Some(parent) = dir.parent() {
         DirBuilder::new()
@@ -173,18 +287,22 @@ fn make_empty_dir(dir: &Path) -> Result<(), String> {
             .map_err(fail)?;
     }
     match DirBuilder::new().mode(0o777).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(fail(e)),
+        Ok(()) => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
+            if let Some(g) = group {
+                own_by_group(dir, g)?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
+            if !meta.is_dir() {
+                return Err(format!("{} is not a directory", dir.display()));
+            }
+            Ok(())
+        }
+        Err(e) => Err(fail(e)),
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
-    if !meta.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
-    if meta.permissions().mode() & 0o7777 != 0o777 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// Upstream's hostPath `SetUp`: the path has no `..`, then what `type` asks is checked, and
@@ -301,14 +419,13 @@ pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
     Ok(root.join(sub))
 }
 
-/// Sets up the volumes of `pod` (see the module docs): each that fails is a `FailedMount`
-/// event on the pod, and the sync ends with [`SyncError::Volumes`] naming them.
-pub fn set_up(pods_dir: &Path, pod: &Pod, events: &dyn PodEvents) -> Result<(), SyncError> {
-    let failed = set_up_volumes(pods_dir, pod);
+/// Reports the volumes of `pod` that could not be set up (see the module docs): each is a
+/// `FailedMount` event on the pod, and the sync ends with [`SyncError::Volumes`] naming them.
+pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(), SyncError> {
     if failed.is_empty() {
         return Ok(());
     }
-    for f in &failed {
+    for f in failed {
         events.event(
             pod,
             None,

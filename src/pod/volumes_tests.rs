@@ -56,15 +56,40 @@ fn source_names_every_type() {
         source(&v(json!({"name": "a", "hostPath": {"path": "/x"}}))),
         Source::HostPath(h) if h.path == "/x"
     ));
-    let others = [
-        (json!({"configMap": {"name": "c"}}), "configMap"),
-        (json!({"secret": {"secretName": "s"}}), "secret"),
-        (json!({"downwardAPI": {"items": []}}), "downwardAPI"),
-        (json!({"projected": {"sources": []}}), "projected"),
+    let written = [
         (
-            json!({"persistentVolumeClaim": {"claimName": "p"}}),
-            "persistentVolumeClaim",
+            json!({"configMap": {"name": "c"}}),
+            "kubernetes.io~configmap",
+            false,
         ),
+        (
+            json!({"secret": {"secretName": "s"}}),
+            "kubernetes.io~secret",
+            true,
+        ),
+        (
+            json!({"downwardAPI": {"items": []}}),
+            "kubernetes.io~downward-api",
+            false,
+        ),
+        (
+            json!({"projected": {"sources": []}}),
+            "kubernetes.io~projected",
+            true,
+        ),
+    ];
+    for (mut j, plugin, tmpfs) in written {
+        j["name"] = json!("a");
+        let vol = v(j);
+        assert_eq!(written_plugin(&source(&vol)), Some((plugin, tmpfs)));
+        assert!(read_only(&vol));
+    }
+    assert!(!read_only(&v(json!({"name": "a", "emptyDir": {}}))));
+    assert!(matches!(
+        source(&v(json!({"name": "a", "persistentVolumeClaim": {"claimName": "p"}}))),
+        Source::Claim(c) if c.claim_name == "p"
+    ));
+    let others = [
         (json!({"nfs": {"server": "s", "path": "/"}}), "nfs"),
         (json!({"csi": {"driver": "d"}}), "csi"),
         (json!({"ephemeral": {}}), "ephemeral"),
@@ -83,7 +108,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
             {"name": "cfg", "configMap": {"name": "c"}},
             {"name": "unused", "secret": {"secretName": "s"}},
             {"name": "token", "projected": {"sources": []}},
-            {"name": "claim", "persistentVolumeClaim": {"claimName": "p"}},
+            {"name": "claim", "nfs": {"server": "s", "path": "/"}},
             {"name": "scratch", "emptyDir": {}}
         ]),
         &["cfg", "token", "claim", "scratch"],
@@ -93,22 +118,10 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
         .iter()
         .map(|f| (f.volume.as_str(), f.message.as_str()))
         .collect();
+    // The configMap and projected volumes are the volume manager's.
     assert_eq!(
         got,
-        [
-            (
-                "cfg",
-                "volume type configMap is not supported by nodelet yet"
-            ),
-            (
-                "token",
-                "volume type projected is not supported by nodelet yet"
-            ),
-            (
-                "claim",
-                "volume type persistentVolumeClaim is not supported by nodelet yet"
-            ),
-        ]
+        [("claim", "volume type nfs is not supported by nodelet yet")]
     );
     // What can be set up still is.
     assert!(empty_dir_path(dir.path(), &p, "scratch").is_dir());
@@ -121,29 +134,36 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
 
     // As an event per volume and one sync error naming them.
     let events = Recorded::default();
-    let err = set_up(dir.path(), &p, &events).expect_err("refused");
+    let mut failed = set_up_volumes(dir.path(), &p);
+    failed.insert(
+        0,
+        Failure {
+            volume: "cfg".into(),
+            message: "configmap \"c\" not found".into(),
+        },
+    );
+    let err = report(&p, &failed, &events).expect_err("refused");
     let SyncError::Volumes(text) = &err else {
         panic!("a volumes error: {err:?}");
     };
     assert!(
-        text.starts_with("unmounted volumes=[cfg token claim]: "),
+        text.starts_with("unmounted volumes=[cfg claim]: "),
         "{text}"
     );
     let recorded = events.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
     let (container, kind, reason, message) = &recorded[0];
     assert_eq!(container, &None);
     assert_eq!(*kind, EventType::Warning);
     assert_eq!(reason, "FailedMount");
     assert_eq!(
         message,
-        "MountVolume.SetUp failed for volume \"cfg\" : volume type configMap is not supported \
-         by nodelet yet"
+        "MountVolume.SetUp failed for volume \"cfg\" : configmap \"c\" not found"
     );
 }
 
 #[test]
-fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
+fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
     let dir = tempfile::tempdir().expect("pods dir");
     let p = pod_with(
         json!([
@@ -155,7 +175,7 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
         &["scratch", "ram", "huge", "odd"],
     );
     let events = Recorded::default();
-    let err = set_up(dir.path(), &p, &events).expect_err("memory refused");
+    let err = report(&p, &set_up_volumes(dir.path(), &p), &events).expect_err("huge pages");
     assert!(matches!(err, SyncError::Volumes(_)), "{err:?}");
     let scratch = empty_dir_path(dir.path(), &p, "scratch");
     assert_eq!(
@@ -168,6 +188,7 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
+    // Memory-backed: the volume manager's (a tmpfs), not made here.
     assert!(!empty_dir_path(dir.path(), &p, "ram").exists());
     let messages: Vec<String> = events
         .0
@@ -179,10 +200,8 @@ fn empty_dir_on_disk_is_made_0777_and_memory_is_refused() {
     assert_eq!(
         messages,
         [
-            "MountVolume.SetUp failed for volume \"ram\" : emptyDir medium Memory is not \
-             supported by nodelet yet (only the node's disk)",
             "MountVolume.SetUp failed for volume \"huge\" : emptyDir medium HugePages-2Mi is \
-             not supported by nodelet yet (only the node's disk)",
+             not supported by nodelet yet (only the node's disk and memory)",
             "MountVolume.SetUp failed for volume \"odd\" : unknown storage medium \"Tape\"",
         ]
     );

@@ -1,8 +1,10 @@
-//! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases and
-//! events over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
+//! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases,
+//! events, configmaps, secrets, serviceaccounts, services (cluster IPs allocated),
+//! persistentvolumes and persistentvolumeclaims over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
 //! resourceVersions, conflicts, the status subresource, patches, selectors, pagination,
 //! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion;
-//! TokenReview and SubjectAccessReview answered from what a test sets; `pods/log`, `pods/exec`,
+//! TokenReview and SubjectAccessReview answered from what a test sets and the service account
+//! tokens issued by TokenRequest (`serviceaccounts/<name>/token`, `tokens.rs`); `pods/log`, `pods/exec`,
 //! `pods/attach` and `pods/portforward` proxied to the pod's kubelet with a client certificate
 //! (`proxy.rs`). Include it from a test file with `mod apiserver;`.
 #![allow(dead_code)]
@@ -11,6 +13,7 @@ mod patch;
 mod proxy;
 mod select;
 mod store;
+mod tokens;
 mod watch;
 
 use std::collections::HashMap;
@@ -31,6 +34,8 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use store::{ApiError, DeleteOptions, Store};
 pub use store::{RESOURCES, Resource};
+#[allow(unused_imports)]
+pub use tokens::{DEFAULT_AUDIENCE, IssuedToken, claims};
 
 /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,6 +47,10 @@ struct App {
     reviews: Mutex<Reviews>,
     /// How `pods/log`, `pods/exec`, ... reach kubelets.
     kubelet_client: Mutex<Option<proxy::KubeletClient>>,
+    /// The service account tokens issued, oldest first.
+    issued: Mutex<Vec<IssuedToken>>,
+    /// The longest lifetime a token gets (`--service-account-max-token-expiration`).
+    max_token_expiration: Mutex<Option<i64>>,
 }
 
 /// What TokenReview and SubjectAccessReview answer: the tokens known (with their user and
@@ -113,6 +122,26 @@ impl ApiServer {
         }
     }
 
+    /// Caps the lifetime of the tokens issued from now on at `secs` seconds, as
+    /// kube-apiserver's `--service-account-max-token-expiration` does (the answer's
+    /// `spec.expirationSeconds` says the lifetime given).
+    pub fn set_max_token_expiration(&self, secs: i64) {
+        *self
+            .app
+            .max_token_expiration
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(secs);
+    }
+
+    /// The service account tokens issued so far, oldest first.
+    pub fn issued_tokens(&self) -> Vec<IssuedToken> {
+        self.app
+            .issued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Starts serving on 127.0.0.1 on a free port.
     pub async fn start() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -127,6 +156,8 @@ impl ApiServer {
             addr,
             reviews: Mutex::new(Reviews::default()),
             kubelet_client: Mutex::new(None),
+            issued: Mutex::new(Vec::new()),
+            max_token_expiration: Mutex::new(None),
         });
         let server = ApiServer {
             app,
@@ -278,6 +309,7 @@ struct Target {
     name: Option<String>,
     status: bool,
     binding: bool,
+    token: bool,
 }
 
 fn parse_target(path: &str) -> Result<Target, ApiError> {
@@ -301,10 +333,11 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
     if (!res.namespaced && ns.is_some()) || (res.namespaced && name.is_some() && ns.is_none()) {
         return Err(ApiError::path_not_found());
     }
-    let (status, binding) = match sub {
-        None => (false, false),
-        Some("status") if res.has_status => (true, false),
-        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true),
+    let (status, binding, token) = match sub {
+        None => (false, false, false),
+        Some("status") if res.has_status => (true, false, false),
+        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true, false),
+        Some("token") if res.kind == "ServiceAccount" => (false, false, true),
         Some(_) => return Err(ApiError::path_not_found()),
     };
     Ok(Target {
@@ -313,6 +346,7 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
         name,
         status,
         binding,
+        token,
     })
 }
 
@@ -463,6 +497,30 @@ fn dispatch(
             Ok(respond(201, &done))
         }
         (_, Some(_)) if t.binding => Err(not_allowed()),
+        (&Method::POST, Some(name)) if t.token => {
+            let max = *app
+                .max_token_expiration
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let (answer, issued) = tokens::issue(&mut app.store(), &ns, name, body, max)?;
+            let user = format!("system:serviceaccount:{ns}:{name}");
+            let groups = vec![
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".to_string(),
+            ];
+            app.reviews
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .tokens
+                .insert(issued.token.clone(), (user, groups));
+            app.issued
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(issued);
+            Ok(respond(201, &answer))
+        }
+        (_, Some(_)) if t.token => Err(not_allowed()),
         (&Method::GET, _) if flag("watch") => watch(app, &t, q),
         (&Method::GET, None) => Ok(respond(200, &list(&app.store(), &t, q)?)),
         (&Method::GET, Some(name)) => Ok(respond(200, &app.store().get(res, &ns, name)?)),
@@ -699,6 +757,13 @@ fn resource_list(group: &str) -> Value {
             resources.push(
                 json!({"name": "pods/binding", "singularName": "", "namespaced": true,
                 "kind": "Binding", "verbs": ["create"]}),
+            );
+        }
+        if r.kind == "ServiceAccount" {
+            resources.push(
+                json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
+                "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                "verbs": ["create"]}),
             );
         }
         if r.has_status {

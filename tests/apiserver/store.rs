@@ -76,6 +76,26 @@ pub const RESOURCES: &[Resource] = &[
     res("", "pods", "Pod", true, STATUS | RETURN_DELETED, &["po"]),
     res("", "nodes", "Node", false, STATUS, &["no"]),
     res("", "events", "Event", true, CREATE_ON_UPDATE, &["ev"]),
+    res("", "configmaps", "ConfigMap", true, 0, &["cm"]),
+    res("", "secrets", "Secret", true, 0, &[]),
+    res("", "serviceaccounts", "ServiceAccount", true, 0, &["sa"]),
+    res("", "services", "Service", true, STATUS, &["svc"]),
+    res(
+        "",
+        "persistentvolumes",
+        "PersistentVolume",
+        false,
+        STATUS,
+        &["pv"],
+    ),
+    res(
+        "",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        STATUS,
+        &["pvc"],
+    ),
     res("coordination.k8s.io", "leases", "Lease", true, 0, &[]),
     res(
         "events.k8s.io",
@@ -320,7 +340,74 @@ impl Store {
         }
     }
 
-    fn next(&mut self) -> u64 {
+    /// A Service's defaults as kube-apiserver fills them: `type: ClusterIP`, ports' protocol
+    /// TCP, and a cluster IP allocated from 10.96.0.0/16 (from .10 up; a given one must be
+    /// free) unless it is `None` (headless) or the Service an ExternalName.
+    fn prepare_service(
+        &mut self,
+        res: &'static Resource,
+        name: &str,
+        svc: &mut Value,
+    ) -> Result<(), ApiError> {
+        if !svc.get("spec").is_some_and(Value::is_object) {
+            svc["spec"] = json!({});
+        }
+        let spec = &mut svc["spec"];
+        if spec.get("type").is_none() {
+            spec["type"] = json!("ClusterIP");
+        }
+        for p in spec
+            .get_mut("ports")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if p.get("protocol").is_none() {
+                p["protocol"] = json!("TCP");
+            }
+        }
+        if spec["type"] == "ExternalName" {
+            return Ok(());
+        }
+        let used: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "services")
+            .filter_map(|(_, o)| o.pointer("/spec/clusterIP")?.as_str().map(String::from))
+            .collect();
+        let asked = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let ip = if asked == "None" {
+            asked
+        } else if !asked.is_empty() {
+            if used.contains(&asked) {
+                let msg = format!(
+                    "Invalid value: \"{asked}\": failed to allocate IP {asked}: provided IP is already allocated"
+                );
+                return Err(ApiError::invalid(
+                    res,
+                    name,
+                    "spec.clusterIPs",
+                    "FieldValueInvalid",
+                    &msg,
+                ));
+            }
+            asked
+        } else {
+            (10..=65534u32)
+                .map(|n| format!("10.96.{}.{}", n >> 8, n & 0xff))
+                .find(|ip| !used.contains(ip) && !ip.ends_with(".0") && !ip.ends_with(".255"))
+                .ok_or_else(|| ApiError::new(500, "InternalError", "no cluster IP left"))?
+        };
+        spec["clusterIP"] = json!(ip);
+        spec["clusterIPs"] = json!([ip]);
+        Ok(())
+    }
+
+    pub fn next(&mut self) -> u64 {
         self.seq += 1;
         let mut x = self.seed ^ self.seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         x ^= x >> 31;
@@ -328,7 +415,7 @@ impl Store {
         x ^ (x >> 29)
     }
 
-    fn new_uid(&mut self) -> String {
+    pub fn new_uid(&mut self) -> String {
         let (a, b) = (self.next(), self.next());
         format!(
             "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
@@ -442,6 +529,9 @@ impl Store {
         }
         body["apiVersion"] = json!(res.api_version());
         body["kind"] = json!(res.kind);
+        if res.kind == "Secret" || res.kind == "ConfigMap" {
+            prepare_data(res, body)?;
+        }
         Ok(())
     }
 
@@ -506,6 +596,9 @@ impl Store {
         }
         if self.objects.contains_key(&key(res, ns, &name)) {
             return Err(ApiError::already_exists(res, &name));
+        }
+        if res.kind == "Service" {
+            self.prepare_service(res, &name, &mut body)?;
         }
         let uid = self.new_uid();
         let m = meta(&mut body);
@@ -639,6 +732,20 @@ impl Store {
                 "FieldValueInvalid",
                 &msg,
             ));
+        }
+        if !status && old.get("immutable") == Some(&json!(true)) {
+            for field in ["data", "binaryData", "immutable"] {
+                if old.get(field) != new.get(field) {
+                    let msg = "Forbidden: field is immutable when `immutable` is set";
+                    return Err(ApiError::invalid(
+                        res,
+                        name,
+                        field,
+                        "FieldValueForbidden",
+                        msg,
+                    ));
+                }
+            }
         }
         let old_rv = meta_str(&old, "resourceVersion").to_string();
         let asked_rv = meta_str(&new, "resourceVersion");
@@ -824,6 +931,77 @@ impl Store {
         m.insert("generation".into(), json!(g + 1));
         Ok(self.commit(res, ChangeKind::Modified, next, Some(old)))
     }
+}
+
+/// A Secret's or ConfigMap's data as kube-apiserver takes it: a Secret's `stringData` merged
+/// into `data` (base64) and dropped, `data` values checked to be base64, `type` defaulted to
+/// `Opaque`; keys checked to be config keys, and a ConfigMap's key in both `data` and
+/// `binaryData` refused.
+fn prepare_data(res: &Resource, obj: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let name = meta_str(obj, "name").to_string();
+    if res.kind == "Secret" {
+        if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|o| o.remove("stringData")) {
+            for (k, v) in sd {
+                let text = v.as_str().unwrap_or("").to_string();
+                obj["data"][k] = json!(b64.encode(text));
+            }
+        }
+        if obj.get("type").is_none() {
+            obj["type"] = json!("Opaque");
+        }
+    }
+    let binary = |field: &str| res.kind == "Secret" || field == "binaryData";
+    let mut seen = std::collections::BTreeSet::new();
+    for field in ["data", "binaryData"] {
+        let Some(map) = obj.get(field) else { continue };
+        let Some(map) = map.as_object() else {
+            return Err(ApiError::bad_request(format!(
+                "json: cannot unmarshal {field} into a map of {}",
+                res.kind
+            )));
+        };
+        for (k, v) in map {
+            let valid = !k.is_empty()
+                && k.len() <= 253
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            if !valid || k == "." || k == ".." || k.starts_with("..") {
+                let msg = format!(
+                    "Invalid value: \"{k}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+                );
+                return Err(ApiError::invalid(
+                    res,
+                    &name,
+                    &format!("{field}[{k}]"),
+                    "FieldValueInvalid",
+                    &msg,
+                ));
+            }
+            let Some(text) = v.as_str() else {
+                return Err(ApiError::bad_request(format!(
+                    "json: cannot unmarshal {field}[{k}] into a string"
+                )));
+            };
+            if binary(field) && b64.decode(text).is_err() {
+                return Err(ApiError::bad_request(format!(
+                    "illegal base64 data in {field}[{k}]"
+                )));
+            }
+            if !seen.insert(k.clone()) {
+                let msg = format!("Invalid value: \"{k}\": duplicate of key present in data");
+                return Err(ApiError::invalid(
+                    res,
+                    &name,
+                    &format!("binaryData[{k}]"),
+                    "FieldValueInvalid",
+                    &msg,
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pod creation as the pod strategy does it: status reset to Pending with the QoS class,
