@@ -309,7 +309,7 @@ async fn unreadable_records_are_set_aside_and_the_rest_adopted() {
         .into_iter()
         .map(|s| s.id)
         .collect();
-    assert_eq!(sandboxes, [a.0.clone()]);
+    assert_eq!(sandboxes, std::slice::from_ref(&a.0));
     assert!(!torn.exists() && !garbage.exists());
     let aside: Vec<String> = std::fs::read_dir(cri_dir.join("corrupt"))
         .expect("the corrupt dir")
