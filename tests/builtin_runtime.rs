@@ -345,8 +345,31 @@ async fn cgroup_limits_oom_stats_and_updates() {
         })
         .await
         .unwrap();
-    let mem = stats.stats.unwrap().memory.unwrap();
+    let stats = stats.stats.unwrap();
+    let mem = stats.memory.unwrap();
     assert!(mem.usage_bytes.unwrap().value > 0);
+    // The writable layer: what the container wrote, measured (1 MiB written now).
+    let layer = |s: &cri::ContainerStats| {
+        let w = s.writable_layer.clone().unwrap();
+        (w.used_bytes.unwrap().value, w.inodes_used.unwrap().value)
+    };
+    let (before, _) = layer(&stats);
+    node.exec(&id, &["sh", "-c", "head -c 1048576 /dev/zero > /big"])
+        .await;
+    let after = node
+        .rt
+        .container_stats(cri::ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .stats
+        .unwrap();
+    let (bytes, inodes) = layer(&after);
+    assert!(
+        bytes >= before + 1_048_576 && inodes >= 2,
+        "{before} -> {bytes} bytes, {inodes} inodes"
+    );
     let list = node
         .rt
         .list_container_stats(cri::ListContainerStatsRequest { filter: None })
@@ -365,6 +388,13 @@ async fn cgroup_limits_oom_stats_and_updates() {
         linux.process.unwrap().process_count.unwrap().value >= 2,
         "sandbox process and sleep"
     );
+    // The pod's network namespace: its eth0, loopback left out.
+    let net = linux.network.expect("network stats");
+    assert_eq!(
+        net.default_interface.as_ref().map(|i| i.name.as_str()),
+        Some("eth0")
+    );
+    assert!(net.interfaces.iter().all(|i| i.name != "lo"), "{net:?}");
 
     let mut oom = container_config("oom", &["sh", "-c", "x=a; while true; do x=$x$x; done"]);
     oom.linux = Some(cri::LinuxContainerConfig {

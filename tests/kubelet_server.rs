@@ -414,7 +414,7 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     // Exec through the kubelet API: the runtime's streaming server, proxied (WebSocket, v5).
     let shell = format!(
         "  containers:\n{}    readinessProbe:\n      exec: {{command: [\"true\"]}}\n      periodSeconds: 1\n",
-        busybox("app", "sleep 3600")
+        busybox("app", "head -c 100000 /dev/zero > /written; sleep 3600")
     );
     pods.create(&PostParams::default(), &node.pod("shell", &shell))
         .await
@@ -610,16 +610,64 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     );
     assert_eq!(value("resource_scrape_error "), Some(0.0), "{res}");
 
+    // /metrics/cadvisor: cAdvisor's names, from the runtime's stats, the writable layer's
+    // usage (the 100 kB the app wrote) and the pod's network counters (its readiness probes
+    // are execs; the kubelet's HTTP to the pod is not needed for eth0 to have counted bytes:
+    // ARP and the probes' traffic reach it).
+    let (code, cadv) = get(port, &serving, "/metrics/cadvisor", alice, None)
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{cadv}");
+    let app_sample = |metric: &str| -> Option<f64> {
+        cadv.lines()
+            .find(|l| {
+                l.starts_with(&format!("{metric}{{container=\"app\","))
+                    && l.contains("namespace=\"default\",pod=\"shell\"}")
+            })
+            .and_then(|l| l.rsplit(' ').nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    for metric in [
+        "container_cpu_usage_seconds_total",
+        "container_memory_working_set_bytes",
+        "container_memory_usage_bytes",
+    ] {
+        assert!(
+            app_sample(metric).is_some_and(|v| v > 0.0),
+            "{metric}: {cadv}"
+        );
+    }
+    assert!(
+        app_sample("container_fs_usage_bytes").is_some_and(|v| v >= 100_000.0),
+        "the written file counts in the writable layer: {cadv}"
+    );
+    assert!(
+        app_sample("container_fs_inodes_used").is_some_and(|v| v >= 2.0),
+        "{cadv}"
+    );
+    assert!(
+        cadv.lines()
+            .any(|l| l.starts_with("container_cpu_usage_seconds_total{")
+                && l.contains("image=\"")
+                && !l.contains("image=\"\"")),
+        "the image is named: {cadv}"
+    );
+    assert!(
+        cadv.lines().any(|l| l
+            .starts_with("container_network_receive_bytes_total{container=\"\",")
+            && l.contains("interface=\"eth0\"")
+            && l.contains("pod=\"shell\"")),
+        "the pod's eth0: {cadv}"
+    );
+
     // Not built yet: 501 with the reason, after authorization.
-    let (code, body) = get(port, &serving, "/metrics/cadvisor", alice, None)
+    api.set_allowed("alice", "get", "stats", true);
+    let (code, body) = get(port, &serving, "/stats/summary", alice, None)
         .await
         .expect("GET");
     assert_eq!(
         (code, body.as_str()),
-        (
-            501,
-            "GET /metrics/cadvisor: not implemented by nodelet yet\n"
-        )
+        (501, "GET /stats: not implemented by nodelet yet\n")
     );
 
     // healthz, plain HTTP.

@@ -230,6 +230,38 @@ impl Store {
         Ok(())
     }
 
+    /// What the key's container has written to its rootfs: the disk usage (allocated blocks)
+    /// and the inode count of its overlay upper dir, hard links counted once, as containerd's
+    /// snapshotter counts a writable layer. Walks the dir: the cost grows with what it wrote.
+    pub fn rootfs_usage(&self, key: &str) -> Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        check_key(key)?;
+        let upper = self.inner.paths.container(key).join("upper");
+        let mut seen = std::collections::HashSet::new();
+        let (mut bytes, mut inodes) = (0u64, 0u64);
+        let mut dirs = vec![upper.clone()];
+        while let Some(dir) = dirs.pop() {
+            let meta = std::fs::symlink_metadata(&dir)
+                .map_err(|e| Error::io("reading the writable layer", &dir, e))?;
+            if seen.insert((meta.dev(), meta.ino())) {
+                bytes += meta.blocks() * 512;
+                inodes += 1;
+            }
+            let entries = std::fs::read_dir(&dir)
+                .map_err(|e| Error::io("reading the writable layer", &dir, e))?;
+            for entry in entries.flatten() {
+                let Ok(m) = entry.metadata() else { continue };
+                if m.is_dir() {
+                    dirs.push(entry.path());
+                } else if seen.insert((m.dev(), m.ino())) {
+                    bytes += m.blocks() * 512;
+                    inodes += 1;
+                }
+            }
+        }
+        Ok((bytes, inodes))
+    }
+
     /// Unmounts `target` (detaching lazily when busy) and deletes the key's upper and work
     /// dirs. Idempotent; an unknown key is fine.
     pub fn release_rootfs(&self, key: &str, target: &Path) -> Result<()> {

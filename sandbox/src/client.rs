@@ -493,6 +493,13 @@ impl Client {
         std::fs::metadata(dir).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino())
     }
 
+    /// The sandbox process's PID, while it is alive.
+    pub fn pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.layout.pid_file()).ok()?;
+        let pid = text.trim().parse().ok()?;
+        self.process_alive().then_some(pid)
+    }
+
     /// The spec the sandbox was launched with.
     pub fn spec(&self) -> Result<crate::Spec> {
         let path = self.layout.spec();

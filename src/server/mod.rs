@@ -9,6 +9,7 @@
 //! made-up answer.
 
 pub mod auth;
+pub mod cadvisor;
 pub mod logs;
 pub mod resource;
 mod stream;
@@ -134,6 +135,7 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/metrics", get(metrics_handler))
         .route("/metrics/probes", get(probe_metrics_handler))
         .route("/metrics/resource", get(resource_metrics_handler))
+        .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
@@ -286,7 +288,7 @@ async fn healthz_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 /// The endpoints upstream serves that nodelet does not yet: 501 with the reason; 404 otherwise.
 async fn fallback(method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let not_yet = ["/metrics/cadvisor", "/stats", "/checkpoint/", "/debug/"];
+    let not_yet = ["/stats", "/checkpoint/", "/debug/"];
     if let Some(p) = not_yet.iter().find(|p| path.starts_with(*p)) {
         return text(
             StatusCode::NOT_IMPLEMENTED,
@@ -371,6 +373,20 @@ async fn metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
 /// `/metrics/resource`: what metrics-server reads ([`resource`]).
 async fn resource_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
     let body = resource::render(ctx.deps.rt.as_ref()).await;
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// `/metrics/cadvisor`: the containers' usage by cAdvisor's names ([`cadvisor`]).
+async fn cadvisor_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let body = cadvisor::render(ctx.deps.rt.as_ref()).await;
     (
         StatusCode::OK,
         [(

@@ -40,22 +40,28 @@ pub fn node_working_set(meminfo: &str) -> Option<u64> {
     Some(used.saturating_sub(kb("Inactive(file)").unwrap_or(0)) * 1024)
 }
 
-fn escape(v: &str) -> String {
+pub(super) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
 
 /// One metric family: HELP, TYPE and samples `(labels, value, timestamp ms)`.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, f64, i64)]) {
-    let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
+pub(super) fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: &[(String, f64, i64)],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
     for (labels, value, ts) in samples {
         let _ = writeln!(out, "{name}{labels} {value} {ts}");
     }
 }
 
-fn ms(ns: i64) -> i64 {
+pub(super) fn ms(ns: i64) -> i64 {
     ns / 1_000_000
 }
 
@@ -124,21 +130,21 @@ pub async fn render(rt: &dyn RuntimeService) -> String {
         &mut out,
         "container_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the container in core-seconds",
+        "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
         &c_cpu,
     );
     family(
         &mut out,
         "container_memory_working_set_bytes",
         "gauge",
-        "Current working set of the container in bytes",
+        "[STABLE] Current working set of the container in bytes",
         &c_mem,
     );
     family(
         &mut out,
         "node_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the node in core-seconds",
+        "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
         &cpu.map(|v| vec![(String::new(), v, now_ms)])
             .unwrap_or_default(),
     );
@@ -146,7 +152,7 @@ pub async fn render(rt: &dyn RuntimeService) -> String {
         &mut out,
         "node_memory_working_set_bytes",
         "gauge",
-        "Current working set of the node in bytes",
+        "[STABLE] Current working set of the node in bytes",
         &mem.map(|v| vec![(String::new(), v as f64, now_ms)])
             .unwrap_or_default(),
     );
@@ -165,14 +171,14 @@ pub async fn render(rt: &dyn RuntimeService) -> String {
         &mut out,
         "pod_cpu_usage_seconds_total",
         "counter",
-        "Cumulative cpu time consumed by the pod in core-seconds",
+        "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
         &p_cpu,
     );
     family(
         &mut out,
         "pod_memory_working_set_bytes",
         "gauge",
-        "Current working set of the pod in bytes",
+        "[STABLE] Current working set of the pod in bytes",
         &p_mem,
     );
     let _ = writeln!(

@@ -35,6 +35,13 @@ impl BuiltinRuntime {
             .and_then(|p| sandbox::cgroup::stats(p).ok())
             .unwrap_or_default();
         let (cpu, memory) = cpu_memory(&usage, ts);
+        let layer = match self.inner.images.rootfs_usage(&rec.id) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::debug!(container = %rec.id, "writable layer usage: {e}");
+                None
+            }
+        };
         cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
                 id: rec.id.clone(),
@@ -49,8 +56,9 @@ impl BuiltinRuntime {
                 fs_id: Some(cri::FilesystemIdentifier {
                     mountpoint: self.inner.images.root().to_string_lossy().into_owned(),
                 }),
-                used_bytes: u64v(0),
-                inodes_used: u64v(0),
+                // Unknown (not zero) when the layer cannot be read.
+                used_bytes: layer.and_then(|(b, _)| u64v(b)),
+                inodes_used: layer.and_then(|(_, i)| u64v(i)),
             }),
             swap: None,
         }
@@ -101,7 +109,7 @@ impl BuiltinRuntime {
             linux: Some(cri::LinuxPodSandboxStats {
                 cpu: Some(cpu),
                 memory: Some(memory),
-                network: None,
+                network: self.network_usage(&rec.id, ts),
                 process: Some(cri::ProcessUsage {
                     timestamp: ts,
                     process_count: u64v(usage.pids),
@@ -109,6 +117,25 @@ impl BuiltinRuntime {
                 containers,
             }),
             windows: None,
+        })
+    }
+
+    /// The counters of the interfaces in the sandbox's network namespace (its process's
+    /// `/proc/<pid>/net/dev`, loopback left out), the pod's own `eth0` the default one; `None`
+    /// when its process is gone.
+    fn network_usage(&self, id: &str, ts: i64) -> Option<cri::NetworkUsage> {
+        let pid = self.client(id).pid()?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+        let interfaces = parse_net_dev(&text);
+        let default_interface = interfaces
+            .iter()
+            .find(|i| i.name == sandbox::net::POD_INTERFACE)
+            .or_else(|| interfaces.first())
+            .cloned();
+        Some(cri::NetworkUsage {
+            timestamp: ts,
+            default_interface,
+            interfaces,
         })
     }
 
@@ -128,5 +155,51 @@ impl BuiltinRuntime {
             out.push(self.sandbox_stats(&rec.id).await?);
         }
         Ok(out)
+    }
+}
+
+/// The interfaces of a `/proc/<pid>/net/dev` but loopback: name, then received bytes, packets,
+/// errors, drops, ... and transmitted bytes, packets, errors (the 1st, 3rd, 9th and 11th
+/// numbers).
+fn parse_net_dev(text: &str) -> Vec<cri::NetworkInterfaceUsage> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, counters) = l.split_once(':')?;
+            let name = name.trim();
+            let v: Vec<u64> = counters
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (name != "lo" && v.len() >= 16).then(|| cri::NetworkInterfaceUsage {
+                name: name.to_string(),
+                rx_bytes: u64v(v[0]),
+                rx_errors: u64v(v[2]),
+                tx_bytes: u64v(v[8]),
+                tx_errors: u64v(v[10]),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_counters_from_net_dev() {
+        let text = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo:     100       1    0    0    0     0          0         0      100       1    0    0    0     0       0          0\n  eth0:    5000      40    2    0    0     0          0         0     3000      30    1    0    0     0       0          0\n";
+        let v = parse_net_dev(text);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].name, "eth0");
+        let n = |x: &Option<cri::UInt64Value>| x.as_ref().map(|v| v.value);
+        assert_eq!(
+            (
+                n(&v[0].rx_bytes),
+                n(&v[0].rx_errors),
+                n(&v[0].tx_bytes),
+                n(&v[0].tx_errors)
+            ),
+            (Some(5000), Some(2), Some(3000), Some(1))
+        );
     }
 }
