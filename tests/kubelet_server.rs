@@ -660,9 +660,53 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         "the pod's eth0: {cadv}"
     );
 
-    // Not built yet: 501 with the reason, after authorization.
+    // /stats/summary: the Summary API, nodes/stats. Two scrapes: the second has CPU rates.
     api.set_allowed("alice", "get", "stats", true);
-    let (code, body) = get(port, &serving, "/stats/summary", alice, None)
+    let summary = async || {
+        let (code, body) = get(port, &serving, "/stats/summary", alice, None)
+            .await
+            .expect("GET");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).expect("JSON")
+    };
+    let first = summary().await;
+    assert!(
+        first["node"]["cpu"]["usageNanoCores"].is_null(),
+        "no rate from one sample: {first}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let s = summary().await;
+    let node_stats = &s["node"];
+    assert_eq!(node_stats["nodeName"], NODE, "{s}");
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    assert!(n(&node_stats["cpu"]["usageCoreNanoSeconds"]) > 0, "{s}");
+    assert!(!node_stats["cpu"]["usageNanoCores"].is_null(), "{s}");
+    assert!(n(&node_stats["memory"]["workingSetBytes"]) > 0, "{s}");
+    assert!(n(&node_stats["fs"]["capacityBytes"]) > 0, "{s}");
+    assert!(n(&node_stats["runtime"]["imageFs"]["usedBytes"]) > 0, "{s}");
+    assert!(n(&node_stats["rlimit"]["curproc"]) > 0, "{s}");
+    let pod = s["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["podRef"]["name"] == "shell"))
+        .unwrap_or_else(|| panic!("the shell pod: {s}"));
+    assert_eq!(pod["podRef"]["namespace"], "default");
+    assert_eq!(pod["network"]["name"], "eth0", "{pod}");
+    assert!(n(&pod["memory"]["workingSetBytes"]) > 0, "{pod}");
+    assert!(n(&pod["process_stats"]["process_count"]) >= 1, "{pod}");
+    let app = pod["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "app"))
+        .unwrap_or_else(|| panic!("app: {pod}"));
+    assert!(n(&app["cpu"]["usageCoreNanoSeconds"]) > 0, "{app}");
+    assert!(n(&app["rootfs"]["usedBytes"]) >= 100_000, "{app}");
+    assert!(n(&app["logs"]["inodesUsed"]) >= 1, "the log file: {app}");
+    assert!(
+        n(&pod["ephemeral-storage"]["usedBytes"]) >= n(&app["rootfs"]["usedBytes"]),
+        "{pod}"
+    );
+
+    // Not built yet: 501 with the reason, after authorization.
+    let (code, body) = get(port, &serving, "/stats/container", alice, None)
         .await
         .expect("GET");
     assert_eq!(

@@ -165,6 +165,7 @@ impl Kubelet {
                     pod_logs_dir: cfg.pod_logs_dir.clone(),
                     client: client.clone(),
                     rt: rt.runtime.clone(),
+                    images: rt.images.clone(),
                     pods: pods_rx,
                     status: status.clone(),
                     configz: cfg.to_v1beta1(),

@@ -13,6 +13,7 @@ pub mod cadvisor;
 pub mod logs;
 pub mod resource;
 mod stream;
+pub mod summary;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -47,6 +48,7 @@ pub struct ServerDeps {
     pub pod_logs_dir: PathBuf,
     pub client: Option<kube::Client>,
     pub rt: Arc<dyn RuntimeService>,
+    pub images: Arc<dyn runtime::ImageService>,
     /// The pods the kubelet runs (from its sources).
     pub pods: watch::Receiver<Arc<Vec<Pod>>>,
     pub status: Arc<StatusManager>,
@@ -136,6 +138,7 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/metrics/probes", get(probe_metrics_handler))
         .route("/metrics/resource", get(resource_metrics_handler))
         .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
+        .route("/stats/summary", get(summary_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
@@ -396,6 +399,22 @@ async fn cadvisor_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// `/stats/summary`: the Summary API ([`summary`]).
+async fn summary_handler(State(ctx): State<Arc<Ctx>>) -> Response {
+    let src = summary::Sources {
+        node_name: &ctx.deps.node_name,
+        root_dir: &ctx.deps.root_dir,
+        pod_logs_dir: &ctx.deps.pod_logs_dir,
+    };
+    match summary::summary(&src, ctx.deps.rt.as_ref(), ctx.deps.images.as_ref()).await {
+        Ok(s) => json(&s),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to get summary stats: {e}"),
+        ),
+    }
 }
 
 /// `/metrics/probes`: `prober_probe_total`.
