@@ -413,8 +413,16 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
 
     // Exec through the kubelet API: the runtime's streaming server, proxied (WebSocket, v5).
     let shell = format!(
-        "  containers:\n{}    readinessProbe:\n      exec: {{command: [\"true\"]}}\n      periodSeconds: 1\n",
-        busybox("app", "head -c 100000 /dev/zero > /written; sleep 3600")
+        "  containers:\n{}    readinessProbe:\n      exec: {{command: [\"true\"]}}\n      periodSeconds: 1\n  volumes: [{{name: scratch, emptyDir: {{}}}}]\n",
+        busybox(
+            "app",
+            "head -c 100000 /dev/zero > /written; head -c 50000 /dev/zero > /scratch/f; sleep 3600"
+        )
+        .replacen(
+            "    command:",
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n    command:",
+            1
+        )
     );
     pods.create(&PostParams::default(), &node.pod("shell", &shell))
         .await
@@ -700,9 +708,16 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
     assert!(n(&app["cpu"]["usageCoreNanoSeconds"]) > 0, "{app}");
     assert!(n(&app["rootfs"]["usedBytes"]) >= 100_000, "{app}");
     assert!(n(&app["logs"]["inodesUsed"]) >= 1, "the log file: {app}");
+    let scratch = pod["volume"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+        .unwrap_or_else(|| panic!("the emptyDir: {pod}"));
+    assert!(n(&scratch["usedBytes"]) >= 50_000, "{scratch}");
+    assert!(n(&scratch["capacityBytes"]) > 0, "{scratch}");
     assert!(
-        n(&pod["ephemeral-storage"]["usedBytes"]) >= n(&app["rootfs"]["usedBytes"]),
-        "{pod}"
+        n(&pod["ephemeral-storage"]["usedBytes"])
+            >= n(&app["rootfs"]["usedBytes"]) + n(&scratch["usedBytes"]),
+        "writable layer, logs and emptyDir: {pod}"
     );
 
     // Not built yet: 501 with the reason, after authorization.

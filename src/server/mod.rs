@@ -407,6 +407,7 @@ async fn summary_handler(State(ctx): State<Arc<Ctx>>) -> Response {
         node_name: &ctx.deps.node_name,
         root_dir: &ctx.deps.root_dir,
         pod_logs_dir: &ctx.deps.pod_logs_dir,
+        pods_dir: &ctx.deps.root_dir.join("pods"),
     };
     match summary::summary(&src, ctx.deps.rt.as_ref(), ctx.deps.images.as_ref()).await {
         Ok(s) => json(&s),

@@ -4,8 +4,8 @@
 //!
 //! Rates (`usageNanoCores`) need two samples: each CPU counter's last sample is kept, and a
 //! rate is written from the second scrape on. Only what is known is written: a field without a
-//! source (the first scrape's rate, a volume's usage, which is not measured yet) is left out,
-//! never zero.
+//! source (the first scrape's rate) is left out, never zero. Volumes are the pod directory's
+//! (emptyDirs and the written ones); PVCs and hostPaths are not measured.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -148,11 +148,21 @@ pub struct PodStats {
     pub memory: Option<Memory>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    #[serde(rename = "volume", skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeStats>,
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<Fs>,
     /// Upstream spells this one (and its field) in snake case.
     #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
     pub process_stats: Option<ProcessStats>,
+}
+
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStats {
+    pub name: String,
+    #[serde(flatten)]
+    pub fs: Fs,
 }
 
 #[derive(Serialize, Default)]
@@ -238,18 +248,74 @@ fn statvfs(path: &Path, ts: i64) -> Option<Fs> {
     })
 }
 
-/// Bytes and inodes of the files under `dir` (a container's log directory).
+/// Disk usage and inodes of what is under `dir` (not following links; hard links once).
 fn du(dir: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    let mut bytes = 0;
-    let mut inodes = 0;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        if let Ok(m) = e.metadata() {
-            bytes += m.blocks() * 512;
-            inodes += 1;
+    let mut seen = std::collections::HashSet::new();
+    let (mut bytes, mut inodes) = (0, 0);
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut first = true;
+    while let Some(d) = dirs.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(_) if !first => continue,
+            Err(_) => return None,
+        };
+        first = false;
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                dirs.push(e.path());
+            }
+            if seen.insert((m.dev(), m.ino())) {
+                bytes += m.blocks() * 512;
+                inodes += 1;
+            }
         }
     }
     Some((bytes, inodes))
+}
+
+/// The pod's volumes the kubelet keeps in its directory (`<pods dir>/<uid>/volumes/
+/// kubernetes.io~<plugin>/<name>`: emptyDirs and the written configMap, secret, downwardAPI
+/// and projected ones), measured; and the bytes and inodes of the disk-backed emptyDirs, which
+/// count in the pod's ephemeral storage.
+fn volumes(pods_dir: &Path, uid: &str, now: i64) -> (Vec<VolumeStats>, u64, u64) {
+    let mut out = Vec::new();
+    let (mut bytes, mut inodes) = (0, 0);
+    let base = pods_dir.join(uid).join("volumes");
+    for plugin in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let empty_dir = plugin.file_name() == "kubernetes.io~empty-dir";
+        for vol in std::fs::read_dir(plugin.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = vol.path();
+            let Some((b, i)) = du(&path) else { continue };
+            let mut fs = statvfs(&path, now).unwrap_or_default();
+            let memory = fs.capacity_bytes.is_some() && is_tmpfs(&path);
+            if empty_dir && !memory {
+                bytes += b;
+                inodes += i;
+            }
+            fs.time = time(now);
+            fs.used_bytes = Some(b);
+            fs.inodes_used = Some(i);
+            out.push(VolumeStats {
+                name: vol.file_name().to_string_lossy().into_owned(),
+                fs,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    (out, bytes, inodes)
+}
+
+/// Whether `path` is on a tmpfs (a memory-backed volume).
+fn is_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == TMPFS_MAGIC)
 }
 
 /// What the summary reads besides the runtime.
@@ -257,6 +323,8 @@ pub struct Sources<'a> {
     pub node_name: &'a str,
     pub root_dir: &'a Path,
     pub pod_logs_dir: &'a Path,
+    /// `<root dir>/pods`, where the pods' volumes are.
+    pub pods_dir: &'a Path,
 }
 
 /// The node's own figures, from `/proc` and the root dir's filesystem.
@@ -431,6 +499,9 @@ pub async fn summary(
                 interfaces: n.interfaces.iter().map(iface).collect(),
             }
         });
+        let (volumes, vol_bytes, vol_inodes) = volumes(src.pods_dir, &meta.uid, now);
+        ephemeral.0 += vol_bytes;
+        ephemeral.1 += vol_inodes;
         pods.push(PodStats {
             pod_ref: PodRef {
                 name: meta.name.clone(),
@@ -442,7 +513,8 @@ pub async fn summary(
             cpu: cpu(&format!("pod/{}", attrs.id), &linux.cpu),
             memory: memory(&linux.memory),
             network,
-            // The containers' writable layers and logs (volumes are not measured yet).
+            volumes,
+            // The containers' writable layers and logs, and the disk-backed emptyDirs.
             ephemeral_storage: ephemeral.2.then(|| Fs {
                 time: time(now),
                 used_bytes: Some(ephemeral.0),
