@@ -278,13 +278,26 @@ async fn volumes_with_updates(backend: Backend, test: &str) {
     let ram_dir = pod_dir.join("volumes/kubernetes.io~empty-dir/ram");
     let mut mounted = mounts_under(&pod_dir);
     mounted.sort();
+    // The subPath is bound, as resolved, at upstream's place (`volume-subpaths/<volume>/
+    // <container>/<mount index>`) for the runtime.
+    let subpaths = pod_dir.join("volume-subpaths");
+    let (binds, kubelet_mounts): (Vec<_>, Vec<_>) = mounted
+        .into_iter()
+        .partition(|(p, _)| std::path::Path::new(p).starts_with(&subpaths));
     assert_eq!(
-        mounted,
+        kubelet_mounts,
         [
             (ram_dir.display().to_string(), "tmpfs".to_string()),
             (secret_dir.display().to_string(), "tmpfs".to_string()),
         ],
         "the secret and the memory-backed emptyDir are the kubelet's mounts"
+    );
+    assert_eq!(binds.len(), 1, "the one subPath: {binds:?}");
+    assert!(
+        binds[0]
+            .0
+            .starts_with(&subpaths.join("cfg/app/").display().to_string()),
+        "{binds:?}"
     );
     // The memory-backed emptyDir: a tmpfs of its sizeLimit (below the pod's 64Mi), writable.
     let ram = out(

@@ -205,8 +205,12 @@ fn mounts(
                     "{field}.subPath: {sub:?} must be a relative path without '..'"
                 )));
             }
-            host_path = volumes::sub_path(&host_path, p)
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let target = volumes::sub_path_target(&opts.pods_dir, uid, &v.name, &c.name, i);
+            volumes::sub_path(&host_path, p)
+                .and_then(|fd| volumes::bind_sub_path(&fd, &target))
                 .map_err(|e| Error::invalid_argument(format!("{field}.subPath: {e}")))?;
+            host_path = target;
         }
         if !m.mount_path.starts_with('/') {
             return Err(Error::invalid_argument(format!(

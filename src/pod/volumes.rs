@@ -358,10 +358,9 @@ pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
 /// (one a container made, say) cannot lead outside it: an absolute link, or one climbing out
 /// with `..`, is refused.
 ///
-/// The path returned is still a path, resolved again when the runtime binds it: a container
-/// that swaps a component for a link between this check and that bind is not stopped (upstream
-/// binds the opened descriptor itself; not done here yet).
-pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
+/// Returns a descriptor (`O_PATH`) of what it resolved: [`bind_sub_path`] binds that very file
+/// or directory, so a container that swaps a component for a link afterwards changes nothing.
+pub fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, String> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     use rustix::io::Errno;
     let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
@@ -383,7 +382,7 @@ pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
     )
     .map_err(|e| format!("opening its volume: {e}"))?;
     match resolve(&root_fd, sub, OFlags::PATH) {
-        Ok(_) => return Ok(root.join(sub)),
+        Ok(fd) => return Ok(fd),
         Err(Errno::NOENT) => {}
         Err(e) => return Err(why(e)),
     }
@@ -416,7 +415,73 @@ pub fn sub_path(root: &Path, sub: &Path) -> Result<PathBuf, String> {
         };
         parent = Some(dir);
     }
-    Ok(root.join(sub))
+    // The path named only directories: the last one made or found is it.
+    match parent {
+        Some(fd) => Ok(fd),
+        None => resolve(&root_fd, sub, OFlags::PATH).map_err(why),
+    }
+}
+
+/// Where the subPath of mount `index` of `container` in volume `volume` of pod `uid` is bound
+/// for the runtime (upstream's layout): `<pods dir>/<uid>/volume-subpaths/<volume>/<container>/
+/// <index>`.
+pub fn sub_path_target(
+    pods_dir: &Path,
+    uid: &str,
+    volume: &str,
+    container: &str,
+    index: usize,
+) -> PathBuf {
+    pods_dir
+        .join(uid)
+        .join(VOLUME_SUBPATHS)
+        .join(volume)
+        .join(container)
+        .join(index.to_string())
+}
+
+/// The directory of a pod's subPath binds, under its pod directory.
+pub const VOLUME_SUBPATHS: &str = "volume-subpaths";
+
+/// Binds what `resolved` (from [`sub_path`]) is onto `target` (made as a file or a directory
+/// like it), through `/proc/self/fd`, as upstream's kubelet does: the runtime binds `target`,
+/// which is that file whatever has been renamed or linked in the volume since. A bind left at
+/// `target` by an earlier sync is replaced.
+pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let st = rustix::fs::fstat(resolved).map_err(|e| format!("reading what it names: {e}"))?;
+    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("making {}: {e}", parent.display()))?;
+    }
+    // A bind of an earlier sync: undone first (the running container keeps its own).
+    if let Ok(true) = crate::volumes::is_mount_point(target) {
+        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| format!("unmounting {}: {e}", target.display()))?;
+    }
+    let made = if is_dir {
+        std::fs::create_dir(target)
+    } else {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(target)
+            .map(|_| ())
+    };
+    match made {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("making {}: {e}", target.display())),
+    }
+    let source = format!("/proc/self/fd/{}", resolved.as_raw_fd());
+    nix::mount::mount(
+        Some(source.as_str()),
+        target,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| format!("binding it at {}: {e}", target.display()))
 }
 
 /// Reports the volumes of `pod` that could not be set up (see the module docs): each is a

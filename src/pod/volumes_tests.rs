@@ -355,15 +355,24 @@ fn sub_paths_stay_in_their_volume() {
     link(&host.path().join("outside"), "absolute");
     link(Path::new("/etc"), "etc");
 
+    // What the descriptor resolved names (links followed inside the volume).
+    let named = |sub: &str| -> Result<std::path::PathBuf, String> {
+        use std::os::fd::AsRawFd;
+        let fd = sub_path(&vol, Path::new(sub))?;
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|e| e.to_string())
+    };
+    let real = vol.canonicalize().expect("volume");
     // What exists beneath the volume, through a link that stays in it too.
-    for sub in ["in", "in/file", "to-in", "to-in/file"] {
-        assert_eq!(sub_path(&vol, Path::new(sub)), Ok(vol.join(sub)), "{sub}");
+    for (sub, is) in [
+        ("in", "in"),
+        ("in/file", "in/file"),
+        ("to-in", "in"),
+        ("to-in/file", "in/file"),
+    ] {
+        assert_eq!(named(sub), Ok(real.join(is)), "{sub}");
     }
     // Missing directories are made, with the volume's mode whatever the umask.
-    assert_eq!(
-        sub_path(&vol, Path::new("new/deeper")),
-        Ok(vol.join("new/deeper"))
-    );
+    assert_eq!(named("new/deeper"), Ok(real.join("new/deeper")));
     for made in ["new", "new/deeper"] {
         let mode = std::fs::metadata(vol.join(made))
             .expect("made")
@@ -371,10 +380,7 @@ fn sub_paths_stay_in_their_volume() {
             .mode();
         assert_eq!(mode & 0o7777, 0o777, "{made}: {mode:o}");
     }
-    assert_eq!(
-        sub_path(&vol, Path::new("to-in/made")),
-        Ok(vol.join("to-in/made"))
-    );
+    assert_eq!(named("to-in/made"), Ok(real.join("in/made")));
     assert!(
         vol.join("in/made").is_dir(),
         "made through the link, in the volume"
@@ -399,4 +405,48 @@ fn sub_paths_stay_in_their_volume() {
     );
     let err = sub_path(&vol, Path::new("in/file/x")).expect_err("through a file");
     assert!(err.contains("not a directory"), "{err}");
+}
+
+#[test]
+fn a_sub_path_is_bound_as_resolved_whatever_is_swapped_after() {
+    // Mounting needs root (CI runs as root); elsewhere this test has nothing to check.
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run as root: a_sub_path_is_bound_as_resolved_whatever_is_swapped_after"
+        );
+        eprintln!("SKIP (needs root): a_sub_path_is_bound_as_resolved_whatever_is_swapped_after");
+        return;
+    }
+    let host = tempfile::tempdir().expect("tempdir");
+    let vol = host.path().join("vol");
+    std::fs::create_dir_all(vol.join("data")).expect("mkdir");
+    std::fs::write(vol.join("data/secret-free"), "inside\n").expect("write");
+    std::fs::write(host.path().join("outside"), "host file\n").expect("write");
+    let pods = host.path().join("pods");
+    let target = sub_path_target(&pods, "uid1", "vol", "app", 0);
+    assert_eq!(
+        target,
+        pods.join("uid1/volume-subpaths/vol/app/0"),
+        "upstream's layout"
+    );
+    let fd = sub_path(&vol, Path::new("data/secret-free")).expect("resolved");
+    // The container swaps the path for a link out of the volume after the check...
+    std::fs::rename(vol.join("data"), vol.join("moved")).expect("rename");
+    std::os::unix::fs::symlink(host.path(), vol.join("data")).expect("symlink");
+    std::fs::rename(host.path().join("outside"), host.path().join("secret-free"))
+        .expect("rename outside");
+    // ... the bind is still of what was resolved.
+    bind_sub_path(&fd, &target).expect("bind");
+    let seen = std::fs::read_to_string(&target).expect("read the bind");
+    // Bound again on the next sync: replaced, not stacked.
+    bind_sub_path(&fd, &target).expect("bind again");
+    let stacked = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter(|l| l.contains(&*target.to_string_lossy()))
+        .count();
+    let _ = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH);
+    assert_eq!(seen, "inside\n");
+    assert_eq!(stacked, 1, "one bind at the target");
 }

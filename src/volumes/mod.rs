@@ -621,8 +621,9 @@ impl VolumeManager {
         }
     }
 
-    /// Tears down the written and memory-backed volumes of the pods in the pods directory that `active` says are
-    /// neither wanted nor known to a worker (pods gone while the kubelet was down).
+    /// Tears down the written and memory-backed volumes and the subPath binds of the pods in
+    /// the pods directory that `active` says are neither wanted nor known to a worker (pods
+    /// gone while the kubelet was down).
     pub fn tear_down_gone(&self, active: impl Fn(&str) -> bool) {
         let Ok(entries) = std::fs::read_dir(&self.pods_dir) else {
             return;
@@ -641,7 +642,12 @@ impl VolumeManager {
                 .flatten()
                 .flatten()
                 .any(|e| is_mount_point(&e.path()).unwrap_or(true));
-            if written || mounted {
+            let sub_paths = self
+                .pods_dir
+                .join(&uid)
+                .join(crate::pod::volumes::VOLUME_SUBPATHS)
+                .exists();
+            if written || mounted || sub_paths {
                 tracing::info!(pod_uid = %uid, "tearing down the volumes of a pod that is gone");
                 self.tear_down(&uid);
             }
@@ -670,7 +676,7 @@ fn make_volume_dir(dir: &Path) -> Result<(), String> {
 }
 
 /// Whether something is mounted at `dir` itself.
-fn is_mount_point(dir: &Path) -> Result<bool, String> {
+pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {
     let info =
         std::fs::read_to_string(MOUNTINFO).map_err(|e| format!("reading {MOUNTINFO}: {e}"))?;
     let real =
@@ -729,10 +735,46 @@ fn pod_memory_limit(pod: &Pod) -> Option<i64> {
     Some(sum)
 }
 
-/// Unmounts (when mounted) and removes every written volume directory of pod `uid`, and
-/// unmounts its memory-backed emptyDirs (their directories go with the pod's).
+/// Unmounts (when mounted) and removes every written volume directory of pod `uid`, its subPath
+/// binds, and unmounts its memory-backed emptyDirs (their directories go with the pod's).
 fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), String> {
     let mut errors = Vec::new();
+    // `volume-subpaths/<volume>/<container>/<index>`: each a bind, then the tree.
+    let subpaths = pods_dir
+        .join(uid)
+        .join(crate::pod::volumes::VOLUME_SUBPATHS);
+    let dirs = |p: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect()
+    };
+    for volume in dirs(&subpaths) {
+        for container in dirs(&volume) {
+            for target in dirs(&container) {
+                // Removing the tree through a bind would delete the volume's files: any doubt
+                // (an error) keeps the tree.
+                match is_mount_point(&target) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        if let Err(e) =
+                            nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH)
+                        {
+                            errors.push(format!("unmounting {}: {e}", target.display()));
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+    }
+    if errors.is_empty() && subpaths.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&subpaths) {
+            errors.push(format!("removing {}: {e}", subpaths.display()));
+        }
+    }
     let empty_dirs = local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN);
     for e in std::fs::read_dir(&empty_dirs)
         .into_iter()

@@ -308,6 +308,27 @@ impl Drop for ApiNode {
         if self.containerd.is_none() {
             remove_builtin_pods(&self.root);
         }
+        unmount_kubelet_mounts(&self.root.join("pods"));
+    }
+}
+
+/// Unmounts what a (killed) kubelet left mounted in its pods dir for pods the test did not
+/// delete (secret and memory tmpfs, subPath binds), deepest first, so removing the test's
+/// root never goes through a mount.
+fn unmount_kubelet_mounts(pods_dir: &Path) {
+    let Ok(real) = pods_dir.canonicalize() else {
+        return;
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(&real))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
