@@ -236,12 +236,7 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
         .status
         .unwrap();
     assert_eq!(sb.state, cri::PodSandboxState::SandboxNotready as i32);
-    for _ in 0..100 {
-        if before.iter().all(|p| process_gone(*p)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settle(|| before.iter().all(|p| process_gone(*p))).await;
     let left: Vec<i32> = before.into_iter().filter(|p| !process_gone(*p)).collect();
     assert!(
         left.is_empty(),
@@ -327,12 +322,7 @@ async fn unreadable_records_are_set_aside_and_the_rest_adopted() {
         "{aside:?}"
     );
     for cmd in [&b"sleep\x00601\x00"[..], b"sleep\x00602\x00"] {
-        for _ in 0..100 {
-            if !running(cmd) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        settle(|| !running(cmd)).await;
         assert!(!running(cmd), "{} still runs", String::from_utf8_lossy(cmd));
     }
     assert!(

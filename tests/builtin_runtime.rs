@@ -1137,13 +1137,7 @@ async fn a_dead_sandbox_process_has_its_pod_reaped() {
         assert!(s.message.contains("sandbox process died"), "{}", s.message);
         assert!(s.finished_at >= s.started_at, "{s:?}");
     }
-    // Killed processes take a moment to finish exiting.
-    for _ in 0..100 {
-        if before.iter().all(|p| process_gone(*p)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settle(|| before.iter().all(|p| process_gone(*p))).await;
     let left: Vec<String> = before
         .into_iter()
         .filter(|p| !process_gone(*p))

@@ -467,37 +467,34 @@ impl Client {
     /// this state dir (a PID another process reuses does not count). Before its pid file is
     /// written (during set-up) it counts as alive.
     pub fn process_alive(&self) -> bool {
-        let Ok(text) = std::fs::read_to_string(self.layout.pid_file()) else {
-            return !self.is_stopped();
-        };
-        let Ok(pid) = text.trim().parse::<u32>() else {
-            return false;
-        };
-        // Its last argument is its state dir, however spelled: the same directory as ours.
+        match std::fs::read_to_string(self.layout.pid_file()) {
+            Ok(text) => self.serving(&text).is_some(),
+            Err(_) => !self.is_stopped(),
+        }
+    }
+
+    /// The sandbox process's PID, while it is alive.
+    pub fn pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.layout.pid_file()).ok()?;
+        self.serving(&text)
+    }
+
+    /// The PID in the pid file's `text`, if that process serves this state dir: its last
+    /// argument is its state dir, however spelled (compared as the same directory).
+    fn serving(&self, text: &str) -> Option<i32> {
         use std::os::unix::fs::MetadataExt;
-        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
-            return false;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            return false;
-        };
-        let Some(last) = cmd.split(|b| *b == 0).rfind(|arg| !arg.is_empty()) else {
-            return false;
-        };
+        let pid: i32 = text.trim().parse().ok()?;
+        let ours = std::fs::metadata(&self.layout.dir).ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let last = cmd.split(|b| *b == 0).rfind(|arg| !arg.is_empty())?;
         let arg = Path::new(std::ffi::OsStr::from_bytes(last));
         let dir = if arg.is_absolute() {
             arg.to_path_buf()
         } else {
             Path::new(&format!("/proc/{pid}/cwd")).join(arg)
         };
-        std::fs::metadata(dir).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino())
-    }
-
-    /// The sandbox process's PID, while it is alive.
-    pub fn pid(&self) -> Option<i32> {
-        let text = std::fs::read_to_string(self.layout.pid_file()).ok()?;
-        let pid = text.trim().parse().ok()?;
-        self.process_alive().then_some(pid)
+        let m = std::fs::metadata(dir).ok()?;
+        (m.dev() == ours.dev() && m.ino() == ours.ino()).then_some(pid)
     }
 
     /// The spec the sandbox was launched with.

@@ -563,6 +563,16 @@ pub fn pids_in_cgroups(cgroup_root: &str) -> Vec<i32> {
     out
 }
 
+/// Waits (5 s at most) until `done()` holds: killed processes take a moment to finish exiting.
+pub async fn settle(done: impl Fn() -> bool) {
+    for _ in 0..100 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether process `pid` is gone (or a zombie nobody reaped yet: it runs nothing).
 pub fn process_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -257,23 +257,22 @@ impl BuiltinRuntime {
         for id in &set_aside.sandboxes {
             tracing::error!(sandbox = %id, "its record was unreadable: stopping it");
             let client = self.client(id);
+            // Its spec (in its state dir) names its cgroups: read once, for both steps.
+            let spec = client.spec();
+            if let Err(e) = &spec {
+                tracing::warn!(sandbox = %id, "reading its spec: {e}");
+            }
+            let cgroup_parent = spec.as_ref().map(|s| s.cgroup_parent.clone());
             if self.sandbox_dir(id).exists() && !client.is_stopped() {
                 if client.process_alive() {
                     if let Err(e) = client.shutdown().await {
                         tracing::warn!(sandbox = %id, "shutting it down: {e}");
                     }
-                } else {
-                    match client.spec() {
-                        Ok(spec) => {
-                            let reaped = tokio::task::spawn_blocking(move || {
-                                client.reap_dead(&spec.cgroup_parent)
-                            })
-                            .await;
-                            if !matches!(reaped, Ok(Ok(_))) {
-                                tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
-                            }
-                        }
-                        Err(e) => tracing::warn!(sandbox = %id, "reading its spec: {e}"),
+                } else if let Ok(parent) = cgroup_parent {
+                    let dead = self.client(id);
+                    let reaped = tokio::task::spawn_blocking(move || dead.reap_dead(&parent)).await;
+                    if !matches!(reaped, Ok(Ok(_))) {
+                        tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
                     }
                 }
             }
@@ -283,16 +282,16 @@ impl BuiltinRuntime {
                 }
             }
             // Then what remove_sandbox removes: its cgroups and its state dir.
-            if let Ok(spec) = self.client(id).spec() {
-                let parent = spec.cgroup_parent.trim_end_matches('/').to_string();
+            if let Ok(spec) = &spec {
+                let parent = spec.cgroup_parent.trim_end_matches('/');
                 if !parent.is_empty() {
                     let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
                     if spec.owns_cgroup_parent {
-                        let _ = sandbox::cgroup::remove(&parent);
+                        let _ = sandbox::cgroup::remove(parent);
                     }
                 }
             }
-            if !self.client(id).process_alive() {
+            if !client.process_alive() {
                 let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
             }
         }
