@@ -337,3 +337,108 @@ async fn unreadable_records_are_set_aside_and_the_rest_adopted() {
     };
     n.teardown().await;
 }
+
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The store's own state files torn at start: the image index, a running container's rootfs
+/// record, pod address leases. The agent starts, sets aside what it cannot read, rebuilds the
+/// index from the store's content, adopts every pod, and frees the addresses nobody holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn torn_store_files_are_set_aside_and_every_pod_adopted() {
+    if !root_or_skip("torn_store_files_are_set_aside_and_every_pod_adopted") {
+        return;
+    }
+    let mut net = None;
+    let node = Node::with_network("tornstore", |n| {
+        let tmp = std::env::temp_dir().join(format!("nodelet-torn-{}", std::process::id()));
+        let cfg = own_network(&tmp);
+        net = Some(cfg.clone());
+        *n = Some(cfg);
+    })
+    .await;
+    let net = net.expect("network config");
+    let _network = NetworkGuard(net.clone());
+    let a = node.sandbox("tornstore-a").await;
+    let b = node.sandbox("tornstore-b").await;
+    let a1 = node.container(&a, "a1", &["sleep", "610"]).await;
+    let b1 = node.container(&b, "b1", &["sleep", "611"]).await;
+    let store_root = node.root.path().join("images");
+    let image_id = node.rt.image_store().list().unwrap()[0].id.clone();
+    let snapshots = names_in(&store_root.join("snapshots"));
+    let tear = |path: &std::path::Path| {
+        let data = std::fs::read(path).unwrap();
+        std::fs::write(path, &data[..data.len() / 2]).unwrap();
+    };
+    tear(&store_root.join("images.json"));
+    tear(&store_root.join("containers").join(&a1).join("rootfs.json"));
+    let leases = net.ipam_dir.join(&net.bridge);
+    let prefix = net.pod_cidr.to_string();
+    let prefix = prefix.rsplit_once('.').unwrap().0;
+    let garbled = leases.join(format!("{prefix}.200"));
+    std::fs::write(&garbled, b"\xff\xfe\0").unwrap();
+    std::fs::write(leases.join("last"), b"\0\0").unwrap();
+
+    let agent = node.reopen().await;
+    let containers = agent
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .containers;
+    for id in [&a1, &b1] {
+        let state = containers.iter().find(|c| &c.id == id).map(|c| c.state);
+        assert_eq!(
+            state,
+            Some(cri::ContainerState::ContainerRunning as i32),
+            "{id}: {containers:?}"
+        );
+    }
+    assert!(running(b"sleep\x00610\x00") && running(b"sleep\x00611\x00"));
+    let store = agent.image_store();
+    // The index: rebuilt from content, the image there by id (its only save had no earlier
+    // generation to take names from), nothing unpacked again.
+    let images = store.list().unwrap();
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].id, image_id);
+    assert!(images[0].repo_tags.is_empty(), "{images:?}");
+    assert_eq!(names_in(&store_root.join("snapshots")), snapshots);
+    let aside = names_in(&store_root.join("corrupt"));
+    assert!(
+        aside.len() == 2
+            && aside[0].starts_with("images.json.")
+            && aside[1].starts_with(&format!("rootfs-{a1}.json.")),
+        "{aside:?}"
+    );
+    // The rootfs record is back, from the container's own record.
+    assert!(store.unrecorded_rootfs().is_empty());
+    let mut keys = store.rootfs_keys().unwrap();
+    keys.sort();
+    let mut want = vec![a1.clone(), b1.clone()];
+    want.sort();
+    assert_eq!(keys, want);
+    let err = store.remove(&image_id).unwrap_err().to_string();
+    assert!(err.contains("in use by rootfs"), "{err}");
+    // The garbled lease is freed; new pods get addresses.
+    assert!(!garbled.exists(), "a garbled lease is nobody's");
+    store.import(&busybox_archive()).unwrap();
+    assert_eq!(names_in(&store_root.join("snapshots")), snapshots);
+    let n = Node {
+        rt: agent,
+        root: node.root,
+        cgroup_root: node.cgroup_root,
+        network: node.network,
+    };
+    let c = n.sandbox("tornstore-c").await;
+    let c1 = n.container(&c, "c1", &["true"]).await;
+    n.wait_exited(&c1).await;
+    n.teardown().await;
+}

@@ -14,17 +14,6 @@ use common::*;
 use runtime::builtin::{NetworkConfig, parse_pod_cidr};
 use runtime::{RuntimeService, cri};
 
-/// A bridge and /24 of this test binary's own, so parallel test binaries never share them.
-fn own_network(root: &Path) -> NetworkConfig {
-    let n = std::process::id() % 250 + 1;
-    NetworkConfig {
-        bridge: format!("nlt{}", std::process::id() % 100_000),
-        pod_cidr: parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
-        ipam_dir: root.join("ipam"),
-        masquerade: true,
-    }
-}
-
 async fn pod_ip(rt: &dyn RuntimeService, id: &str) -> String {
     rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
         pod_sandbox_id: id.into(),
@@ -225,15 +214,6 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
 
 /// Removes the test's bridge, masquerade rule and address book, also when the test fails
 /// (pods a failed test left behind are `scripts/cleanup-test-leftovers.sh`'s).
-struct NetworkGuard(NetworkConfig);
-
-impl Drop for NetworkGuard {
-    fn drop(&mut self) {
-        let _ = runtime::builtin::remove_node_network(&self.0);
-        let _ = std::fs::remove_dir_all(&self.0.ipam_dir);
-    }
-}
-
 /// A host outside the node: a network namespace behind a veth pair on its own /30, with no
 /// route to the pod subnet, serving one HTTP answer on port 9000 and recording who asked.
 struct Outside {

@@ -13,7 +13,10 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, MutexGuard};
 
-const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
+
+/// The operation named by the error of an index that does not parse.
+pub(crate) const PARSING: &str = "parsing index";
 
 /// Everything the index records.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -138,7 +141,7 @@ impl Txn<'_> {
         } else if stamp != self.cache.stamp {
             let data = std::fs::read(&path).map_err(|e| Error::io("reading index", &path, e))?;
             let state: State = serde_json::from_slice(&data).map_err(|source| Error::Json {
-                op: "parsing index",
+                op: PARSING,
                 path: path.clone(),
                 source,
             })?;
@@ -156,6 +159,13 @@ impl Txn<'_> {
             path: path.clone(),
             source,
         })?;
+        // The generation being replaced stays as `images.json.prev` (a link, no copy): if the
+        // index is ever found unreadable, the rebuild takes the images' names from it.
+        let prev = self.index.paths.index_prev();
+        if path.exists() {
+            let _ = std::fs::remove_file(&prev);
+            let _ = std::fs::hard_link(&path, &prev);
+        }
         write_atomic(&path, &data)?;
         // Force a re-read check next time (the stamp of the new file is not taken here, the
         // rename made a new inode; reading it back once is cheap).

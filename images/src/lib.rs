@@ -4,8 +4,9 @@
 //! small types.
 //!
 //! Layout under the root: `blobs/sha256/<hex>` (verified content), `snapshots/<n>/fs` (one
-//! unpacked layer each), `containers/<key>/{upper,work,rootfs.json}`, `tmp/` (staging),
-//! `images.json` (the index) and `lock`.
+//! unpacked layer each, with a `diff_id` marker), `containers/<key>/{upper,work,rootfs.json}`,
+//! `tmp/` (staging), `images.json` (the index), `lock`, and `corrupt/` (state files that could
+//! not be read, set aside at open; see `recover`).
 
 mod digest;
 mod error;
@@ -17,6 +18,7 @@ mod mounts;
 mod paths;
 mod platform;
 mod pull;
+mod recover;
 mod reference;
 mod rootfs;
 mod source;

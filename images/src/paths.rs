@@ -53,8 +53,18 @@ impl Paths {
         self.root.join("images.json")
     }
 
+    /// The index's previous generation.
+    pub fn index_prev(&self) -> PathBuf {
+        self.root.join("images.json.prev")
+    }
+
     pub fn lock(&self) -> PathBuf {
         self.root.join("lock")
+    }
+
+    /// Where state files that could not be read are set aside.
+    pub fn corrupt(&self) -> PathBuf {
+        self.root.join("corrupt")
     }
 
     /// Creates the directory tree.

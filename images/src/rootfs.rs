@@ -56,6 +56,27 @@ fn read_record(path: &Path) -> Result<Option<RootfsRecord>> {
     }
 }
 
+/// Sets aside every rootfs record that cannot be read (torn or corrupt) as
+/// `corrupt/rootfs-<key>.json.<time>`, returning those keys. Their dirs and mounts stay.
+pub(crate) fn set_aside_unreadable(paths: &Paths) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(paths.containers()) else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    for entry in entries.flatten() {
+        let Some(key) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let path = entry.path().join(RECORD);
+        if let Err(e) = read_record(&path) {
+            crate::recover::set_aside(paths, &path, &format!("rootfs-{key}.json"), &e.to_string());
+            keys.push(key);
+        }
+    }
+    keys.sort();
+    keys
+}
+
 /// Keys become directory names: keep them plain.
 fn check_key(key: &str) -> Result<()> {
     let invalid = |reason: &str| Error::InvalidKey {
@@ -230,6 +251,50 @@ impl Store {
         Ok(())
     }
 
+    /// Records again which image the rootfs of `key`, mounted at `target`, holds, after its
+    /// record was set aside at open ([`Store::unrecorded_rootfs`]): the owner (who knows) says
+    /// so. Nothing is mounted; the image must still be in the store.
+    pub fn restore_rootfs_record(&self, image_id: &str, key: &str, target: &Path) -> Result<()> {
+        check_key(key)?;
+        let paths = &self.inner.paths;
+        let mut txn = self.inner.index.lock(true)?;
+        let id = find(txn.state()?, image_id)?
+            .ok_or_else(|| Error::ImageNotFound {
+                reference: image_id.to_string(),
+            })?
+            .image
+            .id
+            .clone();
+        let dir = paths.container(key);
+        let record_path = dir.join(RECORD);
+        if !dir.is_dir() {
+            return Err(Error::io(
+                "restoring rootfs record",
+                &dir,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
+        let target = target
+            .canonicalize()
+            .map_err(|e| Error::io("resolving rootfs target", target, e))?;
+        let data = serde_json::to_vec(&RootfsRecord {
+            image_id: id,
+            target,
+        })
+        .map_err(|source| Error::Json {
+            op: "serialising rootfs record",
+            path: record_path.clone(),
+            source,
+        })?;
+        write_atomic(&record_path, &data)?;
+        self.inner
+            .unrecorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k| k != key);
+        Ok(())
+    }
+
     /// What the key's container has written to its rootfs: the disk usage (allocated blocks)
     /// and the inode count of its overlay upper dir, hard links counted once, as containerd's
     /// snapshotter counts a writable layer. Walks the dir: the cost grows with what it wrote.
@@ -268,7 +333,11 @@ impl Store {
         check_key(key)?;
         let _txn = self.inner.index.lock(true)?;
         let dir = self.inner.paths.container(key);
-        let held = read_record(&dir.join(RECORD))?;
+        // A record that cannot be read still names nothing the caller's target does not.
+        let held = read_record(&dir.join(RECORD)).unwrap_or_else(|e| {
+            tracing::warn!(key, error = %e, "releasing a rootfs whose record is unreadable");
+            None
+        });
         let mut targets = Vec::new();
         if let Ok(t) = target.canonicalize() {
             targets.push(t);
@@ -286,6 +355,11 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("removing rootfs dirs", &dir, e)),
         }
+        self.inner
+            .unrecorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k| k != key);
         self.invalidate_fs_cache();
         Ok(())
     }

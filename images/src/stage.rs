@@ -239,6 +239,9 @@ impl Stage {
                 actual: diff_id,
             });
         }
+        let marker = dir.join(crate::recover::MARKER);
+        std::fs::write(&marker, &layer.diff_id)
+            .map_err(|e| Error::io("marking snapshot", &marker, e))?;
         self.snapshots.insert(layer.diff_id.clone(), dir.clone());
         Ok(dir)
     }

@@ -3,7 +3,7 @@
 //! no image needs any more.
 
 use crate::error::{Error, Result};
-use crate::index::{ImageRecord, Index, State};
+use crate::index::{ImageRecord, Index, State, Txn};
 use crate::paths::Paths;
 use crate::source::Source;
 use crate::stage::{Candidate, Stage};
@@ -24,6 +24,8 @@ pub(crate) struct Inner {
     pub index: Index,
     /// The last disk-usage walk, reused for a few seconds unless the store changed.
     pub fs_cache: Mutex<Option<(Instant, FsInfo)>>,
+    /// Rootfs keys whose records were set aside at open and not restored since.
+    pub unrecorded: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -50,13 +52,59 @@ impl Store {
                 index: Index::new(paths.clone()),
                 paths,
                 fs_cache: Mutex::new(None),
+                unrecorded: Mutex::new(Vec::new()),
             }),
         };
         {
-            let _txn = store.inner.index.lock(true)?;
+            let mut txn = store.inner.index.lock(true)?;
             store.inner.paths.clean_stale_staging();
+            store.recover_unreadable(&mut txn)?;
         }
         Ok(store)
+    }
+
+    /// At open, with the index locked: an unreadable index is set aside and rebuilt from the
+    /// content on disk, unreadable rootfs records are set aside (their keys kept for
+    /// [`Store::unrecorded_rootfs`]), and snapshots get the markers a rebuild needs.
+    fn recover_unreadable(&self, txn: &mut Txn<'_>) -> Result<()> {
+        let paths = &self.inner.paths;
+        match txn.state() {
+            Ok(state) => crate::recover::mark_snapshots(paths, &state.clone()),
+            Err(Error::Json { op, source, .. }) if op == crate::index::PARSING => {
+                crate::recover::set_aside(
+                    paths,
+                    &paths.index(),
+                    "images.json",
+                    &source.to_string(),
+                );
+                let state = crate::recover::rebuild(paths, crate::index::VERSION);
+                tracing::warn!(
+                    images = state.images.len(),
+                    snapshots = state.snapshots.len(),
+                    "rebuilt the image index from the store's content"
+                );
+                txn.save(state)?;
+            }
+            Err(e) => return Err(e),
+        }
+        let unreadable = crate::rootfs::set_aside_unreadable(paths);
+        *self
+            .inner
+            .unrecorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = unreadable;
+        Ok(())
+    }
+
+    /// The rootfs keys whose records were unreadable at open and set aside: their dirs (and
+    /// mounts) are still there, but the store no longer knows which image they hold until the
+    /// owner says so again ([`Store::restore_rootfs_record`]) or releases them.
+    pub fn unrecorded_rootfs(&self) -> Vec<String> {
+        self.inner
+            .unrecorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The store root.
@@ -100,11 +148,14 @@ impl Store {
                 reference: reference.to_string(),
             });
         };
-        let users: Vec<String> = crate::rootfs::records(&self.inner.paths)?
+        let mut users: Vec<String> = crate::rootfs::records(&self.inner.paths)?
             .into_iter()
             .filter(|(_, r)| r.image_id == id)
             .map(|(key, _)| key)
             .collect();
+        // A rootfs whose record was set aside may hold this image: keep every image until its
+        // owner restores or releases it.
+        users.extend(self.unrecorded_rootfs());
         if !users.is_empty() {
             return Err(Error::InUse {
                 image: id,
@@ -234,7 +285,10 @@ impl Store {
             .iter()
             .filter_map(|id| state.images.get(id).map(|r| r.image.clone()))
             .collect();
-        txn.save(state)?;
+        // An import or pull of what is there already changes nothing: no write, no fsync.
+        if state != *txn.state()? {
+            txn.save(state)?;
+        }
         self.invalidate_fs_cache();
         Ok(images)
     }

@@ -625,3 +625,24 @@ pub fn sandbox_of_process(root: &Path, cmdline: &[u8]) -> Option<i32> {
     }
     None
 }
+
+/// A bridge and /24 of this test binary's own, so parallel test binaries never share them.
+pub fn own_network(root: &Path) -> runtime::builtin::NetworkConfig {
+    let n = std::process::id() % 250 + 1;
+    runtime::builtin::NetworkConfig {
+        bridge: format!("nlt{}", std::process::id() % 100_000),
+        pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
+        ipam_dir: root.join("ipam"),
+        masquerade: true,
+    }
+}
+
+/// Removes the node side of a test's own network (bridge, rules, leases) when dropped.
+pub struct NetworkGuard(pub runtime::builtin::NetworkConfig);
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        let _ = runtime::builtin::remove_node_network(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0.ipam_dir);
+    }
+}

@@ -170,6 +170,7 @@ impl BuiltinRuntime {
         };
         rt.adopt().await;
         rt.discard_set_aside().await;
+        rt.restore_rootfs_records();
         rt.release_stale_addresses();
         Ok(rt)
     }
@@ -293,6 +294,33 @@ impl BuiltinRuntime {
             }
             if !client.process_alive() {
                 let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
+            }
+        }
+    }
+
+    /// The image store set aside rootfs records it could not read: each container that still
+    /// has a record here says again which image its rootfs holds; a rootfs no container owns is
+    /// released.
+    fn restore_rootfs_records(&self) {
+        for key in self.inner.images.unrecorded_rootfs() {
+            match self.inner.records.container(&key) {
+                Some(rec) => {
+                    let target = self.bundle_dir(&key).join("rootfs");
+                    match self
+                        .inner
+                        .images
+                        .restore_rootfs_record(&rec.image_id, &key, &target)
+                    {
+                        Ok(()) => tracing::info!(container = %key, "restored its rootfs record"),
+                        Err(e) => {
+                            tracing::error!(container = %key, "restoring its rootfs record: {e}")
+                        }
+                    }
+                }
+                None => {
+                    tracing::warn!(key = %key, "a rootfs with an unreadable record and no container: releasing it");
+                    self.release(&key);
+                }
             }
         }
     }

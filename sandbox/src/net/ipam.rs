@@ -177,8 +177,11 @@ impl Ipam {
     }
 }
 
+/// A lease file's holder. A torn or garbled file is still a lease (of an owner no runtime
+/// knows, so the stale-lease sweep frees it), never an address lost for good.
 fn read_lease(path: &Path, ip: Ipv4Addr) -> Option<Lease> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let data = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&data);
     let mut lines = text.lines();
     Some(Lease {
         ip,
@@ -241,5 +244,30 @@ mod tests {
                 .iter()
                 .any(|l| l.ip == want[0] && l.owner == "p7" && l.runtime == "rt")
         );
+    }
+
+    #[test]
+    fn torn_lease_files_are_leases_of_nobody_and_a_bad_hint_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let ipam = Ipam::new(dir.path(), "10.1.3.0/29".parse().unwrap()).unwrap();
+        let kept = ipam.allocate("p0", "rt").unwrap();
+        // A crash between create and write, a write cut short, garbage; a garbled hint.
+        std::fs::write(dir.path().join("10.1.3.3"), b"").unwrap();
+        std::fs::write(dir.path().join("10.1.3.4"), b"abc").unwrap();
+        std::fs::write(dir.path().join("10.1.3.5"), b"\xff\xfe\0\n\x80").unwrap();
+        std::fs::write(dir.path().join("last"), b"\0garbage").unwrap();
+        let mut leases = ipam.leases();
+        leases.sort_by_key(|l| l.ip);
+        assert_eq!(leases.len(), 4, "{leases:?}");
+        assert_eq!((leases[0].ip, leases[0].owner.as_str()), (kept, "p0"));
+        // None of the torn ones names a runtime that exists, so the stale-lease sweep frees
+        // each, through the owner it shows; then the addresses are given out again.
+        for lease in &leases[1..] {
+            assert!(!Path::new(&lease.runtime).exists(), "{lease:?}");
+            ipam.release(lease.ip, &lease.owner).unwrap();
+        }
+        assert_eq!(ipam.leases().len(), 1);
+        let next = ipam.allocate("p1", "rt").unwrap();
+        assert!(next != kept && ipam.subnet().assignable(next), "{next}");
     }
 }
