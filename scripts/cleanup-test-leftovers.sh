@@ -20,14 +20,14 @@ for c in /sys/fs/cgroup/*/; do
     [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
 done
-# The pod networks of the network tests (bridges nlt<pid>, their nftables tables) and their
+# The pod networks of the network and kill -9 tests (bridges nlt<pid>, nlk<pid>, their nftables tables) and their
 # outside hosts (namespaces nlout<n>, links nloh<n>); a bridge goes only once no veth is on it.
-for b in $(ls /sys/class/net | grep -E '^nlt[0-9]+$'); do
+for b in $(ls /sys/class/net | grep -E "^nl[tk][0-9]+$"); do
   ls /sys/class/net/$b/brif 2>/dev/null | grep -q . && continue
   ip link del "$b" 2>/dev/null
 done
 if command -v nft >/dev/null; then
-  for t in $(nft list tables 2>/dev/null | awk '$2 == "ip" && $3 ~ /^nodelet-nlt[0-9]+$/ {print $3}'); do
+  for t in $(nft list tables 2>/dev/null | awk '$2 == "ip" && $3 ~ /^nodelet-nl[tk][0-9]+$/ {print $3}'); do
     [ -e "/sys/class/net/${t#nodelet-}" ] || nft delete table ip "$t" 2>/dev/null
   done
 fi

@@ -10,6 +10,8 @@ pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log that cannot be written (a full disk) must not take the agent down.
+        .log_internal_errors(false)
         .try_init();
 }
 
@@ -21,5 +23,8 @@ pub fn init_sandbox() {
         .with_env_filter(filter)
         .with_ansi(false)
         .with_writer(std::io::stderr)
+        // Its log is on the node's disk: a full disk must not kill the pod's sandbox (the
+        // default reports a failed write by printing, which panics when stderr fails too).
+        .log_internal_errors(false)
         .try_init();
 }

@@ -388,6 +388,8 @@ async fn torn_store_files_are_set_aside_and_every_pod_adopted() {
     std::fs::write(&garbled, b"\xff\xfe\0").unwrap();
     std::fs::write(leases.join("last"), b"\0\0").unwrap();
 
+    // The agent restarts: the old runtime leaves the root dir to the new one.
+    node.rt.leave();
     let agent = node.reopen().await;
     let containers = agent
         .list_containers(cri::ListContainersRequest { filter: None })

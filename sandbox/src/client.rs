@@ -479,12 +479,55 @@ impl Client {
         self.serving(&text)
     }
 
+    /// SIGKILLs every process serving this state dir, whatever its pid file says (a sandbox
+    /// whose launch was cut short may not have written it yet), and waits (a few seconds at
+    /// most) until they are gone. For a sandbox being discarded. Returns how many there were.
+    pub fn kill_serving(&self) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
+            return 0;
+        };
+        let me = std::process::id() as i32;
+        let pids: Vec<i32> = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                    .filter(|&pid| pid != me && self.serves(pid, ours.dev(), ours.ino()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for &pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline
+            && pids.iter().any(|&p| self.serves(p, ours.dev(), ours.ino()))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        pids.len()
+    }
+
     /// The PID in the pid file's `text`, if that process serves this state dir: its last
     /// argument is its state dir, however spelled (compared as the same directory).
     fn serving(&self, text: &str) -> Option<i32> {
         use std::os::unix::fs::MetadataExt;
         let pid: i32 = text.trim().parse().ok()?;
         let ours = std::fs::metadata(&self.layout.dir).ok()?;
+        self.serves(pid, ours.dev(), ours.ino()).then_some(pid)
+    }
+
+    /// Whether process `pid` serves the state dir `(dev, ino)`: its last argument names it.
+    fn serves(&self, pid: i32, dev: u64, ino: u64) -> bool {
+        self.serves_dir(pid, dev, ino).unwrap_or(false)
+    }
+
+    fn serves_dir(&self, pid: i32, dev: u64, ino: u64) -> Option<bool> {
+        use std::os::unix::fs::MetadataExt;
+        // A zombie has no command line: it serves nothing.
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let last = cmd.split(|b| *b == 0).rfind(|arg| !arg.is_empty())?;
         let arg = Path::new(std::ffi::OsStr::from_bytes(last));
@@ -494,7 +537,7 @@ impl Client {
             Path::new(&format!("/proc/{pid}/cwd")).join(arg)
         };
         let m = std::fs::metadata(dir).ok()?;
-        (m.dev() == ours.dev() && m.ino() == ours.ino()).then_some(pid)
+        Some(m.dev() == dev && m.ino() == ino)
     }
 
     /// The spec the sandbox was launched with.

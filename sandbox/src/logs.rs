@@ -27,11 +27,17 @@ impl Stream {
 }
 
 /// Writes one container's output into its log file. Holds the unfinished line of each stream.
+///
+/// A record that cannot be written whole (a full disk) is taken back out of the file, so the
+/// log only ever holds whole records; the output is dropped (the container must never block on
+/// its log) and counted, and writing goes on as soon as the disk takes it again.
 #[derive(Debug)]
 pub struct LogWriter {
     path: Option<PathBuf>,
     file: Option<File>,
     partial: [Vec<u8>; 2],
+    /// Bytes of output dropped since writes started failing (None while they succeed).
+    dropping: Option<u64>,
 }
 
 impl LogWriter {
@@ -41,6 +47,7 @@ impl LogWriter {
             path: path.map(Path::to_path_buf),
             file: None,
             partial: [Vec::new(), Vec::new()],
+            dropping: None,
         };
         w.reopen()?;
         Ok(w)
@@ -58,15 +65,22 @@ impl LogWriter {
         Ok(())
     }
 
-    /// Feeds bytes read from `stream`; complete lines are written at once.
+    /// Bytes of output dropped since writes started failing, while they fail.
+    pub fn dropping(&self) -> Option<u64> {
+        self.dropping
+    }
+
+    /// Feeds bytes read from `stream`; complete lines are written at once. Every line is
+    /// handled even when one cannot be written; the first error is returned.
     pub fn write(&mut self, stream: Stream, mut data: &[u8]) -> std::io::Result<()> {
         let idx = stream as usize;
+        let mut result = Ok(());
         while !data.is_empty() {
             match data.iter().position(|b| *b == b'\n') {
                 Some(n) => {
                     let mut line = std::mem::take(&mut self.partial[idx]);
                     line.extend_from_slice(&data[..n]);
-                    self.emit_line(stream, &line)?;
+                    result = result.and(self.emit_line(stream, &line));
                     data = &data[n + 1..];
                 }
                 None => {
@@ -78,9 +92,9 @@ impl LogWriter {
         while self.partial[idx].len() >= MAX_LINE {
             let rest = self.partial[idx].split_off(MAX_LINE);
             let chunk = std::mem::replace(&mut self.partial[idx], rest);
-            self.record(stream, 'P', &chunk)?;
+            result = result.and(self.record(stream, 'P', &chunk));
         }
-        Ok(())
+        result
     }
 
     /// Writes out what is left of a stream's last line, at end of stream.
@@ -95,11 +109,12 @@ impl LogWriter {
 
     fn emit_line(&mut self, stream: Stream, line: &[u8]) -> std::io::Result<()> {
         let mut rest = line;
+        let mut result = Ok(());
         while rest.len() > MAX_LINE {
-            self.record(stream, 'P', &rest[..MAX_LINE])?;
+            result = result.and(self.record(stream, 'P', &rest[..MAX_LINE]));
             rest = &rest[MAX_LINE..];
         }
-        self.record(stream, 'F', rest)
+        result.and(self.record(stream, 'F', rest))
     }
 
     fn record(&mut self, stream: Stream, tag: char, content: &[u8]) -> std::io::Result<()> {
@@ -116,7 +131,54 @@ impl LogWriter {
         rec.push(b' ');
         rec.extend_from_slice(content);
         rec.push(b'\n');
-        file.write_all(&rec)
+        match write_whole(file, &rec) {
+            Ok(()) => {
+                if let Some(dropped) = self.dropping.take() {
+                    tracing::warn!(log = ?self.path, dropped, "writing the log again; output was dropped while it could not be written");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                match &mut self.dropping {
+                    Some(dropped) => *dropped += content.len() as u64,
+                    None => {
+                        tracing::warn!(log = ?self.path, error = %e, "the log cannot be written; dropping output until it can");
+                        self.dropping = Some(content.len() as u64);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Appends `rec` whole, or not at all: on an error, the part that went in is cut off again.
+fn write_whole(file: &mut File, rec: &[u8]) -> std::io::Result<()> {
+    let mut written = 0;
+    while written < rec.len() {
+        match file.write(&rec[written..]) {
+            Ok(0) => {
+                written_back(file, written);
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                written_back(file, written);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cuts the last `written` bytes (a record's torn start) off an append-only file.
+fn written_back(file: &File, written: usize) {
+    if written == 0 {
+        return;
+    }
+    if let Ok(meta) = file.metadata() {
+        let _ = file.set_len(meta.len().saturating_sub(written as u64));
     }
 }
 
@@ -195,5 +257,62 @@ mod tests {
         w.write(Stream::Stdout, b"two\n").unwrap();
         assert_eq!(records(&p)[0].2, "two");
         assert_eq!(records(&dir.path().join("0.log.1"))[0].2, "one");
+    }
+
+    /// A full disk: records that do not fit are taken back out whole, the output is dropped
+    /// (counted), and writing resumes once there is room. Root only (a small tmpfs).
+    #[test]
+    fn a_full_disk_drops_whole_records_and_writing_resumes() {
+        if !nix::unistd::Uid::effective().is_root() {
+            crate::skip(
+                "needs root",
+                "a_full_disk_drops_whole_records_and_writing_resumes",
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k"),
+        )
+        .unwrap();
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(dir.path());
+        let path = dir.path().join("c/0.log");
+        let mut w = LogWriter::open(Some(&path)).unwrap();
+        // Lines of 1000 bytes: the 64 KiB fill up part-way through one.
+        let mut line = vec![b'x'; 999];
+        line.push(b'\n');
+        let mut failed = 0;
+        for _ in 0..100 {
+            if w.write(Stream::Stdout, &line).is_err() {
+                failed += 1;
+            }
+        }
+        assert!(failed > 0, "the tmpfs never filled up");
+        assert!(w.dropping().is_some_and(|d| d >= 999));
+        let whole = records(&path);
+        assert!(!whole.is_empty());
+        let text = std::fs::read(&path).unwrap();
+        assert_eq!(text.last(), Some(&b'\n'), "a torn record was left");
+        assert_eq!(text.iter().filter(|b| **b == b'\n').count(), whole.len());
+        assert!(
+            whole
+                .iter()
+                .all(|(_, tag, content)| tag == "F" && content.len() == 999)
+        );
+        // Room again: the next line goes in.
+        std::fs::write(&path, b"").unwrap();
+        w.write(Stream::Stdout, b"back\n").unwrap();
+        assert_eq!(w.dropping(), None);
+        assert_eq!(records(&path).last().unwrap().2, "back");
     }
 }

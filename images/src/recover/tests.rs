@@ -69,14 +69,7 @@ fn an_unreadable_index_is_set_aside_and_rebuilt_from_content() {
     // Names come from the previous generation, which knew A but not B yet.
     let a_id = &built_a.config_digest;
     let b_id = &built_b.config_digest;
-    let named = |id: &str| {
-        after
-            .iter()
-            .find(|i| i.id == id)
-            .unwrap()
-            .repo_tags
-            .clone()
-    };
+    let named = |id: &str| after.iter().find(|i| i.id == id).unwrap().repo_tags.clone();
     assert_eq!(named(a_id), vec!["docker.io/library/a:1"]);
     assert!(named(b_id).is_empty());
     assert_eq!(store.resolve(b_id).unwrap().unwrap().id, *b_id);

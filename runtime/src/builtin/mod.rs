@@ -101,6 +101,11 @@ struct Inner {
         std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
     streaming: tokio::sync::OnceCell<crate::streaming::Server>,
     network: Option<network::Network>,
+    /// A shared lock on `cri/agents.lock` held while this runtime lives: every agent on the
+    /// root dir holds one, so one that gets it exclusively at start knows it is alone, and only
+    /// then takes what has no record for the remains of a creation cut short (another live
+    /// agent may be creating it).
+    agents: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
 }
 
 /// A reserved name, released when dropped.
@@ -152,6 +157,7 @@ impl BuiltinRuntime {
                     .map_err(|e| Error::internal(format!("opening up {}: {e}", d.display())))?;
             }
         }
+        let (agents, alone) = lock_agents(&cfg.root_dir.join("cri").join("agents.lock")).await?;
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
         let records = Records::load(&cfg.root_dir.join("cri"))?;
         let (events, _) = broadcast::channel(1024);
@@ -166,13 +172,32 @@ impl BuiltinRuntime {
                 sandbox_locks: Default::default(),
                 streaming: tokio::sync::OnceCell::new(),
                 network,
+                agents: std::sync::Mutex::new(Some(agents)),
             }),
         };
-        rt.adopt().await;
+        rt.adopt(alone).await;
         rt.discard_set_aside().await;
         rt.restore_rootfs_records();
-        rt.release_stale_addresses();
+        if alone {
+            rt.discard_orphans().await;
+            rt.release_stale_addresses();
+        } else {
+            tracing::info!("another agent uses this root dir: leaving what has no record to it");
+        }
+        // Others may start now.
+        if let Some(lock) = store::lock(&rt.inner.agents).as_ref() {
+            if let Err(e) = lock.relock(nix::fcntl::FlockArg::LockShared) {
+                tracing::warn!("sharing the agents' lock: {e}");
+            }
+        }
         Ok(rt)
+    }
+
+    /// Gives up this runtime's claim on its root dir (its share of the agents' lock), so that
+    /// a runtime opened next in the same process (an agent restarting in place, a test) is
+    /// alone there. This one must not be used afterwards.
+    pub fn leave(&self) {
+        store::lock(&self.inner.agents).take();
     }
 
     /// The image store (for import and other node-local image commands).
@@ -220,11 +245,23 @@ impl BuiltinRuntime {
     /// Re-attaches to the sandboxes a previous agent started: live ones get their event
     /// subscription back; what is left of those whose process died is reaped
     /// ([`Self::reap_if_dead`]).
-    async fn adopt(&self) {
-        for rec in self.inner.records.all_sandboxes() {
-            if !rec.stopped {
-                self.watch_sandbox(&rec.id).await;
+    async fn adopt(&self, alone: bool) {
+        for mut rec in self.inner.records.all_sandboxes() {
+            if rec.stopped {
+                continue;
             }
+            if alone && self.client(&rec.id).is_stopped() {
+                // A StopPodSandbox the agent's death cut short after the sandbox had shut
+                // down: finish it, so that the pod's address is not held by nobody.
+                tracing::info!(sandbox = %rec.id, "finishing a stop that was cut short");
+                rec.stopped = true;
+                if let Err(e) = self.inner.records.save_sandbox(&rec) {
+                    tracing::error!(sandbox = %rec.id, "{e}");
+                }
+                self.release_address(&rec.id, rec.ip);
+                continue;
+            }
+            self.watch_sandbox(&rec.id).await;
         }
     }
 
@@ -257,44 +294,110 @@ impl BuiltinRuntime {
         }
         for id in &set_aside.sandboxes {
             tracing::error!(sandbox = %id, "its record was unreadable: stopping it");
-            let client = self.client(id);
-            // Its spec (in its state dir) names its cgroups: read once, for both steps.
-            let spec = client.spec();
-            if let Err(e) = &spec {
-                tracing::warn!(sandbox = %id, "reading its spec: {e}");
+            self.discard_sandbox_remains(id).await;
+        }
+    }
+
+    /// What a creation that an agent's death cut short left without a record: a sandbox state
+    /// dir (and its process), a container in a live sandbox, a bundle or a rootfs. Nothing
+    /// lists them, so nothing would ever remove them: they go now, before anything is served.
+    async fn discard_orphans(&self) {
+        let listed = |dir: &str| -> Vec<String> {
+            std::fs::read_dir(self.inner.cfg.root_dir.join(dir))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let set_aside = &self.inner.records.set_aside;
+        for id in listed("sandboxes") {
+            if self.inner.records.sandbox(&id).is_none() && !set_aside.sandboxes.contains(&id) {
+                tracing::warn!(sandbox = %id, "a sandbox without a record (its creation was cut short): removing it");
+                self.discard_sandbox_remains(&id).await;
             }
-            let cgroup_parent = spec.as_ref().map(|s| s.cgroup_parent.clone());
-            if self.sandbox_dir(id).exists() && !client.is_stopped() {
-                if client.process_alive() {
-                    if let Err(e) = client.shutdown().await {
-                        tracing::warn!(sandbox = %id, "shutting it down: {e}");
+        }
+        for rec in self.inner.records.all_sandboxes() {
+            let client = self.client(&rec.id);
+            if rec.stopped || client.is_stopped() {
+                continue;
+            }
+            let Ok(state) = client.state().await else {
+                continue;
+            };
+            for c in state.containers {
+                if self.inner.records.container(&c.id).is_none() {
+                    tracing::warn!(container = %c.id, sandbox = %rec.id, "a container without a record (its creation was cut short): removing it");
+                    if let Err(e) = client.delete(&c.id).await {
+                        tracing::warn!(container = %c.id, "deleting it in its sandbox: {e}");
                     }
-                } else if let Ok(parent) = cgroup_parent {
-                    let dead = self.client(id);
-                    let reaped = tokio::task::spawn_blocking(move || dead.reap_dead(&parent)).await;
-                    if !matches!(reaped, Ok(Ok(_))) {
-                        tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
-                    }
+                    let status = client.layout().status_dir().join(format!("{}.json", c.id));
+                    let _ = std::fs::remove_file(status);
                 }
             }
-            for c in self.inner.records.all_containers() {
-                if &c.sandbox_id == id {
-                    self.discard_container(&c.id).await;
+        }
+        let mut bundles = listed("containers");
+        bundles.extend(self.inner.images.rootfs_keys().unwrap_or_default());
+        bundles.sort();
+        bundles.dedup();
+        for id in bundles {
+            if self.inner.records.container(&id).is_none() {
+                tracing::warn!(container = %id, "a bundle or rootfs without a record: releasing it");
+                self.release(&id);
+            }
+        }
+    }
+
+    /// Stops what is left of a sandbox the records do not (or no longer readably) describe:
+    /// its process is shut down, or what is left of a dead one reaped from the spec in its
+    /// state dir; the containers recorded in it are discarded; its cgroups and state dir go.
+    async fn discard_sandbox_remains(&self, id: &str) {
+        let client = self.client(id);
+        // Its spec (in its state dir) names its cgroups: read once, for both steps.
+        let spec = client.spec();
+        if let Err(e) = &spec {
+            tracing::warn!(sandbox = %id, "reading its spec: {e}");
+        }
+        let cgroup_parent = spec.as_ref().map(|s| s.cgroup_parent.clone());
+        if self.sandbox_dir(id).exists() && !client.is_stopped() {
+            if client.process_alive() {
+                if let Err(e) = client.shutdown().await {
+                    tracing::warn!(sandbox = %id, "shutting it down: {e}");
                 }
             }
-            // Then what remove_sandbox removes: its cgroups and its state dir.
-            if let Ok(spec) = &spec {
-                let parent = spec.cgroup_parent.trim_end_matches('/');
-                if !parent.is_empty() {
-                    let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
-                    if spec.owns_cgroup_parent {
-                        let _ = sandbox::cgroup::remove(parent);
-                    }
+            // Whatever still serves its state dir (one that had not written its pid file, or
+            // would not shut down) is killed; then what is left in its cgroups.
+            let killer = self.client(id);
+            let killed = tokio::task::spawn_blocking(move || killer.kill_serving()).await;
+            if let Ok(n @ 1..) = killed {
+                tracing::warn!(sandbox = %id, "killed {n} process(es) still serving it");
+            }
+            if let (Ok(parent), false) = (cgroup_parent, client.is_stopped()) {
+                let dead = self.client(id);
+                let reaped = tokio::task::spawn_blocking(move || dead.reap_dead(&parent)).await;
+                if !matches!(reaped, Ok(Ok(_))) {
+                    tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
                 }
             }
-            if !client.process_alive() {
-                let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
+        }
+        for c in self.inner.records.all_containers() {
+            if c.sandbox_id == id {
+                self.discard_container(&c.id).await;
             }
+        }
+        // Then what remove_sandbox removes: its cgroups and its state dir.
+        if let Ok(spec) = &spec {
+            let parent = spec.cgroup_parent.trim_end_matches('/');
+            if !parent.is_empty() {
+                let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
+                if spec.owns_cgroup_parent {
+                    let _ = sandbox::cgroup::remove(parent);
+                }
+            }
+        }
+        if !client.process_alive() {
+            let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
         }
     }
 
@@ -461,4 +564,30 @@ fn image_error(e: images::Error) -> Error {
         _ => Code::Internal,
     };
     Error::new(code, e.to_string())
+}
+
+/// Takes the agents' lock of a root dir: exclusively if no other agent holds it (then the
+/// caller is alone), else shared, waiting for one that is starting to finish its start.
+async fn lock_agents(path: &std::path::Path) -> Result<(nix::fcntl::Flock<std::fs::File>, bool)> {
+    use nix::fcntl::{Flock, FlockArg};
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::internal(format!("opening {}: {e}", path.display())))
+    };
+    match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok((lock, true)),
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let shown = path.display().to_string();
+            let lock = tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockShared))
+                .await
+                .map_err(|e| Error::internal(format!("locking {shown}: {e}")))?
+                .map_err(|(_, e)| Error::internal(format!("locking {shown}: {e}")))?;
+            Ok((lock, false))
+        }
+        Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", path.display()))),
+    }
 }

@@ -348,7 +348,24 @@ impl BuiltinRuntime {
             match client.shutdown().await {
                 Ok(()) => {}
                 Err(e) if e.kind() == sandbox::Kind::Unavailable => {
-                    tracing::warn!(sandbox = %id, "sandbox process already gone: {e}");
+                    // Gone, or not answering (its own shutdown, asked by an agent that died,
+                    // still under way): either way nothing of it may outlive the stop.
+                    tracing::warn!(sandbox = %id, "sandbox process not answering: {e}; killing what is left of it");
+                    let (killer, parent) = (self.client(&id), rec.cgroup_parent.clone());
+                    let reaped = tokio::task::spawn_blocking(move || {
+                        killer.kill_serving();
+                        killer.reap_dead(&parent)
+                    })
+                    .await;
+                    match reaped {
+                        Ok(Ok(ended)) => {
+                            for s in ended {
+                                self.emit(&s.id, cri::ContainerEventType::ContainerStoppedEvent);
+                            }
+                        }
+                        Ok(Err(e)) => return Err(sandbox_error(e)),
+                        Err(e) => return Err(Error::internal(format!("reaping {id}: {e}"))),
+                    }
                 }
                 Err(e) => return Err(sandbox_error(e)),
             }

@@ -247,8 +247,14 @@ fn load_all<T: for<'de> Deserialize<'de>>(
 fn write_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec(value).map_err(|e| internal("encoding", path, e))?;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| internal("writing", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| internal("renaming", path, e))
+    // A write the disk could not take leaves nothing half-written behind.
+    let written = std::fs::write(&tmp, bytes)
+        .map_err(|e| internal("writing", &tmp, e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| internal("renaming", path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]

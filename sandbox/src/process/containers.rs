@@ -346,9 +346,8 @@ pub fn pump_output(c: &mut Ctr) -> bool {
         };
         let tag = if i == 0 { ATTACH_STDOUT } else { ATTACH_STDERR };
         match drain(fd, |data| {
-            if let Err(e) = c.log.write(stream, data) {
-                tracing::warn!(id = %c.status.id, "writing log: {e}");
-            }
+            // Failures are reported by the writer, once per episode.
+            let _ = c.log.write(stream, data);
             // A follower too slow to take the output is dropped rather than block the pod.
             c.attached.retain(|a| send_frame(&a.conn, tag, data));
         }) {
