@@ -1,7 +1,10 @@
 //! The kubelet's own metrics, with upstream's names and labels, in one process-wide registry
 //! (the Prometheus project's `prometheus-client`), served on `/metrics`; the probe counters on
 //! `/metrics/probes`. [`Instrumented`] wraps the runtime to count and time every CRI call
-//! (`kubelet_runtime_operations_*`).
+//! (`kubelet_runtime_operations_*`); [`startup::StartupTracker`] keeps what the pod startup
+//! latency SLI needs.
+
+pub mod startup;
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -53,6 +56,9 @@ pub struct Metrics {
     pub started_containers_errors: Family<ContainerType, Counter>,
     pub pod_worker_duration: Family<Operation, Histogram>,
     pub pod_start_duration: Histogram,
+    pub pod_start_sli_duration: Histogram,
+    pub pod_start_total_duration: Histogram,
+    pub pod_startup: startup::StartupTracker,
     pub pleg_relist_duration: Histogram,
     pub pleg_relist_interval: Histogram,
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
@@ -67,6 +73,13 @@ fn seconds_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.005, 2.5, 12)
 }
 
+/// Upstream's buckets for the pod startup durations, in seconds.
+const POD_STARTUP_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+
 impl Metrics {
     fn new() -> Metrics {
         let h = || Histogram::new(seconds_buckets());
@@ -77,7 +90,10 @@ impl Metrics {
             started_containers: Family::default(),
             started_containers_errors: Family::default(),
             pod_worker_duration: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
-            pod_start_duration: h(),
+            pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_startup: startup::StartupTracker::default(),
             pleg_relist_duration: h(),
             pleg_relist_interval: h(),
             pleg_last_seen: Gauge::default(),
@@ -126,8 +142,18 @@ impl Metrics {
         );
         k.register(
             "pod_start_duration_seconds",
-            "Duration in seconds from the kubelet first having a status for a pod to the pod running",
+            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
             self.pod_start_duration.clone(),
+        );
+        k.register(
+            "pod_start_sli_duration_seconds",
+            "Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_sli_duration.clone(),
+        );
+        k.register(
+            "pod_start_total_duration_seconds",
+            "Duration in seconds to start a pod since creation, including time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_total_duration.clone(),
         );
         k.register(
             "pleg_relist_duration_seconds",
@@ -195,6 +221,40 @@ impl Metrics {
         self.started_containers.get_or_create(&l).inc();
         if !ok {
             self.started_containers_errors.get_or_create(&l).inc();
+        }
+    }
+
+    /// The API watch showed `pods` at `when`: each goes through the startup tracker, and a
+    /// start it completes is observed in the SLI and total histograms.
+    pub fn pods_observed_on_watch<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+        when: std::time::SystemTime,
+    ) {
+        for pod in pods {
+            let o = self.pod_startup.observed_on_watch(pod, when);
+            self.pod_started(pod, o);
+        }
+    }
+
+    /// The kubelet wrote `pod`'s status (the object the API server returned).
+    pub fn pod_status_written(&self, pod: &k8s_openapi::api::core::v1::Pod) {
+        let o = self
+            .pod_startup
+            .status_written(pod, std::time::SystemTime::now());
+        self.pod_started(pod, o);
+    }
+
+    fn pod_started(&self, pod: &k8s_openapi::api::core::v1::Pod, o: Option<startup::Observation>) {
+        let Some(o) = o else {
+            return;
+        };
+        tracing::info!(pod = %crate::sources::pod_full_name(pod),
+            total = o.total.as_secs_f64(), sli = ?o.sli.map(|d| d.as_secs_f64()),
+            "observed pod startup duration");
+        self.pod_start_total_duration.observe(o.total.as_secs_f64());
+        if let Some(sli) = o.sli {
+            self.pod_start_sli_duration.observe(sli.as_secs_f64());
         }
     }
 

@@ -123,6 +123,10 @@ impl ApiSource {
             if !changed || !synced {
                 continue;
             }
+            // Every pod of every snapshot goes through the startup tracker, as upstream's
+            // source observes each pod the reflector delivers.
+            crate::metrics::get()
+                .pods_observed_on_watch(pods.values(), std::time::SystemTime::now());
             let (mirrors, regular): (Vec<&Pod>, Vec<&Pod>) =
                 pods.values().partition(|p| is_mirror_pod(p));
             self.mirrors.send_replace(
