@@ -2,7 +2,7 @@
 //! (the Prometheus project's `prometheus-client`), served on `/metrics`; the probe counters on
 //! `/metrics/probes`. [`Instrumented`] wraps the runtime to count and time every CRI call
 //! (`kubelet_runtime_operations_*`); [`startup::StartupTracker`] keeps what the pod startup
-//! latency SLI needs.
+//! latency SLI needs; the API client counts its requests (`rest_client_*`, [`RestRequest`]).
 
 pub mod startup;
 
@@ -47,6 +47,22 @@ pub struct ProbeLabels {
     pub pod_uid: String,
 }
 
+/// `rest_client_requests_total`'s labels, as client-go's: the status code (`"200"`, or
+/// `"<error>"` when no response came), the method (`GET`) and the API server's `host:port`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestRequest {
+    pub code: String,
+    pub method: String,
+    pub host: String,
+}
+
+/// `rest_client_request_duration_seconds`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestVerbHost {
+    pub verb: String,
+    pub host: String,
+}
+
 /// Every metric the kubelet keeps.
 pub struct Metrics {
     pub node_name: Family<NodeName, Gauge>,
@@ -66,6 +82,8 @@ pub struct Metrics {
     pub runtime_operations_errors: Family<Operation, Counter>,
     pub runtime_operations_duration: Family<Operation, Histogram>,
     pub probe_total: Family<ProbeLabels, Counter>,
+    pub rest_client_requests: Family<RestRequest, Counter>,
+    pub rest_client_request_duration: Family<RestVerbHost, Histogram>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -79,6 +97,10 @@ const POD_STARTUP_BUCKETS: [f64; 25] = [
     300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
 
+/// client-go's buckets for `rest_client_request_duration_seconds`.
+const REST_LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
 
 impl Metrics {
     fn new() -> Metrics {
@@ -103,6 +125,10 @@ impl Metrics {
                 Histogram::new(seconds_buckets())
             }),
             probe_total: Family::default(),
+            rest_client_requests: Family::default(),
+            rest_client_request_duration: Family::new_with_constructor(|| {
+                Histogram::new(REST_LATENCY_BUCKETS)
+            }),
         }
     }
 
@@ -185,6 +211,17 @@ impl Metrics {
             "Duration in seconds of runtime operations, broken down by operation type",
             self.runtime_operations_duration.clone(),
         );
+        let rest = r.sub_registry_with_prefix("rest_client");
+        rest.register(
+            "requests",
+            "Number of HTTP requests, partitioned by status code, method, and host",
+            self.rest_client_requests.clone(),
+        );
+        rest.register(
+            "request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host",
+            self.rest_client_request_duration.clone(),
+        );
         r
     }
 
@@ -256,6 +293,23 @@ impl Metrics {
         if let Some(sli) = o.sli {
             self.pod_start_sli_duration.observe(sli.as_secs_f64());
         }
+    }
+
+    /// Records one request of the API client (`code` None: no response).
+    pub fn rest_request(&self, host: &str, method: &str, code: Option<u16>, took: Duration) {
+        self.rest_client_requests
+            .get_or_create(&RestRequest {
+                code: code.map_or_else(|| "<error>".to_string(), |c| c.to_string()),
+                method: method.to_string(),
+                host: host.to_string(),
+            })
+            .inc();
+        self.rest_client_request_duration
+            .get_or_create(&RestVerbHost {
+                verb: method.to_string(),
+                host: host.to_string(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Records one runtime operation.
