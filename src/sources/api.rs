@@ -106,6 +106,8 @@ impl ApiSource {
                 Ok(Event::Delete(pod)) => {
                     if let Some(uid) = pod.metadata.uid.as_deref() {
                         pods.remove(uid);
+                        // Gone from the API (mirror pods included): no start to observe.
+                        crate::metrics::get().pod_startup.forget(uid);
                     }
                     true
                 }
