@@ -1,7 +1,10 @@
 //! The kubelet's own metrics, with upstream's names and labels, in one process-wide registry
 //! (the Prometheus project's `prometheus-client`), served on `/metrics`; the probe counters on
 //! `/metrics/probes`. [`Instrumented`] wraps the runtime to count and time every CRI call
-//! (`kubelet_runtime_operations_*`).
+//! (`kubelet_runtime_operations_*`); [`startup::StartupTracker`] keeps what the pod startup
+//! latency SLI needs; the API client counts its requests (`rest_client_*`, [`RestRequest`]).
+
+pub mod startup;
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -44,6 +47,22 @@ pub struct ProbeLabels {
     pub pod_uid: String,
 }
 
+/// `rest_client_requests_total`'s labels, as client-go's: the status code (`"200"`, or
+/// `"<error>"` when no response came), the method (`GET`) and the API server's `host:port`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestRequest {
+    pub code: String,
+    pub method: String,
+    pub host: String,
+}
+
+/// `rest_client_request_duration_seconds`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestVerbHost {
+    pub verb: String,
+    pub host: String,
+}
+
 /// Every metric the kubelet keeps.
 pub struct Metrics {
     pub node_name: Family<NodeName, Gauge>,
@@ -53,6 +72,9 @@ pub struct Metrics {
     pub started_containers_errors: Family<ContainerType, Counter>,
     pub pod_worker_duration: Family<Operation, Histogram>,
     pub pod_start_duration: Histogram,
+    pub pod_start_sli_duration: Histogram,
+    pub pod_start_total_duration: Histogram,
+    pub pod_startup: startup::StartupTracker,
     pub pleg_relist_duration: Histogram,
     pub pleg_relist_interval: Histogram,
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
@@ -60,12 +82,25 @@ pub struct Metrics {
     pub runtime_operations_errors: Family<Operation, Counter>,
     pub runtime_operations_duration: Family<Operation, Histogram>,
     pub probe_total: Family<ProbeLabels, Counter>,
+    pub rest_client_requests: Family<RestRequest, Counter>,
+    pub rest_client_request_duration: Family<RestVerbHost, Histogram>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
     // 5 ms .. ~82 s, as upstream's default-ish exponential buckets.
     exponential_buckets(0.005, 2.5, 12)
 }
+
+/// Upstream's buckets for the pod startup durations, in seconds.
+const POD_STARTUP_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+/// client-go's buckets for `rest_client_request_duration_seconds`.
+const REST_LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
 
 impl Metrics {
     fn new() -> Metrics {
@@ -77,7 +112,10 @@ impl Metrics {
             started_containers: Family::default(),
             started_containers_errors: Family::default(),
             pod_worker_duration: Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
-            pod_start_duration: h(),
+            pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_startup: startup::StartupTracker::default(),
             pleg_relist_duration: h(),
             pleg_relist_interval: h(),
             pleg_last_seen: Gauge::default(),
@@ -87,6 +125,10 @@ impl Metrics {
                 Histogram::new(seconds_buckets())
             }),
             probe_total: Family::default(),
+            rest_client_requests: Family::default(),
+            rest_client_request_duration: Family::new_with_constructor(|| {
+                Histogram::new(REST_LATENCY_BUCKETS)
+            }),
         }
     }
 
@@ -126,8 +168,18 @@ impl Metrics {
         );
         k.register(
             "pod_start_duration_seconds",
-            "Duration in seconds from the kubelet first having a status for a pod to the pod running",
+            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
             self.pod_start_duration.clone(),
+        );
+        k.register(
+            "pod_start_sli_duration_seconds",
+            "Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_sli_duration.clone(),
+        );
+        k.register(
+            "pod_start_total_duration_seconds",
+            "Duration in seconds to start a pod since creation, including time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_total_duration.clone(),
         );
         k.register(
             "pleg_relist_duration_seconds",
@@ -158,6 +210,17 @@ impl Metrics {
             "runtime_operations_duration_seconds",
             "Duration in seconds of runtime operations, broken down by operation type",
             self.runtime_operations_duration.clone(),
+        );
+        let rest = r.sub_registry_with_prefix("rest_client");
+        rest.register(
+            "requests",
+            "Number of HTTP requests, partitioned by status code, method, and host",
+            self.rest_client_requests.clone(),
+        );
+        rest.register(
+            "request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host",
+            self.rest_client_request_duration.clone(),
         );
         r
     }
@@ -196,6 +259,57 @@ impl Metrics {
         if !ok {
             self.started_containers_errors.get_or_create(&l).inc();
         }
+    }
+
+    /// The API watch showed `pods` at `when`: each goes through the startup tracker, and a
+    /// start it completes is observed in the SLI and total histograms.
+    pub fn pods_observed_on_watch<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+        when: std::time::SystemTime,
+    ) {
+        for pod in pods {
+            let o = self.pod_startup.observed_on_watch(pod, when);
+            self.pod_started(pod, o);
+        }
+    }
+
+    /// The kubelet wrote `pod`'s status (the object the API server returned).
+    pub fn pod_status_written(&self, pod: &k8s_openapi::api::core::v1::Pod) {
+        let o = self
+            .pod_startup
+            .status_written(pod, std::time::SystemTime::now());
+        self.pod_started(pod, o);
+    }
+
+    fn pod_started(&self, pod: &k8s_openapi::api::core::v1::Pod, o: Option<startup::Observation>) {
+        let Some(o) = o else {
+            return;
+        };
+        tracing::info!(pod = %crate::sources::pod_full_name(pod),
+            total = o.total.as_secs_f64(), sli = ?o.sli.map(|d| d.as_secs_f64()),
+            "observed pod startup duration");
+        self.pod_start_total_duration.observe(o.total.as_secs_f64());
+        if let Some(sli) = o.sli {
+            self.pod_start_sli_duration.observe(sli.as_secs_f64());
+        }
+    }
+
+    /// Records one request of the API client (`code` None: no response).
+    pub fn rest_request(&self, host: &str, method: &str, code: Option<u16>, took: Duration) {
+        self.rest_client_requests
+            .get_or_create(&RestRequest {
+                code: code.map_or_else(|| "<error>".to_string(), |c| c.to_string()),
+                method: method.to_string(),
+                host: host.to_string(),
+            })
+            .inc();
+        self.rest_client_request_duration
+            .get_or_create(&RestVerbHost {
+                verb: method.to_string(),
+                host: host.to_string(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Records one runtime operation.

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -42,9 +42,10 @@ struct Entry {
     written: u64,
     /// Delete the pod object (grace 0) once the final status is written.
     delete: bool,
-    /// When the kubelet first had a status for the pod, and whether its start (Running) has
-    /// been counted in `kubelet_pod_start_duration_seconds`.
-    seen: std::time::Instant,
+    /// When the kubelet first saw the pod (its `kubernetes.io/config.seen`, else its first
+    /// status), and whether its start (Running) has been counted in
+    /// `kubelet_pod_start_duration_seconds`.
+    seen: SystemTime,
     start_counted: bool,
 }
 
@@ -59,6 +60,13 @@ pub struct StatusManager {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// When the kubelet first saw the pod: its `kubernetes.io/config.seen` annotation.
+fn first_seen(pod: &Pod) -> Option<SystemTime> {
+    let seen = annotation(pod, sources::CONFIG_SEEN_ANNOTATION)?;
+    let t: k8s_openapi::jiff::Timestamp = seen.parse().ok()?;
+    Some(SystemTime::from(t))
 }
 
 /// True when the pod came from the API server (not a static pod).
@@ -112,7 +120,7 @@ impl StatusManager {
             version: 0,
             written: 0,
             delete: false,
-            seen: std::time::Instant::now(),
+            seen: first_seen(pod).unwrap_or_else(SystemTime::now),
             // A pod running at its first status (adopted after a restart) did not start now.
             start_counted: status.phase.as_deref() == Some("Running"),
         });
@@ -121,9 +129,12 @@ impl StatusManager {
         }
         if !entry.start_counted && status.phase.as_deref() == Some("Running") {
             entry.start_counted = true;
+            let took = SystemTime::now()
+                .duration_since(entry.seen)
+                .unwrap_or_default();
             crate::metrics::get()
                 .pod_start_duration
-                .observe(entry.seen.elapsed().as_secs_f64());
+                .observe(took.as_secs_f64());
         }
         entry.status = status;
         entry.version += 1;
@@ -182,6 +193,7 @@ impl StatusManager {
 
     /// Drops a pod the kubelet no longer knows.
     pub fn forget(&self, uid: &str) {
+        crate::metrics::get().pod_startup.forget(uid);
         lock(&self.entries).remove(uid);
     }
 
@@ -235,7 +247,8 @@ impl StatusManager {
                 )
                 .await
             {
-                Ok(_) => {
+                Ok(written) => {
+                    crate::metrics::get().pod_status_written(&written);
                     tracing::debug!(pod = %format!("{}/{}", entry.namespace, entry.name), "status written");
                     let mut entries = lock(&self.entries);
                     if let Some(e) = entries.get_mut(&entry.uid) {

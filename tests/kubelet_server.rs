@@ -11,6 +11,11 @@
 //! - `/pods`, `/containerLogs` with `tailLines`, `limitBytes`, `timestamps`, `follow` (to the
 //!   container's end) and `previous`; `/exec` over a WebSocket through the kubelet to the
 //!   runtime's streaming server; `/healthz` on the healthz port; 501 for what is not built.
+//! - Through the API server's proxy: `kubectl logs`, `exec`, `port-forward` and `attach` (with
+//!   `-i` over WebSocket and SPDY, and without); on `/metrics` the pod startup histograms (a slow
+//!   registry's pull and an init container left out of the SLI; nothing counted by a restarted
+//!   kubelet) and
+//!   `rest_client_requests_total` against the requests the API server answered the kubelet.
 //!
 //! Needs root (real containers); skips loudly otherwise.
 
@@ -1015,5 +1020,396 @@ async fn container_logs_rotate_and_follow_goes_on() {
         first.contains(" stdout F line "),
         "a CRI log record: {first:?}"
     );
+    drop(agent);
+}
+
+/// A registry over plain HTTP on 127.0.0.1 serving the project's busybox (any repository
+/// name, any tag) whose manifests answer only after `delay`: a slow pull, honestly. Returns its
+/// `host:port`; it serves until the test's runtime ends.
+async fn slow_registry(delay: std::time::Duration) -> String {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let unpacked = tempfile::tempdir().expect("a temp dir");
+    tar::Archive::new(std::fs::File::open(common::busybox_archive()).expect("the archive"))
+        .unpack(unpacked.path())
+        .expect("unpacking busybox");
+    let blobs = unpacked.path().join("blobs/sha256");
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(unpacked.path().join("index.json")).expect("index.json"),
+    )
+    .expect("an index");
+    let digest = index["manifests"][0]["digest"]
+        .as_str()
+        .expect("a manifest digest")
+        .to_string();
+    let manifest =
+        std::fs::read(blobs.join(digest.trim_start_matches("sha256:"))).expect("the manifest blob");
+    let media_type =
+        serde_json::from_slice::<serde_json::Value>(&manifest).expect("JSON")["mediaType"]
+            .as_str()
+            .unwrap_or("application/vnd.oci.image.manifest.v1+json")
+            .to_string();
+    let blobs = Arc::new((unpacked, blobs));
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (blobs, manifest, digest, media_type) = (
+            blobs.clone(),
+            manifest.clone(),
+            digest.clone(),
+            media_type.clone(),
+        );
+        async move {
+            let path = req.uri().path().to_string();
+            if path == "/v2/" {
+                return (StatusCode::OK, "{}").into_response();
+            }
+            if path.contains("/manifests/") {
+                tokio::time::sleep(delay).await;
+                return (
+                    StatusCode::OK,
+                    [
+                        (header::CONTENT_TYPE.as_str(), media_type),
+                        ("docker-content-digest", digest),
+                    ],
+                    manifest,
+                )
+                    .into_response();
+            }
+            if let Some((_, d)) = path.rsplit_once("/blobs/sha256:")
+                && !d.contains('/')
+                && let Ok(b) = std::fs::read(blobs.1.join(d))
+            {
+                return (StatusCode::OK, b).into_response();
+            }
+            StatusCode::NOT_FOUND.into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the registry");
+    let host = listener.local_addr().expect("its address").to_string();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    host
+}
+
+/// The value of the sample `name` (with its labels) in a Prometheus text body.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The kubelet's `rest_client_requests_total` samples for `host`, by (code, method).
+fn rest_counts(body: &str, host: &str) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for l in body.lines() {
+        let Some(labels) = l.strip_prefix("rest_client_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = labels.split_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+        };
+        if label("host").as_deref() != Some(host) {
+            continue;
+        }
+        let (Some(code), Some(method), Ok(n)) = (label("code"), label("method"), value.parse())
+        else {
+            continue;
+        };
+        counts.insert((code, method), n);
+    }
+    counts
+}
+
+/// The pod startup histograms and the API client's request counts on `/metrics`, and
+/// `kubectl attach` through the API server:
+/// - `kubelet_pod_start_sli_duration_seconds` counts each pod started while the kubelet watched
+///   it, once, and leaves a slow pull out (the registry holds its manifest `DELAY`) and the run
+///   of an init container (`INIT`); the total
+///   and `kubelet_pod_start_duration_seconds` count the same pods; a kubelet restarted over
+///   running pods counts none of them;
+/// - `rest_client_requests_total{code,method,host}` equals, per code and method, the requests
+///   the API server answered with the kubelet's User-Agent;
+/// - `kubectl attach -i` feeds a container's stdin and gets its output back (WebSocket and
+///   SPDY); `kubectl attach` without `-i` follows a container's output.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_metrics_client_metrics_and_kubectl_attach() {
+    const DELAY: std::time::Duration = std::time::Duration::from_secs(3);
+    const INIT: std::time::Duration = std::time::Duration::from_secs(2);
+    let test = "start_metrics_client_metrics_and_kubectl_attach";
+    let api = ApiServer::start().await;
+    let registry = slow_registry(DELAY).await;
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
+    let config: &'static str = Box::leak(
+        format!(
+            "authentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\nnodeletInsecureRegistries: [\"{registry}\"]\n",
+            keys.path().join("client-ca.crt").display()
+        )
+        .into_boxed_str(),
+    );
+    let setup = Setup {
+        name: "attached-node",
+        config,
+        cri_listen: false,
+    };
+    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let slow = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {registry}/slow/busybox:1\n    imagePullPolicy: Always\n    command: [\"sleep\", \"3600\"]\n"
+    );
+    // Readers: their input, line by line, back on stdout until stdin ends (stdinOnce: the
+    // attach's end closes it).
+    let reader = format!(
+        "  restartPolicy: Never\n  containers:\n{}    stdin: true\n    stdinOnce: true\n",
+        busybox("app", "while read l; do echo \"got $l\"; done")
+    );
+    // The ticker waits for an init container running `INIT`, which the SLI leaves out too.
+    let ticker = format!(
+        "  terminationGracePeriodSeconds: 1\n  initContainers:\n{}  containers:\n{}",
+        busybox("wait", &format!("sleep {}", INIT.as_secs())),
+        busybox(
+            "app",
+            "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"
+        )
+    );
+    let started = ["slow", "reader-ws", "reader-spdy", "ticker"];
+    for (name, spec) in [
+        ("slow", &slow),
+        ("reader-ws", &reader),
+        ("reader-spdy", &reader),
+        ("ticker", &ticker),
+    ] {
+        pods.create(&PostParams::default(), &node.pod(name, spec))
+            .await
+            .expect("creating a pod");
+    }
+    let agent = node.start();
+    let nodes: Api<Node> = Api::all(api.client());
+    // The kubelet's port as the Node advertises it, once it is not `old`.
+    let kubelet_port = async |old: u16| {
+        wait_for("the Node with its kubelet port", 60, async || {
+            let n = nodes.get_opt(setup.name).await.ok().flatten()?;
+            let p = n.status?.daemon_endpoints?.kubelet_endpoint?.port;
+            u16::try_from(p)
+                .ok()
+                .filter(|p| *p != 0 && *p != 10250 && *p != old)
+        })
+        .await
+    };
+    let port = kubelet_port(0).await;
+    let serving = node.root.join("pki/kubelet.crt");
+    for name in started {
+        wait_for(&format!("{name} running"), 90, async || {
+            let st = pods.get_opt(name).await.ok().flatten()?.status?;
+            (st.phase.as_deref() == Some("Running")).then_some(())
+        })
+        .await;
+    }
+    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
+        .expect("the serving certificate")
+        .collect::<Result<_, _>>()
+        .expect("PEM");
+    let caller = (chain.clone(), key.clone_key());
+    api.set_kubelet_client(chain, key, trusted);
+    api.set_allowed("apiserver-kubelet-client", "get", "metrics", true);
+    api.set_allowed("apiserver-kubelet-client", "create", "proxy", true);
+    api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
+    let scrape_at = async |port: u16| {
+        let (code, body) = get(port, &serving, "/metrics", None, Some(&caller))
+            .await
+            .expect("GET /metrics");
+        assert_eq!(code, 200, "{body}");
+        body
+    };
+    let scrape = async || scrape_at(port).await;
+
+    // The four starts, each observed once the kubelet's Running status came back on its watch.
+    let body = wait_for("four pod starts observed", 30, async || {
+        let body = scrape().await;
+        (metric(&body, "kubelet_pod_start_sli_duration_seconds_count") == Some(4.0)).then_some(body)
+    })
+    .await;
+    for count in [
+        "kubelet_pod_start_total_duration_seconds_count",
+        "kubelet_pod_start_duration_seconds_count",
+    ] {
+        assert_eq!(metric(&body, count), Some(4.0), "{count}: {body}");
+    }
+    let sum = |name: &str| metric(&body, name).unwrap_or_else(|| panic!("{name}: {body}"));
+    let total = sum("kubelet_pod_start_total_duration_seconds_sum");
+    let sli = sum("kubelet_pod_start_sli_duration_seconds_sum");
+    // Left out: the pull (at least DELAY) and the init container's run (INIT from its start,
+    // measured from StartContainer's answer: a little less).
+    let left_out = DELAY.as_secs_f64() + INIT.as_secs_f64() - 0.5;
+    assert!(
+        sli >= 0.0 && total - sli >= left_out && total - sli < total,
+        "the slow pull ({DELAY:?}) and the init container ({INIT:?}) are left out of the SLI: \
+         total {total}, sli {sli}"
+    );
+
+    // The API client's requests: the API server's answers to the kubelet, per code and
+    // method, once no request is in flight (retried until a scrape falls between requests).
+    let host = api.url().trim_start_matches("http://").to_string();
+    let answered = || {
+        let mut counts = std::collections::BTreeMap::new();
+        for a in api
+            .answered()
+            .into_iter()
+            .filter(|a| a.user_agent.starts_with("kubelet/"))
+        {
+            *counts
+                .entry((a.code.to_string(), a.method.clone()))
+                .or_insert(0u64) += 1;
+        }
+        counts
+    };
+    let mut last = None;
+    for _ in 0..40 {
+        let before = answered();
+        let mut ours = rest_counts(&scrape().await, &host);
+        ours.retain(|(code, _), _| code != "<error>");
+        if before == ours && answered() == before {
+            last = None;
+            break;
+        }
+        last = Some((before, ours));
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    assert!(last.is_none(), "answered vs counted: {last:?}");
+    let counted = rest_counts(&scrape().await, &host);
+    for (code, method) in [("200", "GET"), ("200", "PATCH"), ("201", "POST")] {
+        assert!(
+            counted
+                .get(&(code.to_string(), method.to_string()))
+                .is_some_and(|n| *n >= 1),
+            "{code} {method}: {counted:?}"
+        );
+    }
+
+    // kubectl attach -i: the input reaches the container's stdin, its output comes back; over
+    // WebSocket (kubectl's default), then SPDY.
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        common::skip("kubectl not installed; scripts/setup.sh installs it", test);
+        drop(agent);
+        return;
+    }
+    let kc = api.write_kubeconfig(keys.path());
+    for (pod, env) in [
+        ("reader-ws", &[][..]),
+        (
+            "reader-spdy",
+            &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")][..],
+        ),
+    ] {
+        use std::io::Write;
+        let mut attach = std::process::Command::new("kubectl")
+            .envs(env.iter().copied())
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["attach", "-i", pod, "-c", "app"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl attach");
+        let mut stdin = attach.stdin.take().expect("its stdin");
+        stdin.write_all(b"hello\nworld\n").expect("writing");
+        drop(stdin);
+        let out = tokio::task::spawn_blocking(move || attach.wait_with_output())
+            .await
+            .expect("joined")
+            .expect("kubectl attach ran");
+        assert_eq!(
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).as_ref()
+            ),
+            (Some(0), "got hello\ngot world\n"),
+            "kubectl attach -i {pod}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // kubectl attach without -i: the container's output as it goes.
+    let mut follow = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["attach", "ticker", "-c", "app"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl attach");
+    let stdout = follow.stdout.take().expect("its stdout");
+    let lines = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .take(3)
+            .collect::<Vec<_>>()
+    });
+    let lines = tokio::time::timeout(std::time::Duration::from_secs(30), lines)
+        .await
+        .expect("three lines within 30 s")
+        .expect("joined");
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let n: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert!(
+        n.len() == 3 && n[1] == n[0] + 1 && n[2] == n[1] + 1,
+        "consecutive ticks: {lines:?}"
+    );
+
+    // A kubelet restarted over the running pods starts none of them: nothing observed.
+    drop(agent);
+    let writes_before = api.answered().len();
+    let agent = node.start();
+    let port = kubelet_port(port).await;
+    wait_for(
+        "the new kubelet writing the slow pod's status",
+        60,
+        async || {
+            api.answered()[writes_before..]
+                .iter()
+                .any(|a| {
+                    a.user_agent.starts_with("kubelet/")
+                        && a.method == "PATCH"
+                        && a.path.ends_with("/pods/slow/status")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let body = scrape_at(port).await;
+    for count in [
+        "kubelet_pod_start_sli_duration_seconds_count",
+        "kubelet_pod_start_total_duration_seconds_count",
+        "kubelet_pod_start_duration_seconds_count",
+    ] {
+        assert_eq!(metric(&body, count), Some(0.0), "{count}: {body}");
+    }
     drop(agent);
 }

@@ -5,6 +5,7 @@
 
 pub mod events;
 pub mod objects;
+pub mod request_metrics;
 pub mod services;
 pub mod tokens;
 
@@ -21,7 +22,18 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A client for the API server named by a kubeconfig file (its current context).
+/// The User-Agent of the kubelet's requests, as upstream's kubelet names itself:
+/// `kubelet/<version> (linux/<arch>) nodelet`.
+pub fn user_agent() -> String {
+    format!(
+        "kubelet/{} (linux/{}) nodelet",
+        crate::node::facts::kubelet_version(),
+        crate::node::facts::goarch(std::env::consts::ARCH)
+    )
+}
+
+/// A client for the API server named by a kubeconfig file (its current context), sending
+/// [`user_agent`], its requests counted in `rest_client_*` ([`request_metrics`]).
 pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
     install_crypto_provider();
     let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -29,5 +41,23 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client>
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .with_context(|| format!("kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).with_context(|| format!("client for {}", path.display()))
+    client_from_config(config).with_context(|| format!("client for {}", path.display()))
+}
+
+/// A client for `config`, as [`client_from_kubeconfig`] makes it.
+pub fn client_from_config(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    install_crypto_provider();
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&user_agent())?,
+    ));
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder
+        .with_layer(&request_metrics::RequestMetricsLayer::new(host))
+        .build())
 }

@@ -280,6 +280,8 @@ impl SyncContext<'_> {
             format!("Pulling image {image:?}"),
         );
         let queued = std::time::Instant::now();
+        let startup = &crate::metrics::get().pod_startup;
+        startup.pull_started(uid, SystemTime::now());
         let _permit = match &self.pulls.limit {
             Some(sem) => Some(sem.clone().acquire_owned().await.map_err(|e| {
                 (
@@ -326,6 +328,7 @@ impl SyncContext<'_> {
         }
         match pulled {
             Ok(r) => {
+                startup.pull_finished(uid, SystemTime::now());
                 lock(self.image_backoff).reset(&key);
                 say(
                     EventType::Normal,
@@ -493,6 +496,22 @@ pub async fn sync_pod(
     let spec = pod_spec(pod)?;
     let uid = pod_identity(pod).0.to_string();
     let grace = spec.termination_grace_period_seconds.unwrap_or(30);
+    // Regular init containers seen finished, for the startup SLI (which leaves their run out).
+    for c in snapshot.status.containers.iter().filter(|c| {
+        c.state == RunState::Exited
+            && c.exit_code == 0
+            && spec
+                .init_containers
+                .iter()
+                .flatten()
+                .any(|i| i.name == c.name && !is_sidecar(i))
+    }) {
+        if let Some(at) = c.finished_at {
+            crate::metrics::get()
+                .pod_startup
+                .init_finished(&uid, &c.name, at);
+        }
+    }
     let mut res = SyncResult {
         waiting: actions.waiting.clone(),
         requeue_after: actions.wait,
@@ -709,6 +728,11 @@ async fn start_one(
         .await;
     crate::metrics::get().container_started(kind, started.is_ok());
     started.map_err(|e| failed(WaitingReason::RunContainerError, e))?;
+    if kind == "init_container" && !is_sidecar(container) {
+        crate::metrics::get()
+            .pod_startup
+            .init_started(uid, name, SystemTime::now());
+    }
     say(
         EventType::Normal,
         "Started",

@@ -106,6 +106,8 @@ impl ApiSource {
                 Ok(Event::Delete(pod)) => {
                     if let Some(uid) = pod.metadata.uid.as_deref() {
                         pods.remove(uid);
+                        // Gone from the API (mirror pods included): no start to observe.
+                        crate::metrics::get().pod_startup.forget(uid);
                     }
                     true
                 }
@@ -123,6 +125,10 @@ impl ApiSource {
             if !changed || !synced {
                 continue;
             }
+            // Every pod of every snapshot goes through the startup tracker, as upstream's
+            // source observes each pod the reflector delivers.
+            crate::metrics::get()
+                .pods_observed_on_watch(pods.values(), std::time::SystemTime::now());
             let (mirrors, regular): (Vec<&Pod>, Vec<&Pod>) =
                 pods.values().partition(|p| is_mirror_pod(p));
             self.mirrors.send_replace(

@@ -3,8 +3,9 @@
 //! [`PodOp::Set`] snapshot (or an incremental Add/Update/Delete/Remove/Reconcile) becomes the
 //! changes it implies. A pod is *updated* when anything but its status and its
 //! `kubernetes.io/config.seen` annotation changed (a graceful deletion, a new
-//! `deletionTimestamp`, is a `Delete`), *reconciled* when its status alone changed. The
-//! first-seen time is kept across updates.
+//! `deletionTimestamp`, is a `Delete`), *reconciled* when its status alone changed. A pod
+//! added without a first-seen time gets one (now), as upstream's merger records it; it is kept
+//! across updates.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -130,6 +131,14 @@ impl From<Op> for PodOp {
 /// Stores `pod` under `uid` and says what that changed, if anything.
 fn upsert(current: &mut BTreeMap<String, Pod>, uid: String, mut pod: Pod) -> Option<(Op, Pod)> {
     let Some(old) = current.get(&uid) else {
+        // First seen now, unless the source knew earlier (static pods carry it).
+        if seen_annotation(&pod).is_none() {
+            let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+            pod.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(CONFIG_SEEN_ANNOTATION.to_string(), now);
+        }
         current.insert(uid, pod.clone());
         return Some((Op::Add, pod));
     };

@@ -40,9 +40,20 @@ pub use tokens::{DEFAULT_AUDIENCE, IssuedToken, claims};
 /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// One request answered: its method, path, status code and User-Agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    pub method: String,
+    pub path: String,
+    pub code: u16,
+    pub user_agent: String,
+}
+
 struct App {
     store: Mutex<Store>,
     requests: Mutex<Vec<String>>,
+    /// Every request answered, recorded when its answer's head is ready to go.
+    answered: Mutex<Vec<Answered>>,
     addr: SocketAddr,
     reviews: Mutex<Reviews>,
     /// How `pods/log`, `pods/exec`, ... reach kubelets.
@@ -153,6 +164,7 @@ impl ApiServer {
         let app = Arc::new(App {
             store: Mutex::new(Store::new()),
             requests: Mutex::new(Vec::new()),
+            answered: Mutex::new(Vec::new()),
             addr,
             reviews: Mutex::new(Reviews::default()),
             kubelet_client: Mutex::new(None),
@@ -245,6 +257,15 @@ impl ApiServer {
     pub fn requests(&self) -> Vec<String> {
         self.app
             .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every request answered so far, in order (a watch when its stream began).
+    pub fn answered(&self) -> Vec<Answered> {
+        self.app
+            .answered
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -360,9 +381,32 @@ fn respond(code: u16, body: &Value) -> Response {
         .into_response()
 }
 
+/// Answers a request ([`answer`]) and records the answer's code.
+async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let response = answer(app.clone(), req).await;
+    app.answered
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Answered {
+            method,
+            path,
+            code: response.status().as_u16(),
+            user_agent,
+        });
+    response
+}
+
 /// Pod subresources proxied to kubelets keep their request (an upgrade needs it); everything
 /// else is read whole and handled.
-async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
+async fn answer(app: Arc<App>, req: axum::extract::Request) -> Response {
     if let Some((ns, name, sub)) = proxy::proxied(req.uri().path()) {
         let target = req
             .uri()
