@@ -14,6 +14,10 @@
 //!    runc: once with fresh namespaces, once joining the pod sandbox's network/IPC/UTS
 //!    namespaces as the built-in runtime's containers do;
 //! 3. the ratios of the medians;
+//!
+//! steps 1 and 2 (with the image store's rootfs mount and release alone) twice: on a quiet
+//! machine, then while a writer dirties the filesystem the runtime's root dir is on (64 MiB
+//! files written over and over, never synced), the two series side by side;
 //! 4. the PSS (also RSS, private dirty, and the PSS split into anonymous memory, the own
 //!    executable and other files) of a sandbox process (idle, and holding one running
 //!    `sleep 600`), of that container and of this process (the agent).
@@ -257,13 +261,76 @@ async fn remove_sandbox(rt: &BuiltinRuntime, id: &str) -> Result<()> {
 // The measurements.
 
 struct Report {
+    /// On a quiet machine, then while a writer dirties the filesystem the runtime is on.
+    quiet: Series,
+    loaded: Series,
+    memory: Memory,
+}
+
+/// One series of lifecycle measurements: the built-in runtime, its image store alone, runc.
+struct Series {
     builtin: Phases,
     overlay: Overlay,
     runc_fresh: Vec<Duration>,
     runc_joined: Vec<Duration>,
-    memory: Memory,
     /// /proc/loadavg before and after the timed runs (the machine may be shared).
     load: [String; 2],
+    /// What the writer wrote meanwhile (MiB), for the loaded series.
+    written_mib: Option<u64>,
+}
+
+/// A writer dirtying the filesystem of `dir` while it lives: 64 MiB files written over and
+/// over in 1 MiB pieces, never synced, as a busy node's logs, images and volumes do, so that
+/// the kernel's write-back, and every fsync or syncfs, has plenty to do.
+struct WriteLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl WriteLoad {
+    fn start(dir: &Path) -> WriteLoad {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let path = dir.join("write-load");
+        let thread = std::thread::spawn(move || {
+            let chunk = vec![0xa5u8; 1 << 20];
+            let mut written = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                let Ok(mut f) = std::fs::File::create(&path) else {
+                    break;
+                };
+                for _ in 0..64 {
+                    if flag.load(Ordering::Relaxed) || f.write_all(&chunk).is_err() {
+                        break;
+                    }
+                    written += 1;
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+            written
+        });
+        WriteLoad {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the writer; returns the MiB it wrote.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for WriteLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Per-iteration durations of each phase of the built-in runtime's container lifecycle.
@@ -294,31 +361,18 @@ async fn measure(env: &Env, iters: usize) -> Result<Report> {
         .await
         .context("GetContainerEvents")?;
     let pod = Pod::run(&env.rt, "bench", &env.log_dir()).await?;
-    let load_before = loadavg();
-
-    eprintln!("built-in runtime: {WARMUP} warm-up + {iters} containers running `true`...");
-    let mut builtin = Phases::default();
-    for i in 0..WARMUP + iters {
-        let sample = builtin_once(env, &pod, &mut events, &format!("true-{i}")).await?;
-        if i >= WARMUP {
-            builtin.push(sample);
-        }
-    }
-
-    eprintln!("image store: {WARMUP} warm-up + {iters} rootfs mounts and releases...");
-    let overlay = overlay_runs(env, iters)?;
-
     let bundles = Bundles::prepare(env, &pod).await?;
-    eprintln!("runc: {WARMUP} warm-up + {iters} `runc run` with fresh namespaces...");
-    let runc_fresh = runc_runs(env, &bundles.fresh, "fresh", iters)?;
-    eprintln!("runc: {WARMUP} warm-up + {iters} `runc run` joining the pod's namespaces...");
-    let runc_joined = runc_runs(env, &bundles.joined, "joined", iters)?;
-
-    let load_after = loadavg();
-
+    eprintln!("== quiet");
+    let quiet = series(env, &pod, &bundles, &mut events, iters, "quiet").await?;
+    eprintln!("== under write load (a writer dirtying the runtime's filesystem)");
+    let load = WriteLoad::start(env.root.path());
+    let loaded = series(env, &pod, &bundles, &mut events, iters, "loaded").await;
+    let written = load.stop();
+    let mut loaded = loaded?;
+    loaded.written_mib = Some(written);
     // The benchmark's sandbox, the only one running, after all its containers came and went.
     let used_sandbox = smaps(pod.sandbox_pid(&env.rt).await?)?;
-    let used_sandbox_containers = WARMUP + iters + 1;
+    let used_sandbox_containers = 2 * (WARMUP + iters) + 1;
     remove_sandbox(&env.rt, &pod.id).await?;
 
     // A fresh sandbox, measured while it is the only sandbox process (PSS splits shared pages
@@ -341,10 +395,8 @@ async fn measure(env: &Env, iters: usize) -> Result<Report> {
     remove_sandbox(&env.rt, &fresh.id).await?;
 
     Ok(Report {
-        builtin,
-        overlay,
-        runc_fresh,
-        runc_joined,
+        quiet,
+        loaded,
         memory: Memory {
             used_sandbox,
             used_sandbox_containers,
@@ -353,7 +405,40 @@ async fn measure(env: &Env, iters: usize) -> Result<Report> {
             container,
             agent,
         },
-        load: [load_before, load_after],
+    })
+}
+
+/// The built-in runtime's lifecycle, its image store alone, and runc, one after the other.
+async fn series(
+    env: &Env,
+    pod: &Pod,
+    bundles: &Bundles,
+    events: &mut EventStream,
+    iters: usize,
+    tag: &str,
+) -> Result<Series> {
+    let load_before = loadavg();
+    eprintln!("built-in runtime: {WARMUP} warm-up + {iters} containers running `true`...");
+    let mut builtin = Phases::default();
+    for i in 0..WARMUP + iters {
+        let sample = builtin_once(env, pod, events, &format!("true-{tag}-{i}")).await?;
+        if i >= WARMUP {
+            builtin.push(sample);
+        }
+    }
+    eprintln!("image store: {WARMUP} warm-up + {iters} rootfs mounts and releases...");
+    let overlay = overlay_runs(env, iters, tag)?;
+    eprintln!("runc: {WARMUP} warm-up + {iters} `runc run` with fresh namespaces...");
+    let runc_fresh = runc_runs(env, &bundles.fresh, &format!("fresh-{tag}"), iters)?;
+    eprintln!("runc: {WARMUP} warm-up + {iters} `runc run` joining the pod's namespaces...");
+    let runc_joined = runc_runs(env, &bundles.joined, &format!("joined-{tag}"), iters)?;
+    Ok(Series {
+        builtin,
+        overlay,
+        runc_fresh,
+        runc_joined,
+        load: [load_before, loadavg()],
+        written_mib: None,
     })
 }
 
@@ -437,7 +522,7 @@ struct Overlay {
 
 /// Warm-up plus `iters` timed `prepare_rootfs` (record with fsync, overlay mount) and
 /// `release_rootfs` (unmount, delete upper/work) of the busybox image.
-fn overlay_runs(env: &Env, iters: usize) -> Result<Overlay> {
+fn overlay_runs(env: &Env, iters: usize, tag: &str) -> Result<Overlay> {
     let store = env.rt.image_store();
     let image = store
         .resolve(BUSYBOX)
@@ -445,7 +530,7 @@ fn overlay_runs(env: &Env, iters: usize) -> Result<Overlay> {
         .ok_or_else(|| anyhow!("{BUSYBOX} is not in the image store"))?;
     let mut out = Overlay::default();
     for i in 0..WARMUP + iters {
-        let key = format!("bench-overlay-{i}");
+        let key = format!("bench-overlay-{tag}-{i}");
         let target = env.work.path().join(&key);
         let t0 = Instant::now();
         store
@@ -871,13 +956,17 @@ fn mapping_path(line: &str) -> Option<&str> {
 // ---------------------------------------------------------------------------------------------
 // Output.
 
-fn line(label: &str, samples: &[Duration]) -> Stats {
-    let s = stats(samples);
+/// One phase in both series: medians with p90s.
+fn pair(label: &str, quiet: &[Duration], loaded: &[Duration]) -> (Stats, Stats) {
+    let (q, l) = (stats(quiet), stats(loaded));
     println!(
-        "{label:<48} median {:>7.1} ms  p90 {:>7.1} ms  min {:>7.1} ms  (n={})",
-        s.median, s.p90, s.min, s.n
+        "{label:<48} {:>7.1} ms {:>9}   {:>7.1} ms {:>9}",
+        q.median,
+        format!("[{:.1}]", q.p90),
+        l.median,
+        format!("[{:.1}]", l.p90),
     );
-    s
+    (q, l)
 }
 
 fn mem_line(label: &str, m: &Smaps) {
@@ -903,43 +992,65 @@ impl Report {
         println!();
         println!(
             "== container lifecycle of `true` (busybox), {iters} iterations after {WARMUP} \
-             warm-ups, {cpus} CPUs"
+             warm-ups, {cpus} CPUs: quiet, then under write load"
         );
-        let b = line(
+        println!(
+            "{:<48} {:>12} {:>12}   (medians; p90 in brackets)",
+            "", "quiet", "write load"
+        );
+        let (q, l) = (&self.quiet, &self.loaded);
+        let b = pair(
             "builtin create+start+wait(true)+remove:",
-            &self.builtin.total,
+            &q.builtin.total,
+            &l.builtin.total,
         );
-        line("  CreateContainer", &self.builtin.create);
-        line("  StartContainer", &self.builtin.start);
-        line("  wait (start -> stopped event)", &self.builtin.wait);
-        line("  RemoveContainer", &self.builtin.remove);
-        line(
+        pair("  CreateContainer", &q.builtin.create, &l.builtin.create);
+        pair("  StartContainer", &q.builtin.start, &l.builtin.start);
+        pair(
+            "  wait (start -> stopped event)",
+            &q.builtin.wait,
+            &l.builtin.wait,
+        );
+        pair("  RemoveContainer", &q.builtin.remove, &l.builtin.remove);
+        pair(
             "  (image store alone: prepare_rootfs)",
-            &self.overlay.prepare,
+            &q.overlay.prepare,
+            &l.overlay.prepare,
         );
-        line(
+        pair(
             "  (image store alone: release_rootfs)",
-            &self.overlay.release,
+            &q.overlay.release,
+            &l.overlay.release,
         );
-        let f = line("runc run (fresh namespaces):", &self.runc_fresh);
-        let j = line(
+        let f = pair(
+            "runc run (fresh namespaces):",
+            &q.runc_fresh,
+            &l.runc_fresh,
+        );
+        let j = pair(
             "runc run (joining the pod's net/ipc/uts):",
-            &self.runc_joined,
+            &q.runc_joined,
+            &l.runc_joined,
         );
         println!(
-            "{:<48} {:.2} (builtin / runc fresh namespaces)",
+            "{:<48} {:>12.2} {:>12.2}   (builtin / runc fresh namespaces)",
             "ratio of medians:",
-            b.median / f.median
+            b.0.median / f.0.median,
+            b.1.median / f.1.median
         );
         println!(
-            "{:<48} {:.2} (builtin / runc joining the pod's namespaces)",
+            "{:<48} {:>12.2} {:>12.2}   (builtin / runc joining the pod's namespaces)",
             "",
-            b.median / j.median
+            b.0.median / j.0.median,
+            b.1.median / j.1.median
         );
         println!(
-            "{:<48} {} before, {} after",
-            "load average (1/5/15 min):", self.load[0], self.load[1]
+            "{:<48} quiet {} -> {}; loaded {} -> {}",
+            "load average (1/5/15 min):", q.load[0], q.load[1], l.load[0], l.load[1]
         );
+        if let Some(mib) = l.written_mib {
+            println!("{:<48} {mib} MiB written, never synced", "the writer:");
+        }
         println!();
         println!("== memory (/proc/<pid>/smaps_rollup)");
         let m = &self.memory;
