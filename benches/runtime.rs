@@ -1022,11 +1022,7 @@ impl Report {
             &q.overlay.release,
             &l.overlay.release,
         );
-        let f = pair(
-            "runc run (fresh namespaces):",
-            &q.runc_fresh,
-            &l.runc_fresh,
-        );
+        let f = pair("runc run (fresh namespaces):", &q.runc_fresh, &l.runc_fresh);
         let j = pair(
             "runc run (joining the pod's net/ipc/uts):",
             &q.runc_joined,

@@ -7,6 +7,7 @@ use nix::mount::{MntFlags, MsFlags};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Mount data must fit a page; leave room for the kernel's own additions.
 const MAX_OPTIONS: usize = 4000;
@@ -79,8 +80,17 @@ pub(crate) fn overlay_options(lower: &[PathBuf], upper: &Path, work: &Path) -> S
         // Layers are shared between mounts; the inode index would tie them to one.
         options.push_str(",index=off");
     }
+    if VOLATILE.load(Ordering::Relaxed) {
+        // A container's writable layer is not promised to survive a crash of the node (its
+        // container does not either): no sync of the upper dir ever, so neither an fsync in
+        // the container nor the unmount waits for the node's other dirty data.
+        options.push_str(",volatile");
+    }
     options
 }
+
+/// Whether overlay takes `volatile` (Linux 5.10); cleared at the first mount that refuses it.
+static VOLATILE: AtomicBool = AtomicBool::new(true);
 
 /// Mounts an overlay at `target`: `lower` top layer first.
 pub(crate) fn mount_overlay(
@@ -117,13 +127,24 @@ pub(crate) fn mount_overlay(
 }
 
 fn mount(options: &str, target: &Path) -> Result<()> {
-    nix::mount::mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(options),
-    )
+    let attempt = |options: &str| {
+        nix::mount::mount(
+            Some("overlay"),
+            target,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(options),
+        )
+    };
+    match attempt(options) {
+        Err(nix::Error::EINVAL) if options.ends_with(",volatile") => {
+            // A kernel older than 5.10: durable upper dirs it is.
+            VOLATILE.store(false, Ordering::Relaxed);
+            tracing::info!("overlayfs does not take `volatile`: container layers are synced");
+            attempt(options.trim_end_matches(",volatile"))
+        }
+        other => other,
+    }
     .map_err(|e| Error::sys("mounting overlay", target, e))
 }
 

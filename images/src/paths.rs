@@ -143,6 +143,16 @@ impl Drop for Staging {
 
 /// Writes `data` to `path` atomically: a temp file beside it, fsync, rename, fsync the dir.
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_replacing(path, data, true)
+}
+
+/// [`write_atomic`] without the fsyncs, for what need not outlive a crash of the node: a reader
+/// sees the old file or the new one, but after a crash possibly neither (set aside at open).
+pub(crate) fn write_atomic_volatile(path: &Path, data: &[u8]) -> Result<()> {
+    write_replacing(path, data, false)
+}
+
+fn write_replacing(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
@@ -154,9 +164,14 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let result = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(data)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::idmap;
 use crate::mounts;
-use crate::paths::{Paths, write_atomic};
+use crate::paths::{Paths, write_atomic_volatile};
 use crate::store::{Store, find};
 use serde::{Deserialize, Serialize};
 use std::os::fd::BorrowedFd;
@@ -233,7 +233,8 @@ impl Store {
             path: record_path.clone(),
             source,
         })?;
-        write_atomic(&record_path, &data)?;
+        // The record matters while the node runs: after a crash its containers are gone.
+        write_atomic_volatile(&record_path, &data)?;
         if mounts::is_mountpoint(&target)? {
             return Ok(());
         }
@@ -286,7 +287,8 @@ impl Store {
             path: record_path.clone(),
             source,
         })?;
-        write_atomic(&record_path, &data)?;
+        // The record matters while the node runs: after a crash its containers are gone.
+        write_atomic_volatile(&record_path, &data)?;
         self.inner
             .unrecorded
             .lock()

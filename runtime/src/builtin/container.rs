@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::store::ContainerRecord;
@@ -290,8 +291,47 @@ impl BuiltinRuntime {
         let _ = std::fs::remove_dir_all(&bundle);
     }
 
+    /// [`Self::release`] off the request path (RemoveContainer): the record is gone already, so
+    /// an agent that dies first leaves an orphan its successor releases. Image removal and
+    /// RemovePodSandbox wait for pending releases ([`Self::releases_done`]).
+    fn release_later(&self, id: &str) {
+        let releases = &self.inner.releases;
+        releases.pending.fetch_add(1, Ordering::SeqCst);
+        let (rt, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move {
+            let worker = rt.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || worker.release(&id)).await {
+                tracing::warn!("releasing a removed container's rootfs: {e}");
+            }
+            let releases = &rt.inner.releases;
+            if releases.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+                releases.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// Waits until no rootfs release is pending.
+    pub(super) async fn releases_done(&self) {
+        let releases = &self.inner.releases;
+        loop {
+            let idle = releases.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if releases.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
     /// Deletes a container everywhere: in its sandbox, its rootfs, its record.
     pub(super) async fn discard_container(&self, id: &str) {
+        self.discard_container_then(id, false).await;
+    }
+
+    /// [`Self::discard_container`], its rootfs and bundle released in the background when
+    /// `later`.
+    async fn discard_container_then(&self, id: &str, later: bool) {
         if let Some(rec) = self.inner.records.container(id) {
             let client = self.client(&rec.sandbox_id);
             if !client.is_stopped() {
@@ -302,8 +342,13 @@ impl BuiltinRuntime {
             // A persisted status outlives a stopped sandbox; it goes with the container.
             let _ = std::fs::remove_file(client.layout().status_dir().join(format!("{id}.json")));
         }
-        self.release(id);
-        self.inner.records.remove_container(id);
+        if later {
+            self.inner.records.remove_container(id);
+            self.release_later(id);
+        } else {
+            self.release(id);
+            self.inner.records.remove_container(id);
+        }
         self.emit(id, cri::ContainerEventType::ContainerDeletedEvent);
     }
 
@@ -354,9 +399,8 @@ impl BuiltinRuntime {
             return Ok(());
         };
         if self.inner.records.container(&id).is_some() {
-            self.discard_container(&id).await;
-            // As CRI runtimes do: watchers (the kubelet's PLEG) learn of the removal too.
-            self.emit(&id, cri::ContainerEventType::ContainerDeletedEvent);
+            // discard_container_then tells watchers (the kubelet's PLEG), as CRI runtimes do.
+            self.discard_container_then(&id, true).await;
         }
         Ok(())
     }

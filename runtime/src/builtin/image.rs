@@ -102,8 +102,10 @@ impl BuiltinRuntime {
         Ok(img.id)
     }
 
-    pub(super) fn remove_image(&self, req: cri::RemoveImageRequest) -> Result<()> {
+    pub(super) async fn remove_image(&self, req: cri::RemoveImageRequest) -> Result<()> {
         let name = image_name(req.image.as_ref())?;
+        // A container removed just before may still hold the image until its rootfs is gone.
+        self.releases_done().await;
         match self.inner.images.remove(&name) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == images::Kind::NotFound => Ok(()),

@@ -106,6 +106,14 @@ struct Inner {
     /// then takes what has no record for the remains of a creation cut short (another live
     /// agent may be creating it).
     agents: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
+    /// Rootfs releases of removed containers under way in the background.
+    releases: Releases,
+}
+
+#[derive(Default)]
+struct Releases {
+    pending: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
 }
 
 /// A reserved name, released when dropped.
@@ -173,6 +181,7 @@ impl BuiltinRuntime {
                 streaming: tokio::sync::OnceCell::new(),
                 network,
                 agents: std::sync::Mutex::new(Some(agents)),
+                releases: Releases::default(),
             }),
         };
         rt.adopt(alone).await;

@@ -405,6 +405,9 @@ impl BuiltinRuntime {
         }
         self.inner.records.remove_sandbox(&id);
         store::lock(&self.inner.sandbox_locks).remove(&id);
+        // Containers removed before are released in the background: a removed pod is gone
+        // whole when this returns.
+        self.releases_done().await;
         self.emit(&id, cri::ContainerEventType::ContainerDeletedEvent);
         Ok(())
     }

@@ -288,7 +288,7 @@ impl ImageService for BuiltinRuntime {
     }
 
     async fn remove_image(&self, req: cri::RemoveImageRequest) -> Result<cri::RemoveImageResponse> {
-        BuiltinRuntime::remove_image(self, req)?;
+        BuiltinRuntime::remove_image(self, req).await?;
         Ok(cri::RemoveImageResponse {})
     }
 
