@@ -635,13 +635,26 @@ async fn service_account_tokens(backend: Backend, test: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn environment_from_config_maps_secrets_and_fields() {
-    let test = "environment_from_config_maps_secrets_and_fields";
+async fn environment_from_config_maps_secrets_and_fields_builtin() {
+    environment_from_config_maps_secrets_and_fields(
+        Backend::Builtin,
+        "environment_from_config_maps_secrets_and_fields_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environment_from_config_maps_secrets_and_fields_containerd() {
+    environment_from_config_maps_secrets_and_fields(
+        Backend::Containerd,
+        "environment_from_config_maps_secrets_and_fields_containerd",
+    )
+    .await;
+}
+
+async fn environment_from_config_maps_secrets_and_fields(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
-    .await
+    let Some(node) = ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
     else {
         return;
     };
@@ -829,13 +842,26 @@ async fn environment_from_config_maps_secrets_and_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_fs_group_owns_the_pods_volumes() {
-    let test = "an_fs_group_owns_the_pods_volumes";
+async fn an_fs_group_owns_the_pods_volumes_builtin() {
+    an_fs_group_owns_the_pods_volumes(
+        Backend::Builtin,
+        "an_fs_group_owns_the_pods_volumes_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_fs_group_owns_the_pods_volumes_containerd() {
+    an_fs_group_owns_the_pods_volumes(
+        Backend::Containerd,
+        "an_fs_group_owns_the_pods_volumes_containerd",
+    )
+    .await;
+}
+
+async fn an_fs_group_owns_the_pods_volumes(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
-    .await
+    let Some(node) = ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
     else {
         return;
     };

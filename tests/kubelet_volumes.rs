@@ -249,15 +249,28 @@ async fn sh_in_app(node: &ApiNode, uid: &str, script: &str) -> (i32, String) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait() {
+async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait_builtin() {
+    claims_of_host_path_volumes_are_bound_and_unbound_ones_wait(
+        Backend::Builtin,
+        "claims_of_host_path_volumes_are_bound_and_unbound_ones_wait_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait_containerd() {
+    claims_of_host_path_volumes_are_bound_and_unbound_ones_wait(
+        Backend::Containerd,
+        "claims_of_host_path_volumes_are_bound_and_unbound_ones_wait_containerd",
+    )
+    .await;
+}
+
+async fn claims_of_host_path_volumes_are_bound_and_unbound_ones_wait(backend: Backend, test: &str) {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     use kube::api::{Patch, PatchParams};
-    let test = "claims_of_host_path_volumes_are_bound_and_unbound_ones_wait";
     let api = ApiServer::start().await;
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
-    .await
+    let Some(node) = ApiNode::prepare(&SETUP, backend, test, |dir| api.write_kubeconfig(dir)).await
     else {
         return;
     };
