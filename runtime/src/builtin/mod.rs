@@ -11,6 +11,7 @@ mod container;
 mod image;
 mod network;
 mod pod;
+mod recovery;
 mod service;
 pub mod spec;
 mod stats;
@@ -165,7 +166,8 @@ impl BuiltinRuntime {
                     .map_err(|e| Error::internal(format!("opening up {}: {e}", d.display())))?;
             }
         }
-        let (agents, alone) = lock_agents(&cfg.root_dir.join("cri").join("agents.lock")).await?;
+        let (agents, alone) =
+            recovery::lock_agents(&cfg.root_dir.join("cri").join("agents.lock")).await?;
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
         let records = Records::load(&cfg.root_dir.join("cri"))?;
         let (events, _) = broadcast::channel(1024);
@@ -251,193 +253,6 @@ impl BuiltinRuntime {
         sandbox::Client::new(self.sandbox_dir(sandbox_id))
     }
 
-    /// Re-attaches to the sandboxes a previous agent started: live ones get their event
-    /// subscription back; what is left of those whose process died is reaped
-    /// ([`Self::reap_if_dead`]).
-    async fn adopt(&self, alone: bool) {
-        for mut rec in self.inner.records.all_sandboxes() {
-            if rec.stopped {
-                continue;
-            }
-            if alone && self.client(&rec.id).is_stopped() {
-                // A StopPodSandbox the agent's death cut short after the sandbox had shut
-                // down: finish it, so that the pod's address is not held by nobody.
-                tracing::info!(sandbox = %rec.id, "finishing a stop that was cut short");
-                rec.stopped = true;
-                if let Err(e) = self.inner.records.save_sandbox(&rec) {
-                    tracing::error!(sandbox = %rec.id, "{e}");
-                }
-                self.release_address(&rec.id, rec.ip);
-                continue;
-            }
-            self.watch_sandbox(&rec.id).await;
-        }
-    }
-
-    /// What records found unreadable at load (set aside) described must not run on unseen, nor
-    /// be adopted half: a container is deleted in the live sandbox that has it (killed) and its
-    /// rootfs released; a sandbox's process is shut down (or what is left of a dead one reaped,
-    /// from the spec in its state dir) and the containers recorded in it are discarded. The
-    /// kubelet then makes those pods again.
-    async fn discard_set_aside(&self) {
-        let set_aside = &self.inner.records.set_aside;
-        for id in &set_aside.containers {
-            tracing::error!(container = %id, "its record was unreadable: killing and removing it");
-            for rec in self.inner.records.all_sandboxes() {
-                let client = self.client(&rec.id);
-                if rec.stopped || client.is_stopped() {
-                    continue;
-                }
-                let Ok(state) = client.state().await else {
-                    continue;
-                };
-                if state.containers.iter().any(|c| &c.id == id) {
-                    if let Err(e) = client.delete(id).await {
-                        tracing::warn!(container = %id, "deleting it in its sandbox: {e}");
-                    }
-                    let status = client.layout().status_dir().join(format!("{id}.json"));
-                    let _ = std::fs::remove_file(status);
-                }
-            }
-            self.release(id);
-        }
-        for id in &set_aside.sandboxes {
-            tracing::error!(sandbox = %id, "its record was unreadable: stopping it");
-            self.discard_sandbox_remains(id).await;
-        }
-    }
-
-    /// What a creation that an agent's death cut short left without a record: a sandbox state
-    /// dir (and its process), a container in a live sandbox, a bundle or a rootfs. Nothing
-    /// lists them, so nothing would ever remove them: they go now, before anything is served.
-    async fn discard_orphans(&self) {
-        let listed = |dir: &str| -> Vec<String> {
-            std::fs::read_dir(self.inner.cfg.root_dir.join(dir))
-                .map(|d| {
-                    d.flatten()
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let set_aside = &self.inner.records.set_aside;
-        for id in listed("sandboxes") {
-            if self.inner.records.sandbox(&id).is_none() && !set_aside.sandboxes.contains(&id) {
-                tracing::warn!(sandbox = %id, "a sandbox without a record (its creation was cut short): removing it");
-                self.discard_sandbox_remains(&id).await;
-            }
-        }
-        for rec in self.inner.records.all_sandboxes() {
-            let client = self.client(&rec.id);
-            if rec.stopped || client.is_stopped() {
-                continue;
-            }
-            let Ok(state) = client.state().await else {
-                continue;
-            };
-            for c in state.containers {
-                if self.inner.records.container(&c.id).is_none() {
-                    tracing::warn!(container = %c.id, sandbox = %rec.id, "a container without a record (its creation was cut short): removing it");
-                    if let Err(e) = client.delete(&c.id).await {
-                        tracing::warn!(container = %c.id, "deleting it in its sandbox: {e}");
-                    }
-                    let status = client.layout().status_dir().join(format!("{}.json", c.id));
-                    let _ = std::fs::remove_file(status);
-                }
-            }
-        }
-        let mut bundles = listed("containers");
-        bundles.extend(self.inner.images.rootfs_keys().unwrap_or_default());
-        bundles.sort();
-        bundles.dedup();
-        for id in bundles {
-            if self.inner.records.container(&id).is_none() {
-                tracing::warn!(container = %id, "a bundle or rootfs without a record: releasing it");
-                self.release(&id);
-            }
-        }
-    }
-
-    /// Stops what is left of a sandbox the records do not (or no longer readably) describe:
-    /// its process is shut down, or what is left of a dead one reaped from the spec in its
-    /// state dir; the containers recorded in it are discarded; its cgroups and state dir go.
-    async fn discard_sandbox_remains(&self, id: &str) {
-        let client = self.client(id);
-        // Its spec (in its state dir) names its cgroups: read once, for both steps.
-        let spec = client.spec();
-        if let Err(e) = &spec {
-            tracing::warn!(sandbox = %id, "reading its spec: {e}");
-        }
-        let cgroup_parent = spec.as_ref().map(|s| s.cgroup_parent.clone());
-        if self.sandbox_dir(id).exists() && !client.is_stopped() {
-            if client.process_alive() {
-                if let Err(e) = client.shutdown().await {
-                    tracing::warn!(sandbox = %id, "shutting it down: {e}");
-                }
-            }
-            // Whatever still serves its state dir (one that had not written its pid file, or
-            // would not shut down) is killed; then what is left in its cgroups.
-            let killer = self.client(id);
-            let killed = tokio::task::spawn_blocking(move || killer.kill_serving()).await;
-            if let Ok(n @ 1..) = killed {
-                tracing::warn!(sandbox = %id, "killed {n} process(es) still serving it");
-            }
-            if let (Ok(parent), false) = (cgroup_parent, client.is_stopped()) {
-                let dead = self.client(id);
-                let reaped = tokio::task::spawn_blocking(move || dead.reap_dead(&parent)).await;
-                if !matches!(reaped, Ok(Ok(_))) {
-                    tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
-                }
-            }
-        }
-        for c in self.inner.records.all_containers() {
-            if c.sandbox_id == id {
-                self.discard_container(&c.id).await;
-            }
-        }
-        // Then what remove_sandbox removes: its cgroups and its state dir.
-        if let Ok(spec) = &spec {
-            let parent = spec.cgroup_parent.trim_end_matches('/');
-            if !parent.is_empty() {
-                let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
-                if spec.owns_cgroup_parent {
-                    let _ = sandbox::cgroup::remove(parent);
-                }
-            }
-        }
-        if !client.process_alive() {
-            let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
-        }
-    }
-
-    /// The image store set aside rootfs records it could not read: each container that still
-    /// has a record here says again which image its rootfs holds; a rootfs no container owns is
-    /// released.
-    fn restore_rootfs_records(&self) {
-        for key in self.inner.images.unrecorded_rootfs() {
-            match self.inner.records.container(&key) {
-                Some(rec) => {
-                    let target = self.bundle_dir(&key).join("rootfs");
-                    match self
-                        .inner
-                        .images
-                        .restore_rootfs_record(&rec.image_id, &key, &target)
-                    {
-                        Ok(()) => tracing::info!(container = %key, "restored its rootfs record"),
-                        Err(e) => {
-                            tracing::error!(container = %key, "restoring its rootfs record: {e}")
-                        }
-                    }
-                }
-                None => {
-                    tracing::warn!(key = %key, "a rootfs with an unreadable record and no container: releasing it");
-                    self.release(&key);
-                }
-            }
-        }
-    }
-
-    /// Forwards a sandbox's container events to CRI event subscribers until its process ends;
     /// one that ends without having been shut down is reaped.
     async fn watch_sandbox(&self, id: &str) {
         let rx = match self.client(id).subscribe().await {
@@ -573,30 +388,4 @@ fn image_error(e: images::Error) -> Error {
         _ => Code::Internal,
     };
     Error::new(code, e.to_string())
-}
-
-/// Takes the agents' lock of a root dir: exclusively if no other agent holds it (then the
-/// caller is alone), else shared, waiting for one that is starting to finish its start.
-async fn lock_agents(path: &std::path::Path) -> Result<(nix::fcntl::Flock<std::fs::File>, bool)> {
-    use nix::fcntl::{Flock, FlockArg};
-    let open = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::internal(format!("opening {}: {e}", path.display())))
-    };
-    match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok((lock, true)),
-        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
-            let shown = path.display().to_string();
-            let lock = tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockShared))
-                .await
-                .map_err(|e| Error::internal(format!("locking {shown}: {e}")))?
-                .map_err(|(_, e)| Error::internal(format!("locking {shown}: {e}")))?;
-            Ok((lock, false))
-        }
-        Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", path.display()))),
-    }
 }
