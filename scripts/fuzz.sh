@@ -35,6 +35,10 @@ if [ "$#" -gt 0 ]; then
 else
   mapfile -t targets < <(cargo fuzz list --fuzz-dir "$fuzz_dir")
 fi
+if [ "${#targets[@]}" -eq 0 ]; then
+  echo "FAIL: no fuzz targets found in $fuzz_dir" >&2
+  exit 1
+fi
 
 echo "== building the fuzz targets (${targets[*]})"
 start=$(date +%s)
@@ -50,7 +54,8 @@ if [ "$#" -gt 0 ]; then
 else
   build
 fi
-bin_dir=$fuzz_dir/target/x86_64-unknown-linux-gnu/$( [ "$profile" = dev ] && echo debug || echo release )
+host=$(rustc -vV | sed -n 's/^host: //p')
+bin_dir=$fuzz_dir/target/$host/$( [ "$profile" = dev ] && echo debug || echo release )
 for t in "${targets[@]}"; do
   if [ ! -x "$bin_dir/$t" ]; then
     echo "FAIL: fuzz target $t did not build" >&2
