@@ -12,11 +12,11 @@
 # time, the targets run slower), the default is release (opt-level 1, tests/fuzz/Cargo.toml).
 #
 # Toolchain: cargo-fuzz passes nightly-only flags to rustc (`-Z...`); the stable toolchain
-# accepts them with RUSTC_BOOTSTRAP=1. The targets are built without a sanitizer (`-s none`):
-# AddressSanitizer works this way too, but every crate under test denies `unsafe` code, so ASan
-# has little to find that Rust's own checks (bounds, overflow with `-a`, debug assertions) do
-# not, while it makes the build slower and each run about twice as slow. libFuzzer itself
-# still reports out-of-memory (-rss_limit_mb, -malloc_limit_mb) and hangs (-timeout).
+# accepts them with RUSTC_BOOTSTRAP=1. The targets are built without a sanitizer (`-s none`,
+# which builds and runs on stable that way; ASan was not tried): every crate under test denies
+# `unsafe` code, so ASan would have little to find that Rust's own checks (bounds, overflow
+# with `-a`, debug assertions) do not, while it makes the build slower and each run about twice
+# as slow. libFuzzer itself still reports memory growth (-rss_limit_mb) and hangs (-timeout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
