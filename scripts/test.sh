@@ -33,3 +33,8 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace --all-features "$@"
+
+# Every fuzz target briefly, from its checked-in corpus, built without optimisation: the build
+# is most of the time this takes (docs/FUZZING.md).
+echo "== fuzzing (scripts/fuzz.sh)"
+FUZZ_BUILD=${FUZZ_BUILD:-dev} bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"

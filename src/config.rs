@@ -786,7 +786,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         for c in frac.chars().take(24) {
             place /= 10;
             let digit = u128::from(c.to_digit(10).ok_or_else(err)?);
-            nanos += digit * place;
+            nanos = nanos.checked_add(digit * place).ok_or_else(err)?;
         }
         total = total.checked_add(nanos).ok_or_else(err)?;
         rest = after;

@@ -35,3 +35,16 @@ pub use reference::normalize_reference;
 pub use rootfs::RootfsIdMap;
 pub use store::Store;
 pub use types::{FsInfo, Image, ImageConfig, RegistryAuth, RegistryConfig};
+
+/// Entry points for the fuzz targets (`tests/fuzz`), not part of the crate's API: thin
+/// wrappers of internal functions, with no behaviour of their own.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::path::Path;
+
+    /// Unpacks the layer blob at `blob` (a tar, plain, gzip or zstd) into the existing, empty
+    /// directory `dest` exactly as the store unpacks every layer; returns its diff_id.
+    pub fn unpack_layer(blob: &Path, dest: &Path) -> crate::Result<String> {
+        crate::unpack::unpack_layer(blob, "fuzz", dest)
+    }
+}

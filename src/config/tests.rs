@@ -48,6 +48,10 @@ fn durations() {
         ("-5s", None),
         ("1m-5s", None),
         ("99999999999999999999h", None),
+        // Found by fuzzing (tests/fuzz, config): the fraction overflowed the nanoseconds (a
+        // panic with overflow checks, a wrapped tiny duration without).
+        ("340282366920938463463374607431.999999999s", None),
+        ("94522879700260684295381835.9999h", None),
     ];
     for (input, want) in cases {
         assert_eq!(parse_duration(input).ok(), *want, "{input:?}");

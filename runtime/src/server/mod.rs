@@ -9,6 +9,33 @@ mod adapter;
 mod authority;
 mod conn;
 
+/// Entry points for the fuzz targets (`tests/fuzz`), not part of the crate's API: thin
+/// wrappers of internal types, with no behaviour of their own.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The HTTP/2 `:authority` rewriter every CRI connection's client bytes pass through.
+    #[derive(Default)]
+    pub struct AuthorityRewriter(super::authority::Rewriter);
+
+    impl AuthorityRewriter {
+        /// Feeds bytes read from the client; an error means the connection would be closed.
+        pub fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+            self.0.feed(bytes).map_err(|e| e.0)
+        }
+
+        /// Takes all the output so far (what the HTTP/2 server would read).
+        pub fn take_output(&mut self) -> Vec<u8> {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 4096];
+            while self.0.has_output() {
+                let n = self.0.drain_into(&mut buf);
+                out.extend_from_slice(&buf[..n]);
+            }
+            out
+        }
+    }
+}
+
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@ pub mod session;
 use std::io;
 use std::sync::OnceLock;
 
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
 /// The `Upgrade` token.
 pub const UPGRADE: &str = "SPDY/3.1";
@@ -303,19 +303,32 @@ impl Codec {
                 block.reserve(block.capacity().max(1024));
             }
             let before = self.inflate.total_in();
+            let produced = block.len();
             let result = self
                 .inflate
                 .decompress_vec(input, &mut block, FlushDecompress::Sync);
             let used = usize::try_from(self.inflate.total_in() - before).unwrap_or(input.len());
             input = &input[used..];
-            if let Err(e) = result {
-                if e.needs_dictionary().is_some() {
-                    self.inflate
-                        .set_dictionary(dictionary())
-                        .map_err(|e| bad(format!("header dictionary: {e}")))?;
-                    continue;
+            match result {
+                Err(e) => {
+                    if e.needs_dictionary().is_some() {
+                        self.inflate
+                            .set_dictionary(dictionary())
+                            .map_err(|e| bad(format!("header dictionary: {e}")))?;
+                        continue;
+                    }
+                    return Err(bad(format!("decompressing headers: {e}")));
                 }
-                return Err(bad(format!("decompressing headers: {e}")));
+                // The connection's one compression stream must never end (SPDY clients
+                // flush it, never finish it): nothing after its end can be decompressed.
+                Ok(Status::StreamEnd) if !input.is_empty() => {
+                    return Err(bad("header block after the end of the compression stream"));
+                }
+                // Room for output and input left, yet nothing moved: stuck, not slow.
+                Ok(_) if used == 0 && block.len() == produced && !input.is_empty() => {
+                    return Err(bad("header block does not decompress"));
+                }
+                Ok(_) => {}
             }
             if block.len() > MAX_HEADER_BLOCK {
                 return Err(bad("header block too large"));
@@ -468,6 +481,37 @@ mod tests {
             b = (b + a) % 65521;
         }
         b << 16 | a
+    }
+
+    /// Found by fuzzing (tests/fuzz, spdy_frames): a header block whose zlib stream ends
+    /// before the frame does made decompression loop forever, hanging the session's task.
+    #[test]
+    fn data_after_the_end_of_the_header_stream_is_an_error() {
+        let mut frame = vec![0x80, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x1e];
+        frame.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+        // zlib.compress(b"\0\0\0\0"): a finished stream, then trailing bytes.
+        frame.extend_from_slice(&[0x78, 0x9c, 0x63, 0x60, 0x60, 0x60, 0x00, 0x00, 0x00, 0x04]);
+        frame.extend_from_slice(&[0x00, 0x01]);
+        frame.extend_from_slice(b"trailing");
+        let err = Codec::new().decode(&frame).unwrap_err();
+        assert!(
+            err.to_string().contains("end of the compression stream"),
+            "{err}"
+        );
+
+        // A stream that ended exactly with its block decodes; the next block cannot.
+        let mut codec = Codec::new();
+        let mut ended = vec![0x80, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x16];
+        ended.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+        ended.extend_from_slice(&[0x78, 0x9c, 0x63, 0x60, 0x60, 0x60, 0x00, 0x00, 0x00, 0x04]);
+        ended.extend_from_slice(&[0x00, 0x01]);
+        assert!(matches!(
+            codec.decode(&ended),
+            Ok(Some((Frame::SynStream { id: 1, .. }, 30)))
+        ));
+        let mut next = ended.clone();
+        next[11] = 3;
+        assert!(codec.decode(&next).is_err());
     }
 
     #[test]
