@@ -171,6 +171,15 @@ impl Attach {
             t => return Err(Error::new(Kind::Internal, format!("bad attach frame {t}"))),
         };
         let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > crate::protocol::MAX_ATTACH_FRAME {
+            return Err(Error::new(
+                Kind::Internal,
+                format!(
+                    "attach frame of {len} bytes (at most {} expected)",
+                    crate::protocol::MAX_ATTACH_FRAME
+                ),
+            ));
+        }
         let mut data = vec![0u8; len];
         self.stream
             .read_exact(&mut data)
@@ -576,6 +585,35 @@ mod tests {
         assert_eq!(
             setup_failure("the sandbox process died during set-up"),
             (Kind::Internal, "the sandbox process died during set-up")
+        );
+    }
+
+    /// An attach frame claiming more than a sandbox ever sends is refused before anything is
+    /// allocated for it; a normal one reads.
+    #[tokio::test]
+    async fn an_oversized_attach_frame_is_refused() {
+        use tokio::io::AsyncWriteExt;
+        let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (read, write) = ours.into_split();
+        let mut attach = Attach {
+            stdin: None,
+            stream: BufReader::new(std::io::Cursor::new(Vec::new()).chain(read)),
+            done: Some(write),
+        };
+        theirs
+            .write_all(&[crate::protocol::ATTACH_STDOUT, 2, 0, 0, 0, b'h', b'i'])
+            .await
+            .unwrap();
+        let (which, data) = attach.next().await.unwrap().unwrap();
+        assert_eq!((which, data.as_slice()), (Output::Stdout, &b"hi"[..]));
+        theirs
+            .write_all(&[crate::protocol::ATTACH_STDERR, 0xff, 0xff, 0xff, 0xff])
+            .await
+            .unwrap();
+        let err = attach.next().await.unwrap_err();
+        assert!(
+            err.to_string().contains("attach frame of 4294967295 bytes"),
+            "{err}"
         );
     }
 }

@@ -17,6 +17,9 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 /// little-endian) and the data.
 pub const ATTACH_STDOUT: u8 = 1;
 pub const ATTACH_STDERR: u8 = 2;
+/// The most data one attach frame carries: the sandbox sends what one read of a container's
+/// output gave (64 KiB at most); a reader refuses a frame that claims more.
+pub const MAX_ATTACH_FRAME: usize = 64 * 1024;
 
 /// Most bytes of each output stream an exec keeps.
 pub const MAX_EXEC_OUTPUT: usize = 16 << 20;

@@ -419,7 +419,7 @@ pub enum Drained {
 
 /// Reads a non-blocking fd until it would block or reaches end of file.
 pub fn drain(fd: &OwnedFd, mut sink: impl FnMut(&[u8])) -> Drained {
-    let mut buf = [0u8; 64 * 1024];
+    let mut buf = [0u8; crate::protocol::MAX_ATTACH_FRAME];
     loop {
         match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
             Ok(0) => return Drained::Eof,
