@@ -320,6 +320,7 @@ async fn run(
     };
     // Let the agent finish starting (its first relist, housekeeping, the node's figures).
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let fds_before = soak::fd_kinds(node.agent_pid);
     let baseline = Sample {
         cycle: 0,
         alive: 0,
@@ -386,12 +387,13 @@ async fn run(
         left: soak::census(node, seen)?,
         secs: t0.elapsed().as_secs_f64(),
     };
+    let fds_after = soak::fd_kinds(node.agent_pid);
     row("after", &after);
     println!("   load average after: {}", loadavg());
 
     // Summary: the first and last samples with the same pods alive, and before/after.
     println!(
-        "== summary: {} cycles in {:.0} s ({:.2} s per cycle); the last pods removed from the runtime {:.1} s after their deletion",
+        "== summary: {} cycles in {:.0} s ({:.2} s per cycle); every pod removed from the runtime {:.1} s after the last one stopped",
         opts.cycles,
         cycles_secs,
         cycles_secs / opts.cycles as f64,
@@ -451,11 +453,18 @@ async fn run(
             println!("   LEAK: {kind}: {was} before the first pod, {now} after the last");
         }
     }
+    let changes = soak::fd_changes(&fds_before, &fds_after);
     println!(
-        "   agent fds: {} ({} before the cycles, at most {} allowed)",
+        "   agent fds: {} ({} before the cycles, {} after, at most {} allowed); changed: {}",
         if fds_ok { "OK" } else { "GREW" },
         baseline.agent.fds,
-        baseline.agent.fds + FD_SLACK
+        after.agent.fds,
+        baseline.agent.fds + FD_SLACK,
+        if changes.is_empty() {
+            "none".to_string()
+        } else {
+            changes.join(" ")
+        }
     );
     Ok(diffs.is_empty() && fds_ok)
 }

@@ -343,6 +343,44 @@ pub fn agent(pid: u32) -> Result<Agent> {
     })
 }
 
+/// What each of the agent's fds is (`socket:[...]` with the inode dropped, `anon_inode:[...]`,
+/// a path), sorted: two of these tell which kinds of fds came or went.
+pub fn fd_kinds(pid: u32) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| {
+            let t = t.to_string_lossy().into_owned();
+            match t.split_once(":[") {
+                Some((kind, _)) if kind == "socket" || kind == "pipe" || kind == "net" => {
+                    format!("{kind}:[..]")
+                }
+                _ => t,
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The entries of `after` not in `before` (+) and of `before` not in `after` (-), as multisets.
+pub fn fd_changes(before: &[String], after: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest: Vec<&String> = before.iter().collect();
+    for a in after {
+        match rest.iter().position(|b| *b == a) {
+            Some(i) => {
+                rest.remove(i);
+            }
+            None => out.push(format!("+{a}")),
+        }
+    }
+    out.extend(rest.into_iter().map(|b| format!("-{b}")));
+    out
+}
+
 fn entries(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
