@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod procs;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

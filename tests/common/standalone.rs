@@ -57,12 +57,18 @@ impl Standalone {
 
     /// Starts `nodelet run-node` on the node (killed when dropped).
     pub fn start(&self) -> KillOnDrop {
+        self.start_with(&[])
+    }
+
+    /// Starts `nodelet run-node` on the node with more arguments (killed when dropped).
+    pub fn start_with(&self, args: &[&str]) -> KillOnDrop {
         KillOnDrop(
             Command::new(nodelet_bin())
                 .arg("--root-dir")
                 .arg(&self.root)
                 .args(["run-node", "--hostname-override", "e2e-node", "--config"])
                 .arg(&self.config_file)
+                .args(args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
