@@ -20,10 +20,9 @@
 //! backend or a CRI gRPC server can be layered on top without translation
 //! tables.
 
-pub use k8s_cri::v1 as cri;
+pub use runtime_types::{cri, error};
 
 pub mod clock;
-pub mod error;
 pub mod service;
 
 #[cfg(feature = "fake")]
@@ -41,8 +40,9 @@ pub mod server;
 #[cfg(feature = "remote")]
 pub mod remote;
 
+/// The CRI streaming server (the `runtime/streaming` crate).
 #[cfg(feature = "streaming")]
-pub mod streaming;
+pub use runtime_streaming as streaming;
 
 pub use error::{Code, Error, Result};
 pub use service::{EventStream, ImageService, RuntimeService};

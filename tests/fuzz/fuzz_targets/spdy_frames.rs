@@ -1,4 +1,4 @@
-//! SPDY/3.1 frames as the streaming server reads them (runtime/src/streaming/spdy), from
+//! SPDY/3.1 frames as the streaming server reads them (runtime/streaming/src/spdy), from
 //! arbitrary bytes: control and data frames, and header blocks in one zlib stream with the
 //! SPDY/3 dictionary across frames. Checked: decoding never panics, hangs or allocates
 //! without bound; every frame it returns encodes again and decodes (by a fresh pair of

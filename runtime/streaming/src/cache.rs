@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::{Code, Error, Result, cri};
+use runtime_types::{Code, Error, Result, cri};
 
 /// A request parked until its client connects.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::{Backend, StreamIo, TermSize};
-use crate::Result;
+use runtime_types::Result;
 
 pub const V5_PROTOCOL: &str = "v5.channel.k8s.io";
 pub const V4_PROTOCOL: &str = "v4.channel.k8s.io";

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use super::header;
 use super::remotecommand::forward;
 use super::session::{Incoming, Session};
-use crate::streaming::Backend;
+use crate::Backend;
 
 /// The subprotocol served over SPDY.
 pub const PROTOCOL: &str = "portforward.k8s.io";

@@ -28,8 +28,8 @@ use axum::routing::get;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
-use crate::{Error, Result, cri};
 use cache::{Cache, Pending};
+use runtime_types::{Error, Result, cri};
 
 /// A terminal's size, as the resize channel carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -442,22 +442,25 @@ mod tests {
             f(&mut r);
             s.get_exec(r).unwrap_err().code()
         };
-        assert_eq!(bad(|r| r.cmd.clear()), crate::Code::InvalidArgument);
+        assert_eq!(bad(|r| r.cmd.clear()), runtime_types::Code::InvalidArgument);
         assert_eq!(
             bad(|r| r.container_id.clear()),
-            crate::Code::InvalidArgument
+            runtime_types::Code::InvalidArgument
         );
-        assert_eq!(bad(|r| r.stdout = false), crate::Code::InvalidArgument);
+        assert_eq!(
+            bad(|r| r.stdout = false),
+            runtime_types::Code::InvalidArgument
+        );
         assert_eq!(
             bad(|r| {
                 r.tty = true;
                 r.stderr = true
             }),
-            crate::Code::InvalidArgument
+            runtime_types::Code::InvalidArgument
         );
         let err = s
             .get_port_forward(cri::PortForwardRequest::default())
             .unwrap_err();
-        assert_eq!(err.code(), crate::Code::InvalidArgument);
+        assert_eq!(err.code(), runtime_types::Code::InvalidArgument);
     }
 }

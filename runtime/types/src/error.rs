@@ -4,7 +4,7 @@
 //! [`Error`] carries such a [`Code`], a human-readable message and an optional
 //! underlying cause. It converts to [`tonic::Status`] and back keeping the code
 //! and the message, which lets a CRI gRPC server or client sit on either side
-//! of the traits in [`crate::service`] without losing information that the
+//! of the traits in `runtime::service` without losing information that the
 //! kubelet relies on (for example `NotFound` after a container vanished).
 
 use std::fmt;

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use super::header;
 use super::session::{Incoming, Sender, Session};
-use crate::streaming::remotecommand::{Session as Request, exit_status, internal_error};
-use crate::streaming::{Backend, StreamIo, TermSize};
+use crate::remotecommand::{Session as Request, exit_status, internal_error};
+use crate::{Backend, StreamIo, TermSize};
 
 /// The subprotocol served over SPDY.
 pub const PROTOCOL: &str = "v4.channel.k8s.io";
