@@ -725,6 +725,61 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         "writable layer, logs and emptyDir: {pod}"
     );
 
+    // The values are the cgroup's: the app container's CPU time, read from its cgroup just
+    // before and just after each scrape, brackets what each endpoint reports (the runtime reads
+    // the cgroup when asked; nothing is cached).
+    let app_id = pods
+        .get("shell")
+        .await
+        .expect("the shell pod")
+        .status
+        .and_then(|st| st.container_statuses)
+        .and_then(|cs| cs.into_iter().find(|c| c.name == "app"))
+        .and_then(|c| c.container_id)
+        .expect("the app's container id");
+    let app_id = app_id.rsplit("://").next().unwrap_or_default().to_string();
+    let cgroup_cpu = || cgroup_cpu_ns(&app_id).expect("the app's cgroup CPU time");
+    let (before, (_, res), after) = (
+        cgroup_cpu(),
+        get(port, &serving, "/metrics/resource", alice, None)
+            .await
+            .expect("GET"),
+        cgroup_cpu(),
+    );
+    let reported = res
+        .lines()
+        .find(|l| l.starts_with(&format!("container_cpu_usage_seconds_total{shell_app} ")))
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the app's CPU in /metrics/resource");
+    assert_within(before, reported * 1e9, after, "/metrics/resource");
+    let (before, (_, cadv), after) = (
+        cgroup_cpu(),
+        get(port, &serving, "/metrics/cadvisor", alice, None)
+            .await
+            .expect("GET"),
+        cgroup_cpu(),
+    );
+    let reported = cadv
+        .lines()
+        .find(|l| {
+            l.starts_with("container_cpu_usage_seconds_total{container=\"app\",")
+                && l.contains("pod=\"shell\"")
+        })
+        .and_then(|l| l.rsplit(' ').nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the app's CPU in /metrics/cadvisor");
+    assert_within(before, reported * 1e9, after, "/metrics/cadvisor");
+    let (before, s, after) = (cgroup_cpu(), summary().await, cgroup_cpu());
+    let reported = s["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["podRef"]["name"] == "shell"))
+        .and_then(|p| p["containers"].as_array())
+        .and_then(|c| c.iter().find(|c| c["name"] == "app"))
+        .and_then(|c| c["cpu"]["usageCoreNanoSeconds"].as_u64())
+        .expect("the app's CPU in /stats/summary");
+    assert_within(before, reported as f64, after, "/stats/summary");
+
     // Not built yet: 501 with the reason, after authorization.
     let (code, body) = get(port, &serving, "/stats/container", alice, None)
         .await
@@ -1412,4 +1467,52 @@ async fn start_metrics_client_metrics_and_kubectl_attach() {
         assert_eq!(metric(&body, count), Some(0.0), "{count}: {body}");
     }
     drop(agent);
+}
+
+/// The CPU time (ns) of the container `id`'s cgroup: `cpuacct.usage` on cgroup v1, `cpu.stat`'s
+/// `usage_usec` on v2. The cgroup is the directory named after the container.
+fn cgroup_cpu_ns(id: &str) -> Option<u64> {
+    fn find(dir: &Path, name: &str, depth: usize) -> Option<std::path::PathBuf> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        let dirs: Vec<_> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        if let Some(hit) = dirs
+            .iter()
+            .find(|d| d.file_name().is_some_and(|n| n == name))
+        {
+            return Some(hit.clone());
+        }
+        if depth == 0 {
+            return None;
+        }
+        dirs.iter().find_map(|d| find(d, name, depth - 1))
+    }
+    let v1 = Path::new("/sys/fs/cgroup/cpuacct");
+    if v1.is_dir() {
+        let dir = find(v1, id, 6)?;
+        return std::fs::read_to_string(dir.join("cpuacct.usage"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok();
+    }
+    let dir = find(Path::new("/sys/fs/cgroup"), id, 6)?;
+    let stat = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us * 1000)
+}
+
+/// `reported` (ns) lies between two reads of the cgroup (ns), allowing for the microsecond
+/// precision of cgroup v2 and of a printed float.
+fn assert_within(before: u64, reported: f64, after: u64, what: &str) {
+    let slack = 2_000.0;
+    assert!(
+        before as f64 - slack <= reported && reported <= after as f64 + slack,
+        "{what}: {reported} ns reported, the cgroup read {before} then {after} ns"
+    );
 }
