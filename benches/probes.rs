@@ -45,23 +45,26 @@ mod common;
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
+use common::node::{
+    LABEL_POD_UID, build_busybox, check_nothing_left, own_network, remove_all_sandboxes,
+    remove_pods,
+};
 use common::procs::{self, Kind, Memory, cpu_snapshot, cpu_used};
 use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::PodStatus;
 use nodelet::config::KubeletConfig;
 use nodelet::kubelet::{Kubelet, Runtime};
-use runtime::builtin::{BuiltinRuntime, Config, NetworkConfig, SANDBOX_SUBCOMMAND};
+use runtime::builtin::{BuiltinRuntime, Config, SANDBOX_SUBCOMMAND};
 use runtime::{RuntimeService, cri};
 
 use containerd::{BUSYBOX, Containerd};
 
-const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 const NODE_NAME: &str = "bench-node";
 /// The port httpd listens on in each pod (on the pod network).
 const PORT: u16 = 8080;
@@ -182,7 +185,7 @@ async fn bench(ctd_bin: &Path, opts: &Opts) -> Result<()> {
         .tempdir()
         .context("creating the runtime root dir")?;
     let cgroup_root = format!("/nodelet-bench-probes-{}", std::process::id());
-    let network = own_network(root.path())?;
+    let network = own_network(root.path(), "nlq")?;
     let mut cfg = Config::new(root.path()).context("runtime config")?;
     cfg.cgroup_root = cgroup_root.clone();
     cfg.network = Some(network.clone());
@@ -217,63 +220,6 @@ async fn bench(ctd_bin: &Path, opts: &Opts) -> Result<()> {
     match cleanup.into_iter().next() {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// A bridge `nlq<pid>` and a /24 of 10.91.0.0/16 no address of this machine is in, so that
-/// nothing else's pod network is touched. No masquerade: nothing leaves the node.
-fn own_network(root: &Path) -> Result<NetworkConfig> {
-    let addrs = Command::new("ip")
-        .args(["-o", "-4", "addr"])
-        .output()
-        .context("running ip -o -4 addr")?;
-    let addrs = String::from_utf8_lossy(&addrs.stdout);
-    let first = std::process::id() % 250;
-    let n = (0..250)
-        .map(|k| (first + k) % 250 + 1)
-        .find(|n| !addrs.contains(&format!(" 10.91.{n}.")))
-        .ok_or_else(|| anyhow!("no free /24 in 10.91.0.0/16"))?;
-    Ok(NetworkConfig {
-        bridge: format!("nlq{}", std::process::id() % 1_000_000),
-        pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.91.{n}.0/24"))?,
-        ipam_dir: root.join("ipam"),
-        masquerade: false,
-    })
-}
-
-fn build_busybox(out: &Path) -> Result<()> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
-    let res = Command::new("bash")
-        .arg(&script)
-        .arg(out)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running `bash {}`", script.display()))?;
-    ensure!(
-        res.status.success(),
-        "{} failed ({}): {}",
-        script.display(),
-        res.status,
-        String::from_utf8_lossy(&res.stderr).trim()
-    );
-    Ok(())
-}
-
-/// Stops and removes every sandbox of `rt` (what a failure left).
-async fn remove_all_sandboxes(rt: &dyn RuntimeService) {
-    let Ok(list) = rt.list_pod_sandbox(Default::default()).await else {
-        return;
-    };
-    for sb in list.items {
-        let id = sb.id;
-        let _ = rt
-            .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await;
-        let _ = rt
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
-            .await;
     }
 }
 
@@ -862,90 +808,4 @@ async fn running_containers(rt: &dyn RuntimeService, uids: &[String]) -> Result<
         .collect();
     ids.sort();
     Ok(ids.into_iter().map(|(_, id)| id).collect())
-}
-
-/// Deletes the manifests and waits until the runtime lists no sandbox of the pods (the kubelet
-/// kills them, its housekeeping removes them); how long that took.
-async fn remove_pods(
-    rt: &dyn RuntimeService,
-    manifests: &Path,
-    uids: &[String],
-) -> Result<Duration> {
-    let start = Instant::now();
-    let files: Vec<PathBuf> = std::fs::read_dir(manifests)
-        .with_context(|| format!("listing {}", manifests.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    for f in files {
-        std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
-    }
-    let timeout = Duration::from_secs(120 + uids.len() as u64);
-    loop {
-        let left = rt
-            .list_pod_sandbox(Default::default())
-            .await
-            .context("ListPodSandbox")?
-            .items
-            .into_iter()
-            .filter(|s| {
-                s.labels
-                    .get(LABEL_POD_UID)
-                    .is_some_and(|u| uids.contains(u))
-            })
-            .count();
-        if left == 0 {
-            return Ok(start.elapsed());
-        }
-        ensure!(
-            start.elapsed() < timeout,
-            "{left} sandboxes left {timeout:?} after the manifests were deleted"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// No sandbox or container in the runtime, no sandbox process or shim, no mount.
-async fn check_nothing_left(rt: &dyn RuntimeService, kind: &Kind) -> Result<()> {
-    let sandboxes = rt
-        .list_pod_sandbox(Default::default())
-        .await
-        .context("ListPodSandbox")?
-        .items;
-    ensure!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
-    let containers = rt
-        .list_containers(Default::default())
-        .await
-        .context("ListContainers")?
-        .containers;
-    ensure!(containers.is_empty(), "containers left: {containers:?}");
-    let dir = match kind {
-        Kind::Builtin { root } => root,
-        Kind::Containerd { dir, .. } => dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let procs = procs::group_processes(kind, |_| false)?;
-        let extra: Vec<String> = procs
-            .group
-            .iter()
-            .skip(1)
-            .chain(&procs.apps)
-            .map(|p| format!("{} {}", p.pid, p.cmdline.replace('\0', " ")))
-            .collect();
-        let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
-        let mounts: Vec<&str> = info
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(dir.as_str()))
-            .collect();
-        if extra.is_empty() && mounts.is_empty() {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "left after removing the pods: processes {extra:?}, mounts {mounts:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
 }

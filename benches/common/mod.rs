@@ -1,8 +1,10 @@
 //! Helpers the benchmarks share: the machine's load, the root check, statistics, cleaning up
 //! what a run left behind (mounts, cgroups), and the processes of a node with their memory and
-//! CPU time ([`procs`]).
+//! CPU time ([`procs`]), a built-in runtime's node: its image, pod network, removing its pods
+//! ([`node`]).
 #![allow(dead_code)]
 
+pub mod node;
 pub mod procs;
 pub mod soak;
 
