@@ -102,32 +102,66 @@ pub fn apply(path: &str, resources: &LinuxResources) -> Result<()> {
         .map_err(|e| Error::new(Kind::Internal, format!("updating cgroup {path}: {e}")))
 }
 
-/// Reads usage of the cgroup at `path`.
+/// Reads usage of the cgroup at `path`, straight from its files under `/sys/fs/cgroup` (v1
+/// controllers, else the unified hierarchy). Called for every container and pod at every stats
+/// scrape, so it does not go through a libcgroups manager, whose set-up on v1 parses the whole
+/// mount table once per controller (about 5 ms a cgroup on a node with 100 pods).
 pub fn stats(path: &str) -> Result<Usage> {
-    let s = manager(path)?
-        .stats()
-        .map_err(|e| Error::new(Kind::Internal, format!("reading cgroup {path}: {e}")))?;
-    let inactive_file = s
-        .memory
-        .stats
-        .get("total_inactive_file")
-        .or_else(|| s.memory.stats.get("inactive_file"))
-        .copied()
-        .unwrap_or(0);
-    let usage = s.memory.memory.usage;
-    Ok(Usage {
-        cpu_usage_ns: s.cpu.usage.usage_total,
-        memory_usage_bytes: usage,
-        memory_working_set_bytes: usage.saturating_sub(inactive_file),
-        memory_rss_bytes: s
-            .memory
-            .stats
-            .get("total_rss")
-            .or_else(|| s.memory.stats.get("anon"))
-            .copied()
-            .unwrap_or(0),
-        pids: s.pids.current,
-    })
+    let rel = path.trim_start_matches('/');
+    let root = Path::new("/sys/fs/cgroup");
+    let read = |file: PathBuf| -> Result<String> {
+        std::fs::read_to_string(&file).map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound {
+                Kind::NotFound
+            } else {
+                Kind::Internal
+            };
+            Error::new(
+                kind,
+                format!("reading cgroup {path}: {}: {e}", file.display()),
+            )
+        })
+    };
+    let number = |file: PathBuf| -> Result<u64> {
+        let text = read(file.clone())?;
+        text.trim().parse().map_err(|e| {
+            Error::new(
+                Kind::Internal,
+                format!("reading cgroup {path}: {}: {e}", file.display()),
+            )
+        })
+    };
+    let field = |stat: &str, key: &str| -> Option<u64> {
+        stat.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    if root.join("memory").is_dir() {
+        let memory = root.join("memory").join(rel);
+        let stat = read(memory.join("memory.stat"))?;
+        let usage = number(memory.join("memory.usage_in_bytes"))?;
+        let inactive_file = field(&stat, "total_inactive_file").unwrap_or(0);
+        Ok(Usage {
+            cpu_usage_ns: number(root.join("cpuacct").join(rel).join("cpuacct.usage"))?,
+            memory_usage_bytes: usage,
+            memory_working_set_bytes: usage.saturating_sub(inactive_file),
+            memory_rss_bytes: field(&stat, "total_rss").unwrap_or(0),
+            pids: number(root.join("pids").join(rel).join("pids.current")).unwrap_or(0),
+        })
+    } else {
+        let dir = root.join(rel);
+        let stat = read(dir.join("memory.stat"))?;
+        let usage = number(dir.join("memory.current"))?;
+        let cpu = read(dir.join("cpu.stat"))?;
+        Ok(Usage {
+            cpu_usage_ns: field(&cpu, "usage_usec").unwrap_or(0) * 1000,
+            memory_usage_bytes: usage,
+            memory_working_set_bytes: usage
+                .saturating_sub(field(&stat, "inactive_file").unwrap_or(0)),
+            memory_rss_bytes: field(&stat, "anon").unwrap_or(0),
+            pids: number(dir.join("pids.current")).unwrap_or(0),
+        })
+    }
 }
 
 /// Whether the kernel's OOM killer has killed a process in the cgroup at `path`.
@@ -159,4 +193,60 @@ pub fn exists(path: &str) -> bool {
     let v1 = Path::new("/sys/fs/cgroup/memory").join(rel);
     let v2 = Path::new("/sys/fs/cgroup").join(rel).join("cgroup.procs");
     v1.is_dir() || v2.is_file()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The files read directly say what libcgroups' manager says, for a cgroup holding a
+    /// sleeping process (nothing changes while both read).
+    #[test]
+    fn stats_read_directly_match_libcgroups() {
+        if !nix::unistd::Uid::effective().is_root() {
+            crate::skip("needs root", "stats_read_directly_match_libcgroups");
+            return;
+        }
+        let name = format!("nodelet-cgstats-{}", std::process::id());
+        let root = Path::new("/sys/fs/cgroup");
+        let dirs: Vec<PathBuf> = if root.join("memory").is_dir() {
+            // Every controller libcgroups reads stats from.
+            ["memory", "cpu", "cpuacct", "pids", "blkio", "hugetlb"]
+                .iter()
+                .filter(|c| root.join(c).is_dir())
+                .map(|c| root.join(c).join(&name))
+                .collect()
+        } else {
+            vec![root.join(&name)]
+        };
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        for d in &dirs {
+            std::fs::create_dir_all(d).expect("a cgroup");
+            std::fs::write(d.join("cgroup.procs"), sleeper.id().to_string()).expect("joining");
+        }
+        let path = format!("/{name}");
+        let ours = stats(&path);
+        let theirs = manager(&path).and_then(|m| {
+            m.stats()
+                .map_err(|e| Error::new(Kind::Internal, e.to_string()))
+        });
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        for d in &dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+        let (ours, theirs) = (ours.expect("our read"), theirs.expect("libcgroups' read"));
+        assert_eq!(ours.cpu_usage_ns, theirs.cpu.usage.usage_total);
+        assert_eq!(ours.memory_usage_bytes, theirs.memory.memory.usage);
+        assert_eq!(ours.pids, 1);
+        assert_eq!(theirs.pids.current, 1);
+        assert!(ours.memory_working_set_bytes <= ours.memory_usage_bytes);
+        assert_eq!(
+            stats("/nodelet-no-such-cgroup").unwrap_err().kind(),
+            Kind::NotFound
+        );
+    }
 }

@@ -127,6 +127,24 @@ pub async fn start(
     Ok(Bound { port, healthz_port })
 }
 
+/// For the fuzz targets (tests/fuzz): the kubelet API's router over `deps`, without TLS or
+/// listening, so arbitrary requests can be handed to it. Not part of nodelet's API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// The router `start` serves, its authentication and authorization from `deps.cfg`.
+    pub fn router(deps: ServerDeps) -> Result<axum::Router, String> {
+        let auth = Auth::new(
+            deps.cfg.clone(),
+            deps.node_name.clone(),
+            deps.client.clone(),
+        );
+        auth.check()?;
+        Ok(super::router(Arc::new(Ctx { deps, auth })))
+    }
+}
+
 fn router(ctx: Arc<Ctx>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", get(healthz_handler))
