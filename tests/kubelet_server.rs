@@ -578,6 +578,11 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         "ticker and shell ran (talker may end before a status shows it running): {body}"
     );
     assert!(body.ends_with("# EOF\n"), "OpenMetrics text");
+    assert_eq!(
+        scraped(&body, "kubelet_running_pods", &[]),
+        Some(ready as f64),
+        "read by a parser of the format"
+    );
     let (code, probes) = get(port, &serving, "/metrics/probes", alice, None)
         .await
         .expect("GET");
@@ -746,11 +751,12 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
             .expect("GET"),
         cgroup_cpu(),
     );
-    let reported = res
-        .lines()
-        .find(|l| l.starts_with(&format!("container_cpu_usage_seconds_total{shell_app} ")))
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
+    let app = [
+        ("container", "app"),
+        ("pod", "shell"),
+        ("namespace", "default"),
+    ];
+    let reported = scraped(&res, "container_cpu_usage_seconds_total", &app)
         .expect("the app's CPU in /metrics/resource");
     assert_within(before, reported * 1e9, after, "/metrics/resource");
     let (before, (_, cadv), after) = (
@@ -760,14 +766,7 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
             .expect("GET"),
         cgroup_cpu(),
     );
-    let reported = cadv
-        .lines()
-        .find(|l| {
-            l.starts_with("container_cpu_usage_seconds_total{container=\"app\",")
-                && l.contains("pod=\"shell\"")
-        })
-        .and_then(|l| l.rsplit(' ').nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
+    let reported = scraped(&cadv, "container_cpu_usage_seconds_total", &app)
         .expect("the app's CPU in /metrics/cadvisor");
     assert_within(before, reported * 1e9, after, "/metrics/cadvisor");
     let (before, s, after) = (cgroup_cpu(), summary().await, cgroup_cpu());
@@ -1467,6 +1466,22 @@ async fn start_metrics_client_metrics_and_kubectl_attach() {
         assert_eq!(metric(&body, count), Some(0.0), "{count}: {body}");
     }
     drop(agent);
+}
+
+/// The value of the sample of `metric` with `labels` in a Prometheus text exposition, read by
+/// a parser of the format (the whole body must parse).
+fn scraped(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    use prometheus_parse::{Scrape, Value};
+    let scrape = Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("not the Prometheus text format ({e}): {body}"));
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .and_then(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
 }
 
 /// The CPU time (ns) of the container `id`'s cgroup: `cpuacct.usage` on cgroup v1, `cpu.stat`'s
