@@ -907,6 +907,63 @@ async fn logs_and_exec_through_the_api_server() {
         (3, "hi\n"),
         "kubectl exec over SPDY: {err}"
     );
+    // kubectl exec -i: stdin reaches the command.
+    let mut piped = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args([
+            "exec",
+            "-i",
+            "chatty",
+            "--",
+            "sh",
+            "-c",
+            "read l; echo got $l",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl exec -i");
+    {
+        use std::io::Write;
+        let mut stdin = piped.stdin.take().expect("stdin");
+        stdin.write_all(b"hello\n").expect("writing stdin");
+    }
+    let out = piped.wait_with_output().expect("kubectl exec -i");
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).as_ref()
+        ),
+        (Some(0), "got hello\n"),
+        "kubectl exec -i: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // kubectl exec -it: a terminal in the container (kubectl wants one on its own side too:
+    // script(1) runs it on a pseudo-terminal).
+    let it = format!(
+        "kubectl --kubeconfig {} exec -it chatty -- sh -c 'tty; exit 4'",
+        kc.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &it, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.code() == Some(4) && text.contains("/dev/pts/"),
+        "kubectl exec -it: {:?} {text:?}",
+        out.status
+    );
+    // kubectl logs --previous: the kubelet's answer for a container that never restarted.
+    let (code, _, err) = kubectl(&kc, &["logs", "chatty", "--previous"]);
+    assert!(
+        code != 0
+            && err.contains("previous terminated container \"app\" in pod \"chatty\" not found"),
+        "kubectl logs --previous: {code} {err}"
+    );
 
     // kubectl port-forward (SPDY) through the API server and the kubelet into the pod.
     let web = format!(

@@ -267,6 +267,22 @@ pub async fn proxy(app: &App, ns: &str, name: &str, sub: &str, mut req: Request)
     };
     let status = resp.status();
     let headers = resp.headers().clone();
+    // As kube-apiserver's response checker for pods/log: a kubelet's refusal becomes a Status
+    // whose message is what the kubelet said (BadRequest for a 400, InternalError for a 500).
+    if sub == "log" && !(200..=206).contains(&status.as_u16()) {
+        use http_body_util::BodyExt;
+        let body = match resp.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return error(ApiError::new(502, "InternalError", e.to_string())),
+        };
+        let text = String::from_utf8_lossy(&body[..body.len().min(4096)]).into_owned();
+        return error(match status.as_u16() {
+            400 => ApiError::bad_request(text),
+            500 => ApiError::new(500, "InternalError", text),
+            404 => ApiError::new(404, "NotFound", text),
+            code => ApiError::new(code, "Unknown", text),
+        });
+    }
     if status == StatusCode::SWITCHING_PROTOCOLS {
         let kubelet_upgrade = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
