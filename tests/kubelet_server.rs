@@ -229,10 +229,14 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
+    let read_only_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
     // The Setup's config is static: leak the one formatted string of this test.
     let config: &'static str = Box::leak(
         format!(
-            "healthzPort: {healthz_port}\nauthentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\n",
+            "healthzPort: {healthz_port}\nreadOnlyPort: {read_only_port}\nauthentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\n",
             keys.path().join("client-ca.crt").display()
         )
         .into_boxed_str(),
@@ -794,6 +798,35 @@ async fn the_kubelet_api_authenticates_authorizes_and_serves_logs() {
         .output()
         .expect("curl");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+
+    // The read-only port: plain HTTP, no credentials, only what reads.
+    let read_only = |path: &str| -> (String, String) {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{read_only_port}{path}"))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = read_only("/pods");
+    assert_eq!(code, "200", "{body}");
+    assert!(body.contains("\"talker\""), "{body}");
+    let (code, body) = read_only("/metrics/resource");
+    assert!(
+        code == "200" && body.contains("container_cpu_usage_seconds_total"),
+        "{code} {body}"
+    );
+    for path in [
+        "/containerLogs/default/talker/app",
+        "/configz",
+        "/run/default/shell/app",
+        "/exec/default/shell/app?command=true",
+    ] {
+        let (code, body) = read_only(path);
+        assert_eq!(code, "404", "{path}: {body}");
+    }
     drop(agent);
 }
 

@@ -30,8 +30,8 @@ pub struct ServerConfig {
     /// `port`: its port (0: any free port, a nodelet extension for tests; the Node advertises
     /// the one bound).
     pub port: u16,
-    /// `readOnlyPort`: a plain HTTP read-only server; only 0 (none, the default) is accepted:
-    /// nodelet does not serve one.
+    /// `readOnlyPort`: a plain HTTP server, without authentication, of what only reads (health,
+    /// pods, metrics, stats), as upstream's read-only port; 0 (the default) for none.
     pub read_only_port: u16,
     /// `healthzBindAddress` and `healthzPort` (0: no healthz server).
     pub healthz_address: IpAddr,
@@ -236,15 +236,6 @@ impl RawServer {
             system_log_handler: get(self.enable_system_log_handler).unwrap_or(d.system_log_handler),
             ..d
         };
-        if c.read_only_port != 0 {
-            return Err(invalid(
-                "readOnlyPort",
-                format!(
-                    "{}: the unauthenticated read-only port is not served by nodelet; set 0",
-                    c.read_only_port
-                ),
-            ));
-        }
         if c.tls_cert_file.is_some() != c.tls_private_key_file.is_some() {
             return Err(invalid(
                 "tlsCertFile",

@@ -468,6 +468,7 @@ fn the_servers_fields_with_upstreams_defaults() {
     );
     assert!(!s.anonymous && s.token_webhook);
     assert_eq!(s.authz_mode, AuthzMode::Webhook);
+    assert_eq!(ok("readOnlyPort: 10255").0.server.read_only_port, 10255);
     assert_eq!(s.token_cache_ttl, Duration::from_secs(120));
     let (c, w) = ok(r#"
 address: 127.0.0.1
@@ -500,10 +501,6 @@ authorization:
             "authorization.mode: \"RBAC\" is not AlwaysAllow or Webhook",
         ),
         ("port: 70000", "port: 70000 is not a valid port"),
-        (
-            "readOnlyPort: 10255",
-            "readOnlyPort: 10255: the unauthenticated read-only port is not served by nodelet; set 0",
-        ),
         (
             "tlsMinVersion: VersionTLS10",
             "tlsMinVersion: VersionTLS10 is not supported: rustls speaks TLS 1.2 and 1.3 only",

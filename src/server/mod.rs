@@ -109,8 +109,31 @@ pub async fn start(
         Some(l) => Some(l.local_addr()?.port()),
         None => None,
     };
+    let read_only = if deps.cfg.read_only_port != 0 {
+        let addr = SocketAddr::new(deps.cfg.address, deps.cfg.read_only_port);
+        Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the read-only kubelet server on {addr}"))?,
+        )
+    } else {
+        None
+    };
     let ctx = Arc::new(Ctx { deps, auth });
     tracing::info!(%addr, port, "kubelet server listening");
+    if let Some(l) = read_only {
+        // Upstream's read-only server: plain HTTP, no authentication or authorization, and
+        // only what reads (health, pods, metrics, stats); never logs, exec, attach,
+        // port-forward, run or the configuration.
+        tracing::warn!(addr = ?l.local_addr().ok(), "serving the unauthenticated read-only port (readOnlyPort)");
+        let app = read_only_router(ctx.clone());
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move { c.cancelled().await })
+                .await;
+        });
+    }
     let router = router(ctx.clone());
     tasks.spawn(serve_tls(listener, acceptor, router, cancel.clone()));
     if let Some(l) = healthz {
@@ -143,6 +166,28 @@ pub mod fuzzing {
         auth.check()?;
         Ok(super::router(Arc::new(Ctx { deps, auth })))
     }
+}
+
+/// The read-only server's routes: what upstream's read-only port serves.
+fn read_only_router(ctx: Arc<Ctx>) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(healthz_handler))
+        .route("/pods", get(pods_handler))
+        .route("/pods/", get(pods_handler))
+        .route("/metrics", get(metrics_handler))
+        .route("/metrics/probes", get(probe_metrics_handler))
+        .route("/metrics/resource", get(resource_metrics_handler))
+        .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
+        .route("/stats/summary", get(summary_handler))
+        .fallback(read_only_fallback)
+        .with_state(ctx)
+}
+
+async fn read_only_fallback(uri: axum::http::Uri) -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        format!("{}: not served on the read-only port", uri.path()),
+    )
 }
 
 fn router(ctx: Arc<Ctx>) -> axum::Router {
