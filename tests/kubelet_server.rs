@@ -990,6 +990,35 @@ async fn logs_and_exec_through_the_api_server() {
         "kubectl exec -it: {:?} {text:?}",
         out.status
     );
+    // kubectl logs -f: the lines so far, then it stays attached (the container runs on).
+    let mut follow = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["logs", "-f", "chatty"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl logs -f");
+    let stdout = follow.stdout.take().expect("its stdout");
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .take(3)
+            .collect::<Result<Vec<_>, _>>()
+    });
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), first)
+        .await
+        .expect("three lines from kubectl logs -f")
+        .expect("reading")
+        .expect("lines");
+    assert_eq!(first, ["one", "two", "three"]);
+    assert!(
+        follow.try_wait().expect("kubectl").is_none(),
+        "kubectl logs -f stays attached while the container runs"
+    );
+    let _ = follow.kill();
+    let _ = follow.wait();
     // kubectl logs --previous: the kubelet's answer for a container that never restarted.
     let (code, _, err) = kubectl(&kc, &["logs", "chatty", "--previous"]);
     assert!(
