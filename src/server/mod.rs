@@ -126,13 +126,7 @@ pub async fn start(
         // only what reads (health, pods, metrics, stats); never logs, exec, attach,
         // port-forward, run or the configuration.
         tracing::warn!(addr = ?l.local_addr().ok(), "serving the unauthenticated read-only port (readOnlyPort)");
-        let app = read_only_router(ctx.clone());
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(async move { c.cancelled().await })
-                .await;
-        });
+        serve_plain(tasks, l, read_only_router(ctx.clone()), cancel.clone());
     }
     let router = router(ctx.clone());
     tasks.spawn(serve_tls(listener, acceptor, router, cancel.clone()));
@@ -140,12 +134,7 @@ pub async fn start(
         let app = axum::Router::new()
             .route("/healthz", get(healthz_handler))
             .with_state(ctx);
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(async move { c.cancelled().await })
-                .await;
-        });
+        serve_plain(tasks, l, app, cancel.clone());
     }
     Ok(Bound { port, healthz_port })
 }
@@ -168,8 +157,23 @@ pub mod fuzzing {
     }
 }
 
-/// The read-only server's routes: what upstream's read-only port serves.
-fn read_only_router(ctx: Arc<Ctx>) -> axum::Router {
+/// Serves `app` over plain HTTP on `listener` until `cancel`.
+fn serve_plain(
+    tasks: &mut JoinSet<()>,
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    cancel: CancellationToken,
+) {
+    tasks.spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await;
+    });
+}
+
+/// What only reads: health, pods, metrics and the Summary API. Upstream's read-only port
+/// serves exactly these; the main server serves them among the rest.
+fn read_routes() -> axum::Router<Arc<Ctx>> {
     axum::Router::new()
         .route("/healthz", get(healthz_handler))
         .route("/pods", get(pods_handler))
@@ -179,8 +183,11 @@ fn read_only_router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/metrics/resource", get(resource_metrics_handler))
         .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
         .route("/stats/summary", get(summary_handler))
-        .fallback(read_only_fallback)
-        .with_state(ctx)
+}
+
+/// The read-only server's routes.
+fn read_only_router(ctx: Arc<Ctx>) -> axum::Router {
+    read_routes().fallback(read_only_fallback).with_state(ctx)
 }
 
 async fn read_only_fallback(uri: axum::http::Uri) -> Response {
@@ -191,17 +198,9 @@ async fn read_only_fallback(uri: axum::http::Uri) -> Response {
 }
 
 fn router(ctx: Arc<Ctx>) -> axum::Router {
-    axum::Router::new()
-        .route("/healthz", get(healthz_handler))
-        .route("/pods", get(pods_handler))
-        .route("/pods/", get(pods_handler))
+    read_routes()
         .route("/runningpods/", get(running_pods_handler))
         .route("/configz", get(configz_handler))
-        .route("/metrics", get(metrics_handler))
-        .route("/metrics/probes", get(probe_metrics_handler))
-        .route("/metrics/resource", get(resource_metrics_handler))
-        .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
-        .route("/stats/summary", get(summary_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
             get(container_logs_handler),
