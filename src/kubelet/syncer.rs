@@ -347,7 +347,7 @@ impl PodSyncer for Syncer {
         let before = self.read_now(pod).await?;
         let timeout = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
         let ip = pod::sync::pod_ip(pod, &before.status, &self.opts.host_ips);
-        let errors = pod::sync::kill_pod(
+        let errors = pod::kill::kill_pod(
             self.rt.as_ref(),
             self.events.as_ref(),
             pod,

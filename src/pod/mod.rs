@@ -17,6 +17,7 @@ pub mod container;
 pub mod env;
 pub mod hash;
 pub mod hooks;
+pub mod kill;
 pub mod pull_secrets;
 pub mod quantity;
 pub mod spec;

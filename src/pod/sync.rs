@@ -16,9 +16,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::{Error, ImageService, Result, RuntimeService, cri};
 use tokio::sync::Semaphore;
 
-use super::actions::{ContainerInfo, PodActions, RunState, RuntimePodStatus, is_sidecar};
+use super::actions::{PodActions, RunState, RuntimePodStatus, is_sidecar};
 use super::backoff::{self, Backoff};
 use super::container::{ContainerOptions, container_config};
+use super::kill::{kill_pod, stop_one};
 use super::spec::{SandboxOptions, pod_spec, sandbox_config};
 use super::termination;
 use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
@@ -368,122 +369,6 @@ pub fn pod_ip(pod: &Pod, status: &RuntimePodStatus, host_ips: &[String]) -> Stri
         .map(|s| s.ip.clone())
         .unwrap_or_default()
 }
-
-/// Stops one container within `grace_secs` (upstream `killContainer`): records the `Killing`
-/// event (`message`, else "Stopping container x"), runs a running container's preStop hook
-/// within the grace period (a failure is a `FailedPreStopHook` event and the stop goes on),
-/// then stops it with what is left of the period, at least [`MIN_GRACE_SECS`].
-async fn stop_one(
-    rt: &dyn RuntimeService,
-    events: &dyn PodEvents,
-    pod: &Pod,
-    c: &ContainerInfo,
-    grace_secs: i64,
-    message: Option<&str>,
-    pod_ip: &str,
-) -> std::result::Result<(), String> {
-    let message = message.map_or_else(|| format!("Stopping container {}", c.name), str::to_string);
-    events.event(pod, Some(&c.name), EventType::Normal, "Killing", message);
-    let spec = pod.spec.as_ref().and_then(|s| {
-        s.init_containers
-            .iter()
-            .flatten()
-            .chain(s.containers.iter())
-            .find(|s| s.name == c.name)
-    });
-    let pre_stop = spec.and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
-    let mut grace = grace_secs;
-    if let Some((spec, hook)) = pre_stop.filter(|_| c.state == RunState::Running && grace_secs > 0)
-    {
-        let began = std::time::Instant::now();
-        let limit = Duration::from_secs(grace_secs.unsigned_abs());
-        match tokio::time::timeout(limit, super::hooks::run(rt, pod, spec, &c.id, hook, pod_ip))
-            .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(message)) => {
-                events.event(
-                    pod,
-                    Some(&c.name),
-                    EventType::Warning,
-                    "FailedPreStopHook",
-                    message,
-                );
-            }
-            Err(_) => {
-                tracing::info!(container = %c.name, "preStop hook did not complete within {grace_secs}s");
-            }
-        }
-        let spent = i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX);
-        grace = grace_secs.saturating_sub(spent).max(MIN_GRACE_SECS);
-    }
-    rt.stop_container(cri::StopContainerRequest {
-        container_id: c.id.clone(),
-        timeout: grace,
-    })
-    .await
-    .map(|_| ())
-    .map_err(|e| format!("stopping container {}: {e}", c.name))
-}
-
-/// Stops every running or created container of the pod within one shared grace period of
-/// `grace_secs`, then its sandboxes (upstream `killPodWithSyncResult`): the app containers (and
-/// regular init containers) all at once, then the sidecars one by one in reverse order, each with
-/// what is left of the period (at least 2 s, as upstream). Returns what failed; a failure does not
-/// stop the rest.
-pub async fn kill_pod(
-    rt: &dyn RuntimeService,
-    events: &dyn PodEvents,
-    pod: &Pod,
-    status: &RuntimePodStatus,
-    grace_secs: i64,
-    pod_ip: &str,
-) -> Vec<String> {
-    let began = std::time::Instant::now();
-    let init: &[Container] = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_deref())
-        .unwrap_or(&[]);
-    let sidecar_rank = |name: &str| init.iter().position(|c| c.name == name && is_sidecar(c));
-    let live: Vec<&ContainerInfo> = status
-        .containers
-        .iter()
-        .filter(|c| matches!(c.state, RunState::Running | RunState::Created))
-        .collect();
-    let (mut sidecars, apps): (Vec<&ContainerInfo>, Vec<&ContainerInfo>) = live
-        .into_iter()
-        .partition(|c| sidecar_rank(&c.name).is_some());
-    let mut errors: Vec<String> = futures::future::join_all(
-        apps.iter()
-            .map(|c| stop_one(rt, events, pod, c, grace_secs, None, pod_ip)),
-    )
-    .await
-    .into_iter()
-    .filter_map(|r| r.err())
-    .collect();
-    sidecars.sort_by_key(|c| std::cmp::Reverse(sidecar_rank(&c.name)));
-    for c in sidecars {
-        let spent = i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX);
-        let left = grace_secs.saturating_sub(spent).max(MIN_GRACE_SECS);
-        if let Err(e) = stop_one(rt, events, pod, c, left, None, pod_ip).await {
-            errors.push(e);
-        }
-    }
-    for sb in &status.sandboxes {
-        let req = cri::StopPodSandboxRequest {
-            pod_sandbox_id: sb.id.clone(),
-        };
-        if let Err(e) = rt.stop_pod_sandbox(req).await {
-            errors.push(format!("stopping sandbox {}: {e}", sb.id));
-        }
-    }
-    errors
-}
-
-/// The least grace a container stopped late in a pod's termination gets (upstream's
-/// `minimumGracePeriodInSeconds`).
-pub const MIN_GRACE_SECS: i64 = 2;
 
 /// Carries out `actions` (computed from `snapshot`) for `pod`, like upstream's `SyncPod`.
 pub async fn sync_pod(

@@ -4,14 +4,17 @@
 //!
 //! Served: `/healthz`, `/pods`, `/runningpods/`, `/configz`,
 //! `/containerLogs/{ns}/{pod}/{container}`, `/exec`, `/attach`, `/portForward` proxied to the
-//! runtime's streaming server, `/run` and `/logs/` ([`stream`]). The other endpoints of the
-//! upstream kubelet (`/metrics*`, `/stats/*`, `/checkpoint`) answer 501 with the reason until they are built: never an empty or
-//! made-up answer.
+//! runtime's streaming server, `/run` and `/logs/` ([`stream`]), `/metrics*` and
+//! `/stats/summary` ([`scrape`]). The other endpoints of the upstream kubelet (the other
+//! `/stats/*` paths, `/checkpoint`, `/debug`) answer 501 with the reason until they are built:
+//! never an empty or made-up answer. With `readOnlyPort`, a plain HTTP server serves what only
+//! reads ([`read_routes`]).
 
 pub mod auth;
 pub mod cadvisor;
 pub mod logs;
 pub mod resource;
+mod scrape;
 mod stream;
 pub mod summary;
 pub mod tls;
@@ -178,11 +181,11 @@ fn read_routes() -> axum::Router<Arc<Ctx>> {
         .route("/healthz", get(healthz_handler))
         .route("/pods", get(pods_handler))
         .route("/pods/", get(pods_handler))
-        .route("/metrics", get(metrics_handler))
-        .route("/metrics/probes", get(probe_metrics_handler))
-        .route("/metrics/resource", get(resource_metrics_handler))
-        .route("/metrics/cadvisor", get(cadvisor_metrics_handler))
-        .route("/stats/summary", get(summary_handler))
+        .route("/metrics", get(scrape::metrics_handler))
+        .route("/metrics/probes", get(scrape::probe_metrics_handler))
+        .route("/metrics/resource", get(scrape::resource_metrics_handler))
+        .route("/metrics/cadvisor", get(scrape::cadvisor_metrics_handler))
+        .route("/stats/summary", get(scrape::summary_handler))
 }
 
 /// The read-only server's routes.
@@ -376,114 +379,6 @@ fn json(v: &impl serde::Serialize) -> Response {
             .into_response(),
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
-}
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// `/metrics`: the kubelet's metrics; the running pods and containers counted from the
-/// runtime at the scrape.
-async fn metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
-    let m = crate::metrics::get();
-    let rt = ctx.deps.rt.as_ref();
-    if let Ok(l) = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest {
-            filter: Some(cri::PodSandboxFilter {
-                state: Some(cri::PodSandboxStateValue {
-                    state: cri::PodSandboxState::SandboxReady as i32,
-                }),
-                ..Default::default()
-            }),
-        })
-        .await
-    {
-        m.running_pods
-            .set(i64::try_from(l.items.len()).unwrap_or(i64::MAX));
-    }
-    if let Ok(l) = rt
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-    {
-        let mut counts: std::collections::BTreeMap<&str, i64> = [
-            ("created", 0),
-            ("running", 0),
-            ("exited", 0),
-            ("unknown", 0),
-        ]
-        .into();
-        for c in &l.containers {
-            let state = match cri::ContainerState::try_from(c.state) {
-                Ok(cri::ContainerState::ContainerCreated) => "created",
-                Ok(cri::ContainerState::ContainerRunning) => "running",
-                Ok(cri::ContainerState::ContainerExited) => "exited",
-                _ => "unknown",
-            };
-            *counts.entry(state).or_default() += 1;
-        }
-        for (state, n) in counts {
-            m.running_containers
-                .get_or_create(&crate::metrics::ContainerState {
-                    container_state: state.to_string(),
-                })
-                .set(n);
-        }
-    }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, OPENMETRICS)],
-        m.encode(),
-    )
-        .into_response()
-}
-
-/// `/metrics/resource`: what metrics-server reads ([`resource`]).
-async fn resource_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
-    let body = resource::render(ctx.deps.rt.as_ref()).await;
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
-}
-
-/// `/metrics/cadvisor`: the containers' usage by cAdvisor's names ([`cadvisor`]).
-async fn cadvisor_metrics_handler(State(ctx): State<Arc<Ctx>>) -> Response {
-    let body = cadvisor::render(ctx.deps.rt.as_ref()).await;
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
-}
-
-/// `/stats/summary`: the Summary API ([`summary`]).
-async fn summary_handler(State(ctx): State<Arc<Ctx>>) -> Response {
-    let src = summary::Sources {
-        node_name: &ctx.deps.node_name,
-        root_dir: &ctx.deps.root_dir,
-        pod_logs_dir: &ctx.deps.pod_logs_dir,
-        pods_dir: &ctx.deps.root_dir.join("pods"),
-    };
-    match summary::summary(&src, ctx.deps.rt.as_ref(), ctx.deps.images.as_ref()).await {
-        Ok(s) => json(&s),
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("failed to get summary stats: {e}"),
-        ),
-    }
-}
-
-/// `/metrics/probes`: `prober_probe_total`.
-async fn probe_metrics_handler() -> Response {
-    let body = crate::metrics::get().encode_probes();
-    (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], body).into_response()
 }
 
 /// `/configz`: the effective configuration, as upstream wraps it.
