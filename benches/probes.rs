@@ -189,6 +189,8 @@ async fn bench(ctd_bin: &Path, opts: &Opts) -> Result<()> {
     let mut cfg = Config::new(root.path()).context("runtime config")?;
     cfg.cgroup_root = cgroup_root.clone();
     cfg.network = Some(network.clone());
+    // The state dir inside the root dir: sandbox processes and mounts are told by its path.
+    cfg.state_dir = Some(root.path().join("run"));
     let builtin = BuiltinRuntime::new(cfg)
         .await
         .context("opening the built-in runtime")?;

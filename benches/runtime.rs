@@ -17,7 +17,9 @@
 //!
 //! steps 1 and 2 (with the image store's rootfs mount and release alone) twice: on a quiet
 //! machine, then while a writer dirties the filesystem the runtime's root dir is on (64 MiB
-//! files written over and over, never synced), the two series side by side;
+//! files written over and over, never synced), the two series side by side. Both runtimes
+//! keep their state (the built-in runtime's state dir, runc's `--root`) on a tmpfs the bench
+//! mounts, as a systemd host has at /run;
 //! 4. the PSS (also RSS, private dirty, and the PSS split into anonymous memory, the own
 //!    executable and other files) of a sandbox process (idle, and holding one running
 //!    `sleep 600`), of that container and of this process (the agent).
@@ -122,13 +124,30 @@ impl Env {
             .tempdir()
             .context("creating the work dir")?;
         let cgroup_root = format!("/nodelet-bench-{}", std::process::id());
+        // What a systemd host has at /run: a tmpfs, for both runtimes' state (the built-in
+        // runtime's state dir, runc's --root), whatever /run is on this machine.
+        let run = work.path().join("run");
+        std::fs::create_dir_all(&run).with_context(|| format!("creating {}", run.display()))?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            &run,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=755,size=256m"),
+        )
+        .with_context(|| format!("mounting a tmpfs at {}", run.display()))?;
         let mut cfg = Config::new(root.path()).context("runtime config")?;
         cfg.sandbox_program = nodelet;
         cfg.cgroup_root = cgroup_root.clone();
-        let rt = BuiltinRuntime::new(cfg)
-            .await
-            .context("opening the built-in runtime")?;
-        let runc_root = work.path().join("runc-state");
+        cfg.state_dir = Some(run.join("nodelet"));
+        let rt = match BuiltinRuntime::new(cfg).await {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = unmount_under(work.path());
+                return Err(anyhow!(e).context("opening the built-in runtime"));
+            }
+        };
+        let runc_root = run.join("runc");
         let env = Env {
             rt,
             root,
@@ -711,9 +730,9 @@ impl Bundles {
 
         let id = pod.create(&env.rt, "template", &["true"]).await?;
         let generated = env
-            .root
+            .work
             .path()
-            .join("containers")
+            .join("run/nodelet/containers")
             .join(&id)
             .join("config.json");
         let text = std::fs::read_to_string(&generated)

@@ -124,6 +124,7 @@ async fn bench(opts: &Opts) -> Result<bool> {
     let mut node = SoakNode {
         work: work.path().to_path_buf(),
         root: work.path().join("root"),
+        state: work.path().join("run"),
         logs: work.path().join("logs"),
         manifests: work.path().join("manifests"),
         bridge,
@@ -133,7 +134,7 @@ async fn bench(opts: &Opts) -> Result<bool> {
     let mut agent: Option<Child> = None;
     let result = async {
         std::fs::create_dir_all(&node.manifests).context("creating the manifest dir")?;
-        import_busybox(&node.root, work.path())?;
+        import_busybox(&node.root, &node.state, work.path())?;
         let config = work.path().join("config.yaml");
         std::fs::write(&config, soak::kubelet_config(&node, &cidr)).context("writing config")?;
         let socket = work.path().join("cri.sock");
@@ -141,6 +142,8 @@ async fn bench(opts: &Opts) -> Result<bool> {
         let child = Command::new(nodelet_bin())
             .arg("--root-dir")
             .arg(&node.root)
+            .arg("--state-dir")
+            .arg(&node.state)
             .args(["run-node", "--hostname-override", "soak-node", "--config"])
             .arg(&config)
             .arg("--cri-listen")
@@ -200,7 +203,7 @@ async fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn import_busybox(root: &Path, work: &Path) -> Result<()> {
+fn import_busybox(root: &Path, state: &Path, work: &Path) -> Result<()> {
     let archive = work.join("busybox.tar");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-busybox-image.sh");
     let out = Command::new("bash")
@@ -219,6 +222,8 @@ fn import_busybox(root: &Path, work: &Path) -> Result<()> {
     let out = Command::new(nodelet_bin())
         .arg("--root-dir")
         .arg(root)
+        .arg("--state-dir")
+        .arg(state)
         .args(["images", "import"])
         .arg(&archive)
         .output()

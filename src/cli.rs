@@ -15,6 +15,11 @@ pub struct Cli {
     /// Where nodelet keeps its state: images, sandboxes, containers.
     #[arg(long, global = true, default_value = "/var/lib/nodelet")]
     pub root_dir: PathBuf,
+    /// Where the built-in runtime keeps what need not survive a reboot (sandbox sockets,
+    /// container bundles and statuses); default: a dir per root dir under
+    /// /run/nodelet/state (on tmpfs).
+    #[arg(long, global = true)]
+    pub state_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -60,13 +65,17 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let dirs = commands::Dirs {
+        root: cli.root_dir,
+        state: cli.state_dir,
+    };
     let result = rt.block_on(async {
         match cli.command {
-            Command::Images(cmd) => commands::images::run(&cli.root_dir, cmd).await,
-            Command::Run(args) => commands::run::run(&cli.root_dir, args).await,
-            Command::RunNode(args) => commands::node::run(&cli.root_dir, args).await,
-            Command::Pods => commands::pods::run(&cli.root_dir).await,
-            Command::Cri(cmd) => commands::cri::run(&cli.root_dir, cmd).await,
+            Command::Images(cmd) => commands::images::run(&dirs, cmd).await,
+            Command::Run(args) => commands::run::run(&dirs, args).await,
+            Command::RunNode(args) => commands::node::run(&dirs, args).await,
+            Command::Pods => commands::pods::run(&dirs).await,
+            Command::Cri(cmd) => commands::cri::run(&dirs, cmd).await,
         }
     });
     match result {

@@ -39,6 +39,33 @@ async fn find(rt: &runtime::builtin::BuiltinRuntime, name: &str) -> Option<cri::
         .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
 }
 
+/// The container named `name`, its status and its sandbox's status.
+async fn statuses(
+    rt: &runtime::builtin::BuiltinRuntime,
+    name: &str,
+) -> (cri::Container, cri::ContainerStatus, cri::PodSandboxStatus) {
+    let c = find(rt, name).await.expect("the container's record");
+    let s = rt
+        .container_status(cri::ContainerStatusRequest {
+            container_id: c.id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let sb = rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: c.pod_sandbox_id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    (c, s, sb)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkilled_agent_leaves_containers_running_and_they_are_adopted() {
     if !root_or_skip("sigkilled_agent_leaves_containers_running_and_they_are_adopted") {
@@ -151,17 +178,29 @@ async fn sigkilled_agent_leaves_containers_running_and_they_are_adopted() {
         s.status.unwrap().state,
         cri::ContainerState::ContainerExited as i32
     );
-    let n = Node {
-        rt: agent,
-        root: node.root,
-        cgroup_root: node.cgroup_root,
-        network: node.network,
-    };
+    let n = node.with_runtime(agent);
     n.teardown().await;
 }
 
 /// A sandbox process that dies while no agent runs is reaped by the next agent: its containers
 /// are killed (not left running unseen), reported exited with the reason, the sandbox NotReady.
+/// The sandbox process (found from /proc, not through a runtime of this process: see
+/// `sandbox_of_process`) of the container an agent on `root` runs as `cmdline`, and the pod's
+/// cgroup: the one above the sandbox process's own (`<pod>/sandbox`).
+async fn agent_pod(root: &std::path::Path, cmdline: &[u8]) -> (i32, String) {
+    let mut sandbox = None;
+    for _ in 0..200 {
+        sandbox = sandbox_of_process(root, cmdline);
+        if sandbox.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sandbox = sandbox.expect("the container runs under a sandbox process of this root");
+    let pod_cgroup = pod_cgroup_of_sandbox(sandbox);
+    (sandbox, pod_cgroup)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
     if !root_or_skip("a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption") {
@@ -170,30 +209,9 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
     let node = Node::new("reapdown").await;
     let root = node.root.path().to_path_buf();
     let mut agent = spawn_agent(&root, &node.cgroup_root, "orphan", "sleep 600");
-    // Found from /proc, not through a runtime of this process (see `sandbox_of_process`).
-    let mut sandbox = None;
-    for _ in 0..200 {
-        sandbox = sandbox_of_process(&root, b"sleep\x00600\x00");
-        if sandbox.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let sandbox = sandbox.expect("the container runs under a sandbox process of this root");
+    let (sandbox, pod_cgroup) = agent_pod(&root, b"sleep\x00600\x00").await;
     agent.kill().expect("kill agent");
     let _ = agent.wait();
-    // The agent's pod cgroup: above the sandbox process's own (`<pod>/sandbox`).
-    let cgroups = std::fs::read_to_string(format!("/proc/{sandbox}/cgroup")).unwrap();
-    let pod_cgroup = cgroups
-        .lines()
-        .find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string()))
-        .or_else(|| {
-            cgroups
-                .lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
-        })
-        .and_then(|p| p.strip_suffix("/sandbox").map(str::to_string))
-        .expect("the sandbox's cgroup");
     let before = pids_in_cgroups(&pod_cgroup);
     assert!(
         before.len() >= 2,
@@ -211,30 +229,10 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
     );
 
     let agent = node.reopen().await;
-    let c = find(&agent, "orphan")
-        .await
-        .expect("the container's record");
-    let s = agent
-        .container_status(cri::ContainerStatusRequest {
-            container_id: c.id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .status
-        .unwrap();
+    let (_, s, sb) = statuses(&agent, "orphan").await;
     assert_eq!(s.state, cri::ContainerState::ContainerExited as i32);
     assert_eq!(s.exit_code, 137);
     assert!(s.message.contains("sandbox process died"), "{}", s.message);
-    let sb = agent
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: c.pod_sandbox_id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .status
-        .unwrap();
     assert_eq!(sb.state, cri::PodSandboxState::SandboxNotready as i32);
     settle(|| before.iter().all(|p| process_gone(*p))).await;
     let left: Vec<i32> = before.into_iter().filter(|p| !process_gone(*p)).collect();
@@ -242,12 +240,140 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
         left.is_empty(),
         "processes of the pod left running: {left:?}"
     );
-    let n = Node {
-        rt: agent,
-        root: node.root,
-        cgroup_root: node.cgroup_root,
-        network: node.network,
-    };
+    let n = node.with_runtime(agent);
+    n.teardown().await;
+}
+
+/// A reboot ends every process and empties the tmpfs the state dir is on (sockets, bundles,
+/// statuses); the records in the root dir outlive both. The sandbox then reads as stopped and
+/// its container as exited with an unknown code (255, `Unknown`, as containerd reports a
+/// container whose task is gone), its log is kept, its address is freed, and the pod is
+/// removed whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_reboot_emptied_the_state_dir_pods_read_stopped_and_are_removed() {
+    if !root_or_skip("after_a_reboot_emptied_the_state_dir_pods_read_stopped_and_are_removed") {
+        return;
+    }
+    let node = Node::new("reboot").await;
+    let root = node.root.path().to_path_buf();
+    let mut agent = spawn_agent(
+        &root,
+        &node.cgroup_root,
+        "rebooted",
+        "echo before the reboot; exec sleep 600",
+    );
+    let (_, pod_cgroup) = agent_pod(&root, b"sleep\x00600\x00").await;
+    agent.kill().expect("kill agent");
+    let _ = agent.wait();
+
+    // The reboot: every process of the pod ends, the mounts go, the state dir's tmpfs is empty.
+    assert!(
+        pids_in_cgroups(&pod_cgroup).len() >= 2,
+        "the sandbox and its container"
+    );
+    kill_pod_cgroup(&pod_cgroup).await;
+    reboot_state_dir(&root, None);
+
+    let agent = node.reopen().await;
+    let (c, s, sb) = statuses(&agent, "rebooted").await;
+    assert_eq!(
+        (s.state, s.exit_code, s.reason.as_str()),
+        (cri::ContainerState::ContainerExited as i32, 255, "Unknown"),
+        "{s:?}"
+    );
+    assert!(s.finished_at > 0, "{s:?}");
+    let log = std::fs::read_to_string(&s.log_path).expect("the container's log is kept");
+    assert!(log.contains("before the reboot"), "{log:?}");
+    assert_eq!(sb.state, cri::PodSandboxState::SandboxNotready as i32);
+    // Its address is nobody's again.
+    let net = runtime::builtin::NetworkConfig::default();
+    let leases = net.ipam_dir.join(&net.bridge);
+    let held = std::fs::read_dir(&leases)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            std::fs::read_to_string(e.path())
+                .is_ok_and(|t| t.lines().next() == Some(c.pod_sandbox_id.as_str()))
+        });
+    assert!(!held, "the rebooted pod's address is still leased");
+    let n = node.with_runtime(agent);
+    n.teardown().await;
+}
+
+/// An older nodelet kept each sandbox's state and each container's bundle under the root dir
+/// (`<root>/sandboxes/<id>`, `<root>/containers/<id>`). Upgraded, the agent adopts those pods
+/// where they are, removes them from there, and the old dirs go once empty.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_of_an_older_nodelet_with_state_under_the_root_dir_are_adopted_and_removed() {
+    if !root_or_skip(
+        "pods_of_an_older_nodelet_with_state_under_the_root_dir_are_adopted_and_removed",
+    ) {
+        return;
+    }
+    let node = Node::new("legacy").await;
+    let root = node.root.path().canonicalize().unwrap();
+    node.rt.leave();
+    // The older nodelet: its state where the root dir is.
+    let mut old = config(&root, &node.cgroup_root);
+    old.network = node.network.clone();
+    old.state_dir = Some(root.clone());
+    let old = runtime::builtin::BuiltinRuntime::new(old)
+        .await
+        .expect("old runtime");
+    let sb = run_sandbox_on(&old, "legacy", &node.log_dir()).await;
+    let id = start_container_on(&old, &sb, container_config("c", &["sleep", "612"])).await;
+    assert!(
+        root.join("sandboxes")
+            .join(&sb.0)
+            .join("sandbox.sock")
+            .exists()
+    );
+    assert!(root.join("containers").join(&id).join("rootfs").is_dir());
+    old.leave();
+
+    let agent = node.reopen().await;
+    let out = agent
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["echo".into(), "adopted".into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync in the adopted pod");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "adopted\n");
+    let st = agent
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb.0.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    assert_eq!(
+        info["stateDir"].as_str(),
+        Some(root.join("sandboxes").join(&sb.0).to_str().unwrap())
+    );
+    // A new pod's state is in the state dir.
+    let fresh = run_sandbox_on(&agent, "fresh", &node.log_dir()).await;
+    assert!(state_dir(&root).join("sandboxes").join(&fresh.0).is_dir());
+    assert!(!root.join("sandboxes").join(&fresh.0).exists());
+    for pod in [&sb.0, &fresh.0] {
+        agent
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await
+            .expect("RemovePodSandbox");
+    }
+    assert!(!running(b"sleep\x00612\x00"));
+    assert!(!root.join("sandboxes").join(&sb.0).exists());
+    assert!(!root.join("containers").join(&id).exists());
+    // Empty, the old dirs go at the next start.
+    agent.leave();
+    let agent = node.reopen().await;
+    assert!(!root.join("sandboxes").exists() && !root.join("containers").exists());
+    let n = node.with_runtime(agent);
     n.teardown().await;
 }
 
@@ -329,12 +455,7 @@ async fn unreadable_records_are_set_aside_and_the_rest_adopted() {
         running(b"sleep\x00600\x00"),
         "the adopted container runs on"
     );
-    let n = Node {
-        rt: agent,
-        root: node.root,
-        cgroup_root: node.cgroup_root,
-        network: node.network,
-    };
+    let n = node.with_runtime(agent);
     n.teardown().await;
 }
 
@@ -433,12 +554,7 @@ async fn torn_store_files_are_set_aside_and_every_pod_adopted() {
     assert!(!garbled.exists(), "a garbled lease is nobody's");
     store.import(&busybox_archive()).unwrap();
     assert_eq!(names_in(&store_root.join("snapshots")), snapshots);
-    let n = Node {
-        rt: agent,
-        root: node.root,
-        cgroup_root: node.cgroup_root,
-        network: node.network,
-    };
+    let n = node.with_runtime(agent);
     let c = n.sandbox("tornstore-c").await;
     let c1 = n.container(&c, "c1", &["true"]).await;
     n.wait_exited(&c1).await;

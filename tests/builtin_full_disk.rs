@@ -191,8 +191,12 @@ async fn a_full_disk_fails_requests_cleanly_and_running_containers_go_on() {
         })
         .await
         .unwrap_or_else(|e| {
-            let log =
-                std::fs::read_to_string(root.join("sandboxes").join(&pod.0).join("sandbox.log"));
+            let log = std::fs::read_to_string(
+                state_dir(&root)
+                    .join("sandboxes")
+                    .join(&pod.0)
+                    .join("sandbox.log"),
+            );
             panic!("ExecSync: {e}\nsandbox log: {log:?}")
         });
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still here\n");

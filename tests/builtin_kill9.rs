@@ -151,9 +151,9 @@ async fn listed(rt: &RemoteRuntime) -> Listed {
     }
 }
 
-/// The sandbox ids of the sandbox processes serving state dirs under `root`.
+/// The sandbox ids of the sandbox processes serving state dirs of the runtime on `root`.
 fn sandbox_processes(root: &Path) -> BTreeSet<String> {
-    let dir = format!("{}/sandboxes/", root.display());
+    let dir = format!("{}/sandboxes/", common::state_dir(root).display());
     let mut ids = BTreeSet::new();
     for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -169,14 +169,17 @@ fn sandbox_processes(root: &Path) -> BTreeSet<String> {
     ids
 }
 
-/// Mount points under `root`.
+/// Mount points under `root` or the runtime's state dir.
 fn mounts_under(root: &Path) -> Vec<String> {
-    let root = format!("{}/", root.display());
+    let dirs = [
+        format!("{}/", root.display()),
+        format!("{}/", common::state_dir(root).display()),
+    ];
     std::fs::read_to_string("/proc/self/mountinfo")
         .expect("mountinfo")
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root))
+        .filter(|p| dirs.iter().any(|d| p.starts_with(d)))
         .map(str::to_string)
         .collect()
 }

@@ -897,15 +897,24 @@ async fn a_long_root_dir_works_and_is_adopted_again() {
     if !root_or_skip("a_long_root_dir_works_and_is_adopted_again") {
         return;
     }
-    // The sandbox's socket is <root>/sandboxes/<64 hex>/sandbox.sock: with this root it is far
-    // longer than sun_path's 108 bytes.
+    // The sandbox's socket is <state dir>/sandboxes/<64 hex>/sandbox.sock: with this state dir
+    // it is far longer than sun_path's 108 bytes. The root dir is as long.
     let top = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
     let root = top
         .path()
         .join("var-lib-nodelet-edge-site-0001")
         .join("a-rather-long-root-directory-name");
+    let state = top
+        .path()
+        .join("run-nodelet-edge-site-0001")
+        .join("a-rather-long-state-directory-name");
     import_busybox(&root);
     let cgroup_root = format!("/nodelet-test-longroot-{}", std::process::id());
+    let config = |root: &std::path::Path, cgroup_root: &str| {
+        let mut cfg = config(root, cgroup_root);
+        cfg.state_dir = Some(state.clone());
+        cfg
+    };
     let rt = BuiltinRuntime::new(config(&root, &cgroup_root))
         .await
         .expect("runtime");
@@ -960,6 +969,52 @@ async fn a_long_root_dir_works_and_is_adopted_again() {
     drop(rt);
     remove_cgroup_root(&cgroup_root);
     assert_no_leaks(&root, &cgroup_root);
+    assert_nothing_under(&state);
+    for sub in ["sandboxes", "containers"] {
+        let left = std::fs::read_dir(state.join(sub)).unwrap().count();
+        assert_eq!(left, 0, "{sub} left in the state dir");
+    }
+}
+
+/// Each root dir has its state dir under /run/nodelet/state, its `root` file naming the root
+/// dir. A runtime alone on its root dir removes the state dirs of root dirs that are gone, but
+/// only empty ones: one still holding a sandbox is left to whoever looks at it.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
+    if !root_or_skip("state_dirs_of_gone_root_dirs_are_swept_when_empty") {
+        return;
+    }
+    let base = std::path::Path::new("/run/nodelet/state");
+    let tag = format!("{:x}", std::process::id());
+    let make = |name: &str, holding: bool| {
+        let dir = base.join(format!("test-{tag}-{name}"));
+        for sub in ["sandboxes", "containers"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
+        if holding {
+            std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
+        }
+        dir
+    };
+    let empty = make("empty", false);
+    let holding = make("holding", true);
+    let node = Node::new("sweep").await;
+    assert!(
+        !empty.exists(),
+        "the empty state dir of a gone root dir is removed"
+    );
+    assert!(
+        holding.join("sandboxes/some-sandbox").is_dir(),
+        "one holding a sandbox stays"
+    );
+    let own = state_dir(node.root.path());
+    assert_eq!(
+        std::fs::read_to_string(own.join("root")).unwrap(),
+        node.root.path().canonicalize().unwrap().to_string_lossy()
+    );
+    std::fs::remove_dir_all(&holding).unwrap();
+    node.teardown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -289,10 +289,11 @@ async fn unknown_user_is_rejected_and_leaves_nothing() {
         .unwrap();
     assert!(list.containers.is_empty(), "{:?}", list.containers);
     assert!(node.rt.image_store().rootfs_keys().unwrap().is_empty());
-    let bundles = std::fs::read_dir(node.root.path().join("containers"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(bundles, 0, "no bundle directory is left");
+    let bundles = common::state_entries(node.root.path(), "containers");
+    assert!(
+        bundles.is_empty(),
+        "no bundle directory is left: {bundles:?}"
+    );
     node.teardown().await;
 }
 
@@ -988,10 +989,12 @@ async fn pod_sysctls() {
             .await
             .unwrap();
         assert_eq!(list.items.len(), 1, "{key}: only the good pod is left");
-        let dirs = std::fs::read_dir(node.root.path().join("sandboxes"))
-            .unwrap()
-            .count();
-        assert_eq!(dirs, 1, "{key}: no sandbox directory is left");
+        let dirs = common::state_entries(node.root.path(), "sandboxes");
+        assert_eq!(
+            dirs.len(),
+            1,
+            "{key}: no sandbox directory is left: {dirs:?}"
+        );
     }
     assert_eq!((read(shm), read(port)), host_before);
     node.teardown().await;
@@ -1395,7 +1398,10 @@ async fn pod_user_namespace() {
     )
     .await;
     assert_eq!((code, out.as_str()), (0, "0:0\n0:0\n0:0\n0:0\n"), "{err}");
-    let rootfs = node.root.path().join("containers").join(&id).join("rootfs");
+    let rootfs = common::state_dir(node.root.path())
+        .join("containers")
+        .join(&id)
+        .join("rootfs");
     let owner = |p: &std::path::Path| {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(p).unwrap();
@@ -1446,7 +1452,9 @@ async fn pod_user_namespace() {
         "new\n"
     );
     // The staged ID-mapped clones are gone once the container exists.
-    let bundle = node.root.path().join("containers").join(&vols);
+    let bundle = common::state_dir(node.root.path())
+        .join("containers")
+        .join(&vols);
     assert!(!bundle.join("idmapped").exists());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

@@ -130,10 +130,8 @@ fn run_prints_output_and_exits_with_the_container_code() {
     assert_eq!(text(&out.stdout), "hello from hello\n");
     assert!(text(&out.stderr).contains("to-stderr"));
     // Without --keep the pod is gone afterwards: no sandbox dirs, no mounts.
-    let sandboxes = std::fs::read_dir(root.path().join("sandboxes"))
-        .unwrap()
-        .count();
-    assert_eq!(sandboxes, 0);
+    let sandboxes = common::state_entries(root.path(), "sandboxes");
+    assert!(sandboxes.is_empty(), "{sandboxes:?}");
     assert_no_leaks(root.path(), "/nodelet-none");
 
     let out = nodelet(root.path(), &["run", "no/such:image", "--", "true"]);
@@ -144,10 +142,8 @@ fn run_prints_output_and_exits_with_the_container_code() {
         text(&out.stderr)
     );
     assert_eq!(
-        std::fs::read_dir(root.path().join("sandboxes"))
-            .unwrap()
-            .count(),
-        0,
+        common::state_entries(root.path(), "sandboxes"),
+        Vec::<String>::new(),
         "failed run cleans up"
     );
 }

@@ -128,7 +128,7 @@ impl Backend {
             Owned::Containerd(c) => format!("\ncontainerd log:\n{}", c.log()),
             Owned::Builtin { root, .. } => {
                 let mut out = String::new();
-                let dirs = std::fs::read_dir(root.path().join("sandboxes"));
+                let dirs = std::fs::read_dir(common::state_dir(root.path()).join("sandboxes"));
                 for dir in dirs.into_iter().flatten().flatten() {
                     let log = std::fs::read_to_string(dir.path().join("sandbox.log"));
                     let log = log.unwrap_or_default();
@@ -415,10 +415,15 @@ impl Drop for Backend {
             })
             .ok();
         }
+        // Its sandbox processes name the state dir; its mounts are under it and the root dir.
         let root_s = root.path().to_string_lossy().into_owned();
+        let state_s = common::state_dir(root.path())
+            .to_string_lossy()
+            .into_owned();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&root_s) {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains(&root_s) || cmdline.contains(&state_s) {
                 let pid = entry.file_name().to_string_lossy().into_owned();
                 let _ = std::process::Command::new("kill")
                     .args(["-KILL", &pid])
@@ -429,7 +434,7 @@ impl Drop for Backend {
         let mut points: Vec<&str> = mounts
             .lines()
             .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&root_s))
+            .filter(|m| m.starts_with(&root_s) || m.starts_with(&state_s))
             .collect();
         points.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in points {

@@ -39,6 +39,10 @@ async fn image_names(rt: &nodelet::kubelet::Runtime) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_come_from_the_image_service_endpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let dirs = nodelet::commands::Dirs {
+        root: dir.path().to_path_buf(),
+        state: None,
+    };
     let (runtime_sock, image_sock) = (dir.path().join("rt.sock"), dir.path().join("img.sock"));
     let rt_fake = Arc::new(FakeRuntime::new());
     rt_fake.set_fake_images(&["runtime.example/only-on-the-runtime:1"]);
@@ -52,7 +56,7 @@ async fn images_come_from_the_image_service_endpoint() {
         image_service_endpoint: format!("unix://{}", image_sock.display()),
         ..Default::default()
     };
-    let rt = open_runtime(&cfg, dir.path()).await.expect("open");
+    let rt = open_runtime(&cfg, &dirs).await.expect("open");
     assert_eq!(
         image_names(&rt).await,
         ["images.example/only-on-the-image-service:1"]
@@ -66,7 +70,7 @@ async fn images_come_from_the_image_service_endpoint() {
 
     // Without an image endpoint (or the same one), images come from the runtime.
     cfg.image_service_endpoint = String::new();
-    let rt = open_runtime(&cfg, dir.path()).await.expect("open");
+    let rt = open_runtime(&cfg, &dirs).await.expect("open");
     assert_eq!(
         image_names(&rt).await,
         ["runtime.example/only-on-the-runtime:1"]
@@ -77,7 +81,7 @@ async fn images_come_from_the_image_service_endpoint() {
         image_service_endpoint: format!("unix://{}", image_sock.display()),
         ..Default::default()
     };
-    let err = open_runtime(&builtin, dir.path())
+    let err = open_runtime(&builtin, &dirs)
         .await
         .err()
         .expect("an image endpoint without a runtime endpoint");

@@ -645,16 +645,7 @@ async fn a_dead_sandbox_is_replaced_builtin() {
     // From /proc: a runtime opened here would watch the sandbox and reap it, as the agent must.
     let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
         .expect("the app's sandbox process");
-    // Its state dir, `<root>/sandboxes/<id>`, is its last argument.
-    let cmdline = std::fs::read(format!("/proc/{sandbox}/cmdline")).expect("cmdline");
-    let first: Vec<String> = String::from_utf8_lossy(&cmdline)
-        .split('\0')
-        .rfind(|a| !a.is_empty())
-        .and_then(|dir| Path::new(dir).file_name())
-        .map(|id| id.to_string_lossy().into_owned())
-        .into_iter()
-        .collect();
-    assert_eq!(first.len(), 1, "{first:?}");
+    let first = vec![common::sandbox_id_of_process(sandbox)];
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox),
@@ -695,6 +686,79 @@ async fn a_dead_sandbox_is_replaced_builtin() {
     .await;
 
     delete_and_check_gone(&node, &pods, &[("phoenix", &uid)]).await;
+    drop(agent);
+    assert_node_clean(&node, &[&uid]).await;
+}
+
+/// A node reboots: the kubelet and every pod process end, the mounts go, the runtime's state
+/// dir (tmpfs) comes back empty; its records on the root dir stay. The kubelet, started again,
+/// finds the sandbox not ready and its container exited with an unknown code (255, `Unknown`,
+/// as containerd reports a container whose task is gone), makes a new sandbox and starts the
+/// container again (restart count 1), as upstream does after a reboot.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_come_back_after_a_reboot_builtin() {
+    let test = "pods_come_back_after_a_reboot_builtin";
+    let api = ApiServer::start().await;
+    let Some(node) = prepare(&api, Backend::Builtin, test).await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), NS);
+    let spec = format!(
+        "  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}",
+        busybox("app", "echo started; exec sleep 600")
+    );
+    let created = pods
+        .create(&PostParams::default(), &node.plain_pod("lazarus", &spec))
+        .await
+        .expect("creating the pod");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    let agent = node.start();
+    wait_for("app running", 120, async || {
+        let st = checked_status(&pods, "lazarus").await?;
+        container(&st, "app")?
+            .state
+            .as_ref()?
+            .running
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+    let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
+        .expect("the app's sandbox process");
+    let pod_cgroup = common::pod_cgroup_of_sandbox(sandbox);
+    let first = vec![common::sandbox_id_of_process(sandbox)];
+
+    // The reboot.
+    drop(agent);
+    common::kill_pod_cgroup(&pod_cgroup).await;
+    common::reboot_state_dir(&node.root, Some(&node.root.join("pods")));
+
+    let agent = node.start();
+    let st = wait_for("app running again after the reboot", 120, async || {
+        let st = checked_status(&pods, "lazarus").await?;
+        let app = container(&st, "app")?;
+        (app.restart_count >= 1 && app.state.as_ref()?.running.is_some()).then_some(st)
+    })
+    .await;
+    let app = container(&st, "app").expect("app");
+    assert_eq!(app.restart_count, 1, "{app:?}");
+    let last = app
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(
+        (last.exit_code, last.reason.as_deref()),
+        (255, Some("Unknown")),
+        "{last:?}"
+    );
+    let now = node.sandboxes_of(&uid).await;
+    assert!(
+        now.iter().any(|s| !first.contains(s)),
+        "a new sandbox: {first:?} -> {now:?}"
+    );
+
+    delete_and_check_gone(&node, &pods, &[("lazarus", &uid)]).await;
     drop(agent);
     assert_node_clean(&node, &[&uid]).await;
 }

@@ -38,6 +38,7 @@ async fn soak_cycles_leave_nothing_behind() {
     let snode = SoakNode {
         work: node.dir.path().to_path_buf(),
         root: node.root.clone(),
+        state: common::state_dir(&node.root),
         logs: node.logs.clone(),
         manifests: node.manifests.clone(),
         bridge,

@@ -25,6 +25,9 @@ pub struct SoakNode {
     /// Holds the root, the logs and the manifests: mounts are counted under it.
     pub work: PathBuf,
     pub root: PathBuf,
+    /// The built-in runtime's state dir: sandbox processes' command lines name it, and the
+    /// containers' rootfs are mounted in it.
+    pub state: PathBuf,
     pub logs: PathBuf,
     pub manifests: PathBuf,
     pub bridge: String,
@@ -261,9 +264,9 @@ pub struct Leftovers {
     pub cgroups: usize,
     /// `<root>/pods/<uid>`: the kubelet's pod directories.
     pub pod_dirs: usize,
-    /// `<root>/sandboxes/<id>`: sandbox state dirs.
+    /// `<state>/sandboxes/<id>`: sandbox state dirs.
     pub state_dirs: usize,
-    /// `<root>/containers/<id>`: container bundles.
+    /// `<state>/containers/<id>`: container bundles.
     pub bundles: usize,
     /// `<root>/cri/{sandboxes,containers}/*.json`: the runtime's records.
     pub records: usize,
@@ -432,7 +435,7 @@ pub fn sandbox_cgroup(id: &str) -> String {
 pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> {
     let root = &node.root;
     let mut l = Leftovers::default();
-    for e in std::fs::read_dir(root.join("sandboxes"))
+    for e in std::fs::read_dir(node.state.join("sandboxes"))
         .into_iter()
         .flatten()
         .flatten()
@@ -449,12 +452,16 @@ pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> 
         }
     }
 
-    // Processes: the sandbox side names the root dir; the containers are their descendants.
+    // Processes: the sandbox side names the root or the state dir; the containers are their
+    // descendants.
     let all = procs::processes();
-    let root_s = root.to_string_lossy();
+    let (root_s, state_s) = (root.to_string_lossy(), node.state.to_string_lossy());
     let sandbox_side: HashSet<u32> = all
         .iter()
-        .filter(|p| p.pid != node.agent_pid && p.cmdline.contains(root_s.as_ref()))
+        .filter(|p| {
+            p.pid != node.agent_pid
+                && (p.cmdline.contains(root_s.as_ref()) || p.cmdline.contains(state_s.as_ref()))
+        })
         .map(|p| p.pid)
         .collect();
     let mut containers = HashSet::new();
@@ -494,11 +501,11 @@ pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> 
     l.netns = netns.len();
 
     let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
-    let work = node.work.to_string_lossy();
+    let (work, state) = (node.work.to_string_lossy(), node.state.to_string_lossy());
     l.mounts = info
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .filter(|m| m.starts_with(work.as_ref()))
+        .filter(|m| m.starts_with(work.as_ref()) || m.starts_with(state.as_ref()))
         .count();
 
     let hierarchies = hierarchies();
@@ -513,8 +520,8 @@ pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> 
         .sum();
 
     l.pod_dirs = entries(&root.join("pods"));
-    l.state_dirs = entries(&root.join("sandboxes"));
-    l.bundles = entries(&root.join("containers"));
+    l.state_dirs = entries(&node.state.join("sandboxes"));
+    l.bundles = entries(&node.state.join("containers"));
     l.records = entries(&root.join("cri/sandboxes")) + entries(&root.join("cri/containers"));
     l.rootfs_keys = entries(&root.join("images/containers"));
     l.veths = entries(&Path::new("/sys/class/net").join(&node.bridge).join("brif"));
@@ -552,6 +559,7 @@ pub async fn remove_everything(
             Ok(mut cfg) => {
                 cfg.sandbox_program = nodelet_bin.to_path_buf();
                 cfg.cgroup_root = CGROUP_ROOT.to_string();
+                cfg.state_dir = Some(node.state.clone());
                 cfg.network = network.clone();
                 match runtime::builtin::BuiltinRuntime::new(cfg).await {
                     Ok(rt) => {

@@ -520,6 +520,20 @@ impl Client {
         pids.len()
     }
 
+    /// Whether any process serves this state dir, whatever its pid file says.
+    pub fn served(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
+            return false;
+        };
+        let me = std::process::id() as i32;
+        std::fs::read_dir("/proc").is_ok_and(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .any(|pid| pid != me && self.serves(pid, ours.dev(), ours.ino()))
+        })
+    }
+
     /// The PID in the pid file's `text`, if that process serves this state dir: its last
     /// argument is its state dir, however spelled (compared as the same directory).
     fn serving(&self, text: &str) -> Option<i32> {
@@ -560,6 +574,20 @@ impl Client {
     /// Blocks (kills and waits, at most seconds).
     pub fn reap_dead(&self, cgroup_parent: &str) -> Result<Vec<ContainerStatus>> {
         crate::process::reap_dead(&self.layout, cgroup_parent)
+    }
+
+    /// For a sandbox whose state dir is gone while its process is too (the dir was on a tmpfs
+    /// that a reboot emptied): makes the state dir again as a shut-down sandbox's, holding
+    /// `containers` as their persisted statuses (what the caller still knows of them), so that
+    /// they read, are reaped ([`Self::reap_dead`]) and removed as any stopped sandbox's.
+    pub fn restore_lost(&self, containers: &[ContainerStatus]) -> Result<()> {
+        let dir = self.layout.status_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+        for status in containers {
+            crate::process::persist(&self.layout, status);
+        }
+        let marker = self.layout.stopped_marker();
+        std::fs::write(&marker, b"").map_err(|e| Error::io("writing", &marker, e))
     }
 
     /// Whether the sandbox has been shut down (its process ended after cleaning up).

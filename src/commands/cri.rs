@@ -2,7 +2,7 @@
 //! crictl, a kubelet or another nodelet (through the remote backend) can drive it. Serves until
 //! SIGINT or SIGTERM; the pods and containers outlive the server and are adopted by the next one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,13 +49,13 @@ pub struct ServeArgs {
     pub pod_masquerade: bool,
 }
 
-pub async fn run(root_dir: &Path, cmd: CriCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(dirs: &super::Dirs, cmd: CriCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        CriCommand::Serve(args) => serve(root_dir, args).await,
+        CriCommand::Serve(args) => serve(dirs, args).await,
     }
 }
 
-async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
+async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let socket: PathBuf = runtime::endpoint::unix_socket_path(&args.listen)?;
     // Set up the signal handlers before serving, so an early SIGTERM is not lost.
     let mut term = signal(SignalKind::terminate())?;
@@ -70,7 +70,7 @@ async fn serve(root_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     // Bind first: a second server on a live socket fails before opening (adopting) anything.
     let bound = runtime::server::bind_unix(&socket)?;
-    let mut cfg = runtime::builtin::Config::new(root_dir)?;
+    let mut cfg = dirs.builtin_config()?;
     cfg.cgroup_root = args.cgroup_root;
     cfg.registry.insecure = args.insecure;
     cfg.streaming.addr = args.streaming_addr;

@@ -1,6 +1,6 @@
 //! `nodelet images`: import, list, pull and remove images of the built-in runtime's store.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
@@ -26,10 +26,10 @@ pub enum ImagesCommand {
     Remove { image: String },
 }
 
-pub async fn run(root_dir: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ImagesCommand::Import { files } => {
-            let rt = super::builtin(root_dir).await?;
+            let rt = super::builtin(dirs).await?;
             for f in files {
                 let imported = rt
                     .image_store()
@@ -41,7 +41,7 @@ pub async fn run(root_dir: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode
             }
         }
         ImagesCommand::List => {
-            let rt = super::builtin(root_dir).await?;
+            let rt = super::builtin(dirs).await?;
             let images = rt
                 .list_images(cri::ListImagesRequest { filter: None })
                 .await?
@@ -57,7 +57,7 @@ pub async fn run(root_dir: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode
             }
         }
         ImagesCommand::Pull { image, insecure } => {
-            let mut cfg = runtime::builtin::Config::new(root_dir)?;
+            let mut cfg = dirs.builtin_config()?;
             cfg.registry.insecure = insecure;
             let rt = runtime::builtin::BuiltinRuntime::new(cfg).await?;
             let r = rt
@@ -73,7 +73,7 @@ pub async fn run(root_dir: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode
             println!("{}", r.image_ref);
         }
         ImagesCommand::Remove { image } => {
-            let rt = super::builtin(root_dir).await?;
+            let rt = super::builtin(dirs).await?;
             // RemoveImage is idempotent in CRI; the command says when there was nothing to remove.
             if rt.image_store().resolve(&image)?.is_none() {
                 anyhow::bail!("no image {image:?}");

@@ -6,11 +6,26 @@ pub mod node;
 pub mod pods;
 pub mod run;
 
-/// Opens the built-in runtime under `root_dir`, with the default pod network.
-pub async fn builtin(
-    root_dir: &std::path::Path,
-) -> anyhow::Result<runtime::builtin::BuiltinRuntime> {
-    let cfg = runtime::builtin::Config::new(root_dir)?;
+/// Where the built-in runtime keeps its state: the global `--root-dir` and `--state-dir`.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    pub root: std::path::PathBuf,
+    /// `None`: the runtime's default for the root dir.
+    pub state: Option<std::path::PathBuf>,
+}
+
+impl Dirs {
+    /// The built-in runtime's defaults for these dirs.
+    pub fn builtin_config(&self) -> anyhow::Result<runtime::builtin::Config> {
+        let mut cfg = runtime::builtin::Config::new(&self.root)?;
+        cfg.state_dir = self.state.clone();
+        Ok(cfg)
+    }
+}
+
+/// Opens the built-in runtime in `dirs`, with the default pod network.
+pub async fn builtin(dirs: &Dirs) -> anyhow::Result<runtime::builtin::BuiltinRuntime> {
+    let cfg = dirs.builtin_config()?;
     Ok(runtime::builtin::BuiltinRuntime::new(cfg).await?)
 }
 

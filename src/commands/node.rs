@@ -4,7 +4,7 @@
 //! `containerRuntimeEndpoint` is set (its images from `imageServiceEndpoint` when that differs).
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ pub struct NodeArgs {
     pub cri_listen: Option<String>,
 }
 
-pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(dirs: &super::Dirs, args: NodeArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = match &args.config {
         Some(path) => {
             let (cfg, warnings) = config::load(path)?;
@@ -48,7 +48,7 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         },
     };
-    cfg.root_dir = root_dir.to_path_buf();
+    cfg.root_dir = dirs.root.clone();
     if let Some(name) = args.hostname_override {
         cfg.node_name = name.to_lowercase();
     }
@@ -60,7 +60,7 @@ pub async fn run(root_dir: &Path, args: NodeArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
         None => None,
     };
-    let rt = open_runtime(&cfg, root_dir).await?;
+    let rt = open_runtime(&cfg, dirs).await?;
     if let Some(listen) = &args.cri_listen {
         let socket = runtime::endpoint::unix_socket_path(listen)?;
         let bound = runtime::server::bind_unix(&socket)?;
@@ -93,7 +93,7 @@ async fn shutdown_signal() {
 /// different (as upstream: the image service defaults to the runtime's endpoint).
 pub async fn open_runtime(
     cfg: &config::KubeletConfig,
-    root_dir: &Path,
+    dirs: &super::Dirs,
 ) -> anyhow::Result<kubelet::Runtime> {
     const CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
     if cfg.container_runtime_endpoint.is_empty() {
@@ -104,7 +104,7 @@ pub async fn open_runtime(
                 cfg.image_service_endpoint
             );
         }
-        let mut builtin = runtime::builtin::Config::new(root_dir)?;
+        let mut builtin = dirs.builtin_config()?;
         builtin.network = Some(super::pod_network(
             &cfg.pod_bridge,
             &cfg.pod_cidr,

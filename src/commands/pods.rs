@@ -1,14 +1,13 @@
 //! `nodelet pods`: the pods the runtime is running, with their containers' states.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use runtime::{RuntimeService, cri};
 
 use crate::pod::{LABEL_POD_NAME, LABEL_POD_NAMESPACE};
 
-pub async fn run(root_dir: &Path) -> anyhow::Result<ExitCode> {
-    let rt = super::builtin(root_dir).await?;
+pub async fn run(dirs: &super::Dirs) -> anyhow::Result<ExitCode> {
+    let rt = super::builtin(dirs).await?;
     let sandboxes = rt
         .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
         .await?

@@ -28,9 +28,9 @@ pub struct RunArgs {
     pub keep: bool,
 }
 
-pub async fn run(root_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let rt = super::builtin(root_dir).await?;
-    let log_dir = root_dir.join("run-logs").join(&args.name);
+pub async fn run(dirs: &super::Dirs, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let rt = super::builtin(dirs).await?;
+    let log_dir = dirs.root.join("run-logs").join(&args.name);
     let uid = format!("run-{}-{}", args.name, std::process::id());
     let mut ns = cri::NamespaceOption::default();
     if args.host_network {

@@ -276,10 +276,10 @@ impl ApiNode {
     }
 
     /// The directory under which the runtime mounts container rootfs (and anything else of
-    /// its pods): the node's root dir, or containerd's own dir.
+    /// its pods): the built-in runtime's state dir, or containerd's own dir.
     pub fn mounts_dir(&self) -> PathBuf {
         match &self.containerd {
-            None => self.root.clone(),
+            None => super::state_dir(&self.root),
             Some(ctd) => ctd.dir().to_path_buf(),
         }
     }

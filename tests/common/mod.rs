@@ -125,6 +125,11 @@ impl Node {
         }
     }
 
+    /// The same node, served by `rt` (a runtime reopened on its root dir) from now on.
+    pub fn with_runtime(self, rt: BuiltinRuntime) -> Node {
+        Node { rt, ..self }
+    }
+
     /// A fresh runtime over the same root dir, as a restarted agent would open it.
     pub async fn reopen(&self) -> BuiltinRuntime {
         let mut cfg = config(self.root.path(), &self.cgroup_root);
@@ -235,9 +240,33 @@ pub fn assert_nothing_under(dir: &Path) {
     assert!(procs.is_empty(), "processes left behind: {procs:?}");
 }
 
-/// Checks that a runtime in `root` under `cgroup_root` left no mount, cgroup or process.
+/// The built-in runtime's state dir (its default) for root dir `root`: where its sandboxes'
+/// state (`sandboxes/<id>`) and its containers' bundles (`containers/<id>`) are.
+pub fn state_dir(root: &Path) -> PathBuf {
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    runtime::builtin::default_state_dir(&root)
+}
+
+/// The entries of `<state dir of root>/<sub>` (`sandboxes` or `containers`); none if missing.
+pub fn state_entries(root: &Path, sub: &str) -> Vec<String> {
+    std::fs::read_dir(state_dir(root).join(sub))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks that a runtime in `root` under `cgroup_root` left no mount, cgroup or process, and
+/// no sandbox state or bundle in its state dir.
 pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
     assert_nothing_under(root);
+    assert_nothing_under(&state_dir(root));
+    for sub in ["sandboxes", "containers"] {
+        let left = state_entries(root, sub);
+        assert!(left.is_empty(), "{sub} left in the state dir: {left:?}");
+    }
     for ctrl in ["memory", "pids", "cpu"] {
         let p = Path::new("/sys/fs/cgroup")
             .join(ctrl)
@@ -603,10 +632,11 @@ pub async fn sandbox_pid(rt: &dyn RuntimeService, id: &str) -> i32 {
 /// The sandbox process (found from /proc, without opening a runtime in this process: one would
 /// watch the sandbox and act on its death as an agent does) of the container process whose
 /// command line is `cmdline` (NUL-separated, as in /proc): the parent of that process, when
-/// its own command line names a path under `root`.
+/// its own command line names a path in the state dir of `root`.
 pub fn sandbox_of_process(root: &Path, cmdline: &[u8]) -> Option<i32> {
     let read = |pid: &str| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let root = root.to_string_lossy().into_owned();
+    // A sandbox process's last argument is its state dir, in the runtime's state dir.
+    let state = state_dir(root).to_string_lossy().into_owned();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let pid = entry.file_name().to_string_lossy().into_owned();
         if read(&pid) != cmdline {
@@ -619,11 +649,80 @@ pub fn sandbox_of_process(root: &Path, cmdline: &[u8]) -> Option<i32> {
         else {
             continue;
         };
-        if String::from_utf8_lossy(&read(ppid)).contains(&root) {
+        if String::from_utf8_lossy(&read(ppid)).contains(&state) {
             return ppid.parse().ok();
         }
     }
     None
+}
+
+/// The sandbox id a built-in runtime's sandbox process serves, from /proc (a runtime opened in
+/// the test would watch the sandbox and act on its death as an agent does): its last argument
+/// is its state dir, `<state dir>/sandboxes/<id>`.
+pub fn sandbox_id_of_process(sandbox_pid: i32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{sandbox_pid}/cmdline")).expect("cmdline");
+    String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .rfind(|a| !a.is_empty())
+        .and_then(|dir| Path::new(dir).file_name())
+        .map(|id| id.to_string_lossy().into_owned())
+        .expect("a state dir as the last argument")
+}
+
+/// The pod cgroup of a built-in runtime's sandbox process: the one above its own
+/// (`<pod>/sandbox`), as a path under a hierarchy's root.
+pub fn pod_cgroup_of_sandbox(sandbox_pid: i32) -> String {
+    let cgroups = std::fs::read_to_string(format!("/proc/{sandbox_pid}/cgroup")).unwrap();
+    cgroups
+        .lines()
+        .find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string()))
+        .or_else(|| {
+            cgroups
+                .lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .and_then(|p| p.strip_suffix("/sandbox").map(str::to_string))
+        .expect("the sandbox's cgroup")
+}
+
+/// What a reboot does to the built-in runtime on `root` once every process of its pods has
+/// ended: the mounts under the state dir (and under `also`, e.g. the kubelet's pod volumes) go,
+/// and the state dir's tmpfs comes back empty.
+pub fn reboot_state_dir(root: &Path, also: Option<&Path>) {
+    let state = state_dir(root);
+    let mut prefixes = vec![format!("{}/", state.display())];
+    if let Some(dir) = also {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        prefixes.push(format!("{}/", dir.display()));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut mounts: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| prefixes.iter().any(|p| m.starts_with(p.as_str())))
+        .collect();
+    assert!(
+        mounts.iter().any(|m| m.starts_with(&prefixes[0])),
+        "a container's rootfs is mounted in the state dir"
+    );
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).expect("unmount");
+    }
+    std::fs::remove_dir_all(&state).expect("emptying the state dir");
+}
+
+/// Kills (SIGKILL) every process in a pod cgroup, and waits until they are gone.
+pub async fn kill_pod_cgroup(pod_cgroup: &str) {
+    let pids = pids_in_cgroups(pod_cgroup);
+    assert!(!pids.is_empty(), "processes in {pod_cgroup}");
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    settle(|| pids.iter().all(|p| process_gone(*p))).await;
 }
 
 /// A bridge and /24 of this test binary's own, so parallel test binaries never share them.

@@ -3,9 +3,14 @@
 //! images come from the `images` store. This module only adapts: it converts CRI messages into
 //! the leaves' own types (an OCI bundle, a `sandbox::Spec`) and their answers back into CRI.
 //!
-//! On disk, under the root dir: `images/` (the image store), `sandboxes/<id>/` (each sandbox
-//! process's state), `containers/<id>/` (each container's OCI bundle and rootfs mount point),
-//! and `cri/` (what CRI asked for, so a restarted agent adopts every sandbox and container).
+//! On disk, under the root dir: `images/` (the image store, with every container's writable
+//! layer) and `cri/` (what CRI asked for, so a restarted agent adopts every sandbox and
+//! container). Under the state dir, on tmpfs (`/run`), what need not survive a reboot and is
+//! written on the request path: `sandboxes/<id>/` (each sandbox process's sockets, pid file,
+//! libcontainer state and its containers' statuses) and `containers/<id>/` (each container's
+//! OCI bundle and rootfs mount point). After a reboot the records outlive the state dir: such a
+//! sandbox reads as stopped and its containers as exited with an unknown code (255), as
+//! containerd reports containers whose task is gone, and the kubelet makes the pods again.
 
 mod container;
 mod image;
@@ -49,6 +54,9 @@ pub fn sandbox_main(state_dir: &Path) -> i32 {
 pub struct Config {
     /// Where everything lives (default /var/lib/nodelet).
     pub root_dir: PathBuf,
+    /// Where the state that need not survive a reboot lives; `None` is
+    /// [`default_state_dir`] of the root dir.
+    pub state_dir: Option<PathBuf>,
     /// The binary to re-execute as a sandbox process (normally the running nodelet).
     pub sandbox_program: PathBuf,
     /// Arguments before the state dir (normally [`SANDBOX_SUBCOMMAND`]).
@@ -70,6 +78,7 @@ impl Config {
             .map_err(|e| Error::internal(format!("finding the nodelet binary: {e}")))?;
         Ok(Config {
             root_dir: root_dir.into(),
+            state_dir: None,
             sandbox_program: exe,
             sandbox_args: vec![SANDBOX_SUBCOMMAND.to_string()],
             cgroup_root: "/nodelet".to_string(),
@@ -79,6 +88,19 @@ impl Config {
         })
     }
 }
+
+/// The state dir of the runtime whose (canonical) root dir is `root_dir`, when none is
+/// configured: `/run/nodelet/state/<16 hex digits of the root dir's SHA-256>`, one per root dir,
+/// on the tmpfs a systemd host mounts at `/run`. Its `root` file names the root dir.
+pub fn default_state_dir(root_dir: &Path) -> PathBuf {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(root_dir.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Path::new(STATE_DIRS).join(hex)
+}
+
+/// Where the default state dirs are, one per root dir.
+const STATE_DIRS: &str = "/run/nodelet/state";
 
 /// The built-in runtime; implements [`crate::RuntimeService`] and [`crate::ImageService`].
 /// Cheap to clone.
@@ -109,6 +131,47 @@ struct Inner {
     agents: std::sync::Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
     /// Rootfs releases of removed containers under way in the background.
     releases: Releases,
+    /// The state dir (see the module's doc), resolved.
+    state_dir: PathBuf,
+    /// Sandboxes and containers an older nodelet made with their state under the root dir.
+    legacy: Legacy,
+}
+
+/// The sandboxes and containers whose state dirs an older nodelet made under the root dir
+/// (`<root>/sandboxes/<id>`, `<root>/containers/<id>`): they keep them there, where their
+/// processes and mounts are, until they are removed.
+#[derive(Default)]
+struct Legacy {
+    sandboxes: std::collections::HashSet<String>,
+    containers: std::collections::HashSet<String>,
+}
+
+impl Legacy {
+    fn find(root_dir: &Path) -> Legacy {
+        let listed = |dir: &str| -> std::collections::HashSet<String> {
+            std::fs::read_dir(root_dir.join(dir))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let found = Legacy {
+            sandboxes: listed("sandboxes"),
+            containers: listed("containers"),
+        };
+        // Once all of them are gone, so are the old dirs.
+        for (dir, ids) in [
+            ("sandboxes", &found.sandboxes),
+            ("containers", &found.containers),
+        ] {
+            if ids.is_empty() {
+                let _ = std::fs::remove_dir(root_dir.join(dir));
+            }
+        }
+        found
+    }
 }
 
 #[derive(Default)]
@@ -143,20 +206,46 @@ impl BuiltinRuntime {
             .root_dir
             .canonicalize()
             .map_err(|e| Error::internal(format!("resolving {}: {e}", cfg.root_dir.display())))?;
-        for dir in ["sandboxes", "containers", "cri"] {
-            let d = cfg.root_dir.join(dir);
-            std::fs::create_dir_all(&d)
+        let state_dir = match cfg.state_dir.take() {
+            Some(d) => d,
+            None => default_state_dir(&cfg.root_dir),
+        };
+        std::fs::create_dir_all(&state_dir)
+            .map_err(|e| Error::internal(format!("creating {}: {e}", state_dir.display())))?;
+        let state_dir = state_dir
+            .canonicalize()
+            .map_err(|e| Error::internal(format!("resolving {}: {e}", state_dir.display())))?;
+        // Which root dir the state dir serves, for whoever finds it (an admin, a clean-up).
+        let named = state_dir.join("root");
+        if std::fs::read(&named).ok().as_deref()
+            != Some(cfg.root_dir.as_os_str().as_encoded_bytes())
+        {
+            std::fs::write(&named, cfg.root_dir.as_os_str().as_encoded_bytes())
+                .map_err(|e| Error::internal(format!("writing {}: {e}", named.display())))?;
+        }
+        cfg.state_dir = Some(state_dir.clone());
+        let mut made = vec![cfg.root_dir.join("cri")];
+        for dir in ["sandboxes", "containers"] {
+            made.push(state_dir.join(dir));
+        }
+        for d in &made {
+            std::fs::create_dir_all(d)
                 .map_err(|e| Error::internal(format!("creating {}: {e}", d.display())))?;
         }
         // Containers in a pod user namespace are the host's unprivileged IDs while libcontainer
-        // sets them up: they must be able to pass through the root dir to their rootfs and the
-        // pod's /etc files (search only, as containerd's 0711 root dir allows; nothing is
-        // listed or read through it).
-        for d in [
-            cfg.root_dir.clone(),
-            cfg.root_dir.join("sandboxes"),
-            cfg.root_dir.join("containers"),
-        ] {
+        // sets them up: they must be able to pass through the state dir to their rootfs and the
+        // pod's /etc files, and through the root dir to the image store (search only, as
+        // containerd's 0711 root dir allows; nothing is listed or read through them).
+        let mut searched = vec![cfg.root_dir.clone()];
+        // The state dir, and the default's parents nodelet made.
+        searched.extend(
+            state_dir
+                .ancestors()
+                .take_while(|a| *a == state_dir || a.starts_with("/run/nodelet/"))
+                .map(Path::to_path_buf),
+        );
+        searched.extend(made[1..].iter().cloned());
+        for d in searched {
             use std::os::unix::fs::PermissionsExt;
             let meta = std::fs::metadata(&d)
                 .map_err(|e| Error::internal(format!("reading {}: {e}", d.display())))?;
@@ -166,6 +255,7 @@ impl BuiltinRuntime {
                     .map_err(|e| Error::internal(format!("opening up {}: {e}", d.display())))?;
             }
         }
+        let legacy = Legacy::find(&cfg.root_dir);
         let (agents, alone) =
             recovery::lock_agents(&cfg.root_dir.join("cri").join("agents.lock")).await?;
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
@@ -184,6 +274,8 @@ impl BuiltinRuntime {
                 network,
                 agents: std::sync::Mutex::new(Some(agents)),
                 releases: Releases::default(),
+                state_dir,
+                legacy,
             }),
         };
         rt.adopt(alone).await;
@@ -192,6 +284,7 @@ impl BuiltinRuntime {
         if alone {
             rt.discard_orphans().await;
             rt.release_stale_addresses();
+            rt.sweep_stale_state_dirs();
         } else {
             tracing::info!("another agent uses this root dir: leaving what has no record to it");
         }
@@ -216,12 +309,24 @@ impl BuiltinRuntime {
         &self.inner.images
     }
 
+    /// Sandbox `id`'s state dir (see the module's doc).
     fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.inner.cfg.root_dir.join("sandboxes").join(id)
+        let base = if self.inner.legacy.sandboxes.contains(id) {
+            &self.inner.cfg.root_dir
+        } else {
+            &self.inner.state_dir
+        };
+        base.join("sandboxes").join(id)
     }
 
+    /// Container `id`'s OCI bundle (see the module's doc).
     fn bundle_dir(&self, id: &str) -> PathBuf {
-        self.inner.cfg.root_dir.join("containers").join(id)
+        let base = if self.inner.legacy.containers.contains(id) {
+            &self.inner.cfg.root_dir
+        } else {
+            &self.inner.state_dir
+        };
+        base.join("containers").join(id)
     }
 
     /// Reserves `key` unless it is reserved already or `taken()` (checked while holding the
@@ -320,16 +425,8 @@ impl BuiltinRuntime {
             return true;
         }
         tracing::warn!(sandbox = %id, "the sandbox process died; killing what is left of its pod");
-        let cgroup_parent = rec.cgroup_parent.clone();
-        let reaped = tokio::task::spawn_blocking(move || client.reap_dead(&cgroup_parent)).await;
-        match reaped {
-            Ok(Ok(ended)) => {
-                for s in ended {
-                    self.emit(&s.id, cri::ContainerEventType::ContainerStoppedEvent);
-                }
-            }
-            Ok(Err(e)) => tracing::error!(sandbox = %id, "reaping its pod: {e}"),
-            Err(e) => tracing::error!(sandbox = %id, "reaping its pod: {e}"),
+        if let Err(e) = self.kill_pod(id, Some(&rec.cgroup_parent)).await {
+            tracing::error!(sandbox = %id, "reaping its pod: {e}");
         }
         rec.stopped = true;
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
@@ -338,6 +435,31 @@ impl BuiltinRuntime {
         self.release_address(id, rec.ip);
         self.emit(id, cri::ContainerEventType::ContainerStoppedEvent);
         true
+    }
+
+    /// Kills whatever still serves sandbox `id`'s state dir (a sandbox process that does not
+    /// answer, or would not shut down) and then, given its cgroup parent, what is left of its
+    /// pod in its cgroups, recording the containers that were still running as exited
+    /// ([`sandbox::Client::reap_dead`]) and telling watchers of each.
+    async fn kill_pod(&self, id: &str, cgroup_parent: Option<&str>) -> Result<()> {
+        let (client, parent) = (self.client(id), cgroup_parent.map(str::to_string));
+        let (killed, reaped) = tokio::task::spawn_blocking(move || {
+            let killed = client.kill_serving();
+            (killed, parent.map(|p| client.reap_dead(&p)))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("reaping sandbox {id}: {e}")))?;
+        if killed > 0 {
+            tracing::warn!(sandbox = %id, "killed {killed} process(es) still serving it");
+        }
+        for s in reaped
+            .transpose()
+            .map_err(sandbox_error)?
+            .unwrap_or_default()
+        {
+            self.emit(&s.id, cri::ContainerEventType::ContainerStoppedEvent);
+        }
+        Ok(())
     }
 
     /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).

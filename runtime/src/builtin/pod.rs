@@ -351,21 +351,7 @@ impl BuiltinRuntime {
                     // Gone, or not answering (its own shutdown, asked by an agent that died,
                     // still under way): either way nothing of it may outlive the stop.
                     tracing::warn!(sandbox = %id, "sandbox process not answering: {e}; killing what is left of it");
-                    let (killer, parent) = (self.client(&id), rec.cgroup_parent.clone());
-                    let reaped = tokio::task::spawn_blocking(move || {
-                        killer.kill_serving();
-                        killer.reap_dead(&parent)
-                    })
-                    .await;
-                    match reaped {
-                        Ok(Ok(ended)) => {
-                            for s in ended {
-                                self.emit(&s.id, cri::ContainerEventType::ContainerStoppedEvent);
-                            }
-                        }
-                        Ok(Err(e)) => return Err(sandbox_error(e)),
-                        Err(e) => return Err(Error::internal(format!("reaping {id}: {e}"))),
-                    }
+                    self.kill_pod(&id, Some(&rec.cgroup_parent)).await?;
                 }
                 Err(e) => return Err(sandbox_error(e)),
             }

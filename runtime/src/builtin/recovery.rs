@@ -4,8 +4,16 @@
 //! dir, see [`lock_agents`]) what a creation or stop cut short by the agent's death left
 //! without a record is removed.
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use super::BuiltinRuntime;
-use crate::{Error, Result};
+use super::store::SandboxRecord;
+use crate::{Error, Result, cri};
+
+/// The exit code of a container whose state was lost, as containerd's for a container whose
+/// task is gone.
+const LOST_EXIT_CODE: i32 = 255;
 
 impl BuiltinRuntime {
     /// Re-attaches to the sandboxes a previous agent started: live ones get their event
@@ -14,6 +22,10 @@ impl BuiltinRuntime {
     pub(super) async fn adopt(&self, alone: bool) {
         for mut rec in self.inner.records.all_sandboxes() {
             if rec.stopped {
+                continue;
+            }
+            if !self.sandbox_dir(&rec.id).exists() {
+                self.settle_lost(rec).await;
                 continue;
             }
             if alone && self.client(&rec.id).is_stopped() {
@@ -28,6 +40,94 @@ impl BuiltinRuntime {
                 continue;
             }
             self.watch_sandbox(&rec.id).await;
+        }
+    }
+
+    /// A sandbox whose state dir is gone though its record says it runs: the dir was on a
+    /// tmpfs that a reboot emptied (or somebody removed it). Nothing of it can be reached any
+    /// more: what may be left in its cgroups is killed, its containers are recorded as exited
+    /// with an unknown code (255, reason `Unknown`, as containerd reports a container whose
+    /// task is gone), and it is marked stopped, so that the kubelet makes the pod again.
+    async fn settle_lost(&self, mut rec: SandboxRecord) {
+        tracing::warn!(sandbox = %rec.id, "its state dir is gone (the node restarted?): reporting it stopped and its containers exited");
+        let now = sandbox::now_ns();
+        let lost: Vec<sandbox::ContainerStatus> = self
+            .inner
+            .records
+            .all_containers()
+            .into_iter()
+            .filter(|c| c.sandbox_id == rec.id)
+            .map(|c| sandbox::ContainerStatus {
+                state: sandbox::State::Exited,
+                pid: 0,
+                created_at: c.created_at,
+                started_at: 0,
+                finished_at: now,
+                exit_code: LOST_EXIT_CODE,
+                reason: "Unknown".to_string(),
+                message: "the container's state was lost (the node restarted?)".to_string(),
+                log_path: (!c.log_path.is_empty()).then(|| c.log_path.clone().into()),
+                cgroup_path: super::spec::cgroups_path(&rec.cgroup_parent, &c.id)
+                    .ok()
+                    .flatten()
+                    .map(|p| p.to_string_lossy().into_owned()),
+                id: c.id,
+            })
+            .collect();
+        let id = rec.id.clone();
+        if let Err(e) = self.client(&id).restore_lost(&lost) {
+            tracing::error!(sandbox = %id, "{e}");
+        }
+        if let Err(e) = self.kill_pod(&id, Some(&rec.cgroup_parent)).await {
+            tracing::warn!(sandbox = %id, "reaping it: {e}");
+        }
+        rec.stopped = true;
+        if let Err(e) = self.inner.records.save_sandbox(&rec) {
+            tracing::error!(sandbox = %id, "{e}");
+        }
+        self.release_address(&id, rec.ip);
+        for c in &lost {
+            self.emit(&c.id, cri::ContainerEventType::ContainerStoppedEvent);
+        }
+        self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
+    }
+
+    /// Removes the state dirs beside this one (under the default's parent) whose root dir is
+    /// gone and which hold no sandbox or container: what runtimes on since-deleted root dirs
+    /// (a test's, a node reset by hand) left. One that still holds anything is left alone.
+    pub(super) fn sweep_stale_state_dirs(&self) {
+        let Some(parent) = self.inner.state_dir.parent() else {
+            return;
+        };
+        if parent != Path::new(super::STATE_DIRS) {
+            return;
+        }
+        for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            let dir = entry.path();
+            let Ok(root) = std::fs::read(dir.join("root")) else {
+                continue;
+            };
+            let root = Path::new(std::ffi::OsStr::from_bytes(&root));
+            if dir == self.inner.state_dir || root.as_os_str().is_empty() || root.exists() {
+                continue;
+            }
+            // Only empty dirs go (remove_dir fails on any other).
+            let emptied = ["sandboxes", "containers"].iter().all(|d| {
+                match std::fs::remove_dir(dir.join(d)) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                }
+            });
+            if emptied
+                && std::fs::remove_file(dir.join("root")).is_ok()
+                && std::fs::remove_dir(&dir).is_ok()
+            {
+                tracing::info!(
+                    "removed the state dir {} of the gone root dir {}",
+                    dir.display(),
+                    root.display()
+                );
+            }
         }
     }
 
@@ -69,13 +169,19 @@ impl BuiltinRuntime {
     /// lists them, so nothing would ever remove them: they go now, before anything is served.
     pub(super) async fn discard_orphans(&self) {
         let listed = |dir: &str| -> Vec<String> {
-            std::fs::read_dir(self.inner.cfg.root_dir.join(dir))
+            let mut ids: Vec<String> = std::fs::read_dir(self.inner.state_dir.join(dir))
                 .map(|d| {
                     d.flatten()
                         .filter_map(|e| e.file_name().into_string().ok())
                         .collect()
                 })
-                .unwrap_or_default()
+                .unwrap_or_default();
+            let legacy = match dir {
+                "sandboxes" => &self.inner.legacy.sandboxes,
+                _ => &self.inner.legacy.containers,
+            };
+            ids.extend(legacy.iter().cloned());
+            ids
         };
         let set_aside = &self.inner.records.set_aside;
         for id in listed("sandboxes") {
@@ -125,26 +231,22 @@ impl BuiltinRuntime {
         if let Err(e) = &spec {
             tracing::warn!(sandbox = %id, "reading its spec: {e}");
         }
-        let cgroup_parent = spec.as_ref().map(|s| s.cgroup_parent.clone());
         if self.sandbox_dir(id).exists() && !client.is_stopped() {
             if client.process_alive() {
                 if let Err(e) = client.shutdown().await {
                     tracing::warn!(sandbox = %id, "shutting it down: {e}");
                 }
             }
-            // Whatever still serves its state dir (one that had not written its pid file, or
-            // would not shut down) is killed; then what is left in its cgroups.
-            let killer = self.client(id);
-            let killed = tokio::task::spawn_blocking(move || killer.kill_serving()).await;
-            if let Ok(n @ 1..) = killed {
-                tracing::warn!(sandbox = %id, "killed {n} process(es) still serving it");
-            }
-            if let (Ok(parent), false) = (cgroup_parent, client.is_stopped()) {
-                let dead = self.client(id);
-                let reaped = tokio::task::spawn_blocking(move || dead.reap_dead(&parent)).await;
-                if !matches!(reaped, Ok(Ok(_))) {
-                    tracing::warn!(sandbox = %id, "reaping it: {reaped:?}");
-                }
+            // Whatever still serves its state dir (one that had not written its pid file, would
+            // not shut down, or is still exiting) is killed; then, unless it shut down, what is
+            // left in its cgroups.
+            let parent = spec
+                .as_ref()
+                .ok()
+                .filter(|_| !client.is_stopped())
+                .map(|s| s.cgroup_parent.as_str());
+            if let Err(e) = self.kill_pod(id, parent).await {
+                tracing::warn!(sandbox = %id, "reaping it: {e}");
             }
         }
         for c in self.inner.records.all_containers() {
@@ -162,7 +264,9 @@ impl BuiltinRuntime {
                 }
             }
         }
-        if !client.process_alive() {
+        // Whatever served it was killed above; a launch cut short before its pid file was
+        // written leaves a dir that `process_alive` would still count as setting up.
+        if !client.served() {
             let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
         }
     }

@@ -143,6 +143,11 @@ fn release_cgroups(spec: &Spec) {
     }
 }
 
+/// Persists a container's status under a sandbox's state dir (errors are logged).
+pub(crate) fn persist(layout: &Layout, status: &crate::spec::ContainerStatus) {
+    containers::persist(layout, status)
+}
+
 /// Container statuses persisted under a sandbox's state dir.
 pub fn read_persisted(layout: &Layout) -> Vec<crate::spec::ContainerStatus> {
     containers::read_persisted(layout).into_values().collect()

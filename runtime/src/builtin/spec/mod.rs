@@ -187,7 +187,7 @@ fn check_container_id(id: &str) -> Result<()> {
 
 /// `<cgroup_parent>/<container_id>`, absolute; `None` without a parent (containerd leaves the
 /// path to the runtime then).
-fn cgroups_path(parent: &str, id: &str) -> Result<Option<PathBuf>> {
+pub(crate) fn cgroups_path(parent: &str, id: &str) -> Result<Option<PathBuf>> {
     let parent = parent.trim_end_matches('/');
     if parent.is_empty() {
         return Ok(None);
