@@ -330,10 +330,13 @@ impl Store {
     }
 
     /// Unmounts `target` (detaching lazily when busy) and deletes the key's upper and work
-    /// dirs. Idempotent; an unknown key is fine.
+    /// dirs. Idempotent; an unknown key is fine. The deletion, slow on a busy disk, runs after
+    /// the store's lock is given up (the dirs are moved into the staging dir first, which the
+    /// next open cleans if this process dies meanwhile), so other containers' rootfs are
+    /// prepared meanwhile.
     pub fn release_rootfs(&self, key: &str, target: &Path) -> Result<()> {
         check_key(key)?;
-        let _txn = self.inner.index.lock(true)?;
+        let txn = self.inner.index.lock(true)?;
         let dir = self.inner.paths.container(key);
         // A record that cannot be read still names nothing the caller's target does not.
         let held = read_record(&dir.join(RECORD)).unwrap_or_else(|e| {
@@ -352,18 +355,46 @@ impl Store {
         for t in &targets {
             mounts::unmount_all(t)?;
         }
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("removing rootfs dirs", &dir, e)),
+        let doomed = self
+            .inner
+            .paths
+            .tmp()
+            .join(format!("{}-released-{key}", std::process::id()));
+        let doomed = match std::fs::rename(&dir, &doomed) {
+            Ok(()) => doomed,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.forget_unrecorded(key);
+                return Ok(());
+            }
+            // Not movable (a leftover of the same name): deleted in place, under the lock.
+            Err(_) => dir,
+        };
+        let deleted = if doomed.starts_with(self.inner.paths.tmp()) {
+            self.forget_unrecorded(key);
+            drop(txn);
+            std::fs::remove_dir_all(&doomed)
+        } else {
+            let deleted = std::fs::remove_dir_all(&doomed);
+            if deleted.is_ok() {
+                self.forget_unrecorded(key);
+            }
+            deleted
+        };
+        match deleted {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("removing rootfs dirs", &doomed, e)),
         }
+    }
+
+    /// After the key's dirs are gone (or out of the way): it holds nothing the store reports.
+    fn forget_unrecorded(&self, key: &str) {
         self.inner
             .unrecorded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|k| k != key);
         self.invalidate_fs_cache();
-        Ok(())
     }
 
     /// Keys (containers) currently holding a rootfs.

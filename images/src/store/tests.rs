@@ -346,11 +346,36 @@ fn remove_is_refused_while_a_rootfs_uses_the_image() {
     assert_eq!(err.kind(), Kind::InUse, "{err}");
     assert!(store.resolve("busy:1").unwrap().is_some());
     assert_eq!(std::fs::read(target.join("bin/sh")).unwrap(), b"sh");
+    std::fs::write(target.join("written"), b"by the container").unwrap();
     store.release_rootfs("c1", &target).unwrap();
     store.release_rootfs("c1", &target).unwrap();
     store.release_rootfs("never", &target).unwrap();
     assert!(store.rootfs_keys().unwrap().is_empty());
+    // The writable layer is gone, whether deleted in place or out of the way in tmp/.
+    for dir in ["containers", "tmp"] {
+        let left: Vec<_> = std::fs::read_dir(store.root().join(dir))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{dir}: {left:?}");
+    }
     store.remove("busy:1").unwrap();
+}
+
+/// A rootfs whose release was cut short after its dirs were moved out of the way (into tmp/,
+/// to be deleted without the store's lock) is deleted at the next open.
+#[test]
+fn a_release_cut_short_is_finished_at_open() {
+    let (dir, store) = store();
+    // What a release moved aside before its process died (no process has this pid).
+    let doomed = store.root().join("tmp").join("4194304999-released-k");
+    std::fs::create_dir_all(doomed.join("upper/etc")).unwrap();
+    std::fs::write(doomed.join("upper/etc/hosts"), b"x").unwrap();
+    drop(store);
+    let store = Store::open(dir.path().join("store")).unwrap();
+    assert!(!doomed.exists());
+    assert!(store.rootfs_keys().unwrap().is_empty());
 }
 
 #[test]
