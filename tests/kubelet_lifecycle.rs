@@ -28,8 +28,10 @@ use std::time::Duration;
 
 use apiserver::ApiServer;
 use common::api_node::{ApiNode, Backend, NS, Setup, UNUSED_CGROUP_ROOT, busybox, wait_for};
-use common::{assert_no_leaks, assert_nothing_under};
-use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod, PodStatus};
+use common::{KillOnDrop, assert_no_leaks, assert_nothing_under};
+use k8s_openapi::api::core::v1::{
+    ContainerStateTerminated, ContainerStatus, Event, Pod, PodStatus,
+};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use runtime::cri;
@@ -610,6 +612,64 @@ async fn termination_message(backend: Backend, test: &str) {
 // A sandbox process that dies
 // ---------------------------------------------------------------------------------------------
 
+/// Creates pod `name` (its one container `app` running `sleep 600`, restartPolicy Always),
+/// starts the kubelet and waits until `app` runs; returns the pod's uid, the kubelet and the
+/// app's sandbox process, found from /proc (a runtime opened here would watch the sandbox and
+/// act on its death, as the agent must).
+async fn run_sleeper(node: &ApiNode, pods: &Api<Pod>, name: &str) -> (String, KillOnDrop, i32) {
+    let spec = format!(
+        "  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}",
+        busybox("app", "echo started; exec sleep 600")
+    );
+    let created = pods
+        .create(&PostParams::default(), &node.plain_pod(name, &spec))
+        .await
+        .expect("creating the pod");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    let agent = node.start();
+    wait_for("app running", 120, async || {
+        let st = checked_status(pods, name).await?;
+        container(&st, "app")?
+            .state
+            .as_ref()?
+            .running
+            .as_ref()
+            .map(|_| ())
+    })
+    .await;
+    let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
+        .expect("the app's sandbox process");
+    (uid, agent, sandbox)
+}
+
+/// Waits until `app` of pod `name` runs again, restarted once, in a sandbox other than
+/// `first`; returns its last termination.
+async fn restarted_in_new_sandbox(
+    node: &ApiNode,
+    pods: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    first: &str,
+) -> ContainerStateTerminated {
+    let st = wait_for("app running again after a restart", 120, async || {
+        let st = checked_status(pods, name).await?;
+        let app = container(&st, "app")?;
+        (app.restart_count >= 1 && app.state.as_ref()?.running.is_some()).then_some(st)
+    })
+    .await;
+    let app = container(&st, "app").expect("app");
+    assert_eq!(app.restart_count, 1, "{app:?}");
+    let now = node.sandboxes_of(uid).await;
+    assert!(
+        now.iter().any(|s| s != first),
+        "a new sandbox: {first} -> {now:?}"
+    );
+    app.last_state
+        .as_ref()
+        .and_then(|s| s.terminated.clone())
+        .expect("lastState.terminated")
+}
+
 /// The built-in runtime's sandbox process of a running pod is killed (as a crash): its
 /// container is killed with it and reported exited, the kubelet sees the sandbox not ready,
 /// records `SandboxChanged`, makes a new sandbox and starts the container again in it (restart
@@ -622,30 +682,8 @@ async fn a_dead_sandbox_is_replaced_builtin() {
         return;
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
-    let spec = format!(
-        "  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}",
-        busybox("app", "echo started; exec sleep 600")
-    );
-    let created = pods
-        .create(&PostParams::default(), &node.plain_pod("phoenix", &spec))
-        .await
-        .expect("creating the pod");
-    let uid = created.metadata.uid.clone().expect("a uid");
-    let agent = node.start();
-    wait_for("app running", 120, async || {
-        let st = checked_status(&pods, "phoenix").await?;
-        container(&st, "app")?
-            .state
-            .as_ref()?
-            .running
-            .as_ref()
-            .map(|_| ())
-    })
-    .await;
-    // From /proc: a runtime opened here would watch the sandbox and reap it, as the agent must.
-    let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
-        .expect("the app's sandbox process");
-    let first = vec![common::sandbox_id_of_process(sandbox)];
+    let (uid, agent, sandbox) = run_sleeper(&node, &pods, "phoenix").await;
+    let first = common::sandbox_id_of_process(sandbox);
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox),
@@ -653,25 +691,8 @@ async fn a_dead_sandbox_is_replaced_builtin() {
     )
     .expect("kill the sandbox process");
 
-    let st = wait_for("app running again after a restart", 120, async || {
-        let st = checked_status(&pods, "phoenix").await?;
-        let app = container(&st, "app")?;
-        (app.restart_count >= 1 && app.state.as_ref()?.running.is_some()).then_some(st)
-    })
-    .await;
-    let app = container(&st, "app").expect("app");
-    assert_eq!(app.restart_count, 1, "{app:?}");
-    let last = app
-        .last_state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .expect("lastState.terminated");
+    let last = restarted_in_new_sandbox(&node, &pods, "phoenix", &uid, &first).await;
     assert_eq!(last.exit_code, 137, "{last:?}");
-    let now = node.sandboxes_of(&uid).await;
-    assert!(
-        now.iter().any(|s| !first.contains(s)),
-        "a new sandbox: {first:?} -> {now:?}"
-    );
     let events: Api<Event> = Api::namespaced(api.client(), NS);
     wait_for("a SandboxChanged event", 30, async || {
         let list = events.list(&Default::default()).await.ok()?;
@@ -703,30 +724,9 @@ async fn pods_come_back_after_a_reboot_builtin() {
         return;
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
-    let spec = format!(
-        "  restartPolicy: Always\n  terminationGracePeriodSeconds: 2\n  containers:\n{}",
-        busybox("app", "echo started; exec sleep 600")
-    );
-    let created = pods
-        .create(&PostParams::default(), &node.plain_pod("lazarus", &spec))
-        .await
-        .expect("creating the pod");
-    let uid = created.metadata.uid.clone().expect("a uid");
-    let agent = node.start();
-    wait_for("app running", 120, async || {
-        let st = checked_status(&pods, "lazarus").await?;
-        container(&st, "app")?
-            .state
-            .as_ref()?
-            .running
-            .as_ref()
-            .map(|_| ())
-    })
-    .await;
-    let sandbox = common::sandbox_of_process(&node.root, b"sleep\x00600\x00")
-        .expect("the app's sandbox process");
+    let (uid, agent, sandbox) = run_sleeper(&node, &pods, "lazarus").await;
     let pod_cgroup = common::pod_cgroup_of_sandbox(sandbox);
-    let first = vec![common::sandbox_id_of_process(sandbox)];
+    let first = common::sandbox_id_of_process(sandbox);
 
     // The reboot.
     drop(agent);
@@ -734,28 +734,11 @@ async fn pods_come_back_after_a_reboot_builtin() {
     common::reboot_state_dir(&node.root, Some(&node.root.join("pods")));
 
     let agent = node.start();
-    let st = wait_for("app running again after the reboot", 120, async || {
-        let st = checked_status(&pods, "lazarus").await?;
-        let app = container(&st, "app")?;
-        (app.restart_count >= 1 && app.state.as_ref()?.running.is_some()).then_some(st)
-    })
-    .await;
-    let app = container(&st, "app").expect("app");
-    assert_eq!(app.restart_count, 1, "{app:?}");
-    let last = app
-        .last_state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .expect("lastState.terminated");
+    let last = restarted_in_new_sandbox(&node, &pods, "lazarus", &uid, &first).await;
     assert_eq!(
         (last.exit_code, last.reason.as_deref()),
         (255, Some("Unknown")),
         "{last:?}"
-    );
-    let now = node.sandboxes_of(&uid).await;
-    assert!(
-        now.iter().any(|s| !first.contains(s)),
-        "a new sandbox: {first:?} -> {now:?}"
     );
 
     delete_and_check_gone(&node, &pods, &[("lazarus", &uid)]).await;
