@@ -254,7 +254,24 @@ async fn after_a_reboot_emptied_the_state_dir_pods_read_stopped_and_are_removed(
     if !root_or_skip("after_a_reboot_emptied_the_state_dir_pods_read_stopped_and_are_removed") {
         return;
     }
-    let node = Node::new("reboot").await;
+    reboot_and_check("reboot", StateDirFs::Tmpfs).await;
+}
+
+/// A state dir on a disk (no tmpfs at /run) keeps its files through a reboot: the boot id it
+/// was written under tells the runtime they are an earlier boot's, and the pods read as after
+/// a reboot that emptied a tmpfs.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_reboot_a_state_dir_on_disk_is_known_by_its_boot_id() {
+    if !root_or_skip("after_a_reboot_a_state_dir_on_disk_is_known_by_its_boot_id") {
+        return;
+    }
+    reboot_and_check("rebootdisk", StateDirFs::Disk).await;
+}
+
+/// A pod made by an agent on a node that then reboots with its state dir on `fs`; checked as
+/// the two tests above say.
+async fn reboot_and_check(name: &str, fs: StateDirFs) {
+    let node = Node::new(name).await;
     let root = node.root.path().to_path_buf();
     let mut agent = spawn_agent(
         &root,
@@ -266,13 +283,14 @@ async fn after_a_reboot_emptied_the_state_dir_pods_read_stopped_and_are_removed(
     agent.kill().expect("kill agent");
     let _ = agent.wait();
 
-    // The reboot: every process of the pod ends, the mounts go, the state dir's tmpfs is empty.
+    // The reboot: every process of the pod ends, the mounts go, the state dir comes back as
+    // `fs` brings it.
     assert!(
         pids_in_cgroups(&pod_cgroup).len() >= 2,
         "the sandbox and its container"
     );
     kill_pod_cgroup(&pod_cgroup).await;
-    reboot_state_dir(&root, None);
+    reboot_state_dir(&root, None, fs);
 
     let agent = node.reopen().await;
     let (c, s, sb) = statuses(&agent, "rebooted").await;

@@ -731,7 +731,11 @@ async fn pods_come_back_after_a_reboot_builtin() {
     // The reboot.
     drop(agent);
     common::kill_pod_cgroup(&pod_cgroup).await;
-    common::reboot_state_dir(&node.root, Some(&node.root.join("pods")));
+    common::reboot_state_dir(
+        &node.root,
+        Some(&node.root.join("pods")),
+        common::StateDirFs::Tmpfs,
+    );
 
     let agent = node.start();
     let last = restarted_in_new_sandbox(&node, &pods, "lazarus", &uid, &first).await;

@@ -685,10 +685,19 @@ pub fn pod_cgroup_of_sandbox(sandbox_pid: i32) -> String {
         .expect("the sandbox's cgroup")
 }
 
+/// How the state dir comes through a reboot.
+#[derive(Clone, Copy, Debug)]
+pub enum StateDirFs {
+    /// On tmpfs (`/run` on a systemd host): it comes back empty.
+    Tmpfs,
+    /// On a disk: its files stay, written under another boot id.
+    Disk,
+}
+
 /// What a reboot does to the built-in runtime on `root` once every process of its pods has
 /// ended: the mounts under the state dir (and under `also`, e.g. the kubelet's pod volumes) go,
-/// and the state dir's tmpfs comes back empty.
-pub fn reboot_state_dir(root: &Path, also: Option<&Path>) {
+/// and the state dir comes back as `fs` brings it.
+pub fn reboot_state_dir(root: &Path, also: Option<&Path>, fs: StateDirFs) {
     let state = state_dir(root);
     let mut prefixes = vec![format!("{}/", state.display())];
     if let Some(dir) = also {
@@ -709,7 +718,14 @@ pub fn reboot_state_dir(root: &Path, also: Option<&Path>) {
     for m in mounts {
         nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH).expect("unmount");
     }
-    std::fs::remove_dir_all(&state).expect("emptying the state dir");
+    match fs {
+        StateDirFs::Tmpfs => std::fs::remove_dir_all(&state).expect("emptying the state dir"),
+        StateDirFs::Disk => {
+            let boot = state.join("boot_id");
+            assert!(boot.is_file(), "the state dir names its boot");
+            std::fs::write(boot, "00000000-0000-4000-8000-000000000000\n").unwrap();
+        }
+    }
 }
 
 /// Kills (SIGKILL) every process in a pod cgroup, and waits until they are gone.

@@ -224,6 +224,7 @@ impl BuiltinRuntime {
                 .map_err(|e| Error::internal(format!("writing {}: {e}", named.display())))?;
         }
         cfg.state_dir = Some(state_dir.clone());
+        recovery::forget_earlier_boot(&state_dir);
         let mut made = vec![cfg.root_dir.join("cri")];
         for dir in ["sandboxes", "containers"] {
             made.push(state_dir.join(dir));

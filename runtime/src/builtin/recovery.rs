@@ -299,6 +299,44 @@ impl BuiltinRuntime {
     }
 }
 
+/// Where the kernel tells this boot apart from the others.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// A state dir that outlives a reboot (`/run` or the configured dir is not a tmpfs) holds,
+/// after one, what the earlier boot's processes left: sockets, pid files, the statuses of
+/// containers that no longer exist. Its `boot_id` file says which boot wrote it; under another
+/// boot its sandboxes and bundles are emptied, as a reboot empties a tmpfs, so that their pods
+/// are settled as lost ([`BuiltinRuntime::settle_lost`]). Unreadable boot ids leave it as it is.
+pub(super) fn forget_earlier_boot(state_dir: &Path) {
+    let Ok(boot) = std::fs::read_to_string(BOOT_ID) else {
+        return;
+    };
+    let boot = boot.trim();
+    let file = state_dir.join("boot_id");
+    match std::fs::read_to_string(&file) {
+        Ok(written) if written.trim() == boot => return,
+        Ok(written) => {
+            tracing::warn!(
+                "the state dir {} is from an earlier boot ({}): emptying it, as a reboot empties /run",
+                state_dir.display(),
+                written.trim()
+            );
+            for sub in ["sandboxes", "containers"] {
+                let dir = state_dir.join(sub);
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::error!("emptying {}: {e}", dir.display()),
+                }
+            }
+        }
+        Err(_) => {}
+    }
+    if let Err(e) = std::fs::write(&file, boot) {
+        tracing::warn!("writing {}: {e}", file.display());
+    }
+}
+
 /// Takes the agents' lock of a root dir: exclusively if no other agent holds it (then the
 /// caller is alone), else shared, waiting for one that is starting to finish its start.
 pub(super) async fn lock_agents(
