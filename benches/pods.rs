@@ -43,7 +43,6 @@ mod containerd;
 mod common;
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
@@ -51,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use common::procs::{self, Group, Kind, Memory, Proc, mib};
-use common::{is_root, loadavg, median_sorted, remove_cgroup, stats, unmount_under};
+use common::{loadavg, median_sorted, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodelet::kubelet::gc::{GarbageCollector, PodState};
 use nodelet::kubelet::pleg::{Pleg, PlegConfig, PlegHealth, RELIST_THRESHOLD};
@@ -61,7 +60,7 @@ use nodelet::pod::sync::{ImagePulls, NoEvents};
 use nodelet::pod::{Backoff, ContainerOptions, SandboxOptions};
 use nodelet::pod_workers::{PodWorkers, Timing, UpdateType};
 use nodelet::status_manager::StatusManager;
-use runtime::builtin::{BuiltinRuntime, Config, SANDBOX_SUBCOMMAND};
+use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{ImageService, RuntimeService, cri};
 
 use containerd::Containerd;
@@ -73,24 +72,10 @@ const APP_CMDLINE: &str = "sleep\x003600\x00";
 const POLL: Duration = Duration::from_millis(2);
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == SANDBOX_SUBCOMMAND) {
-        // The built-in runtime re-executes this binary as a sandbox process (no threads yet).
-        let Some(dir) = args.get(2) else {
-            eprintln!("usage: {SANDBOX_SUBCOMMAND} STATE_DIR");
-            return ExitCode::from(2);
-        };
-        nodelet::logging::init_sandbox();
-        let code = runtime::builtin::sandbox_main(Path::new(dir));
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    if let Some(code) = common::run_sandbox_if_asked() {
+        return code;
     }
-    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
-    if !args.iter().any(|a| a == "--bench") {
-        println!("benches/pods.rs: not a benchmark run; use `cargo bench --bench pods`");
-        return ExitCode::SUCCESS;
-    }
-    if !is_root() {
-        println!("SKIP (needs root): the pods benchmark runs real containers");
+    if !common::bench_run("pods", "the pods benchmark runs real containers") {
         return ExitCode::SUCCESS;
     }
     let ctd_bin = match containerd::prerequisites() {
@@ -100,36 +85,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let sizes = match sizes() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NODELET_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libcgroups=error"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-    let tokio = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match tokio.block_on(bench(&ctd_bin, &sizes)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    common::init_logging();
+    common::run_bench(async { bench(&ctd_bin, &sizes()?).await })
 }
 
 fn sizes() -> Result<Vec<usize>> {

@@ -43,7 +43,6 @@ mod containerd;
 
 mod common;
 
-use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::ExitCode;
@@ -56,11 +55,11 @@ use common::node::{
     remove_pods,
 };
 use common::procs::{self, Kind, Memory, cpu_snapshot, cpu_used};
-use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
+use common::{Stats, env_count, loadavg, remove_cgroup, stats, unmount_under};
 use k8s_openapi::api::core::v1::PodStatus;
 use nodelet::config::KubeletConfig;
 use nodelet::kubelet::{Kubelet, Runtime};
-use runtime::builtin::{BuiltinRuntime, Config, SANDBOX_SUBCOMMAND};
+use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{RuntimeService, cri};
 
 use containerd::{BUSYBOX, Containerd};
@@ -83,24 +82,10 @@ struct Opts {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == SANDBOX_SUBCOMMAND) {
-        // The built-in runtime re-executes this binary as a sandbox process (no threads yet).
-        let Some(dir) = args.get(2) else {
-            eprintln!("usage: {SANDBOX_SUBCOMMAND} STATE_DIR");
-            return ExitCode::from(2);
-        };
-        nodelet::logging::init_sandbox();
-        let code = runtime::builtin::sandbox_main(Path::new(dir));
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    if let Some(code) = common::run_sandbox_if_asked() {
+        return code;
     }
-    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
-    if !args.iter().any(|a| a == "--bench") {
-        println!("benches/probes.rs: not a benchmark run; use `cargo bench --bench probes`");
-        return ExitCode::SUCCESS;
-    }
-    if !is_root() {
-        println!("SKIP (needs root): the probes benchmark runs real containers");
+    if !common::bench_run("probes", "the probes benchmark runs real containers") {
         return ExitCode::SUCCESS;
     }
     let ctd_bin = match containerd::prerequisites() {
@@ -110,59 +95,20 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let opts = match opts() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NODELET_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libcgroups=error"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-    let tokio = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match tokio.block_on(bench(&ctd_bin, &opts)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    common::init_logging();
+    common::run_bench(async { bench(&ctd_bin, &opts()?).await })
 }
 
 fn opts() -> Result<Opts> {
-    let num = |name: &str, default: usize| -> Result<usize> {
-        match std::env::var(name) {
-            Err(_) => Ok(default),
-            Ok(s) => s
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| anyhow!("{name} must be a positive integer, not {s:?}")),
-        }
-    };
-    let pods = num("BENCH_PROBE_PODS", 100)?;
+    let pods = env_count("BENCH_PROBE_PODS", 100)?;
     ensure!(
         pods <= 200,
         "BENCH_PROBE_PODS: at most 200 (a /24 per pod network)"
     );
     Ok(Opts {
         pods,
-        window: Duration::from_secs(num("BENCH_PROBE_SECS", 60)? as u64),
-        execs: num("BENCH_PROBE_EXECS", 300)?,
+        window: Duration::from_secs(env_count("BENCH_PROBE_SECS", 60)? as u64),
+        execs: env_count("BENCH_PROBE_EXECS", 300)?,
     })
 }
 

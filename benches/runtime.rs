@@ -37,7 +37,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use common::{Stats, is_root, loadavg, remove_cgroup, stats, unmount_under};
+use common::{Stats, loadavg, remove_cgroup, stats, unmount_under};
 use futures::StreamExt;
 use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{EventStream, RuntimeService, cri};
@@ -49,43 +49,14 @@ const DEFAULT_ITERS: usize = 30;
 /// How long one container may take to exit, or a `runc run` to finish.
 const TIMEOUT: Duration = Duration::from_secs(60);
 fn main() -> ExitCode {
-    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("benches/runtime.rs: not a benchmark run; use `cargo bench --bench runtime`");
-        return ExitCode::SUCCESS;
-    }
-    if !is_root() {
-        println!("SKIP (needs root): the runtime benchmark runs real containers");
+    if !common::bench_run("runtime", "the runtime benchmark runs real containers") {
         return ExitCode::SUCCESS;
     }
     let Some(runc) = find_in_path("runc") else {
         println!("SKIP (needs runc): no `runc` on PATH (Debian: apt-get install -y runc)");
         return ExitCode::SUCCESS;
     };
-    let iters = match iterations() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let tokio = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match tokio.block_on(bench(runc, iters)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    common::run_bench(async { bench(runc, iterations()?).await })
 }
 
 /// Sets everything up, runs every measurement, and cleans up whatever happened.

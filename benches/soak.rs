@@ -29,9 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, ensure};
+use common::loadavg;
 use common::soak::{self, Agent, Leftovers, Soak, SoakNode};
-use common::{is_root, loadavg};
 
 /// Per pod: running after its manifest appears, stopped after it goes.
 const WAIT: Duration = Duration::from_secs(120);
@@ -47,64 +47,25 @@ struct Opts {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    // `cargo bench` passes --bench; `cargo test --benches` does not and must not run this.
-    if !args.iter().any(|a| a == "--bench") {
-        println!("benches/soak.rs: not a benchmark run; use `cargo bench --bench soak`");
+    if !common::bench_run("soak", "the soak runs real containers") {
         return ExitCode::SUCCESS;
     }
-    if !is_root() {
-        println!("SKIP (needs root): the soak runs real containers");
-        return ExitCode::SUCCESS;
-    }
-    let opts = match opts() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let tokio = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match tokio.block_on(bench(&opts)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("the soak found leftovers or fd growth (above)");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    common::run_bench(async {
+        ensure!(
+            bench(&opts()?).await?,
+            "the soak found leftovers or fd growth (above)"
+        );
+        Ok(())
+    })
 }
 
 fn opts() -> Result<Opts> {
-    let num = |name: &str, default: usize| -> Result<usize> {
-        match std::env::var(name) {
-            Err(_) => Ok(default),
-            Ok(s) => s
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| anyhow!("{name} must be a positive integer, not {s:?}")),
-        }
-    };
-    let alive = num("SOAK_ALIVE", 6)?;
+    let alive = common::env_count("SOAK_ALIVE", 6)?;
     ensure!(alive <= 100, "SOAK_ALIVE: at most 100 (a /24 per run)");
     Ok(Opts {
-        cycles: num("SOAK_CYCLES", 1000)?,
+        cycles: common::env_count("SOAK_CYCLES", 1000)?,
         alive,
-        every: num("SOAK_SAMPLE_EVERY", 50)?,
+        every: common::env_count("SOAK_SAMPLE_EVERY", 50)?,
     })
 }
 

@@ -20,6 +20,80 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// When the built-in runtime re-executed this bench binary as a sandbox process
+/// (`<binary> __sandbox STATE_DIR`): runs it and gives its exit code. Call it first in `main`,
+/// before anything starts a thread.
+pub fn run_sandbox_if_asked() -> Option<std::process::ExitCode> {
+    use runtime::builtin::SANDBOX_SUBCOMMAND;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_none_or(|a| a != SANDBOX_SUBCOMMAND) {
+        return None;
+    }
+    let Some(dir) = args.get(2) else {
+        eprintln!("usage: {SANDBOX_SUBCOMMAND} STATE_DIR");
+        return Some(std::process::ExitCode::from(2));
+    };
+    nodelet::logging::init_sandbox();
+    let code = runtime::builtin::sandbox_main(Path::new(dir));
+    Some(std::process::ExitCode::from(
+        u8::try_from(code).unwrap_or(1),
+    ))
+}
+
+/// Whether `main` goes on to bench `name` (what its SKIP line says it does): `cargo bench`
+/// passes `--bench`, `cargo test --benches` does not (and must not run it), and the benches
+/// need root. Prints why not.
+pub fn bench_run(name: &str, what: &str) -> bool {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("benches/{name}.rs: not a benchmark run; use `cargo bench --bench {name}`");
+        return false;
+    }
+    if !is_root() {
+        println!("SKIP (needs root): {what}");
+        return false;
+    }
+    true
+}
+
+/// A positive count from environment variable `name`; `default` when it is not set.
+pub fn env_count(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(s) => s
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| anyhow::anyhow!("{name} must be a positive integer, not {s:?}")),
+    }
+}
+
+/// Logs to stderr as `NODELET_LOG` says (warnings by default).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NODELET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libcgroups=error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `bench` on a multi-thread tokio runtime: success, or its error printed and a failure.
+pub fn run_bench(bench: impl std::future::Future<Output = Result<()>>) -> std::process::ExitCode {
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio")
+        .and_then(|tokio| tokio.block_on(bench));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// True when this process runs as root.
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
