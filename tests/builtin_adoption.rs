@@ -360,14 +360,7 @@ async fn pods_of_an_older_nodelet_with_state_under_the_root_dir_are_adopted_and_
         .await
         .expect("ExecSync in the adopted pod");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "adopted\n");
-    let st = agent
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: sb.0.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap();
-    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let info = sandbox_info(&agent, &sb.0).await;
     assert_eq!(
         info["stateDir"].as_str(),
         Some(root.join("sandboxes").join(&sb.0).to_str().unwrap())

@@ -169,15 +169,7 @@ async fn a_thousand_create_start_remove_cycles_leak_nothing() {
         "fd leak: {fds_before} -> {fds_after}"
     );
     // The sandbox process holds no leftovers either: its fd count is back to its baseline.
-    let st = node
-        .rt
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: sb.0.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap();
-    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let info = sandbox_info(&node.rt, &sb.0).await;
     let pid = info["pid"].as_i64().unwrap();
     let sandbox_fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()

@@ -614,6 +614,15 @@ pub fn process_gone(pid: i32) -> bool {
 
 /// The PID of sandbox `id`'s process, from its verbose status.
 pub async fn sandbox_pid(rt: &dyn RuntimeService, id: &str) -> i32 {
+    sandbox_info(rt, id).await["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("the sandbox's pid")
+}
+
+/// The built-in runtime's verbose information on sandbox `id` (its pid, state dir, cgroup
+/// parent...).
+pub async fn sandbox_info(rt: &dyn RuntimeService, id: &str) -> serde_json::Value {
     let st = rt
         .pod_sandbox_status(cri::PodSandboxStatusRequest {
             pod_sandbox_id: id.into(),
@@ -621,12 +630,7 @@ pub async fn sandbox_pid(rt: &dyn RuntimeService, id: &str) -> i32 {
         })
         .await
         .expect("PodSandboxStatus");
-    let info: serde_json::Value =
-        serde_json::from_str(&st.info["info"]).expect("verbose info is JSON");
-    info["pid"]
-        .as_i64()
-        .and_then(|p| i32::try_from(p).ok())
-        .expect("the sandbox's pid")
+    serde_json::from_str(&st.info["info"]).expect("verbose info is JSON")
 }
 
 /// The sandbox process (found from /proc, without opening a runtime in this process: one would
