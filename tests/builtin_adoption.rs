@@ -8,6 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::reboot::*;
 use common::*;
 use runtime::{RuntimeService, cri};
 

@@ -683,7 +683,7 @@ async fn a_dead_sandbox_is_replaced_builtin() {
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let (uid, agent, sandbox) = run_sleeper(&node, &pods, "phoenix").await;
-    let first = common::sandbox_id_of_process(sandbox);
+    let first = common::reboot::sandbox_id_of_process(sandbox);
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox),
@@ -725,16 +725,16 @@ async fn pods_come_back_after_a_reboot_builtin() {
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let (uid, agent, sandbox) = run_sleeper(&node, &pods, "lazarus").await;
-    let pod_cgroup = common::pod_cgroup_of_sandbox(sandbox);
-    let first = common::sandbox_id_of_process(sandbox);
+    let pod_cgroup = common::reboot::pod_cgroup_of_sandbox(sandbox);
+    let first = common::reboot::sandbox_id_of_process(sandbox);
 
     // The reboot.
     drop(agent);
-    common::kill_pod_cgroup(&pod_cgroup).await;
-    common::reboot_state_dir(
+    common::reboot::kill_pod_cgroup(&pod_cgroup).await;
+    common::reboot::reboot_state_dir(
         &node.root,
         Some(&node.root.join("pods")),
-        common::StateDirFs::Tmpfs,
+        common::reboot::StateDirFs::Tmpfs,
     );
 
     let agent = node.start();
