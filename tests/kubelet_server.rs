@@ -850,6 +850,57 @@ fn kubectl_env(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, 
     )
 }
 
+/// A node on `api` whose kubelet takes the API server's client certificate (its CA in
+/// `clientCAFile`), with `extra` configuration lines; and that certificate (chain and key), for
+/// [`proxy_through`] once the kubelet serves. `None` when the test is skipped.
+async fn proxied_node(
+    api: &ApiServer,
+    test: &str,
+    name: &'static str,
+    extra: &str,
+) -> Option<(
+    ApiNode,
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+    tempfile::TempDir,
+)> {
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
+    let config: &'static str = Box::leak(
+        format!(
+            "authentication:\n  x509: {{clientCAFile: {}}}\n{extra}",
+            keys.path().join("client-ca.crt").display()
+        )
+        .into_boxed_str(),
+    );
+    let setup = Setup {
+        name,
+        config,
+        cri_listen: false,
+    };
+    let node = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_kubeconfig(dir)
+    })
+    .await?;
+    Some((node, chain, key, keys))
+}
+
+/// Makes the API server reach the node's kubelet as it does in a cluster: with its client
+/// certificate (`chain`, `key`), trusting the serving certificate the kubelet wrote at start.
+fn proxy_through(
+    api: &ApiServer,
+    node: &ApiNode,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) {
+    let serving = node.root.join("pki/kubelet.crt");
+    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
+        .expect("the serving certificate")
+        .collect::<Result<_, _>>()
+        .expect("PEM");
+    api.set_kubelet_client(chain, key, trusted);
+}
+
 /// `pods/log` and `pods/exec` as clients use them: through the API server, which proxies them
 /// to the node's kubelet with its client certificate (kube-rs's log API, and kubectl: logs, and
 /// exec over WebSocket and over SPDY with its exit code).
@@ -857,23 +908,12 @@ fn kubectl_env(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, 
 async fn logs_and_exec_through_the_api_server() {
     let test = "logs_and_exec_through_the_api_server";
     let api = ApiServer::start().await;
-    let keys = tempfile::tempdir().expect("temp dir");
-    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
-    let config: &'static str = Box::leak(
-        format!(
-            "authentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\n",
-            keys.path().join("client-ca.crt").display()
-        )
-        .into_boxed_str(),
-    );
-    let setup = Setup {
-        name: "proxied-node",
-        config,
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
+    let Some((node, chain, key, keys)) = proxied_node(
+        &api,
+        test,
+        "proxied-node",
+        "authorization:\n  webhook: {cacheUnauthorizedTTL: 0s}\n",
+    )
     .await
     else {
         return;
@@ -887,17 +927,12 @@ async fn logs_and_exec_through_the_api_server() {
         .await
         .expect("creating the pod");
     let agent = node.start();
-    let serving = node.root.join("pki/kubelet.crt");
     wait_for("chatty running", 60, async || {
         let st = pods.get_opt("chatty").await.ok().flatten()?.status?;
         (st.phase.as_deref() == Some("Running")).then_some(())
     })
     .await;
-    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
-        .expect("the serving certificate")
-        .collect::<Result<_, _>>()
-        .expect("PEM");
-    api.set_kubelet_client(chain, key, trusted);
+    proxy_through(&api, &node, chain, key);
 
     // Refused until the API server's identity may use nodes/proxy, as in a real cluster.
     let params = kube::api::LogParams::default();
@@ -1086,23 +1121,12 @@ async fn container_logs_rotate_and_follow_goes_on() {
     use std::io::Read;
     let test = "container_logs_rotate_and_follow_goes_on";
     let api = ApiServer::start().await;
-    let keys = tempfile::tempdir().expect("temp dir");
-    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
-    let config: &'static str = Box::leak(
-        format!(
-            "authentication:\n  x509: {{clientCAFile: {}}}\ncontainerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 3s\n",
-            keys.path().join("client-ca.crt").display()
-        )
-        .into_boxed_str(),
-    );
-    let setup = Setup {
-        name: "rotating-node",
-        config,
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
+    let Some((node, chain, key, _keys)) = proxied_node(
+        &api,
+        test,
+        "rotating-node",
+        "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 3s\n",
+    )
     .await
     else {
         return;
@@ -1126,12 +1150,7 @@ async fn container_logs_rotate_and_follow_goes_on() {
         (st.phase.as_deref() == Some("Running")).then_some(())
     })
     .await;
-    let serving = node.root.join("pki/kubelet.crt");
-    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
-        .expect("the serving certificate")
-        .collect::<Result<_, _>>()
-        .expect("PEM");
-    api.set_kubelet_client(chain, key, trusted);
+    proxy_through(&api, &node, chain, key);
     api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
 
     let follow = kube::api::LogParams {
@@ -1320,23 +1339,14 @@ async fn start_metrics_client_metrics_and_kubectl_attach() {
     let test = "start_metrics_client_metrics_and_kubectl_attach";
     let api = ApiServer::start().await;
     let registry = slow_registry(DELAY).await;
-    let keys = tempfile::tempdir().expect("temp dir");
-    let (chain, key) = client_ca(keys.path(), "apiserver-kubelet-client");
-    let config: &'static str = Box::leak(
-        format!(
-            "authentication:\n  x509: {{clientCAFile: {}}}\nauthorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\nnodeletInsecureRegistries: [\"{registry}\"]\n",
-            keys.path().join("client-ca.crt").display()
-        )
-        .into_boxed_str(),
-    );
-    let setup = Setup {
-        name: "attached-node",
-        config,
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
+    let Some((node, chain, key, keys)) = proxied_node(
+        &api,
+        test,
+        "attached-node",
+        &format!(
+            "authorization:\n  webhook: {{cacheUnauthorizedTTL: 0s}}\nnodeletInsecureRegistries: [\"{registry}\"]\n"
+        ),
+    )
     .await
     else {
         return;
@@ -1376,7 +1386,7 @@ async fn start_metrics_client_metrics_and_kubectl_attach() {
     // The kubelet's port as the Node advertises it, once it is not `old`.
     let kubelet_port = async |old: u16| {
         wait_for("the Node with its kubelet port", 60, async || {
-            let n = nodes.get_opt(setup.name).await.ok().flatten()?;
+            let n = nodes.get_opt("attached-node").await.ok().flatten()?;
             let p = n.status?.daemon_endpoints?.kubelet_endpoint?.port;
             u16::try_from(p)
                 .ok()
@@ -1393,12 +1403,8 @@ async fn start_metrics_client_metrics_and_kubectl_attach() {
         })
         .await;
     }
-    let trusted: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&serving)
-        .expect("the serving certificate")
-        .collect::<Result<_, _>>()
-        .expect("PEM");
     let caller = (chain.clone(), key.clone_key());
-    api.set_kubelet_client(chain, key, trusted);
+    proxy_through(&api, &node, chain, key);
     api.set_allowed("apiserver-kubelet-client", "get", "metrics", true);
     api.set_allowed("apiserver-kubelet-client", "create", "proxy", true);
     api.set_allowed("apiserver-kubelet-client", "get", "proxy", true);
