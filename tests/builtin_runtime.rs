@@ -992,6 +992,7 @@ async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
+        std::fs::write(dir.join("boot_id"), "00000000-0000-4000-8000-000000000000").unwrap();
         if holding {
             std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
         }

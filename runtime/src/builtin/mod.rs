@@ -13,6 +13,7 @@
 //! containerd reports containers whose task is gone, and the kubelet makes the pods again.
 
 mod container;
+mod dirs;
 mod image;
 mod network;
 mod pod;
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
+pub use dirs::default_state_dir;
 pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
 pub use service::RUNTIME_NAME;
 
@@ -89,19 +91,6 @@ impl Config {
     }
 }
 
-/// The state dir of the runtime whose (canonical) root dir is `root_dir`, when none is
-/// configured: `/run/nodelet/state/<16 hex digits of the root dir's SHA-256>`, one per root dir,
-/// on the tmpfs a systemd host mounts at `/run`. Its `root` file names the root dir.
-pub fn default_state_dir(root_dir: &Path) -> PathBuf {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(root_dir.as_os_str().as_encoded_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    Path::new(STATE_DIRS).join(hex)
-}
-
-/// Where the default state dirs are, one per root dir.
-const STATE_DIRS: &str = "/run/nodelet/state";
-
 /// The built-in runtime; implements [`crate::RuntimeService`] and [`crate::ImageService`].
 /// Cheap to clone.
 #[derive(Clone)]
@@ -134,44 +123,7 @@ struct Inner {
     /// The state dir (see the module's doc), resolved.
     state_dir: PathBuf,
     /// Sandboxes and containers an older nodelet made with their state under the root dir.
-    legacy: Legacy,
-}
-
-/// The sandboxes and containers whose state dirs an older nodelet made under the root dir
-/// (`<root>/sandboxes/<id>`, `<root>/containers/<id>`): they keep them there, where their
-/// processes and mounts are, until they are removed.
-#[derive(Default)]
-struct Legacy {
-    sandboxes: std::collections::HashSet<String>,
-    containers: std::collections::HashSet<String>,
-}
-
-impl Legacy {
-    fn find(root_dir: &Path) -> Legacy {
-        let listed = |dir: &str| -> std::collections::HashSet<String> {
-            std::fs::read_dir(root_dir.join(dir))
-                .map(|d| {
-                    d.flatten()
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let found = Legacy {
-            sandboxes: listed("sandboxes"),
-            containers: listed("containers"),
-        };
-        // Once all of them are gone, so are the old dirs.
-        for (dir, ids) in [
-            ("sandboxes", &found.sandboxes),
-            ("containers", &found.containers),
-        ] {
-            if ids.is_empty() {
-                let _ = std::fs::remove_dir(root_dir.join(dir));
-            }
-        }
-        found
-    }
+    legacy: dirs::Legacy,
 }
 
 #[derive(Default)]
@@ -199,64 +151,8 @@ impl BuiltinRuntime {
         if cfg.root_dir.as_os_str().is_empty() {
             return Err(Error::invalid_argument("the root dir must not be empty"));
         }
-        std::fs::create_dir_all(&cfg.root_dir)
-            .map_err(|e| Error::internal(format!("creating {}: {e}", cfg.root_dir.display())))?;
-        // Sandbox processes and sockets are addressed by path: make it absolute once.
-        cfg.root_dir = cfg
-            .root_dir
-            .canonicalize()
-            .map_err(|e| Error::internal(format!("resolving {}: {e}", cfg.root_dir.display())))?;
-        let state_dir = match cfg.state_dir.take() {
-            Some(d) => d,
-            None => default_state_dir(&cfg.root_dir),
-        };
-        std::fs::create_dir_all(&state_dir)
-            .map_err(|e| Error::internal(format!("creating {}: {e}", state_dir.display())))?;
-        let state_dir = state_dir
-            .canonicalize()
-            .map_err(|e| Error::internal(format!("resolving {}: {e}", state_dir.display())))?;
-        // Which root dir the state dir serves, for whoever finds it (an admin, a clean-up).
-        let named = state_dir.join("root");
-        if std::fs::read(&named).ok().as_deref()
-            != Some(cfg.root_dir.as_os_str().as_encoded_bytes())
-        {
-            std::fs::write(&named, cfg.root_dir.as_os_str().as_encoded_bytes())
-                .map_err(|e| Error::internal(format!("writing {}: {e}", named.display())))?;
-        }
-        cfg.state_dir = Some(state_dir.clone());
-        recovery::forget_earlier_boot(&state_dir);
-        let mut made = vec![cfg.root_dir.join("cri")];
-        for dir in ["sandboxes", "containers"] {
-            made.push(state_dir.join(dir));
-        }
-        for d in &made {
-            std::fs::create_dir_all(d)
-                .map_err(|e| Error::internal(format!("creating {}: {e}", d.display())))?;
-        }
-        // Containers in a pod user namespace are the host's unprivileged IDs while libcontainer
-        // sets them up: they must be able to pass through the state dir to their rootfs and the
-        // pod's /etc files, and through the root dir to the image store (search only, as
-        // containerd's 0711 root dir allows; nothing is listed or read through them).
-        let mut searched = vec![cfg.root_dir.clone()];
-        // The state dir, and the default's parents nodelet made.
-        searched.extend(
-            state_dir
-                .ancestors()
-                .take_while(|a| *a == state_dir || a.starts_with("/run/nodelet/"))
-                .map(Path::to_path_buf),
-        );
-        searched.extend(made[1..].iter().cloned());
-        for d in searched {
-            use std::os::unix::fs::PermissionsExt;
-            let meta = std::fs::metadata(&d)
-                .map_err(|e| Error::internal(format!("reading {}: {e}", d.display())))?;
-            let mode = meta.permissions().mode();
-            if mode & 0o011 != 0o011 {
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode | 0o011))
-                    .map_err(|e| Error::internal(format!("opening up {}: {e}", d.display())))?;
-            }
-        }
-        let legacy = Legacy::find(&cfg.root_dir);
+        let state_dir = dirs::prepare(&mut cfg)?;
+        let legacy = dirs::Legacy::find(&cfg.root_dir);
         let (agents, alone) =
             recovery::lock_agents(&cfg.root_dir.join("cri").join("agents.lock")).await?;
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
@@ -285,7 +181,7 @@ impl BuiltinRuntime {
         if alone {
             rt.discard_orphans().await;
             rt.release_stale_addresses();
-            rt.sweep_stale_state_dirs();
+            dirs::sweep_stale(&rt.inner.state_dir);
         } else {
             tracing::info!("another agent uses this root dir: leaving what has no record to it");
         }

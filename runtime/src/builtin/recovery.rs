@@ -4,9 +4,6 @@
 //! dir, see [`lock_agents`]) what a creation or stop cut short by the agent's death left
 //! without a record is removed.
 
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-
 use super::BuiltinRuntime;
 use super::store::SandboxRecord;
 use crate::{Error, Result, cri};
@@ -90,45 +87,6 @@ impl BuiltinRuntime {
             self.emit(&c.id, cri::ContainerEventType::ContainerStoppedEvent);
         }
         self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
-    }
-
-    /// Removes the state dirs beside this one (under the default's parent) whose root dir is
-    /// gone and which hold no sandbox or container: what runtimes on since-deleted root dirs
-    /// (a test's, a node reset by hand) left. One that still holds anything is left alone.
-    pub(super) fn sweep_stale_state_dirs(&self) {
-        let Some(parent) = self.inner.state_dir.parent() else {
-            return;
-        };
-        if parent != Path::new(super::STATE_DIRS) {
-            return;
-        }
-        for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
-            let dir = entry.path();
-            let Ok(root) = std::fs::read(dir.join("root")) else {
-                continue;
-            };
-            let root = Path::new(std::ffi::OsStr::from_bytes(&root));
-            if dir == self.inner.state_dir || root.as_os_str().is_empty() || root.exists() {
-                continue;
-            }
-            // Only empty dirs go (remove_dir fails on any other).
-            let emptied = ["sandboxes", "containers"].iter().all(|d| {
-                match std::fs::remove_dir(dir.join(d)) {
-                    Ok(()) => true,
-                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                }
-            });
-            if emptied
-                && std::fs::remove_file(dir.join("root")).is_ok()
-                && std::fs::remove_dir(&dir).is_ok()
-            {
-                tracing::info!(
-                    "removed the state dir {} of the gone root dir {}",
-                    dir.display(),
-                    root.display()
-                );
-            }
-        }
     }
 
     /// What records found unreadable at load (set aside) described must not run on unseen, nor
@@ -296,44 +254,6 @@ impl BuiltinRuntime {
                 }
             }
         }
-    }
-}
-
-/// Where the kernel tells this boot apart from the others.
-const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
-
-/// A state dir that outlives a reboot (`/run` or the configured dir is not a tmpfs) holds,
-/// after one, what the earlier boot's processes left: sockets, pid files, the statuses of
-/// containers that no longer exist. Its `boot_id` file says which boot wrote it; under another
-/// boot its sandboxes and bundles are emptied, as a reboot empties a tmpfs, so that their pods
-/// are settled as lost ([`BuiltinRuntime::settle_lost`]). Unreadable boot ids leave it as it is.
-pub(super) fn forget_earlier_boot(state_dir: &Path) {
-    let Ok(boot) = std::fs::read_to_string(BOOT_ID) else {
-        return;
-    };
-    let boot = boot.trim();
-    let file = state_dir.join("boot_id");
-    match std::fs::read_to_string(&file) {
-        Ok(written) if written.trim() == boot => return,
-        Ok(written) => {
-            tracing::warn!(
-                "the state dir {} is from an earlier boot ({}): emptying it, as a reboot empties /run",
-                state_dir.display(),
-                written.trim()
-            );
-            for sub in ["sandboxes", "containers"] {
-                let dir = state_dir.join(sub);
-                match std::fs::remove_dir_all(&dir) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => tracing::error!("emptying {}: {e}", dir.display()),
-                }
-            }
-        }
-        Err(_) => {}
-    }
-    if let Err(e) = std::fs::write(&file, boot) {
-        tracing::warn!("writing {}: {e}", file.display());
     }
 }
 
