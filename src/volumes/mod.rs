@@ -31,30 +31,31 @@
 //! the pod's directory goes with the garbage collector.
 
 pub mod atomic_writer;
+mod disk;
 pub mod ownership;
 pub mod projection;
+mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::DirBuilder;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapProjection, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, Secret, SecretProjection,
-    ServiceAccountTokenProjection, Volume,
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod,
+    Secret, Volume,
 };
 use kube::Api;
 
 use crate::api::objects::{ObjectKey, ObjectManager};
-use crate::api::tokens::{TokenKey, TokenManager};
+use crate::api::tokens::TokenManager;
 use crate::pod::SyncError;
 use crate::pod::env::EnvObjects;
 use crate::pod::sync::PodEvents;
 use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
 use crate::pod::{pod_identity, quantity};
 use atomic_writer::Payload;
-use projection::{Allocatable, DEFAULT_MODE};
+pub(crate) use disk::is_mount_point;
+use disk::{make_volume_dir, memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
+use projection::Allocatable;
 
 /// The fields of a PersistentVolume's spec that are not its source.
 const PV_SPEC_FIELDS: [&str; 8] = [
@@ -393,155 +394,6 @@ impl VolumeManager {
         out
     }
 
-    async fn config_map(&self, ns: &str, name: &str, optional: bool) -> Result<ConfigMap, String> {
-        match self.config_maps.get(ns, name).await? {
-            Some(cm) => Ok((*cm).clone()),
-            None if optional => Ok(ConfigMap::default()),
-            None => Err(format!("configmap {name:?} not found")),
-        }
-    }
-
-    async fn secret(&self, ns: &str, name: &str, optional: bool) -> Result<Secret, String> {
-        match self.secrets.get(ns, name).await? {
-            Some(s) => Ok((*s).clone()),
-            None if optional => Ok(Secret::default()),
-            None => Err(format!("secret {name:?} not found")),
-        }
-    }
-
-    /// What the volume holds.
-    async fn payload(&self, pod: &Pod, src: &Source<'_>) -> Result<Payload, String> {
-        let (_, _, ns) = pod_identity(pod);
-        match src {
-            Source::ConfigMap(c) => {
-                let default = projection::mode(c.default_mode, DEFAULT_MODE as u32)?;
-                let optional = c.optional.unwrap_or(false);
-                let cm = self.config_map(ns, &c.name, optional).await?;
-                projection::config_map_payload(c.items.as_deref(), &cm, default, optional)
-            }
-            Source::Secret(s) => {
-                let default = projection::mode(s.default_mode, DEFAULT_MODE as u32)?;
-                let optional = s.optional.unwrap_or(false);
-                let name = s.secret_name.as_deref().unwrap_or("");
-                let secret = self.secret(ns, name, optional).await?;
-                projection::secret_payload(s.items.as_deref(), &secret, default, optional)
-            }
-            Source::DownwardApi(d) => {
-                let default = projection::mode(d.default_mode, DEFAULT_MODE as u32)?;
-                let items = d.items.as_deref().unwrap_or_default();
-                projection::downward_api_payload(items, pod, &self.allocatable, default)
-            }
-            Source::Projected(p) => self.projected(pod, p).await,
-            _ => Err("not a volume the kubelet writes".to_string()),
-        }
-    }
-
-    /// A projected volume's payload: its sources in order (a later one's file replaces an
-    /// earlier one's at the same path); every source that fails is named in the error.
-    async fn projected(&self, pod: &Pod, p: &ProjectedVolumeSource) -> Result<Payload, String> {
-        let default = projection::mode(p.default_mode, DEFAULT_MODE as u32)?;
-        let mut payload = Payload::new();
-        let mut errors = Vec::new();
-        for s in p.sources.iter().flatten() {
-            let part = if let Some(c) = &s.config_map {
-                self.projected_config_map(pod, c, default).await
-            } else if let Some(sec) = &s.secret {
-                self.projected_secret(pod, sec, default).await
-            } else if let Some(d) = &s.downward_api {
-                let items = d.items.as_deref().unwrap_or_default();
-                projection::downward_api_payload(items, pod, &self.allocatable, default)
-            } else if let Some(t) = &s.service_account_token {
-                self.token_file(pod, t, default).await
-            } else {
-                let what = serde_json::to_value(s)
-                    .ok()
-                    .and_then(|v| v.as_object().and_then(|o| o.keys().next().cloned()))
-                    .unwrap_or_else(|| "an empty source".to_string());
-                Err(format!(
-                    "projected source {what} is not supported by nodelet yet"
-                ))
-            };
-            match part {
-                Ok(files) => payload.extend(files),
-                Err(e) => errors.push(e),
-            }
-        }
-        match errors.len() {
-            0 => Ok(payload),
-            1 => Err(errors.remove(0)),
-            _ => Err(format!("[{}]", errors.join(", "))),
-        }
-    }
-
-    async fn projected_config_map(
-        &self,
-        pod: &Pod,
-        c: &ConfigMapProjection,
-        default: u32,
-    ) -> Result<Payload, String> {
-        let optional = c.optional.unwrap_or(false);
-        let cm = self
-            .config_map(pod_identity(pod).2, &c.name, optional)
-            .await?;
-        projection::config_map_payload(c.items.as_deref(), &cm, default, optional)
-    }
-
-    async fn projected_secret(
-        &self,
-        pod: &Pod,
-        s: &SecretProjection,
-        default: u32,
-    ) -> Result<Payload, String> {
-        let optional = s.optional.unwrap_or(false);
-        let secret = self.secret(pod_identity(pod).2, &s.name, optional).await?;
-        projection::secret_payload(s.items.as_deref(), &secret, default, optional)
-    }
-
-    /// A service account token for the pod (bound to it) as one file.
-    async fn token_file(
-        &self,
-        pod: &Pod,
-        t: &ServiceAccountTokenProjection,
-        mode: u32,
-    ) -> Result<Payload, String> {
-        let (uid, name, ns) = pod_identity(pod);
-        let sa = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.as_deref())
-            .filter(|s| !s.is_empty())
-            .ok_or(
-                "cannot request a service account token: the pod has no spec.serviceAccountName",
-            )?;
-        let key = TokenKey {
-            namespace: ns.to_string(),
-            service_account: sa.to_string(),
-            audiences: t
-                .audience
-                .iter()
-                .filter(|a| !a.is_empty())
-                .cloned()
-                .collect(),
-            expiration_seconds: t.expiration_seconds,
-            pod_name: name.to_string(),
-            pod_uid: uid.to_string(),
-        };
-        let token = self.tokens.token(&key).await?;
-        // With an fsGroup, the token is the owner's and the group's only (upstream's 0600,
-        // then the group's read bit).
-        let mode = match local::fs_group(pod)? {
-            Some(_) => 0o600,
-            None => mode,
-        };
-        Ok(Payload::from([(
-            t.path.clone(),
-            atomic_writer::FileProjection {
-                data: token.into_bytes(),
-                mode,
-            },
-        )]))
-    }
-
     /// Gives the directory `dir` of the volume `name` to the pod's `fsGroup` once per pod
     /// (upstream's `SetVolumeOwnership` at mount), as its `fsGroupChangePolicy` says:
     /// `OnRootMismatch` skips a volume whose root already has the group and its bits.
@@ -652,172 +504,6 @@ impl VolumeManager {
                 self.tear_down(&uid);
             }
         }
-    }
-}
-
-/// The volume directory, mode 0777 as an emptyDir's (upstream's wrapped emptyDir), its parents
-/// 0750.
-fn make_volume_dir(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
-    if let Some(parent) = dir.parent() {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(parent)
-            .map_err(fail)?;
-    }
-    match DirBuilder::new().mode(0o777).create(dir) {
-        Ok(()) => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(fail(e)),
-    }
-}
-
-/// Whether something is mounted at `dir` itself.
-pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {
-    let info =
-        std::fs::read_to_string(MOUNTINFO).map_err(|e| format!("reading {MOUNTINFO}: {e}"))?;
-    let real =
-        std::fs::canonicalize(dir).map_err(|e| format!("resolving {}: {e}", dir.display()))?;
-    Ok(crate::kubelet::gc::mounts_under(&info, &real).contains(&real))
-}
-
-/// Mounts a tmpfs of `size` bytes (the kernel's default when `None`) at `dir`.
-fn mount_tmpfs(dir: &Path, size: Option<i64>) -> Result<(), String> {
-    use nix::mount::{MsFlags, mount};
-    let options = size.filter(|s| *s > 0).map(|s| format!("size={s}"));
-    mount(
-        Some("tmpfs"),
-        dir,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        options.as_deref(),
-    )
-    .map_err(|e| format!("mounting a tmpfs at {}: {e}", dir.display()))
-}
-
-/// A memory-backed volume's size (upstream's `calculateEmptyDirMemorySize`): the node's
-/// allocatable memory, or the pod's limit, or the volume's own, whichever is smallest (a zero
-/// one counting as none).
-fn memory_size(allocatable: Option<i64>, pod: Option<i64>, volume: Option<i64>) -> Option<i64> {
-    let mut size = allocatable;
-    for cand in [pod, volume].into_iter().flatten().filter(|c| *c > 0) {
-        if size.is_none_or(|s| cand <= s) {
-            size = Some(cand);
-        }
-    }
-    size
-}
-
-/// The pod's memory limit as its cgroup gets it: the sum of its app containers' limits (or an
-/// init container's, if larger), when every app container has one.
-fn pod_memory_limit(pod: &Pod) -> Option<i64> {
-    let spec = pod.spec.as_ref()?;
-    let limit = |c: &k8s_openapi::api::core::v1::Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get("memory"))
-            .and_then(|q| quantity::parse_bytes(&q.0).ok())
-            .filter(|b| *b > 0)
-    };
-    let mut sum: i64 = 0;
-    for c in &spec.containers {
-        sum = sum.saturating_add(limit(c)?);
-    }
-    for c in spec.init_containers.iter().flatten() {
-        if let Some(l) = limit(c) {
-            sum = sum.max(l);
-        }
-    }
-    Some(sum)
-}
-
-/// Unmounts (when mounted) and removes every written volume directory of pod `uid`, its subPath
-/// binds, and unmounts its memory-backed emptyDirs (their directories go with the pod's).
-fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), String> {
-    let mut errors = Vec::new();
-    // `volume-subpaths/<volume>/<container>/<index>`: each a bind, then the tree.
-    let subpaths = pods_dir
-        .join(uid)
-        .join(crate::pod::volumes::VOLUME_SUBPATHS);
-    let dirs = |p: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect()
-    };
-    for volume in dirs(&subpaths) {
-        for container in dirs(&volume) {
-            for target in dirs(&container) {
-                // Removing the tree through a bind would delete the volume's files: any doubt
-                // (an error) keeps the tree.
-                match is_mount_point(&target) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        if let Err(e) =
-                            nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH)
-                        {
-                            errors.push(format!("unmounting {}: {e}", target.display()));
-                        }
-                    }
-                    Err(e) => errors.push(e),
-                }
-            }
-        }
-    }
-    if errors.is_empty() && subpaths.exists() {
-        if let Err(e) = std::fs::remove_dir_all(&subpaths) {
-            errors.push(format!("removing {}: {e}", subpaths.display()));
-        }
-    }
-    let empty_dirs = local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN);
-    for e in std::fs::read_dir(&empty_dirs)
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let path = e.path();
-        let r = is_mount_point(&path).and_then(|mounted| match mounted {
-            true => nix::mount::umount2(&path, nix::mount::MntFlags::empty())
-                .map_err(|e| format!("unmounting {}: {e}", path.display())),
-            false => Ok(()),
-        });
-        if let Err(e) = r {
-            errors.push(e);
-        }
-    }
-    for plugin in local::WRITTEN_PLUGINS {
-        let dir = local::plugin_dir(pods_dir, uid, plugin);
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            let r = is_mount_point(&path).and_then(|mounted| {
-                if mounted {
-                    nix::mount::umount2(&path, nix::mount::MntFlags::empty())
-                        .map_err(|e| format!("unmounting {}: {e}", path.display()))?;
-                }
-                std::fs::remove_dir_all(&path)
-                    .map_err(|e| format!("removing {}: {e}", path.display()))
-            });
-            if let Err(e) = r {
-                errors.push(e);
-            }
-        }
-        if let Err(e) = std::fs::remove_dir(&dir) {
-            errors.push(format!("removing {}: {e}", dir.display()));
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
     }
 }
 
