@@ -1,8 +1,6 @@
 //! The volumes' directories on disk: making them, mounting a tmpfs on them, and tearing a
 //! pod's volumes down.
 
-use std::fs::DirBuilder;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -10,26 +8,6 @@ use k8s_openapi::api::core::v1::Pod;
 use super::{EMPTY_DIR_PLUGIN, MOUNTINFO};
 use crate::pod::quantity;
 use crate::pod::volumes as local;
-
-/// The volume directory, mode 0777 as an emptyDir's (upstream's wrapped emptyDir), its parents
-/// 0750.
-pub(super) fn make_volume_dir(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
-    if let Some(parent) = dir.parent() {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(parent)
-            .map_err(fail)?;
-    }
-    match DirBuilder::new().mode(0o777).create(dir) {
-        Ok(()) => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(fail(e)),
-    }
-}
 
 /// Whether something is mounted at `dir` itself.
 pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {

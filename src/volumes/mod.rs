@@ -54,7 +54,7 @@ use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
 use crate::pod::{pod_identity, quantity};
 use atomic_writer::Payload;
 pub(crate) use disk::is_mount_point;
-use disk::{make_volume_dir, memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
+use disk::{memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
 use projection::Allocatable;
 
 /// The fields of a PersistentVolume's spec that are not its source.
@@ -429,7 +429,8 @@ impl VolumeManager {
         payload: &Payload,
     ) -> Result<(), String> {
         let dir = local::plugin_dir(&self.pods_dir, pod_identity(pod).0, plugin).join(&v.name);
-        make_volume_dir(&dir)?;
+        // Mode 0777 as an emptyDir's (upstream's wrapped emptyDir), its parents 0750.
+        local::make_empty_dir(&dir, None)?;
         if tmpfs && !is_mount_point(&dir)? {
             let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), None);
             mount_tmpfs(&dir, size)?;

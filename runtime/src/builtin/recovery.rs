@@ -89,6 +89,21 @@ impl BuiltinRuntime {
         self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
     }
 
+    /// The recorded sandboxes that run, each with its process's answer to State.
+    async fn live_sandbox_states(&self) -> Vec<(sandbox::Client, sandbox::SandboxState)> {
+        let mut live = Vec::new();
+        for rec in self.inner.records.all_sandboxes() {
+            let client = self.client(&rec.id);
+            if rec.stopped || client.is_stopped() {
+                continue;
+            }
+            if let Ok(state) = client.state().await {
+                live.push((client, state));
+            }
+        }
+        live
+    }
+
     /// What records found unreadable at load (set aside) described must not run on unseen, nor
     /// be adopted half: a container is deleted in the live sandbox that has it (killed) and its
     /// rootfs released; a sandbox's process is shut down (or what is left of a dead one reaped,
@@ -98,20 +113,9 @@ impl BuiltinRuntime {
         let set_aside = &self.inner.records.set_aside;
         for id in &set_aside.containers {
             tracing::error!(container = %id, "its record was unreadable: killing and removing it");
-            for rec in self.inner.records.all_sandboxes() {
-                let client = self.client(&rec.id);
-                if rec.stopped || client.is_stopped() {
-                    continue;
-                }
-                let Ok(state) = client.state().await else {
-                    continue;
-                };
+            for (client, state) in self.live_sandbox_states().await {
                 if state.containers.iter().any(|c| &c.id == id) {
-                    if let Err(e) = client.delete(id).await {
-                        tracing::warn!(container = %id, "deleting it in its sandbox: {e}");
-                    }
-                    let status = client.layout().status_dir().join(format!("{id}.json"));
-                    let _ = std::fs::remove_file(status);
+                    delete_in_sandbox(&client, id).await;
                 }
             }
             self.release(id);
@@ -148,22 +152,11 @@ impl BuiltinRuntime {
                 self.discard_sandbox_remains(&id).await;
             }
         }
-        for rec in self.inner.records.all_sandboxes() {
-            let client = self.client(&rec.id);
-            if rec.stopped || client.is_stopped() {
-                continue;
-            }
-            let Ok(state) = client.state().await else {
-                continue;
-            };
+        for (client, state) in self.live_sandbox_states().await {
             for c in state.containers {
                 if self.inner.records.container(&c.id).is_none() {
-                    tracing::warn!(container = %c.id, sandbox = %rec.id, "a container without a record (its creation was cut short): removing it");
-                    if let Err(e) = client.delete(&c.id).await {
-                        tracing::warn!(container = %c.id, "deleting it in its sandbox: {e}");
-                    }
-                    let status = client.layout().status_dir().join(format!("{}.json", c.id));
-                    let _ = std::fs::remove_file(status);
+                    tracing::warn!(container = %c.id, sandbox = %state.id, "a container without a record (its creation was cut short): removing it");
+                    delete_in_sandbox(&client, &c.id).await;
                 }
             }
         }
@@ -283,4 +276,14 @@ pub(super) async fn lock_agents(
         }
         Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", path.display()))),
     }
+}
+
+/// Deletes container `id` in the live sandbox `client` serves (killing it) and the status it
+/// persisted there: for a container no record describes.
+async fn delete_in_sandbox(client: &sandbox::Client, id: &str) {
+    if let Err(e) = client.delete(id).await {
+        tracing::warn!(container = %id, "deleting it in its sandbox: {e}");
+    }
+    let status = client.layout().status_dir().join(format!("{id}.json"));
+    let _ = std::fs::remove_file(status);
 }
