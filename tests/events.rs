@@ -11,7 +11,7 @@ use apiserver::ApiServer;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use nodelet::api::events::{self, EventRecorder, EventType, container_ref, pod_ref};
+use nodelet::api::events::{EventRecorder, EventType, Reason, container_ref, pod_ref};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -109,7 +109,7 @@ async fn the_same_event_five_times_is_one_event_counted_five() {
             recorder.event(
                 &object,
                 EventType::Normal,
-                events::SANDBOX_CHANGED,
+                Reason::SandboxChanged,
                 "Pod sandbox changed, it will be killed and re-created.",
             );
         }
@@ -160,7 +160,7 @@ async fn twelve_similar_events_are_combined_from_the_tenth_on() {
         s.recorder.event(
             &app,
             EventType::Warning,
-            events::FAILED_TO_CREATE_CONTAINER,
+            Reason::Failed,
             format!("Error: failed {i}"),
         );
     }
@@ -198,7 +198,7 @@ async fn an_event_deleted_meanwhile_is_created_again_with_count_1() {
     let object = pod_ref(&s.pod);
     let record = || {
         s.recorder
-            .event(&object, EventType::Normal, events::PULLED_IMAGE, "pulled")
+            .event(&object, EventType::Normal, Reason::PulledImage, "pulled")
     };
     record();
     record();
@@ -229,19 +229,21 @@ async fn an_event_deleted_meanwhile_is_created_again_with_count_1() {
 async fn node_events_live_in_default_and_the_spam_filter_stops_at_25() {
     let s = setup().await;
     let node = s.recorder.node_ref();
-    for i in 0..30 {
-        s.recorder.event(
-            &node,
-            EventType::Warning,
-            &format!("Reason{i}"),
-            "something about the node",
-        );
+    // 30 events none of which aggregates with another: a reason and a type of their own each.
+    let kinds = [EventType::Normal, EventType::Warning];
+    for (reason, kind) in Reason::ALL
+        .iter()
+        .flat_map(|r| kinds.map(|k| (*r, k)))
+        .take(30)
+    {
+        s.recorder
+            .event(&node, kind, reason, "something about the node");
     }
     // Another object is not held back by the node's bucket.
     s.recorder.event(
         &pod_ref(&s.pod),
         EventType::Normal,
-        events::STARTED_CONTAINER,
+        Reason::StartedContainer,
         "Started container app",
     );
     let api_default = s.events("default");
@@ -265,14 +267,14 @@ async fn an_event_recorded_while_the_server_is_away_is_written_once_it_is_back()
     s.recorder.event(
         &pod_ref(&s.pod),
         EventType::Warning,
-        events::FAILED_SYNC,
-        "error determining status",
+        Reason::Failed,
+        "Error: ErrImagePull",
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.server.restart().await;
     let items = wait_for(&s.events(NS), "the event", |i| !i.is_empty()).await;
     assert_eq!(items.len(), 1);
-    assert_eq!(items[0].reason.as_deref(), Some("FailedSync"));
+    assert_eq!(items[0].reason.as_deref(), Some("Failed"));
     // The first try found no server; the second, after the 500 ms back-off, wrote it.
     assert!(
         began.elapsed() >= Duration::from_millis(450),
@@ -283,13 +285,19 @@ async fn an_event_recorded_while_the_server_is_away_is_written_once_it_is_back()
 }
 
 #[tokio::test]
-async fn the_compatible_recorder_warns_about_the_node() {
+async fn a_warning_about_the_node_twice_is_one_event_counted_twice() {
     let server = ApiServer::start().await;
-    let r = events::Recorder::new(server.client(), NODE.to_string());
-    r.warning(r.node_ref(), events::FAILED_VALIDATION, "bad manifest")
-        .await;
-    r.warning(r.node_ref(), events::FAILED_VALIDATION, "bad manifest")
-        .await;
+    let (r, sink) = EventRecorder::new(Some(server.client()), NODE.to_string());
+    tokio::spawn(sink);
+    for _ in 0..2 {
+        let node = r.node_ref();
+        r.event(
+            &node,
+            EventType::Warning,
+            Reason::FailedValidation,
+            "bad manifest",
+        );
+    }
     let api: Api<Event> = Api::namespaced(server.client(), "default");
     let items = wait_for(&api, "count 2", |i| i.iter().any(|e| e.count == Some(2))).await;
     assert_eq!(items.len(), 1);

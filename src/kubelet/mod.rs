@@ -7,7 +7,6 @@
 //! housekeeping, node agent, runtime checks, event sink) lives in one task set under one
 //! cancellation token; shutdown cancels and joins them all.
 
-pub mod events;
 pub mod gc;
 pub mod housekeeping;
 pub mod logrotate;
@@ -29,6 +28,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission;
+use crate::api::events::{EventRecorder, EventType, Reason};
 use crate::config::KubeletConfig;
 use crate::node::agent::RUNTIME_CHECK_PERIOD;
 use crate::node::{NodeAgent, NodeFacts, RuntimeState};
@@ -138,15 +138,15 @@ impl Kubelet {
                 std::path::Path::new("/etc/subgid"),
             )?,
         )?);
-        let (recorder, sink) = events::EventRecorder::new(client.clone(), cfg.node_name.clone());
+        let (recorder, sink) = EventRecorder::new(client.clone(), cfg.node_name.clone());
         tasks.spawn(sink);
         recorder.event(
             &recorder.node_ref(),
-            events::EventType::Normal,
-            crate::api::events::STARTING_KUBELET,
+            EventType::Normal,
+            Reason::StartingKubelet,
             "Starting kubelet.",
         );
-        let pod_events = Arc::new(events::KubeletEvents::new(recorder.clone()));
+        let pod_events = Arc::new(recorder.clone());
 
         // The PLEG and the pod cache.
         let cache = Arc::new(pod_cache::PodCache::new());

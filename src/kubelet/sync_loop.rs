@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::housekeeping::Desired;
 use super::{HOUSEKEEPING_INTERVAL, dispatch};
-use crate::api::events::{EventRecorder, EventType, FAILED_VALIDATION};
+use crate::api::events::{EventRecorder, EventType, Reason};
 use crate::pod_workers::{PodWorkers, UpdateType};
 use crate::sources::{self, PodUpdate, merge::Merger};
 use crate::status_manager::StatusManager;
@@ -85,7 +85,7 @@ impl SyncLoop {
                 }
                 Some(problem) = problems.recv() => {
                     let node = self.recorder.node_ref();
-                    self.recorder.event(&node, EventType::Warning, FAILED_VALIDATION, problem);
+                    self.recorder.event(&node, EventType::Warning, Reason::FailedValidation, problem);
                 }
                 _ = housekeeping.tick() => self.housekeeping(),
             }

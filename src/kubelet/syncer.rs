@@ -18,7 +18,8 @@ use tokio::time::Instant;
 
 use super::pleg::Refresh;
 use super::pod_cache::PodCache;
-use crate::pod::sync::{ImagePulls, PodEvents, RuntimeSnapshot, SyncContext};
+use crate::api::events::PodEvents;
+use crate::pod::sync::{ImagePulls, RuntimeSnapshot, SyncContext};
 use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting};
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
 use crate::prober::ProbeManager;
@@ -251,7 +252,7 @@ impl Syncer {
                 pod,
                 None,
                 crate::pod::sync::EventType::Warning,
-                "FailedToRetrieveImagePullSecret",
+                crate::api::events::Reason::FailedToRetrieveImagePullSecret,
                 format!(
                     "Unable to retrieve some image pull secrets ({}); attempting to pull the \
                      image may not succeed.",

@@ -25,6 +25,7 @@ use super::{
     heartbeat_timeout, within,
 };
 use crate::api::FIELD_MANAGER;
+use crate::api::events::Reason;
 use crate::config::KubeletConfig;
 
 /// The kubelet's health as the status manager asks for it on every tick: the runtime
@@ -99,25 +100,25 @@ pub fn desired_status(
 pub fn condition_events(
     previous: &[k8s_openapi::api::core::v1::NodeCondition],
     desired: &[k8s_openapi::api::core::v1::NodeCondition],
-) -> Vec<&'static str> {
-    use crate::api::events as ev;
-    let table: [(&str, &'static str, &'static str); 4] = [
+) -> Vec<Reason> {
+    use crate::api::events::Reason as R;
+    let table: [(&str, Reason, Reason); 4] = [
         (
             "MemoryPressure",
-            ev::NODE_HAS_INSUFFICIENT_MEMORY,
-            ev::NODE_HAS_SUFFICIENT_MEMORY,
+            R::NodeHasInsufficientMemory,
+            R::NodeHasSufficientMemory,
         ),
         (
             "DiskPressure",
-            ev::NODE_HAS_DISK_PRESSURE,
-            ev::NODE_HAS_NO_DISK_PRESSURE,
+            R::NodeHasDiskPressure,
+            R::NodeHasNoDiskPressure,
         ),
         (
             "PIDPressure",
-            ev::NODE_HAS_INSUFFICIENT_PID,
-            ev::NODE_HAS_SUFFICIENT_PID,
+            R::NodeHasInsufficientPid,
+            R::NodeHasSufficientPid,
         ),
-        ("Ready", ev::NODE_READY, ev::NODE_NOT_READY),
+        ("Ready", R::NodeReady, R::NodeNotReady),
     ];
     let status = |list: &[k8s_openapi::api::core::v1::NodeCondition], t: &str| {
         list.iter().find(|c| c.type_ == t).map(|c| c.status.clone())

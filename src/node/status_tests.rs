@@ -172,8 +172,11 @@ fn condition_changes_become_node_events() {
         c("PIDPressure", "False"),
         c("Ready", "False"),
     ];
+    let names = |r: Vec<crate::api::events::Reason>| -> Vec<&str> {
+        r.into_iter().map(|r| r.as_str()).collect()
+    };
     assert_eq!(
-        condition_events(&[], &first),
+        names(condition_events(&[], &first)),
         [
             "NodeHasSufficientMemory",
             "NodeHasNoDiskPressure",
@@ -186,7 +189,7 @@ fn condition_changes_become_node_events() {
     next[3] = c("Ready", "True");
     next[1] = c("DiskPressure", "True");
     assert_eq!(
-        condition_events(&first, &next),
+        names(condition_events(&first, &next)),
         ["NodeHasDiskPressure", "NodeReady"]
     );
 }

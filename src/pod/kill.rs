@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::{RuntimeService, cri};
 
 use super::actions::{ContainerInfo, RunState, RuntimePodStatus, is_sidecar};
-use super::sync::{EventType, PodEvents};
+use crate::api::events::{EventType, PodEvents, Reason};
 
 /// Stops one container within `grace_secs` (upstream `killContainer`): records the `Killing`
 /// event (`message`, else "Stopping container x"), runs a running container's preStop hook
@@ -24,7 +24,13 @@ pub(super) async fn stop_one(
     pod_ip: &str,
 ) -> std::result::Result<(), String> {
     let message = message.map_or_else(|| format!("Stopping container {}", c.name), str::to_string);
-    events.event(pod, Some(&c.name), EventType::Normal, "Killing", message);
+    events.event(
+        pod,
+        Some(&c.name),
+        EventType::Normal,
+        Reason::KillingContainer,
+        message,
+    );
     let spec = pod.spec.as_ref().and_then(|s| {
         s.init_containers
             .iter()
@@ -42,13 +48,16 @@ pub(super) async fn stop_one(
             .await
         {
             Ok(Ok(())) => {}
-            Ok(Err(message)) => {
+            Ok(Err(_)) => {
+                // What the hook printed may hold secrets: neither the event nor the log carries
+                // it (upstream records the same words).
+                tracing::info!(container = %c.name, "preStop hook failed");
                 events.event(
                     pod,
                     Some(&c.name),
                     EventType::Warning,
-                    "FailedPreStopHook",
-                    message,
+                    Reason::FailedPreStopHook,
+                    "PreStopHook failed".into(),
                 );
             }
             Err(_) => {

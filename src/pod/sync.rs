@@ -24,7 +24,7 @@ use super::spec::{SandboxOptions, pod_spec, sandbox_config};
 use super::termination;
 use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
 use super::{LABEL_POD_UID, container_hash, pod_identity};
-pub use crate::api::events::EventType;
+pub use crate::api::events::{EventType, NoEvents, PodEvents, Reason};
 
 /// What the runtime knows about one pod.
 #[derive(Debug, Clone, Default)]
@@ -126,10 +126,18 @@ impl SyncResult {
         let mut waiting: Vec<(&String, &Waiting)> = self.waiting.iter().collect();
         waiting.sort_by_key(|(name, _)| name.as_str());
         let (name, w) = waiting.first()?;
-        let text = format!(
-            "failed to \"StartContainer\" for \"{name}\" with {}: \"{}\"",
-            w.reason, w.message
-        );
+        // A hook's message carries what the hook printed: the log line names the failure only.
+        let text = if w.reason.is_hook() {
+            format!(
+                "failed to \"StartContainer\" for \"{name}\" with {}",
+                w.reason
+            )
+        } else {
+            format!(
+                "failed to \"StartContainer\" for \"{name}\" with {}: \"{}\"",
+                w.reason, w.message
+            )
+        };
         Some(match w.reason {
             r if r.is_image() => SyncError::Image(text),
             WaitingReason::CrashLoopBackOff => SyncError::BackOff(text),
@@ -142,28 +150,6 @@ impl SyncResult {
 /// The effective pull policy of a container (see [`PullPolicy::of`]).
 pub fn pull_policy(c: &Container) -> PullPolicy {
     PullPolicy::of(c)
-}
-
-/// Where a sync reports what it does to a pod (upstream's pod events: Pulling, Created,
-/// Started, Killing, BackOff, ...). The kubelet records them in the API server; tests collect
-/// them.
-pub trait PodEvents: Send + Sync {
-    /// An event about `pod`, or one of its containers when `container` names it.
-    fn event(
-        &self,
-        pod: &Pod,
-        container: Option<&str>,
-        kind: EventType,
-        reason: &str,
-        message: String,
-    );
-}
-
-/// A [`PodEvents`] that drops everything.
-pub struct NoEvents;
-
-impl PodEvents for NoEvents {
-    fn event(&self, _: &Pod, _: Option<&str>, _: EventType, _: &str, _: String) {}
 }
 
 /// How image pulls share the node: one at a time (`serializeImagePulls`, upstream's default),
@@ -222,7 +208,7 @@ impl SyncContext<'_> {
         c: &Container,
         sandbox: &cri::PodSandboxConfig,
     ) -> std::result::Result<String, (Waiting, Option<Duration>)> {
-        let say = |kind: EventType, reason: &str, message: String| {
+        let say = |kind: EventType, reason: Reason, message: String| {
             self.events.event(pod, Some(&c.name), kind, reason, message)
         };
         let image = c.image.clone().unwrap_or_default();
@@ -248,7 +234,7 @@ impl SyncContext<'_> {
             if let Some(img) = present.image {
                 say(
                     EventType::Normal,
-                    "Pulled",
+                    Reason::PulledImage,
                     format!("Container image {image:?} already present on machine"),
                 );
                 return Ok(img.id);
@@ -256,7 +242,11 @@ impl SyncContext<'_> {
             if policy == PullPolicy::Never {
                 let message =
                     format!("Container image {image:?} is not present with pull policy of Never");
-                say(EventType::Warning, "ErrImageNeverPull", message.clone());
+                say(
+                    EventType::Warning,
+                    Reason::ErrImageNeverPull,
+                    message.clone(),
+                );
                 return Err((
                     Waiting::new(WaitingReason::ErrImageNeverPull, message),
                     None,
@@ -269,7 +259,7 @@ impl SyncContext<'_> {
         let held = lock(self.image_backoff).remaining(&key, self.now);
         if let Some(left) = held {
             let message = format!("Back-off pulling image {image:?}");
-            say(EventType::Normal, "BackOff", message.clone());
+            say(EventType::Normal, Reason::BackOff, message.clone());
             return Err((
                 Waiting::new(WaitingReason::ImagePullBackOff, message),
                 Some(left),
@@ -277,7 +267,7 @@ impl SyncContext<'_> {
         }
         say(
             EventType::Normal,
-            "Pulling",
+            Reason::PullingImage,
             format!("Pulling image {image:?}"),
         );
         let queued = std::time::Instant::now();
@@ -333,7 +323,7 @@ impl SyncContext<'_> {
                 lock(self.image_backoff).reset(&key);
                 say(
                     EventType::Normal,
-                    "Pulled",
+                    Reason::PulledImage,
                     format!(
                         "Successfully pulled image {image:?} in {:.3}s ({:.3}s including waiting)",
                         began.elapsed().as_secs_f64(),
@@ -347,10 +337,14 @@ impl SyncContext<'_> {
                 let message = e.to_string();
                 say(
                     EventType::Warning,
-                    "Failed",
+                    Reason::Failed,
                     format!("Failed to pull image {image:?}: {message}"),
                 );
-                say(EventType::Warning, "Failed", "Error: ErrImagePull".into());
+                say(
+                    EventType::Warning,
+                    Reason::Failed,
+                    "Error: ErrImagePull".into(),
+                );
                 let left = lock(self.image_backoff).delay(&key, self.now);
                 Err((Waiting::new(WaitingReason::ErrImagePull, message), left))
             }
@@ -408,7 +402,7 @@ pub async fn sync_pod(
                 pod,
                 Some(name),
                 EventType::Warning,
-                "BackOff",
+                Reason::BackOff,
                 format!(
                     "Back-off restarting failed container {name} in pod {}",
                     w.message.rsplit("pod=").next().unwrap_or_default()
@@ -423,7 +417,7 @@ pub async fn sync_pod(
                 pod,
                 None,
                 EventType::Normal,
-                "SandboxChanged",
+                Reason::SandboxChanged,
                 "Pod sandbox changed, it will be killed and re-created.".into(),
             );
         }
@@ -460,7 +454,7 @@ pub async fn sync_pod(
                     pod,
                     None,
                     EventType::Warning,
-                    "FailedCreatePodSandBox",
+                    Reason::FailedCreatePodSandbox,
                     format!("Failed to create pod sandbox: {e}"),
                 );
                 return Err(e);
@@ -492,6 +486,10 @@ pub async fn sync_pod(
     } else {
         return Ok(res);
     };
+    // A pod on the node's network has the node's addresses (`status.podIP(s)` in its env).
+    if super::host_network(pod) {
+        opts.pod_ips = opts.host_ips.clone();
+    }
     res.sandbox_id = Some(sandbox_id.clone());
     let sandbox = sandbox_config(pod, &sb_opts)?;
 
@@ -552,7 +550,7 @@ async fn start_one(
     opts: &ContainerOptions,
 ) -> std::result::Result<(), (Waiting, Option<Duration>)> {
     let name = &container.name;
-    let say = |kind: EventType, reason: &str, message: String| {
+    let say = |kind: EventType, reason: Reason, message: String| {
         cx.events.event(pod, Some(name), kind, reason, message)
     };
     let previous = snapshot.status.latest(name);
@@ -562,7 +560,7 @@ async fn start_one(
     for message in super::env::invalid_env_from_keys(pod, container, &opts.env_objects) {
         say(
             EventType::Warning,
-            "InvalidEnvironmentVariableNames",
+            Reason::InvalidEnvironmentVariableNames,
             message,
         );
     }
@@ -574,7 +572,7 @@ async fn start_one(
         );
         say(
             EventType::Warning,
-            "Failed",
+            Reason::Failed,
             format!("Error: {}", e.message()),
         );
         (w, None)
@@ -589,7 +587,7 @@ async fn start_one(
             .record_restart(&backoff::key(uid, name, &container_hash(container)), cx.now);
     }
     let failed = |reason: WaitingReason, e: Error| {
-        say(EventType::Warning, "Failed", format!("Error: {e}"));
+        say(EventType::Warning, Reason::Failed, format!("Error: {e}"));
         (Waiting::new(reason, e.to_string()), None)
     };
     let id = rt_create(cx.rt, sandbox_id, config, sandbox)
@@ -597,7 +595,7 @@ async fn start_one(
         .map_err(|e| failed(WaitingReason::CreateContainerError, e))?;
     say(
         EventType::Normal,
-        "Created",
+        Reason::CreatedContainer,
         format!("Created container: {name}"),
     );
     let kind = if is_init(pod, name) {
@@ -620,7 +618,7 @@ async fn start_one(
     }
     say(
         EventType::Normal,
-        "Started",
+        Reason::StartedContainer,
         format!("Started container {name}"),
     );
     // The postStart hook runs before the next container starts; a failure kills the container
@@ -630,15 +628,21 @@ async fn start_one(
         .as_ref()
         .and_then(|l| l.post_start.as_ref());
     if let Some(hook) = post_start {
-        let ip = if super::host_network(pod) {
-            opts.host_ips.first()
-        } else {
-            opts.pod_ips.first()
-        };
-        let ip = ip.cloned().unwrap_or_default();
+        let ip = opts.pod_ips.first().cloned().unwrap_or_default();
         if let Err(message) = super::hooks::run(cx.rt, pod, container, &id, hook, &ip).await {
-            say(EventType::Warning, "FailedPostStartHook", message.clone());
-            say(EventType::Normal, "Killing", "FailedPostStartHook".into());
+            // The hook's message (with what the hook printed) goes to the container's status
+            // only: events and logs name the failure, never the output, which may hold
+            // secrets (upstream records the same words).
+            say(
+                EventType::Warning,
+                Reason::FailedPostStartHook,
+                "PostStartHook failed".into(),
+            );
+            say(
+                EventType::Normal,
+                Reason::KillingContainer,
+                "FailedPostStartHook".into(),
+            );
             let grace = pod
                 .spec
                 .as_ref()

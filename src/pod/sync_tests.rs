@@ -28,6 +28,20 @@ async fn step_with(
     image_backoff: &Mutex<Backoff>,
     now: SystemTime,
 ) -> (PodActions, SyncResult) {
+    let opts = ContainerOptions::default();
+    step_seen(rt, p, backoff, image_backoff, now, &opts, &NoEvents).await
+}
+
+/// One sync with the given options (the pods dir is made here), its events to `events`.
+async fn step_seen(
+    rt: &FakeRuntime,
+    p: &Pod,
+    backoff: &Mutex<Backoff>,
+    image_backoff: &Mutex<Backoff>,
+    now: SystemTime,
+    opts: &ContainerOptions,
+    events: &dyn PodEvents,
+) -> (PodActions, SyncResult) {
     let snap = runtime_pod_status(rt, "u-1").await.expect("status");
     let actions = compute_pod_actions(p, &snap.status, &lock(backoff), now);
     rt.clear_calls();
@@ -35,7 +49,7 @@ async fn step_with(
     let pods = tempfile::tempdir().expect("pods dir");
     let opts = ContainerOptions {
         pods_dir: pods.path().to_path_buf(),
-        ..Default::default()
+        ..opts.clone()
     };
     let cx = SyncContext {
         rt,
@@ -44,7 +58,7 @@ async fn step_with(
         backoff,
         image_backoff,
         pulls: &ImagePulls::default(),
-        events: &NoEvents,
+        events,
         now,
     };
     let res = sync_pod(&cx, p, &snap, &actions).await.expect("sync");
@@ -189,4 +203,112 @@ async fn dead_sandbox_is_replaced() {
     ])
     .expect("calls");
     assert_ne!(res.sandbox_id, Some(first));
+}
+
+/// What a hook printed (here a token) stays out of events and log lines: the events say only
+/// that the hook failed, as upstream's; the container's status keeps the whole message.
+#[tokio::test]
+async fn a_failed_post_start_hook_keeps_its_output_out_of_events_and_logs() {
+    let rt = FakeRuntime::new();
+    rt.set_exec_sync_response(cri::ExecSyncResponse {
+        stdout: b"token=s3cret\n".to_vec(),
+        stderr: Vec::new(),
+        exit_code: 3,
+    });
+    let p = pod(
+        json!({"containers": [{"name": "app", "image": "busybox:1.36",
+        "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo token=s3cret; exit 3"]}}}}]}),
+    );
+    let events = crate::api::events::Recorded::default();
+    let (backoff, image_backoff) = (Mutex::default(), Mutex::default());
+    let opts = ContainerOptions::default();
+    let (_, res) = step_seen(&rt, &p, &backoff, &image_backoff, t(0), &opts, &events).await;
+    let waiting = res.waiting.get("app").expect("app waits");
+    assert_eq!(waiting.reason, WaitingReason::PostStartHookError);
+    assert!(waiting.message.contains("s3cret"), "{waiting:?}");
+    let lines = events.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "FailedPostStartHook: PostStartHook failed"),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l == "Killing: FailedPostStartHook"),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("s3cret")), "{lines:?}");
+    let logged = res.error().expect("an error").to_string();
+    assert!(
+        logged.contains("PostStartHookError") && !logged.contains("s3cret"),
+        "{logged}"
+    );
+    assert!(
+        rt.called().iter().any(|c| c == "StopContainer"),
+        "killed after the hook"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_pre_stop_hook_keeps_its_output_out_of_events() {
+    let rt = FakeRuntime::new();
+    let p = pod(
+        json!({"containers": [{"name": "app", "image": "busybox:1.36",
+        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo token=s3cret; exit 3"]}}}}]}),
+    );
+    let backoff = Mutex::new(Backoff::default());
+    step(&rt, &p, &backoff, t(0)).await;
+    rt.set_exec_sync_response(cri::ExecSyncResponse {
+        stdout: b"token=s3cret\n".to_vec(),
+        stderr: Vec::new(),
+        exit_code: 3,
+    });
+    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
+    let app = snap.status.latest("app").expect("app");
+    let events = crate::api::events::Recorded::default();
+    super::super::kill::stop_one(&rt, &events, &p, app, 5, None, "")
+        .await
+        .expect("stopped");
+    let lines = events.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "FailedPreStopHook: PreStopHook failed"),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("s3cret")), "{lines:?}");
+}
+
+/// A pod on the node's network gets the node's address as `status.podIP` in its env
+/// (NodeConformance: "should provide host IP and pod IP as an env var if pod uses host
+/// network").
+#[tokio::test]
+async fn a_host_network_pods_env_has_the_nodes_ip_as_its_pod_ip() {
+    let rt = FakeRuntime::new();
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let p = pod(
+        json!({"hostNetwork": true, "containers": [{"name": "app", "image": "busybox:1.36",
+        "env": [{"name": "POD_IP", "valueFrom": field("status.podIP")},
+                {"name": "POD_IPS", "valueFrom": field("status.podIPs")},
+                {"name": "HOST_IP", "valueFrom": field("status.hostIP")}]}]}),
+    );
+    let opts = ContainerOptions {
+        host_ips: vec!["192.0.2.7".into()],
+        ..Default::default()
+    };
+    let (backoff, image_backoff) = (Mutex::default(), Mutex::default());
+    let (_, res) = step_seen(&rt, &p, &backoff, &image_backoff, t(0), &opts, &NoEvents).await;
+    assert_eq!(res.started, ["app"]);
+    let envs: Vec<(String, String)> = rt.containers()[0]
+        .config
+        .envs
+        .iter()
+        .map(|e| (e.key.clone(), e.value.clone()))
+        .collect();
+    for name in ["POD_IP", "POD_IPS", "HOST_IP"] {
+        assert!(
+            envs.contains(&(name.into(), "192.0.2.7".into())),
+            "{name}: {envs:?}"
+        );
+    }
 }

@@ -139,6 +139,14 @@ impl WaitingReason {
         }
     }
 
+    /// Whether this reason is a failed lifecycle hook (its message holds the hook's output).
+    pub fn is_hook(self) -> bool {
+        matches!(
+            self,
+            WaitingReason::PreStartHookError | WaitingReason::PostStartHookError
+        )
+    }
+
     /// Whether this reason comes from the image (pulling, inspecting).
     pub fn is_image(self) -> bool {
         matches!(

@@ -32,9 +32,8 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::pod_identity;
-use super::sync::{EventType, PodEvents};
 use super::types::SyncError;
-use crate::api::events::FAILED_MOUNT_VOLUME;
+use crate::api::events::{EventType, PodEvents, Reason};
 
 /// What a volume is, as far as this kubelet is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -495,7 +494,7 @@ pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(
             pod,
             None,
             EventType::Warning,
-            FAILED_MOUNT_VOLUME,
+            Reason::FailedMountVolume,
             f.event_message(),
         );
     }

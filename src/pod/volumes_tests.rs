@@ -2,8 +2,8 @@
 //! files, a unix socket, `/dev/null`), emptyDir directories, the refusal of the other types, and
 //! subPaths kept in their volume.
 
+use crate::api::events::Recorded;
 use std::os::unix::fs::PermissionsExt;
-use std::sync::Mutex;
 
 use super::*;
 use crate::pod::spec::tests::pod;
@@ -17,23 +17,6 @@ fn pod_with(volumes: serde_json::Value, mounted: &[&str]) -> Pod {
         .collect();
     pod(json!({"volumes": volumes,
         "containers": [{"name": "app", "image": "x", "volumeMounts": mounts}]}))
-}
-
-/// One recorded event: the container it is about, its type, reason and message.
-type Event = (Option<String>, EventType, String, String);
-
-#[derive(Default)]
-struct Recorded(Mutex<Vec<Event>>);
-
-impl PodEvents for Recorded {
-    fn event(&self, _: &Pod, c: Option<&str>, kind: EventType, reason: &str, message: String) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((
-            c.map(str::to_string),
-            kind,
-            reason.to_string(),
-            message,
-        ));
-    }
 }
 
 #[test]
@@ -150,12 +133,12 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
         text.starts_with("unmounted volumes=[cfg claim]: "),
         "{text}"
     );
-    let recorded = events.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let recorded = events.all();
     assert_eq!(recorded.len(), 2, "{recorded:?}");
     let (container, kind, reason, message) = &recorded[0];
     assert_eq!(container, &None);
     assert_eq!(*kind, EventType::Warning);
-    assert_eq!(reason, "FailedMount");
+    assert_eq!(reason.as_str(), "FailedMount");
     assert_eq!(
         message,
         "MountVolume.SetUp failed for volume \"cfg\" : configmap \"c\" not found"
@@ -190,13 +173,7 @@ fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
     assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
     // Memory-backed: the volume manager's (a tmpfs), not made here.
     assert!(!empty_dir_path(dir.path(), &p, "ram").exists());
-    let messages: Vec<String> = events
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|e| e.3.clone())
-        .collect();
+    let messages: Vec<String> = events.all().into_iter().map(|e| e.3).collect();
     assert_eq!(
         messages,
         [

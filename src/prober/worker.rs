@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use super::results::ResultsManager;
 use super::run::{Attempt, Prober, Target};
 use super::{ProbeKind, ProbeParams, ProbeResult};
-use crate::api::events::EventType;
-use crate::pod::sync::PodEvents;
+use crate::api::events::PodEvents;
+use crate::api::events::{EventType, Reason};
 use crate::pod::types::{Phase, RestartPolicy};
 
 /// Where a worker reads the pod's last computed status (the status manager).
@@ -217,7 +217,7 @@ impl Worker {
                 pod_uid: uid.clone(),
             })
             .inc();
-        let say = |kind: EventType, reason: &str, message: String| {
+        let say = |kind: EventType, reason: Reason, message: String| {
             self.shared
                 .events
                 .event(&self.pod, Some(name), kind, reason, message)
@@ -227,7 +227,7 @@ impl Worker {
             Attempt::Warning(out) => {
                 say(
                     EventType::Warning,
-                    "ProbeWarning",
+                    Reason::ContainerProbeWarning,
                     format!("{label} probe warning: {out}"),
                 );
                 ProbeResult::Success
@@ -235,7 +235,7 @@ impl Worker {
             Attempt::Failure(out) => {
                 say(
                     EventType::Warning,
-                    "Unhealthy",
+                    Reason::ContainerUnhealthy,
                     format!("{label} probe failed: {out}"),
                 );
                 ProbeResult::Failure
@@ -243,7 +243,7 @@ impl Worker {
             Attempt::Error(why) => {
                 say(
                     EventType::Warning,
-                    "Unhealthy",
+                    Reason::ContainerUnhealthy,
                     format!("{label} probe errored: {why}"),
                 );
                 return true;

@@ -17,8 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::worker::{Shared, StatusSource, Worker};
 use super::*;
-use crate::api::events::EventType;
-use crate::pod::sync::PodEvents;
+use crate::api::events::Recorded;
 
 #[derive(Default)]
 struct Statuses(Mutex<Option<PodStatus>>);
@@ -61,22 +60,10 @@ impl Prober for Script {
     }
 }
 
-#[derive(Default)]
-struct Events(Mutex<Vec<(String, String)>>);
-
-impl PodEvents for Events {
-    fn event(&self, _: &Pod, _: Option<&str>, _: EventType, reason: &str, message: String) {
-        self.0
-            .lock()
-            .expect("lock")
-            .push((reason.to_string(), message));
-    }
-}
-
 struct Fixture {
     statuses: Arc<Statuses>,
     script: Arc<Script>,
-    events: Arc<Events>,
+    events: Arc<Recorded>,
     shared: Shared,
     updates: mpsc::UnboundedReceiver<Update>,
     pod: Arc<Pod>,
@@ -95,7 +82,7 @@ fn fixture(probes: serde_json::Value) -> Fixture {
     let (tx, updates) = mpsc::unbounded_channel();
     let statuses = Arc::new(Statuses::default());
     let script = Arc::new(Script::default());
-    let events = Arc::new(Events::default());
+    let events = Arc::new(Recorded::default());
     let shared = Shared {
         prober: script.clone(),
         statuses: statuses.clone(),
@@ -210,7 +197,7 @@ async fn thresholds_count_consecutive_attempts() {
         f.shared.results.get("c1", ProbeKind::Readiness),
         Some(Failure)
     );
-    let events = f.events.0.lock().expect("lock").clone();
+    let events = f.events.pairs();
     assert_eq!(events.len(), 6, "an Unhealthy event per failed attempt");
     assert_eq!(
         events[0],
@@ -314,7 +301,7 @@ async fn warnings_pass_with_an_event_and_errors_count_neither_way() {
     );
     assert!(w.do_probe().await);
     assert_eq!(f.results(), [ProbeResult::Success]);
-    let events = f.events.0.lock().expect("lock").clone();
+    let events = f.events.pairs();
     assert_eq!(
         events,
         [

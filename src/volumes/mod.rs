@@ -45,11 +45,11 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Api;
 
+use crate::api::events::PodEvents;
 use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::TokenManager;
 use crate::pod::SyncError;
 use crate::pod::env::EnvObjects;
-use crate::pod::sync::PodEvents;
 use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
 use crate::pod::{pod_identity, quantity};
 use atomic_writer::Payload;

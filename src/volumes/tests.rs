@@ -1,24 +1,10 @@
 //! Tests of [`super::VolumeManager`] without an API server (a standalone node): the volumes
 //! needing objects or tokens fail with a clear reason, the others are written.
 
-use std::sync::Mutex;
-
 use serde_json::json;
 
 use super::*;
-use crate::pod::sync::EventType;
-
-#[derive(Default)]
-struct Recorded(Mutex<Vec<String>>);
-
-impl PodEvents for Recorded {
-    fn event(&self, _: &Pod, _: Option<&str>, _: EventType, reason: &str, message: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(format!("{reason}: {message}"));
-    }
-}
+use crate::api::events::Recorded;
 
 #[tokio::test]
 async fn standalone_object_volumes_fail_clearly_and_downward_api_is_written() {
@@ -44,7 +30,7 @@ async fn standalone_object_volumes_fail_clearly_and_downward_api_is_written() {
     let events = Recorded::default();
     let err = vm.set_up(&pod, &events).await.expect_err("no API server");
     assert!(matches!(err, SyncError::Volumes(_)), "{err:?}");
-    let got = events.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let got = events.lines();
     assert_eq!(
         got,
         [

@@ -9,6 +9,7 @@
 //! events are only logged.
 
 pub mod correlator;
+mod pod;
 mod reasons;
 mod sink;
 
@@ -23,7 +24,10 @@ use kube::Client;
 use tokio::sync::mpsc;
 
 pub use correlator::{Correlator, Decision};
-pub use reasons::*;
+#[cfg(test)]
+pub use pod::Recorded;
+pub use pod::{NoEvents, PodEvents};
+pub use reasons::Reason;
 
 /// The component named as the events' source and reporter.
 pub const COMPONENT: &str = "kubelet";
@@ -101,10 +105,11 @@ impl EventRecorder {
         &self,
         object: &ObjectReference,
         type_: EventType,
-        reason: &str,
+        reason: Reason,
         message: impl Into<String>,
     ) {
         let message = message.into();
+        let reason = reason.as_str();
         let kind = object.kind.as_deref().unwrap_or("");
         let namespace = object.namespace.as_deref().unwrap_or("");
         let name = object.name.as_deref().unwrap_or("");
@@ -275,44 +280,6 @@ pub fn build_event(
     }
 }
 
-/// The first recorder's interface, kept for its callers: [`EventRecorder`] underneath, its
-/// sink spawned on the current tokio runtime. New code should use [`EventRecorder`].
-#[derive(Clone)]
-pub struct Recorder {
-    events: EventRecorder,
-}
-
-impl Recorder {
-    /// Without a tokio runtime to run the sink on, events are logged only.
-    pub fn new(client: Client, node_name: String) -> Self {
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        if runtime.is_none() {
-            tracing::warn!("no tokio runtime: events will only be logged");
-        }
-        let client = runtime.as_ref().map(|_| client);
-        let (events, sink) = EventRecorder::new(client, node_name);
-        if let Some(rt) = runtime {
-            rt.spawn(sink);
-        }
-        Recorder { events }
-    }
-
-    pub fn node_ref(&self) -> ObjectReference {
-        self.events.node_ref()
-    }
-
-    /// Records a Warning about `object`; returns at once.
-    pub async fn warning(&self, object: ObjectReference, reason: &str, message: &str) {
-        self.events
-            .event(&object, EventType::Warning, reason, message);
-    }
-
-    /// The recorder underneath.
-    pub fn events(&self) -> &EventRecorder {
-        &self.events
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,14 +323,14 @@ mod tests {
             "n1",
             object,
             EventType::Warning,
-            FAILED_VALIDATION,
+            Reason::FailedValidation.as_str(),
             "bad",
             now(),
         );
         assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
         assert!(e.metadata.name.as_deref().unwrap_or("").starts_with("n1."));
         assert_eq!(e.type_.as_deref(), Some("Warning"));
-        assert_eq!(e.reason.as_deref(), Some(FAILED_VALIDATION));
+        assert_eq!(e.reason.as_deref(), Some("FailedValidation"));
         let source = e.source.clone().unwrap_or_default();
         assert_eq!(source.component.as_deref(), Some("kubelet"));
         assert_eq!(source.host.as_deref(), Some("n1"));
@@ -443,13 +410,13 @@ mod tests {
             other.event(
                 &container_ref(&pod, "app"),
                 EventType::Warning,
-                BACK_OFF_START_CONTAINER,
+                Reason::BackOff,
                 "Back-off restarting failed container app",
             );
             recorder.event(
                 &recorder.node_ref(),
                 EventType::Normal,
-                STARTING_KUBELET,
+                Reason::StartingKubelet,
                 "Starting kubelet.",
             );
         });
@@ -478,7 +445,12 @@ mod tests {
         let (recorder, _sink) = EventRecorder::with_queue(Some(client), "n1".into(), 2);
         let node = recorder.node_ref();
         for i in 0..5 {
-            recorder.event(&node, EventType::Normal, "R", format!("m{i}"));
+            recorder.event(
+                &node,
+                EventType::Normal,
+                Reason::StartingKubelet,
+                format!("m{i}"),
+            );
         }
         assert_eq!(recorder.dropped(), 3);
     }

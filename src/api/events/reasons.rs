@@ -1,66 +1,157 @@
-//! The `reason`s of the kubelet's events, spelled as upstream's (pkg/kubelet/events and the
-//! node status setters) so that tools and people reading events see the same words.
+//! The `reason`s of the kubelet's events: every reason the kubelet records and only those,
+//! spelled as upstream's (pkg/kubelet/events and the node status setters) so that tools and
+//! people reading events see the same words.
 
-// Containers.
-pub const CREATED_CONTAINER: &str = "Created";
-pub const STARTED_CONTAINER: &str = "Started";
-pub const FAILED_TO_CREATE_CONTAINER: &str = "Failed";
-pub const FAILED_TO_START_CONTAINER: &str = "Failed";
-pub const KILLING_CONTAINER: &str = "Killing";
-pub const PREEMPT_CONTAINER: &str = "Preempting";
-pub const BACK_OFF_START_CONTAINER: &str = "BackOff";
-pub const EXCEEDED_GRACE_PERIOD: &str = "ExceededGracePeriod";
+use std::fmt;
 
-// Pods.
-pub const FAILED_TO_KILL_POD: &str = "FailedKillPod";
-pub const FAILED_TO_CREATE_POD_CONTAINER: &str = "FailedCreatePodContainer";
-pub const FAILED_TO_MAKE_POD_DATA_DIRECTORIES: &str = "Failed";
-pub const NETWORK_NOT_READY: &str = "NetworkNotReady";
+/// An event's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    // Containers.
+    /// A container was created (`Created`).
+    CreatedContainer,
+    /// A container was started (`Started`).
+    StartedContainer,
+    /// A container could not be made or started, or its image pulled (`Failed`).
+    Failed,
+    /// A container is being stopped (`Killing`).
+    KillingContainer,
+    /// A crash-looping container or an image pull waits (`BackOff`).
+    BackOff,
+    /// A container's environment has names the runtime may not accept.
+    InvalidEnvironmentVariableNames,
+    // Pods.
+    /// The pod's sandbox changed: it is killed and made again.
+    SandboxChanged,
+    /// The pod's sandbox could not be made (`FailedCreatePodSandBox`).
+    FailedCreatePodSandbox,
+    /// A volume could not be mounted (`FailedMount`).
+    FailedMountVolume,
+    /// An image pull secret could not be read.
+    FailedToRetrieveImagePullSecret,
+    // Images.
+    /// An image pull began.
+    PullingImage,
+    /// An image is there (pulled, or already present).
+    PulledImage,
+    /// An image is missing and the policy forbids pulling it.
+    ErrImageNeverPull,
+    // Probes and lifecycle hooks.
+    /// A probe failed (`Unhealthy`).
+    ContainerUnhealthy,
+    /// A probe passed with a warning.
+    ContainerProbeWarning,
+    /// A postStart hook failed.
+    FailedPostStartHook,
+    /// A preStop hook failed.
+    FailedPreStopHook,
+    // The kubelet and its node.
+    /// The kubelet started (`Starting`).
+    StartingKubelet,
+    /// The node became Ready.
+    NodeReady,
+    /// The node became NotReady.
+    NodeNotReady,
+    NodeHasSufficientMemory,
+    NodeHasInsufficientMemory,
+    NodeHasNoDiskPressure,
+    NodeHasDiskPressure,
+    NodeHasSufficientPid,
+    NodeHasInsufficientPid,
+    /// Something the kubelet was given cannot be used (a static pod manifest).
+    FailedValidation,
+}
 
-// Images.
-pub const PULLING_IMAGE: &str = "Pulling";
-pub const PULLED_IMAGE: &str = "Pulled";
-pub const FAILED_TO_PULL_IMAGE: &str = "Failed";
-pub const FAILED_TO_INSPECT_IMAGE: &str = "InspectFailed";
-pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
-pub const BACK_OFF_PULL_IMAGE: &str = "BackOff";
+impl Reason {
+    /// Every reason, in the order declared.
+    pub const ALL: [Reason; 27] = [
+        Reason::CreatedContainer,
+        Reason::StartedContainer,
+        Reason::Failed,
+        Reason::KillingContainer,
+        Reason::BackOff,
+        Reason::InvalidEnvironmentVariableNames,
+        Reason::SandboxChanged,
+        Reason::FailedCreatePodSandbox,
+        Reason::FailedMountVolume,
+        Reason::FailedToRetrieveImagePullSecret,
+        Reason::PullingImage,
+        Reason::PulledImage,
+        Reason::ErrImageNeverPull,
+        Reason::ContainerUnhealthy,
+        Reason::ContainerProbeWarning,
+        Reason::FailedPostStartHook,
+        Reason::FailedPreStopHook,
+        Reason::StartingKubelet,
+        Reason::NodeReady,
+        Reason::NodeNotReady,
+        Reason::NodeHasSufficientMemory,
+        Reason::NodeHasInsufficientMemory,
+        Reason::NodeHasNoDiskPressure,
+        Reason::NodeHasDiskPressure,
+        Reason::NodeHasSufficientPid,
+        Reason::NodeHasInsufficientPid,
+        Reason::FailedValidation,
+    ];
 
-// The kubelet and its node.
-pub const NODE_READY: &str = "NodeReady";
-pub const NODE_NOT_READY: &str = "NodeNotReady";
-pub const NODE_SCHEDULABLE: &str = "NodeSchedulable";
-pub const NODE_NOT_SCHEDULABLE: &str = "NodeNotSchedulable";
-pub const STARTING_KUBELET: &str = "Starting";
-pub const KUBELET_SETUP_FAILED: &str = "KubeletSetupFailed";
-pub const FAILED_ATTACH_VOLUME: &str = "FailedAttachVolume";
-pub const FAILED_MOUNT_VOLUME: &str = "FailedMount";
-pub const SUCCESSFUL_MOUNT_VOLUME: &str = "SuccessfulMountVolume";
-pub const NODE_REBOOTED: &str = "Rebooted";
-pub const NODE_SHUTDOWN: &str = "Shutdown";
-pub const CONTAINER_GC_FAILED: &str = "ContainerGCFailed";
-pub const IMAGE_GC_FAILED: &str = "ImageGCFailed";
-pub const NODE_ALLOCATABLE_ENFORCED: &str = "NodeAllocatableEnforced";
-pub const SANDBOX_CHANGED: &str = "SandboxChanged";
-pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
-pub const FAILED_STATUS_POD_SANDBOX: &str = "FailedPodSandBoxStatus";
-pub const INVALID_DISK_CAPACITY: &str = "InvalidDiskCapacity";
-pub const FREE_DISK_SPACE_FAILED: &str = "FreeDiskSpaceFailed";
+    /// The reason as events spell it.
+    pub fn as_str(self) -> &'static str {
+        use Reason::*;
+        match self {
+            CreatedContainer => "Created",
+            StartedContainer => "Started",
+            Failed => "Failed",
+            KillingContainer => "Killing",
+            BackOff => "BackOff",
+            InvalidEnvironmentVariableNames => "InvalidEnvironmentVariableNames",
+            SandboxChanged => "SandboxChanged",
+            FailedCreatePodSandbox => "FailedCreatePodSandBox",
+            FailedMountVolume => "FailedMount",
+            FailedToRetrieveImagePullSecret => "FailedToRetrieveImagePullSecret",
+            PullingImage => "Pulling",
+            PulledImage => "Pulled",
+            ErrImageNeverPull => "ErrImageNeverPull",
+            ContainerUnhealthy => "Unhealthy",
+            ContainerProbeWarning => "ProbeWarning",
+            FailedPostStartHook => "FailedPostStartHook",
+            FailedPreStopHook => "FailedPreStopHook",
+            StartingKubelet => "Starting",
+            NodeReady => "NodeReady",
+            NodeNotReady => "NodeNotReady",
+            NodeHasSufficientMemory => "NodeHasSufficientMemory",
+            NodeHasInsufficientMemory => "NodeHasInsufficientMemory",
+            NodeHasNoDiskPressure => "NodeHasNoDiskPressure",
+            NodeHasDiskPressure => "NodeHasDiskPressure",
+            NodeHasSufficientPid => "NodeHasSufficientPID",
+            NodeHasInsufficientPid => "NodeHasInsufficientPID",
+            FailedValidation => "FailedValidation",
+        }
+    }
+}
 
-// Node conditions, as the node status setters record their transitions.
-pub const NODE_HAS_SUFFICIENT_MEMORY: &str = "NodeHasSufficientMemory";
-pub const NODE_HAS_INSUFFICIENT_MEMORY: &str = "NodeHasInsufficientMemory";
-pub const NODE_HAS_NO_DISK_PRESSURE: &str = "NodeHasNoDiskPressure";
-pub const NODE_HAS_DISK_PRESSURE: &str = "NodeHasDiskPressure";
-pub const NODE_HAS_SUFFICIENT_PID: &str = "NodeHasSufficientPID";
-pub const NODE_HAS_INSUFFICIENT_PID: &str = "NodeHasInsufficientPID";
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
-// Probes and lifecycle hooks.
-pub const CONTAINER_UNHEALTHY: &str = "Unhealthy";
-pub const CONTAINER_PROBE_WARNING: &str = "ProbeWarning";
-pub const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
-pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+#[cfg(test)]
+mod tests {
+    use super::Reason;
 
-/// A pod worker's sync failed.
-pub const FAILED_SYNC: &str = "FailedSync";
-/// A pod (such as a static pod manifest) that cannot be used.
-pub const FAILED_VALIDATION: &str = "FailedValidation";
+    #[test]
+    fn every_reason_is_listed_once_and_spelled_as_a_word() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            assert!(seen.insert(r), "{r:?} twice");
+            assert!(r.as_str().chars().all(|c| c.is_ascii_alphabetic()), "{r:?}");
+        }
+        let spelled: std::collections::HashSet<_> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            spelled.len(),
+            Reason::ALL.len(),
+            "two reasons spelled alike"
+        );
+    }
+}
