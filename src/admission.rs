@@ -20,8 +20,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::pod::quantity;
 use crate::sources::CONFIG_SOURCE_ANNOTATION;
+use crate::util::quantity;
 
 /// Why a pod was not admitted: `reason` is a CamelCase word (`OutOfcpu`, `NodeAffinity`),
 /// `message` the human explanation; both go into the pod's status.

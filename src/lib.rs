@@ -19,4 +19,5 @@ pub mod prober;
 pub mod server;
 pub mod sources;
 pub mod status_manager;
+pub mod util;
 pub mod volumes;

@@ -10,6 +10,7 @@
 //! workers about a pod ([`PodWorkers::could_have_running_containers`], ...) instead of guessing.
 //! Nothing here talks to a runtime: that is the syncer's job.
 
+use crate::util::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -118,10 +119,6 @@ pub struct PodWorkers {
 
 fn uid_of(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PodWorkers {

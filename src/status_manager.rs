@@ -26,6 +26,7 @@ use crate::sources::api::{CONFIG_MIRROR_ANNOTATION, MirrorPods};
 use crate::sources::{
     self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, annotation,
 };
+use crate::util::lock;
 
 /// How often writes that failed, or were not possible yet, are retried.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
@@ -56,10 +57,6 @@ pub struct StatusManager {
     mirrors: Mutex<Option<tokio::sync::watch::Receiver<MirrorPods>>>,
     entries: Mutex<HashMap<String, Entry>>,
     wake: Notify,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// When the kubelet first saw the pod: its `kubernetes.io/config.seen` annotation.

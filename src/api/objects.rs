@@ -92,7 +92,7 @@ where
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::util::lock(&self.inner)
     }
 
     /// Sets the objects pod `uid` references (replacing what it registered before): watches

@@ -71,7 +71,7 @@ impl TokenManager {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TokenKey, Cached>> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+        crate::util::lock(&self.cache)
     }
 
     /// A token for `key`: the cached one while it needs no refresh, else a new one.

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{AuthzMode, KubeletConfig};
-use crate::node::conditions::go_duration as d;
+use crate::util::go_duration as d;
 
 impl KubeletConfig {
     /// The file's fields of this configuration (not those the flags set: node name, node IP,

@@ -46,8 +46,6 @@
 //! fails ends the steps that depend on it (nothing is removed on a guess).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -554,10 +552,10 @@ async fn remove_tree(path: PathBuf, mountinfo: Arc<String>, report: &mut GcRepor
             Ok(_) => return Err("no longer a directory; left alone".to_string()),
             Err(e) => return Err(e.to_string()),
         }
-        let mut mounts = mounts_under(&mountinfo, &path);
+        let mut mounts = crate::util::mounts_under(&mountinfo, &path);
         if let Ok(real) = std::fs::canonicalize(&path) {
             if real != path {
-                mounts.extend(mounts_under(&mountinfo, &real));
+                mounts.extend(crate::util::mounts_under(&mountinfo, &real));
             }
         }
         if let Some(m) = mounts.first() {
@@ -582,44 +580,6 @@ async fn remove_tree(path: PathBuf, mountinfo: Arc<String>, report: &mut GcRepor
             false
         }
     }
-}
-
-/// The mount points in `mountinfo` (the text of `/proc/<pid>/mountinfo`) that are `dir` or
-/// lie below it, compared by path components. The kernel's octal escapes (`\040` for a
-/// space, `\011`, `\012`, `\134`) are decoded; malformed lines are skipped.
-pub fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .filter(|p| p.starts_with('/'))
-        .map(unescape_octal)
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
-/// Decodes the `\ooo` escapes of a mountinfo field.
-fn unescape_octal(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' {
-            let digits = b.get(i + 1..i + 4).unwrap_or_default();
-            if digits.len() == 3 && digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let v = digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                if let Ok(byte) = u8::try_from(v) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 #[cfg(test)]

@@ -639,52 +639,6 @@ fn collect_is_send() {
 }
 
 #[test]
-fn mounts_under_matches_by_component_and_decodes_escapes() {
-    let text = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-30 22 0:26 / /var/lib/nodelet rw shared:2 - ext4 /dev/sdb1 rw
-31 30 0:40 / /var/lib/nodelet/pods/abc/volumes/kubernetes.io~secret/tok rw - tmpfs tmpfs rw
-32 30 0:41 / /var/lib/nodelet/pods/abcd/volumes/x rw - tmpfs tmpfs rw
-33 30 0:42 / /var/lib/nodelet/pods/abc rw - tmpfs tmpfs rw
-34 30 0:43 / /var/lib/nodelet/pods/sp\\040ace/vol\\040one rw - tmpfs tmpfs rw
-35 30 0:44 / /var/lib/nodelet/pods/tab\\011x/back\\134slash rw - tmpfs tmpfs rw
-36 30 0:45 / /var/lib/nodelet/pods/bad\\9x/m rw - tmpfs tmpfs rw
-garbage line
-37 30 0:46 /
-";
-    let pods = Path::new("/var/lib/nodelet/pods");
-    assert_eq!(
-        mounts_under(text, &pods.join("abc")),
-        vec![
-            pods.join("abc/volumes/kubernetes.io~secret/tok"),
-            pods.join("abc"),
-        ],
-        "the pod dir itself and below it, not abcd"
-    );
-    assert_eq!(
-        mounts_under(text, &pods.join("sp ace")),
-        vec![pods.join("sp ace/vol one")]
-    );
-    assert_eq!(
-        mounts_under(text, &pods.join("tab\tx")),
-        vec![pods.join("tab\tx/back\\slash")]
-    );
-    // An invalid escape stays as written.
-    assert_eq!(
-        mounts_under(text, &pods.join("bad\\9x")),
-        vec![pods.join("bad\\9x/m")]
-    );
-    // A trailing slash does not matter; a mount above the dir is not under it.
-    assert_eq!(
-        mounts_under(text, Path::new("/var/lib/nodelet/pods/abcd/")).len(),
-        1
-    );
-    assert!(mounts_under(text, &pods.join("none")).is_empty());
-    assert!(mounts_under("", pods).is_empty());
-    assert_eq!(mounts_under(text, pods).len(), 6);
-}
-
-#[test]
 fn log_dir_names_parse_to_the_uid() {
     assert_eq!(
         log_dir_uid("kube-system_coredns-abc_0f3c1d2e-1111-2222-3333-444455556666"),

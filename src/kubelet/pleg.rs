@@ -47,13 +47,13 @@ impl PlegHealth {
 
     /// Records that the PLEG is working now.
     pub fn mark_active(&self) {
-        *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *crate::util::lock(&self.last_active) = Instant::now();
     }
 
     /// Records a relist that took `took` (upstream's relist duration metric); slow relists are
     /// logged.
     pub fn record_relist(&self, took: Duration) {
-        *self.last_relist.lock().unwrap_or_else(|p| p.into_inner()) = Some(took);
+        *crate::util::lock(&self.last_relist) = Some(took);
         if took > self.threshold / 4 {
             tracing::warn!("PLEG relist took {took:?}");
         }
@@ -61,7 +61,7 @@ impl PlegHealth {
 
     /// How long the last relist took, if there was one.
     pub fn last_relist(&self) -> Option<Duration> {
-        *self.last_relist.lock().unwrap_or_else(|p| p.into_inner())
+        *crate::util::lock(&self.last_relist)
     }
 
     /// `None` when healthy, else the upstream message.
@@ -70,7 +70,7 @@ impl PlegHealth {
     }
 
     fn problem_at(&self, now: Instant) -> Option<String> {
-        let last = *self.last_active.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *crate::util::lock(&self.last_active);
         let ago = now.saturating_duration_since(last);
         (ago > self.threshold).then(|| crate::node::pleg_unhealthy(ago, self.threshold))
     }
@@ -278,7 +278,7 @@ impl Reads {
     /// when `notify`.
     fn request(&self, uid: String, notify: bool) {
         {
-            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            let mut inflight = crate::util::lock(&self.inflight);
             if let Some(a) = inflight.get_mut(&uid) {
                 a.again = true;
                 a.notify |= notify;
@@ -291,15 +291,12 @@ impl Reads {
             let mut notify = notify;
             loop {
                 if let Some(view) = read_pod(this.rt.as_ref(), &this.cache, &uid).await {
-                    this.relister
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .observe_pod(&uid, &view);
+                    crate::util::lock(&this.relister).observe_pod(&uid, &view);
                 }
                 if notify {
                     let _ = this.changed.send(uid.clone());
                 }
-                let mut inflight = this.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                let mut inflight = crate::util::lock(&this.inflight);
                 match inflight.get_mut(&uid) {
                     Some(a) if a.again => {
                         notify = a.notify;
@@ -438,13 +435,7 @@ impl Pleg {
             .as_ref()
             .and_then(|s| s.labels.get(LABEL_POD_UID))
             .cloned()
-            .or_else(|| {
-                reads
-                    .relister
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .pod_of(&ev.container_id)
-            });
+            .or_else(|| crate::util::lock(&reads.relister).pod_of(&ev.container_id));
         if let Some(uid) = known {
             reads.request(uid, true);
             return;
@@ -464,12 +455,7 @@ impl Pleg {
         let began = std::time::Instant::now();
         let at = Instant::now();
         let metrics = crate::metrics::get();
-        if let Some(prev) = relister
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .began
-            .replace(began)
-        {
+        if let Some(prev) = crate::util::lock(relister).began.replace(began) {
             metrics
                 .pleg_relist_interval
                 .observe(began.duration_since(prev).as_secs_f64());
@@ -490,10 +476,7 @@ impl Pleg {
             .into_iter()
             .filter_map(|c| Some((c.id, (c.labels.get(LABEL_POD_UID)?.clone(), c.state))))
             .collect();
-        let changed = relister
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .diff(current);
+        let changed = crate::util::lock(relister).diff(current);
         for uid in &changed {
             read_pod(self.rt.as_ref(), &self.cache, uid).await;
             let _ = self.changed.send(uid.clone());

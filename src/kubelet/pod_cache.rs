@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::pod::sync::RuntimeSnapshot;
+use crate::util::lock;
 
 /// One pod's entry: the view (or the error reading it) and when the read began.
 #[derive(Debug, Clone)]
@@ -40,10 +41,6 @@ impl Default for PodCache {
             changed: watch::channel(()).0,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PodCache {

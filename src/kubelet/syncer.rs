@@ -24,6 +24,7 @@ use crate::pod::{self, Backoff, ContainerOptions, Phase, StatusContext, Waiting}
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
 use crate::prober::ProbeManager;
 use crate::status_manager::StatusManager;
+use crate::util::lock;
 use crate::volumes::VolumeManager;
 
 /// Syncs pods against a runtime and hands each computed status to the status manager.
@@ -66,10 +67,6 @@ pub struct SyncerParts {
     pub events: Arc<dyn PodEvents>,
     /// The probes of the pods: started when a pod syncs, stopped when it terminated.
     pub probes: Arc<ProbeManager>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Makes `<pods_dir>/<uid>` with its `volumes` and `plugins` directories (mode 0750).

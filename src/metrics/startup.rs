@@ -89,7 +89,7 @@ fn uid(pod: &Pod) -> &str {
 
 impl StartupTracker {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = crate::util::lock(&self.state);
         f(&mut s)
     }
 

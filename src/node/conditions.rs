@@ -52,50 +52,9 @@ impl Health {
 pub fn pleg_unhealthy(last_seen_ago: Duration, threshold: Duration) -> String {
     format!(
         "PLEG is not healthy: pleg was last seen active {} ago; threshold is {}",
-        go_duration(last_seen_ago),
-        go_duration(threshold)
+        crate::util::go_duration(last_seen_ago),
+        crate::util::go_duration(threshold)
     )
-}
-
-/// A duration as Go's `time.Duration.String` prints it: `3m5s`, `1h0m0s`, `1.5s`, `250ms`.
-pub fn go_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    if nanos == 0 {
-        return "0s".to_string();
-    }
-    if nanos < 1_000 {
-        return format!("{nanos}ns");
-    }
-    if nanos < 1_000_000 {
-        return format!("{}µs", decimal(nanos, 1_000));
-    }
-    if nanos < 1_000_000_000 {
-        return format!("{}ms", decimal(nanos, 1_000_000));
-    }
-    let secs = d.as_secs();
-    let (h, m) = (secs / 3600, (secs / 60) % 60);
-    let s = decimal(
-        u128::from(secs % 60) * 1_000_000_000 + u128::from(d.subsec_nanos()),
-        1_000_000_000,
-    );
-    if h > 0 {
-        format!("{h}h{m}m{s}s")
-    } else if m > 0 {
-        format!("{m}m{s}s")
-    } else {
-        format!("{s}s")
-    }
-}
-
-/// `n / unit` with the fraction's trailing zeros dropped.
-fn decimal(n: u128, unit: u128) -> String {
-    let (int, frac) = (n / unit, n % unit);
-    if frac == 0 {
-        return int.to_string();
-    }
-    let width = unit.ilog10() as usize;
-    let digits = format!("{frac:0width$}");
-    format!("{int}.{}", digits.trim_end_matches('0'))
 }
 
 /// The Ready condition's message for several problems, as upstream's error aggregate prints

@@ -167,24 +167,3 @@ fn other_conditions_are_kept() {
     assert_eq!(conds.len(), 5);
     assert_eq!(conds[0], network);
 }
-
-#[test]
-fn go_durations() {
-    let cases = [
-        (Duration::ZERO, "0s"),
-        (Duration::from_nanos(5), "5ns"),
-        (Duration::from_micros(1500), "1.5ms"),
-        (Duration::from_nanos(2500), "2.5µs"),
-        (Duration::from_millis(250), "250ms"),
-        (Duration::from_secs(1), "1s"),
-        (Duration::from_millis(1500), "1.5s"),
-        (Duration::from_secs(180), "3m0s"),
-        (Duration::from_secs(185), "3m5s"),
-        (Duration::from_secs(3600), "1h0m0s"),
-        (Duration::from_secs(3725), "1h2m5s"),
-        (Duration::new(185, 123_456_789), "3m5.123456789s"),
-    ];
-    for (d, want) in cases {
-        assert_eq!(go_duration(d), want, "{d:?}");
-    }
-}

@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::KubeletConfig;
-use crate::pod::quantity;
+use crate::util::quantity;
 
 /// How long one heartbeat request (a status write or a Lease renewal, and the reads before
 /// them) may take: upstream gives its heartbeat client the shorter of

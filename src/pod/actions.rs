@@ -257,7 +257,7 @@ fn check_backoff(
     let delay = backoff.delay(&key, now).unwrap_or(left);
     let message = format!(
         "back-off {} restarting failed container={} pod={}",
-        crate::node::conditions::go_duration(delay),
+        crate::util::go_duration(delay),
         c.name,
         pod_desc(pod)
     );

@@ -39,7 +39,7 @@ fn config(spec: serde_json::Value, restart: u32) -> Result<cri::ContainerConfig>
 fn unbind_all(dir: &Path) {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let Ok(real) = dir.canonicalize() else { return };
-    for m in crate::kubelet::gc::mounts_under(&info, &real) {
+    for m in crate::util::mounts_under(&info, &real) {
         let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
     }
 }

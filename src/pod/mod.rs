@@ -19,7 +19,6 @@ pub mod hash;
 pub mod hooks;
 pub mod kill;
 pub mod pull_secrets;
-pub mod quantity;
 pub mod spec;
 pub mod status;
 pub mod sync;

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SeccompProfile};
 use runtime::cri;
 use runtime::{Error, Result};
 
-use super::quantity;
 use super::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, host_network, pod_identity};
+use crate::util::quantity;
 
 /// What the kubelet knows that the pod does not say.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@
 //! to start a container do not stop the others; they come back as waiting reasons for
 //! [`super::status::StatusContext::waiting`].
 
+use crate::util::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -188,10 +189,6 @@ pub struct SyncContext<'a> {
     pub pulls: &'a ImagePulls,
     pub events: &'a dyn PodEvents,
     pub now: SystemTime,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The image back-off key of `image` for the pod `pod_uid`.

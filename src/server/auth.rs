@@ -17,6 +17,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::PostParams;
 
 use crate::config::{AuthzMode, ServerConfig};
+use crate::util::lock;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,10 +106,6 @@ pub struct Auth {
     client: Option<kube::Client>,
     tokens: Mutex<HashMap<String, Cached<Option<User>>>>,
     decisions: Mutex<HashMap<Decision, Cached<bool>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Auth {

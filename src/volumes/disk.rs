@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{EMPTY_DIR_PLUGIN, MOUNTINFO};
-use crate::pod::quantity;
 use crate::pod::volumes as local;
+use crate::util::quantity;
 
 /// Whether something is mounted at `dir` itself.
 pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {
@@ -15,7 +15,7 @@ pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {
         std::fs::read_to_string(MOUNTINFO).map_err(|e| format!("reading {MOUNTINFO}: {e}"))?;
     let real =
         std::fs::canonicalize(dir).map_err(|e| format!("resolving {}: {e}", dir.display()))?;
-    Ok(crate::kubelet::gc::mounts_under(&info, &real).contains(&real))
+    Ok(crate::util::mounts_under(&info, &real).contains(&real))
 }
 
 /// Mounts a tmpfs of `size` bytes (the kernel's default when `None`) at `dir`.

@@ -50,8 +50,10 @@ use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::TokenManager;
 use crate::pod::SyncError;
 use crate::pod::env::EnvObjects;
+use crate::pod::pod_identity;
 use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
-use crate::pod::{pod_identity, quantity};
+use crate::util::lock;
+use crate::util::quantity;
 use atomic_writer::Payload;
 pub(crate) use disk::is_mount_point;
 use disk::{memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
@@ -89,10 +91,6 @@ pub struct VolumeManager {
     services: crate::api::services::Services,
     /// The (pod UID, volume) given to the pod's fsGroup already.
     owned: std::sync::Mutex<BTreeSet<(String, String)>>,
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl VolumeManager {

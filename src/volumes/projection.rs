@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::atomic_writer::{FileProjection, Payload};
-use crate::pod::quantity::{parse_bytes, parse_cpu_millis};
+use crate::util::quantity::{parse_bytes, parse_cpu_millis};
 
 /// The mode of a file a volume does not give one for (the API server's default).
 pub const DEFAULT_MODE: i32 = 0o644;

@@ -320,7 +320,7 @@ fn unmount_kubelet_mounts(pods_dir: &Path) {
         return;
     };
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut points = nodelet::kubelet::gc::mounts_under(&info, &real);
+    let mut points = nodelet::util::mounts_under(&info, &real);
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for p in points {
         let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);

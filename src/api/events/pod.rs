@@ -53,7 +53,7 @@ pub struct Recorded(std::sync::Mutex<Vec<(Option<String>, EventType, Reason, Str
 impl Recorded {
     /// Every event so far, in order.
     pub fn all(&self) -> Vec<(Option<String>, EventType, Reason, String)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        crate::util::lock(&self.0).clone()
     }
 
     /// `(reason, message)` of every event so far.
@@ -77,6 +77,6 @@ impl Recorded {
 impl PodEvents for Recorded {
     fn event(&self, _: &Pod, c: Option<&str>, kind: EventType, reason: Reason, message: String) {
         let event = (c.map(str::to_string), kind, reason, message);
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        crate::util::lock(&self.0).push(event);
     }
 }
