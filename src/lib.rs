@@ -12,6 +12,7 @@ pub mod crilog;
 pub mod kubelet;
 pub mod logging;
 pub mod metrics;
+pub mod model;
 pub mod node;
 pub mod pod;
 pub mod pod_workers;

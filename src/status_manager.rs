@@ -23,9 +23,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use crate::sources::api::{CONFIG_MIRROR_ANNOTATION, MirrorPods};
-use crate::sources::{
-    self, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, annotation,
-};
+use crate::sources::{self, CONFIG_HASH_ANNOTATION, annotation};
 use crate::util::lock;
 
 /// How often writes that failed, or were not possible yet, are retried.
@@ -66,10 +64,7 @@ fn first_seen(pod: &Pod) -> Option<SystemTime> {
     Some(SystemTime::from(t))
 }
 
-/// True when the pod came from the API server (not a static pod).
-pub fn is_api_pod(pod: &Pod) -> bool {
-    annotation(pod, CONFIG_SOURCE_ANNOTATION).is_none_or(|s| s == API_SOURCE)
-}
+pub use crate::model::is_api_pod;
 
 impl StatusManager {
     /// A manager writing through `client`; `None` keeps statuses only (standalone).

@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use crate::model::{API_SOURCE, CONFIG_SOURCE_ANNOTATION};
 
 fn pod(uid: &str, source: &str) -> Pod {
     let annotations = BTreeMap::from([

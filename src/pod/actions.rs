@@ -10,6 +10,7 @@
 //! changed, kill those not in the spec, and hold back containers in CrashLoopBackOff (`waiting`,
 //! and `wait` for when the first back-off ends).
 
+pub use crate::model::is_sidecar;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,10 +18,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::cri;
 
 use super::backoff::{self, Backoff};
-use super::types::{RestartPolicy, Waiting, WaitingReason};
 use super::{
     ANNOTATION_CONTAINER_HASH, container_hash, host_network, pod_identity, restart_policy,
 };
+use crate::model::{RestartPolicy, Waiting, WaitingReason};
 use crate::prober::ProbeView;
 
 /// A container's state as the runtime reports it.
@@ -206,12 +207,6 @@ pub struct PodActions {
     pub waiting: HashMap<String, Waiting>,
     /// Sync again after this long (a container's back-off ends then).
     pub wait: Option<Duration>,
-}
-
-/// Whether an init container is a sidecar (a restartable init container: its own
-/// `restartPolicy: Always`).
-pub fn is_sidecar(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// Whether a container whose newest instance is `latest` should be (re)started under `policy`

@@ -12,8 +12,7 @@ use crate::prober::http;
 
 /// The pod as upstream's messages name it: `name_namespace(uid)`.
 fn pod_desc(pod: &Pod) -> String {
-    let (uid, name, namespace) = super::pod_identity(pod);
-    format!("{name}_{namespace}({uid})")
+    crate::model::PodRef::of(pod).desc()
 }
 
 /// Runs `handler` for the container `container_id` of `pod`; the error is the message of the

@@ -26,54 +26,21 @@ pub mod termination;
 pub mod types;
 pub mod volumes;
 
+pub use crate::model::is_sidecar;
+pub use crate::model::{Phase, PullPolicy, RestartPolicy, Waiting, WaitingReason};
 pub use actions::{
     ContainerInfo, KillContainer, PodActions, RunState, RuntimePodStatus, SandboxInfo,
-    compute_pod_actions, compute_pod_actions_with, is_sidecar,
+    compute_pod_actions, compute_pod_actions_with,
 };
 pub use backoff::Backoff;
 pub use container::{ContainerOptions, container_config};
 pub use hash::container_hash;
 pub use spec::{SandboxOptions, qos_class, sandbox_config};
 pub use status::{StatusContext, pod_status};
-pub use types::{Phase, PullPolicy, RestartPolicy, SyncError, Waiting, WaitingReason};
+pub use types::SyncError;
 
-/// Label carrying the pod name on sandboxes and containers.
-pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
-/// Label carrying the pod namespace on sandboxes and containers.
-pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-/// Label carrying the pod UID on sandboxes and containers.
-pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// Label carrying the container name on containers.
-pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
-/// Annotation carrying the [`container_hash`] of the spec a container was created from.
-pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
-/// Annotation carrying the restart count a container was created with.
-pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
-/// Annotation carrying the container's termination message path.
-pub const ANNOTATION_TERMINATION_MESSAGE_PATH: &str =
-    "io.kubernetes.container.terminationMessagePath";
-
-use k8s_openapi::api::core::v1::Pod;
-
-/// The pod's restart policy (`Always` when unset, as the API server defaults it).
-pub fn restart_policy(pod: &Pod) -> RestartPolicy {
-    RestartPolicy::parse(pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()))
-}
-
-/// Whether the pod uses the node's network namespace.
-pub fn host_network(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false)
-}
-
-/// The pod's UID, name and namespace (empty strings when unset; namespace `default`).
-pub fn pod_identity(pod: &Pod) -> (&str, &str, &str) {
-    let m = &pod.metadata;
-    (
-        m.uid.as_deref().unwrap_or(""),
-        m.name.as_deref().unwrap_or(""),
-        m.namespace.as_deref().unwrap_or("default"),
-    )
-}
+pub use crate::model::{
+    ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
+    LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, host_network,
+    pod_identity, restart_policy,
+};

@@ -21,8 +21,8 @@ use k8s_openapi::jiff::Timestamp;
 use runtime::cri;
 
 use super::termination;
-use super::types::{Phase, RestartPolicy, Waiting};
 use super::{host_network, is_sidecar, qos_class, restart_policy};
+use crate::model::{Phase, RestartPolicy, Waiting};
 
 /// Which list a container is in, which decides how its readiness and restarts are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

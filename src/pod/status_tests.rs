@@ -1,8 +1,8 @@
 //! Table tests of [`super`] (`pod::status`).
 
 use super::*;
+use crate::model::WaitingReason;
 use crate::pod::spec::tests::pod;
-use crate::pod::types::WaitingReason;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
 

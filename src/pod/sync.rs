@@ -23,9 +23,10 @@ use super::container::{ContainerOptions, container_config};
 use super::kill::{kill_pod, stop_one};
 use super::spec::{SandboxOptions, pod_spec, sandbox_config};
 use super::termination;
-use super::types::{PullPolicy, SyncError, Waiting, WaitingReason};
+use super::types::SyncError;
 use super::{LABEL_POD_UID, container_hash, pod_identity};
 pub use crate::api::events::{EventType, NoEvents, PodEvents, Reason};
+use crate::model::{PullPolicy, Waiting, WaitingReason};
 
 /// What the runtime knows about one pod.
 #[derive(Debug, Clone, Default)]

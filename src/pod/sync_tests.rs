@@ -1,9 +1,9 @@
 //! Table tests of [`super`] (`pod::sync`).
 
 use super::*;
+use crate::model::WaitingReason;
 use crate::pod::compute_pod_actions;
 use crate::pod::spec::tests::pod;
-use crate::pod::types::WaitingReason;
 use runtime::fake::FakeRuntime;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};

@@ -12,7 +12,7 @@ use super::run::{Attempt, Prober, Target};
 use super::{ProbeKind, ProbeParams, ProbeResult};
 use crate::api::events::PodEvents;
 use crate::api::events::{EventType, Reason};
-use crate::pod::types::{Phase, RestartPolicy};
+use crate::model::{Phase, RestartPolicy};
 
 /// Where a worker reads the pod's last computed status (the status manager).
 pub trait StatusSource: Send + Sync {

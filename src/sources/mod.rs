@@ -17,11 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 pub const FILE_SOURCE: &str = "file";
 /// The source name of pods read from the static pod URL.
 pub const HTTP_SOURCE: &str = "http";
-/// The source name of pods from the API server.
-pub const API_SOURCE: &str = "api";
-
-/// Annotation naming the source a pod came from.
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub use crate::model::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, annotation, pod_full_name};
 /// Annotation holding a static pod's hash (its UID).
 pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// Annotation holding when the kubelet first saw the pod (RFC 3339).
@@ -55,22 +51,4 @@ pub struct PodUpdate {
 /// The pod's UID, or "" when it has none.
 pub fn pod_uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or("")
-}
-
-/// The value of one of the pod's annotations.
-pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
-}
-
-/// `namespace/name` of a pod, for messages.
-pub fn pod_full_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }

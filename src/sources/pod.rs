@@ -10,6 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{CONFIG_HASH_ANNOTATION, CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use crate::model::PullPolicy;
 
 /// Decodes one manifest: YAML (or JSON, which YAML includes) holding a single `v1` `Pod`.
 pub fn decode(text: &str) -> Result<Pod, String> {
@@ -166,25 +167,13 @@ pub fn apply_defaults(pod: &mut Pod, origin: &str, node_name: &str, source: &str
 
 fn default_container(c: &mut Container) {
     if c.image_pull_policy.as_deref().is_none_or(str::is_empty) {
-        let policy = default_pull_policy(c.image.as_deref().unwrap_or(""));
-        c.image_pull_policy = Some(policy.to_string());
+        let policy = PullPolicy::default_for(c.image.as_deref().unwrap_or(""));
+        c.image_pull_policy = Some(policy.as_str().to_string());
     }
     c.termination_message_path
         .get_or_insert_with(|| "/dev/termination-log".to_string());
     c.termination_message_policy
         .get_or_insert_with(|| "File".to_string());
-}
-
-/// `Always` for an image without a tag or tagged `latest` (and no digest), else `IfNotPresent`.
-pub fn default_pull_policy(image: &str) -> &'static str {
-    if image.contains('@') {
-        return "IfNotPresent";
-    }
-    let last = image.rsplit('/').next().unwrap_or(image);
-    match last.split_once(':') {
-        Some((_, tag)) if tag != "latest" => "IfNotPresent",
-        _ => "Always",
-    }
 }
 
 #[cfg(test)]

@@ -136,7 +136,7 @@ fn pull_policy() {
         ("busybox@sha256:abcd", "IfNotPresent"),
         ("busybox:latest@sha256:abcd", "IfNotPresent"),
     ] {
-        assert_eq!(default_pull_policy(image), want, "{image}");
+        assert_eq!(PullPolicy::default_for(image).as_str(), want, "{image}");
     }
 }
 
