@@ -21,4 +21,5 @@ pub mod server;
 pub mod sources;
 pub mod status_manager;
 pub mod util;
+pub mod version;
 pub mod volumes;

@@ -286,7 +286,7 @@ impl Metrics {
         let Some(o) = o else {
             return;
         };
-        tracing::info!(pod = %crate::sources::pod_full_name(pod),
+        tracing::info!(pod = %crate::model::pod_full_name(pod),
             total = o.total.as_secs_f64(), sli = ?o.sli.map(|d| d.as_secs_f64()),
             "observed pod startup duration");
         self.pod_start_total_duration.observe(o.total.as_secs_f64());

@@ -27,8 +27,8 @@ pub fn install_crypto_provider() {
 pub fn user_agent() -> String {
     format!(
         "kubelet/{} (linux/{}) nodelet",
-        crate::node::facts::kubelet_version(),
-        crate::node::facts::goarch(std::env::consts::ARCH)
+        crate::version::kubelet_version(),
+        crate::version::goarch(std::env::consts::ARCH)
     )
 }
 

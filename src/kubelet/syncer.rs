@@ -306,7 +306,7 @@ impl Syncer {
         match result.error() {
             // A back-off (crash loop, image pull) ends on its own: sync again then.
             Some(e) if result.requeue_after.is_some() && result.errors.is_empty() => {
-                tracing::info!(pod = %crate::sources::pod_full_name(pod), "{e}");
+                tracing::info!(pod = %crate::model::pod_full_name(pod), "{e}");
                 Ok(SyncOutcome {
                     finished,
                     requeue_after: result.requeue_after,

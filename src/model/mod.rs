@@ -1,12 +1,15 @@
 //! The kubelet's view of a pod, as upstream's `pkg/kubelet/container` holds it: who a pod is
 //! ([`PodRef`], derived once per sync), the labels and annotations the kubelet puts on or reads
-//! from what it runs, and the typed policies, phases and waiting reasons of [`types`]. A leaf:
+//! from what it runs, what the runtime reports of a pod ([`RuntimePodStatus`]), and the typed
+//! policies, phases and waiting reasons. A leaf:
 //! it imports nothing from the rest of the crate, so every subsystem may use it.
 
+mod status;
 mod types;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+pub use status::{ContainerInfo, RunState, RuntimePodStatus, SandboxInfo};
 pub use types::{Phase, PullPolicy, RestartPolicy, Waiting, WaitingReason};
 
 /// Label carrying the pod name on sandboxes and containers.

@@ -10,19 +10,7 @@ use anyhow::Context;
 
 use crate::config::KubeletConfig;
 
-/// The Kubernetes version nodelet implements (the API types it is built against: k8s-openapi's
-/// `latest`, v1.37).
-pub const KUBERNETES_VERSION: &str = "1.37.0";
-
-/// The `kubeletVersion` the node reports: the Kubernetes version with nodelet's own version as
-/// semver build metadata, e.g. `v1.37.0+nodelet.0.1.0` (like k3s's `v1.30.2+k3s1`), so version
-/// checks that parse it as semver see 1.37.0.
-pub fn kubelet_version() -> String {
-    format!(
-        "v{KUBERNETES_VERSION}+nodelet.{}",
-        env!("CARGO_PKG_VERSION")
-    )
-}
+pub use crate::version::{KUBERNETES_VERSION, goarch, kubelet_version};
 
 /// The machine as the node reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,19 +148,6 @@ pub fn pretty_name(os_release: &str) -> String {
         .map(|v| v.trim().trim_matches(['"', '\'']).to_string())
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "Linux".to_string())
-}
-
-/// Rust's `std::env::consts::ARCH` in Go's GOARCH names.
-pub fn goarch(arch: &str) -> &str {
-    match arch {
-        "x86_64" => "amd64",
-        "x86" => "386",
-        "aarch64" => "arm64",
-        "powerpc64" => "ppc64",
-        "loongarch64" => "loong64",
-        "mips64" => "mips64",
-        other => other,
-    }
 }
 
 /// Size of the filesystem holding `dir` (or its nearest existing ancestor, so the root

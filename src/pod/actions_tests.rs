@@ -1,9 +1,12 @@
 //! Table tests of [`super`] (`pod::actions`).
 
 use super::*;
+use crate::model::ANNOTATION_CONTAINER_HASH;
 use crate::model::WaitingReason;
 use crate::pod::spec::tests::pod;
+use runtime::cri;
 use serde_json::json;
+use std::time::UNIX_EPOCH;
 
 fn t(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)

@@ -285,7 +285,7 @@ impl SyncContext<'_> {
         // until one succeeds (the errors of all when none does).
         let (ring, bad) = super::pull_secrets::Keyring::from_secrets(&self.opts.pull_secrets);
         for b in bad {
-            tracing::warn!(pod = %crate::sources::pod_full_name(pod), "unreadable image pull secret {b}");
+            tracing::warn!(pod = %crate::model::pod_full_name(pod), "unreadable image pull secret {b}");
         }
         let creds = ring.lookup(&super::pull_secrets::repository(&image));
         let mut pulled = Err(runtime::Error::internal("no pull attempted"));

@@ -11,7 +11,8 @@ use http_body_util::{BodyExt, Empty};
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::run::{io_text, resolve_port};
+pub use super::target::join_host_port;
+use super::target::{io_text, resolve_port};
 
 /// How much of a response body is read.
 pub const MAX_BODY: usize = 10 * 1024;
@@ -38,15 +39,6 @@ pub struct Response {
     pub status: u16,
     /// At most [`MAX_BODY`] bytes of it, as text.
     pub body: String,
-}
-
-/// `host:port`, with brackets around an IPv6 address.
-pub fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
 }
 
 impl Request {

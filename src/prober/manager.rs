@@ -15,8 +15,8 @@ use super::run::{Prober, RuntimeProber};
 use super::worker::{Shared, StatusSource, Worker};
 use super::{ProbeKind, ProbeResult};
 use crate::api::events::PodEvents;
-use crate::pod::actions::RuntimePodStatus;
-use crate::pod::is_sidecar;
+use crate::model::RuntimePodStatus;
+use crate::model::is_sidecar;
 
 /// A pod's probe results as a sync uses them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

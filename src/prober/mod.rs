@@ -15,6 +15,7 @@ pub mod http;
 mod manager;
 mod results;
 mod run;
+mod target;
 mod worker;
 
 #[cfg(test)]
@@ -218,7 +219,7 @@ pub fn validate_container(field: &str, c: &Container, regular_init: bool) -> Res
 
 /// `kube-probe/<major>.<minor>`: the User-Agent of HTTP probes and hooks, as upstream.
 pub fn user_agent() -> String {
-    let v = crate::node::facts::KUBERNETES_VERSION;
+    let v = crate::version::KUBERNETES_VERSION;
     let minor: Vec<&str> = v.split('.').take(2).collect();
     format!("kube-probe/{}", minor.join("."))
 }

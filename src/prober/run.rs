@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use runtime::{Code, RuntimeService, cri};
 
 use super::http;
+pub use super::target::resolve_port;
+use super::target::{io_text, join_host_port};
 
 /// The outcome of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,29 +40,6 @@ pub struct Target<'a> {
 #[async_trait::async_trait]
 pub trait Prober: Send + Sync {
     async fn probe(&self, probe: &Probe, timeout: Duration, target: &Target<'_>) -> Attempt;
-}
-
-/// The port a probe or hook names: a number, or the name of one of the container's ports.
-pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
-    let n = match port {
-        IntOrString::Int(n) => *n,
-        IntOrString::String(name) => {
-            if let Ok(n) = name.parse::<i32>() {
-                n
-            } else {
-                c.ports
-                    .iter()
-                    .flatten()
-                    .find(|p| p.name.as_deref() == Some(name.as_str()))
-                    .map(|p| p.container_port)
-                    .ok_or_else(|| format!("couldn't find port: {name} in {}", c.name))?
-            }
-        }
-    };
-    u16::try_from(n)
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("invalid port number: {n}"))
 }
 
 /// The kubelet's prober: exec probes through the runtime, the others over the network.
@@ -156,7 +134,7 @@ impl Prober for RuntimeProber {
             if host.is_empty() {
                 return Attempt::Error("the pod has no IP yet".into());
             }
-            let addr = http::join_host_port(host, port);
+            let addr = join_host_port(host, port);
             return match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&addr)).await
             {
                 Ok(Ok(_)) => Attempt::Success(String::new()),
@@ -185,31 +163,13 @@ impl Prober for RuntimeProber {
     }
 }
 
-/// An I/O error as Go's net package words the common ones (`connection refused`, ...).
-pub(super) fn io_text(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
-        std::io::ErrorKind::ConnectionReset => "connection reset by peer".into(),
-        _ => {
-            // "Network is unreachable (os error 101)" -> "network is unreachable"
-            let s = e.to_string();
-            let s = s.split(" (os error").next().unwrap_or(&s).to_string();
-            let mut c = s.chars();
-            match c.next() {
-                Some(f) => f.to_lowercase().chain(c).collect(),
-                None => s,
-            }
-        }
-    }
-}
-
 /// The gRPC health checking protocol (`grpc.health.v1.Health/Check`): SERVING passes, every
 /// other answer or failure fails, in upstream's words.
 async fn grpc(ip: &str, port: u16, service: String, timeout: Duration) -> Attempt {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
-    let addr = http::join_host_port(ip, port);
+    let addr = join_host_port(ip, port);
     let secs = timeout.as_secs();
     let endpoint = match tonic::transport::Endpoint::from_shared(format!("http://{addr}")) {
         Ok(e) => e.connect_timeout(timeout).timeout(timeout),

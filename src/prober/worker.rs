@@ -163,8 +163,8 @@ impl Worker {
                     .set(&uid, &id, self.kind, ProbeResult::Failure);
             }
             // Over for good when the container ended and will not run again.
-            let policy = crate::pod::restart_policy(&self.pod);
-            let sidecar = crate::pod::is_sidecar(&self.container);
+            let policy = crate::model::restart_policy(&self.pod);
+            let sidecar = crate::model::is_sidecar(&self.container);
             return state.terminated.is_none() || sidecar || policy != RestartPolicy::Never;
         }
         let started = c.started == Some(true);

@@ -85,7 +85,7 @@ pub fn validate(pod: &Pod) -> Result<(), String> {
         if c.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
             return Err(format!("{field}: container {n:?} has no image"));
         }
-        let regular_init = field == "spec.initContainers" && !crate::pod::is_sidecar(c);
+        let regular_init = field == "spec.initContainers" && !crate::model::is_sidecar(c);
         crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)?;
     }
     Ok(())

@@ -49,17 +49,17 @@ mod tests {
     #[test]
     fn mounts_under_matches_by_component_and_decodes_escapes() {
         let text = "\
-    22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-    30 22 0:26 / /var/lib/nodelet rw shared:2 - ext4 /dev/sdb1 rw
-    31 30 0:40 / /var/lib/nodelet/pods/abc/volumes/kubernetes.io~secret/tok rw - tmpfs tmpfs rw
-    32 30 0:41 / /var/lib/nodelet/pods/abcd/volumes/x rw - tmpfs tmpfs rw
-    33 30 0:42 / /var/lib/nodelet/pods/abc rw - tmpfs tmpfs rw
-    34 30 0:43 / /var/lib/nodelet/pods/sp\\040ace/vol\\040one rw - tmpfs tmpfs rw
-    35 30 0:44 / /var/lib/nodelet/pods/tab\\011x/back\\134slash rw - tmpfs tmpfs rw
-    36 30 0:45 / /var/lib/nodelet/pods/bad\\9x/m rw - tmpfs tmpfs rw
-    garbage line
-    37 30 0:46 /
-    ";
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+30 22 0:26 / /var/lib/nodelet rw shared:2 - ext4 /dev/sdb1 rw
+31 30 0:40 / /var/lib/nodelet/pods/abc/volumes/kubernetes.io~secret/tok rw - tmpfs tmpfs rw
+32 30 0:41 / /var/lib/nodelet/pods/abcd/volumes/x rw - tmpfs tmpfs rw
+33 30 0:42 / /var/lib/nodelet/pods/abc rw - tmpfs tmpfs rw
+34 30 0:43 / /var/lib/nodelet/pods/sp\\040ace/vol\\040one rw - tmpfs tmpfs rw
+35 30 0:44 / /var/lib/nodelet/pods/tab\\011x/back\\134slash rw - tmpfs tmpfs rw
+36 30 0:45 / /var/lib/nodelet/pods/bad\\9x/m rw - tmpfs tmpfs rw
+garbage line
+37 30 0:46 /
+";
         let pods = Path::new("/var/lib/nodelet/pods");
         assert_eq!(
             mounts_under(text, &pods.join("abc")),
