@@ -9,6 +9,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod crilog;
+pub mod inputs;
 pub mod kubelet;
 pub mod logging;
 pub mod metrics;

@@ -91,6 +91,11 @@ fn uid(pod: &Pod) -> String {
 }
 
 impl Syncer {
+    /// The reader of the pods' env objects and pull secrets, over the volume manager's objects.
+    fn inputs(&self) -> crate::inputs::PodInputs {
+        crate::inputs::PodInputs::new(self.volumes.clone())
+    }
+
     pub fn new(rt: super::Runtime, parts: SyncerParts) -> Self {
         let image_backoff = Backoff::new(crate::pod::backoff::INITIAL, crate::pod::backoff::MAX);
         let volumes = VolumeManager::new(None, parts.opts.pods_dir.clone(), Default::default());
@@ -237,13 +242,13 @@ impl Syncer {
             Ok(claims) => opts.claims = claims,
             Err(e) => {
                 self.record_status(pod, &snapshot, self.last_waiting(pod));
-                return Err(e);
+                return Err(e.into());
             }
         }
         // The objects its containers' environments reference, as they are now.
-        opts.env_objects = self.volumes.env_objects(pod).await;
+        opts.env_objects = self.inputs().env_objects(pod).await;
         // Its image pull secrets: one that cannot be read is a warning, the pull goes on.
-        let (pull_secrets, failed) = self.volumes.pull_secrets(pod).await;
+        let (pull_secrets, failed) = self.inputs().pull_secrets(pod).await;
         if !failed.is_empty() {
             self.events.event(
                 pod,

@@ -7,6 +7,8 @@
 mod status;
 mod types;
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 pub use status::{ContainerInfo, RunState, RuntimePodStatus, SandboxInfo};
@@ -116,4 +118,44 @@ pub fn host_network(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false)
+}
+
+/// The names of the ConfigMaps and Secrets the environments of `pod`'s containers (init, app
+/// and ephemeral) reference.
+pub fn env_references(pod: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+    let Some(spec) = pod.spec.as_ref() else {
+        return (cms, secrets);
+    };
+    let regular = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| (c.env.as_ref(), c.env_from.as_ref()));
+    let ephemeral = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .map(|c| (c.env.as_ref(), c.env_from.as_ref()));
+    for (env, env_from) in regular.chain(ephemeral) {
+        for e in env.into_iter().flatten() {
+            let from = e.value_from.as_ref();
+            if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
+                cms.insert(r.name.clone());
+            }
+            if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+                secrets.insert(r.name.clone());
+            }
+        }
+        for f in env_from.into_iter().flatten() {
+            if let Some(r) = &f.config_map_ref {
+                cms.insert(r.name.clone());
+            }
+            if let Some(r) = &f.secret_ref {
+                secrets.insert(r.name.clone());
+            }
+        }
+    }
+    (cms, secrets)
 }

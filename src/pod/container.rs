@@ -3,7 +3,7 @@
 //! Command and args (Kubernetes `command` replaces the image entrypoint and `args` its cmd,
 //! both with `$(VAR)` references expanded from the container's env), the environment
 //! ([`super::env`]), volume mounts (of the
-//! volumes set up before the sandbox by [`super::volumes`] and [`crate::volumes`]; configMap,
+//! volumes set up before the sandbox by [`crate::volumes::plugins`] and [`crate::volumes`]; configMap,
 //! secret, downwardAPI and projected ones always read-only),
 //! the log path `<name>/<restart count>.log`, labels, annotations
 //! (spec hash, restart count, termination message path and policy), Linux resources (CPU
@@ -11,7 +11,7 @@
 //! by the container's) and the termination message file with its mount
 //! ([`super::termination::prepare_mount`]). Besides that file, this module only makes the
 //! directories a `subPath` (or a `subPathExpr`, expanded from the container's environment)
-//! lacks in its volume ([`super::volumes::sub_path`], which refuses a `subPath` leading out of
+//! lacks in its volume ([`crate::volumes::plugins::sub_path`], which refuses a `subPath` leading out of
 //! its volume through a symbolic link).
 
 use std::collections::HashMap;
@@ -22,101 +22,18 @@ use runtime::cri;
 use runtime::{Error, Result};
 
 use super::spec::{
-    SandboxOptions, all_containers, container_resources, namespace_options, pod_spec, qos_class,
-    seccomp_profile,
+    all_containers, container_resources, namespace_options, pod_spec, qos_class, seccomp_profile,
 };
 use super::termination;
-use super::volumes;
 use super::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
     pod_identity,
 };
+use crate::util::expand;
+use crate::volumes::plugins as volumes;
 
-/// Node facts a container config needs.
-#[derive(Debug, Clone)]
-pub struct ContainerOptions {
-    /// Pod-level options (seccomp root and default).
-    pub sandbox: SandboxOptions,
-    /// `<root>/pods`: an emptyDir volume lives in
-    /// `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`.
-    pub pods_dir: PathBuf,
-    /// The node name (`spec.nodeName` when the pod does not say).
-    pub node_name: String,
-    /// The pod IPs, first the primary (for `status.podIP`/`status.podIPs`).
-    pub pod_ips: Vec<String>,
-    /// The node IPs (for `status.hostIP`/`status.hostIPs`).
-    pub host_ips: Vec<String>,
-    /// The node's memory capacity in bytes (Burstable OOM score).
-    pub node_memory_bytes: i64,
-    /// The runtime takes a container's own stop signal as the annotation
-    /// `runtime::builtin::ANNOTATION_STOP_SIGNAL` (the built-in runtime does; CRI v1 as the
-    /// `k8s-cri` bindings have it has no field for it, so for other runtimes a
-    /// `lifecycle.stopSignal` is refused).
-    pub stop_signal_annotation: bool,
-    /// The ConfigMaps and Secrets the pod's environments reference, read for this sync.
-    pub env_objects: super::env::EnvObjects,
-    /// The pod's persistentVolumeClaim volumes by name, resolved for this sync.
-    pub claims: std::collections::BTreeMap<String, volumes::ClaimMount>,
-    /// The pod's `imagePullSecrets` read for this sync.
-    pub pull_secrets: Vec<k8s_openapi::api::core::v1::Secret>,
-}
-
-impl Default for ContainerOptions {
-    fn default() -> Self {
-        ContainerOptions {
-            sandbox: SandboxOptions::default(),
-            pods_dir: PathBuf::from("/var/lib/nodelet/pods"),
-            node_name: String::new(),
-            pod_ips: Vec::new(),
-            host_ips: Vec::new(),
-            node_memory_bytes: 0,
-            stop_signal_annotation: false,
-            env_objects: Default::default(),
-            claims: Default::default(),
-            pull_secrets: Vec::new(),
-        }
-    }
-}
-
-/// Expands `$(VAR)` references from `vars`; `$$` is a literal `$`, unknown references stay as
-/// they are (upstream `expansion.Expand`).
-pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(') {
-            match inner.find(')') {
-                Some(end) => {
-                    let name = &inner[..end];
-                    match vars.get(name) {
-                        Some(v) => out.push_str(v),
-                        None => {
-                            out.push_str("$(");
-                            out.push_str(name);
-                            out.push(')');
-                        }
-                    }
-                    rest = &inner[end + 1..];
-                }
-                None => {
-                    out.push_str("$(");
-                    rest = inner;
-                }
-            }
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
+pub use super::options::ContainerOptions;
 
 fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
     if let Some(c) = opts.claims.get(&v.name) {

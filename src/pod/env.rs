@@ -11,73 +11,18 @@
 //! The objects are read before the sync by the volume manager into [`EnvObjects`], so building
 //! the environment stays a pure function.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 use runtime::{Error, Result};
 
-use super::container::{ContainerOptions, expand};
+use super::options::ContainerOptions;
 use super::pod_identity;
+use crate::util::expand;
 use crate::volumes::projection::{self, Allocatable};
 
-/// What reading an object gave: its data, `None` when it does not exist, or why it could not
-/// be read.
-pub type Read<T> = std::result::Result<Option<T>, String>;
-
-/// The ConfigMaps and Secrets a pod's containers' environments reference, as read for a sync,
-/// and the node's allocatable resources.
-#[derive(Debug, Clone, Default)]
-pub struct EnvObjects {
-    /// ConfigMaps' `data` by name.
-    pub config_maps: BTreeMap<String, Read<BTreeMap<String, String>>>,
-    /// Secrets' `data` by name.
-    pub secrets: BTreeMap<String, Read<BTreeMap<String, Vec<u8>>>>,
-    pub allocatable: Allocatable,
-    /// The service environment variables of the pod ([`crate::api::services`]).
-    pub service_env: BTreeMap<String, String>,
-    /// Why the service environment could not be made (the Services not read yet).
-    pub service_env_error: Option<String>,
-}
-
-/// The names of the ConfigMaps and Secrets the environments of `pod`'s containers (init, app
-/// and ephemeral) reference.
-pub fn env_references(pod: &Pod) -> (BTreeSet<String>, BTreeSet<String>) {
-    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
-    let Some(spec) = pod.spec.as_ref() else {
-        return (cms, secrets);
-    };
-    let regular = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .map(|c| (c.env.as_ref(), c.env_from.as_ref()));
-    let ephemeral = spec
-        .ephemeral_containers
-        .iter()
-        .flatten()
-        .map(|c| (c.env.as_ref(), c.env_from.as_ref()));
-    for (env, env_from) in regular.chain(ephemeral) {
-        for e in env.into_iter().flatten() {
-            let from = e.value_from.as_ref();
-            if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
-                cms.insert(r.name.clone());
-            }
-            if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
-                secrets.insert(r.name.clone());
-            }
-        }
-        for f in env_from.into_iter().flatten() {
-            if let Some(r) = &f.config_map_ref {
-                cms.insert(r.name.clone());
-            }
-            if let Some(r) = &f.secret_ref {
-                secrets.insert(r.name.clone());
-            }
-        }
-    }
-    (cms, secrets)
-}
+pub use super::options::{EnvObjects, Read};
+pub use crate::model::env_references;
 
 /// Upstream's `IsEnvVarName`: `[-._a-zA-Z][-._a-zA-Z0-9]*`.
 pub fn is_env_var_name(s: &str) -> bool {

@@ -18,13 +18,13 @@ pub mod env;
 pub mod hash;
 pub mod hooks;
 pub mod kill;
+pub mod options;
 pub mod pull_secrets;
 pub mod spec;
 pub mod status;
 pub mod sync;
 pub mod termination;
 pub mod types;
-pub mod volumes;
 
 pub use crate::model::is_sidecar;
 pub use crate::model::{Phase, PullPolicy, RestartPolicy, Waiting, WaitingReason};

@@ -14,8 +14,8 @@ pub enum SyncError {
     Unsupported(String),
     /// Volumes the pod's containers use could not be set up (an unsupported type, a failed
     /// hostPath check): its containers wait in `ContainerCreating`.
-    #[error("unable to attach or mount volumes: {0}")]
-    Volumes(String),
+    #[error(transparent)]
+    Volumes(#[from] crate::volumes::VolumeError),
     /// Some containers could not start for their image (pull, inspect, policy).
     #[error("{0}")]
     Image(String),

@@ -1,12 +1,15 @@
 //! Small helpers the whole kubelet crate uses, with no knowledge of pods, nodes or the API:
-//! a poison-tolerant lock, Go's duration notation, resource quantities and the mount table.
+//! a poison-tolerant lock, Go's duration notation, `$(VAR)` expansion, resource quantities and
+//! the mount table.
 //! A leaf: it imports nothing from the rest of the crate.
 
 mod duration;
+mod expand;
 mod mountinfo;
 pub mod quantity;
 
 pub use duration::go_duration;
+pub use expand::expand;
 pub use mountinfo::mounts_under;
 
 use std::sync::{Mutex, MutexGuard};

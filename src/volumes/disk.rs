@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::plugins as local;
 use super::{EMPTY_DIR_PLUGIN, MOUNTINFO};
-use crate::pod::volumes as local;
 use crate::util::quantity;
 
 /// Whether something is mounted at `dir` itself.
@@ -78,9 +78,7 @@ pub(super) fn pod_memory_limit(pod: &Pod) -> Option<i64> {
 pub(super) fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), String> {
     let mut errors = Vec::new();
     // `volume-subpaths/<volume>/<container>/<index>`: each a bind, then the tree.
-    let subpaths = pods_dir
-        .join(uid)
-        .join(crate::pod::volumes::VOLUME_SUBPATHS);
+    let subpaths = pods_dir.join(uid).join(super::plugins::VOLUME_SUBPATHS);
     let dirs = |p: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(p)
             .into_iter()

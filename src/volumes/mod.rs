@@ -33,6 +33,7 @@
 pub mod atomic_writer;
 mod disk;
 pub mod ownership;
+pub mod plugins;
 pub mod projection;
 mod sources;
 
@@ -48,16 +49,21 @@ use kube::Api;
 use crate::api::events::PodEvents;
 use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::TokenManager;
-use crate::pod::SyncError;
-use crate::pod::env::EnvObjects;
-use crate::pod::pod_identity;
-use crate::pod::volumes::{self as local, ClaimMount, Failure, Source};
+use crate::model::pod_identity;
 use crate::util::lock;
 use crate::util::quantity;
 use atomic_writer::Payload;
 pub(crate) use disk::is_mount_point;
 use disk::{memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
+pub use plugins::ClaimMount;
+use plugins::{self as local, Failure, Source};
 use projection::Allocatable;
+
+/// Volumes the pod's containers use that could not be set up: the pod waits in
+/// `ContainerCreating` and its worker tries again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unable to attach or mount volumes: {0}")]
+pub struct VolumeError(pub String);
 
 /// The fields of a PersistentVolume's spec that are not its source.
 const PV_SPEC_FIELDS: [&str; 8] = [
@@ -121,12 +127,12 @@ impl VolumeManager {
     }
 
     /// Sets up the volumes `pod`'s containers use; those that fail are `FailedMount` events and
-    /// a [`SyncError::Volumes`]. Returns the claims resolved, by volume name.
+    /// a [`VolumeError`]. Returns the claims resolved, by volume name.
     pub async fn set_up(
         &self,
         pod: &Pod,
         events: &dyn PodEvents,
-    ) -> Result<BTreeMap<String, ClaimMount>, SyncError> {
+    ) -> Result<BTreeMap<String, ClaimMount>, VolumeError> {
         self.register(pod);
         let used = local::used_volumes(pod);
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
@@ -326,70 +332,32 @@ impl VolumeManager {
         {
             secrets.insert(key(&r.name));
         }
-        let (env_cms, env_secrets) = crate::pod::env::env_references(pod);
+        let (env_cms, env_secrets) = crate::model::env_references(pod);
         cms.extend(env_cms.iter().map(|n| key(n)));
         secrets.extend(env_secrets.iter().map(|n| key(n)));
         self.config_maps.register(uid, cms);
         self.secrets.register(uid, secrets);
     }
 
-    /// The pod's `imagePullSecrets` as they are now (registered with its last
-    /// [`Self::set_up`]), and the names of those that could not be read.
-    pub async fn pull_secrets(&self, pod: &Pod) -> (Vec<Secret>, Vec<String>) {
-        let ns = pod_identity(pod).2;
-        let (mut found, mut failed) = (Vec::new(), Vec::new());
-        let refs = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.image_pull_secrets.as_ref());
-        for r in refs.into_iter().flatten().filter(|r| !r.name.is_empty()) {
-            match self.secrets.get(ns, &r.name).await {
-                Ok(Some(s)) => found.push((*s).clone()),
-                Ok(None) | Err(_) => failed.push(r.name.clone()),
-            }
-        }
-        (found, failed)
+    /// The ConfigMaps the pods' volumes and environments reference (registered with each
+    /// pod's [`Self::set_up`]).
+    pub fn config_maps(&self) -> &ObjectManager<ConfigMap> {
+        &self.config_maps
     }
 
-    /// The ConfigMaps and Secrets the environments of `pod`'s containers reference, read now
-    /// (the pod registered them with its last [`Self::set_up`]), and its service variables.
-    pub async fn env_objects(&self, pod: &Pod) -> EnvObjects {
-        let ns = pod_identity(pod).2;
-        let (cms, secrets) = crate::pod::env::env_references(pod);
-        let mut out = EnvObjects {
-            allocatable: self.allocatable.clone(),
-            ..Default::default()
-        };
-        // As upstream: a pod from the API server waits for the Services' first list.
-        let links = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.enable_service_links)
-            .unwrap_or(true);
-        let wait = crate::status_manager::is_api_pod(pod);
-        match self.services.env(ns, links, wait).await {
-            Ok(env) => out.service_env = env,
-            Err(e) => out.service_env_error = Some(e),
-        }
-        for name in cms {
-            let read = self.config_maps.get(ns, &name).await;
-            let data = read.map(|o| o.map(|cm| cm.data.clone().unwrap_or_default()));
-            out.config_maps.insert(name, data);
-        }
-        for name in secrets {
-            let read = self.secrets.get(ns, &name).await;
-            let data = read.map(|o| {
-                o.map(|s| {
-                    s.data
-                        .iter()
-                        .flatten()
-                        .map(|(k, v)| (k.clone(), v.0.clone()))
-                        .collect()
-                })
-            });
-            out.secrets.insert(name, data);
-        }
-        out
+    /// The Secrets the pods' volumes, environments and image pulls reference.
+    pub fn secrets(&self) -> &ObjectManager<Secret> {
+        &self.secrets
+    }
+
+    /// The Services, for the pods' service environment variables.
+    pub fn services(&self) -> &crate::api::services::Services {
+        &self.services
+    }
+
+    /// The node's allocatable resources (for downward API resource fields).
+    pub fn allocatable(&self) -> &Allocatable {
+        &self.allocatable
     }
 
     /// Gives the directory `dir` of the volume `name` to the pod's `fsGroup` once per pod
@@ -496,7 +464,7 @@ impl VolumeManager {
             let sub_paths = self
                 .pods_dir
                 .join(&uid)
-                .join(crate::pod::volumes::VOLUME_SUBPATHS)
+                .join(plugins::VOLUME_SUBPATHS)
                 .exists();
             if written || mounted || sub_paths {
                 tracing::info!(pod_uid = %uid, "tearing down the volumes of a pod that is gone");

@@ -9,10 +9,10 @@ use k8s_openapi::api::core::v1::{
 
 use super::VolumeManager;
 use super::atomic_writer::{self, Payload};
+use super::plugins::{self as local, Source};
 use super::projection::{self, DEFAULT_MODE};
 use crate::api::tokens::TokenKey;
-use crate::pod::pod_identity;
-use crate::pod::volumes::{self as local, Source};
+use crate::model::pod_identity;
 
 impl VolumeManager {
     pub(super) async fn config_map(

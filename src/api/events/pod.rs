@@ -44,15 +44,19 @@ impl PodEvents for EventRecorder {
     }
 }
 
-/// Events kept in memory, for tests: `(container, type, reason, message)` each.
+/// One recorded event: the container it is about, its type, reason and message.
+#[cfg(test)]
+pub type RecordedEvent = (Option<String>, EventType, Reason, String);
+
+/// Events kept in memory, for tests.
 #[cfg(test)]
 #[derive(Default)]
-pub struct Recorded(std::sync::Mutex<Vec<(Option<String>, EventType, Reason, String)>>);
+pub struct Recorded(std::sync::Mutex<Vec<RecordedEvent>>);
 
 #[cfg(test)]
 impl Recorded {
     /// Every event so far, in order.
-    pub fn all(&self) -> Vec<(Option<String>, EventType, Reason, String)> {
+    pub fn all(&self) -> Vec<RecordedEvent> {
         crate::util::lock(&self.0).clone()
     }
 

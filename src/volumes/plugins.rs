@@ -7,18 +7,18 @@
 //! - **emptyDir** on disk: the directory `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`
 //!   (mode 0777, as upstream), removed with the pod's directories. `sizeLimit` is not enforced
 //!   here (that is eviction's job). `medium: Memory` (a tmpfs in the same directory) is the
-//!   volume manager's ([`crate::volumes::VolumeManager`]); huge pages are refused.
+//!   volume manager's ([`super::VolumeManager`]); huge pages are refused.
 //! - **hostPath** with upstream's type checks ([`check_host_path`]): `DirectoryOrCreate` makes
 //!   the directory (0755, with its parents), `FileOrCreate` an empty file (0644; its parent must
 //!   exist), the other types check what is there; unset or `""` checks nothing.
 //!
 //! configMap, secret, downwardAPI and projected volumes, whose content the kubelet writes, are
-//! set up by [`crate::volumes::VolumeManager`] in `<pods dir>/<uid>/volumes/<plugin>/<name>`
+//! set up by [`super::VolumeManager`] in `<pods dir>/<uid>/volumes/<plugin>/<name>`
 //! ([`plugin_dir`]); it also resolves persistentVolumeClaims to their PersistentVolume's path
 //! (`hostPath` and `local` ones). Every other type (nfs, csi, ...) is refused rather than
 //! handed to the runtime as an empty directory. A volume that cannot be set up is a
 //! Warning `FailedMount` event on the pod (`MountVolume.SetUp failed for volume "cfg" : ...`)
-//! and a [`SyncError::Volumes`] ([`report`]): the pod stays Pending with its containers waiting
+//! and a [`VolumeError`] ([`report`]): the pod stays Pending with its containers waiting
 //! in `ContainerCreating`, nothing of it is created in the runtime, and its worker tries again.
 
 use std::collections::BTreeSet;
@@ -31,9 +31,9 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource, Volume,
 };
 
-use super::pod_identity;
-use super::types::SyncError;
+use super::VolumeError;
 use crate::api::events::{EventType, PodEvents, Reason};
+use crate::model::pod_identity;
 
 /// What a volume is, as far as this kubelet is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -454,7 +454,7 @@ pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<()
         std::fs::create_dir_all(parent).map_err(|e| format!("making {}: {e}", parent.display()))?;
     }
     // A bind of an earlier sync: undone first (the running container keeps its own).
-    if let Ok(true) = crate::volumes::is_mount_point(target) {
+    if let Ok(true) = super::is_mount_point(target) {
         nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
             .map_err(|e| format!("unmounting {}: {e}", target.display()))?;
     }
@@ -484,8 +484,8 @@ pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<()
 }
 
 /// Reports the volumes of `pod` that could not be set up (see the module docs): each is a
-/// `FailedMount` event on the pod, and the sync ends with [`SyncError::Volumes`] naming them.
-pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(), SyncError> {
+/// `FailedMount` event on the pod, and the sync ends with a [`VolumeError`] naming them.
+pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(), VolumeError> {
     if failed.is_empty() {
         return Ok(());
     }
@@ -500,7 +500,7 @@ pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(
     }
     let names: Vec<&str> = failed.iter().map(|f| f.volume.as_str()).collect();
     let why: Vec<String> = failed.iter().map(Failure::event_message).collect();
-    Err(SyncError::Volumes(format!(
+    Err(VolumeError(format!(
         "unmounted volumes=[{}]: {}",
         names.join(" "),
         why.join("; ")
@@ -508,5 +508,5 @@ pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(
 }
 
 #[cfg(test)]
-#[path = "volumes_tests.rs"]
+#[path = "plugins_tests.rs"]
 mod tests;

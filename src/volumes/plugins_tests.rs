@@ -7,6 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 use crate::pod::spec::tests::pod;
+use crate::volumes::VolumeError;
 use serde_json::json;
 
 /// A pod with `volumes`, its one container mounting each of `mounted`.
@@ -126,9 +127,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
         },
     );
     let err = report(&p, &failed, &events).expect_err("refused");
-    let SyncError::Volumes(text) = &err else {
-        panic!("a volumes error: {err:?}");
-    };
+    let VolumeError(text) = &err;
     assert!(
         text.starts_with("unmounted volumes=[cfg claim]: "),
         "{text}"
@@ -159,7 +158,11 @@ fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
     );
     let events = Recorded::default();
     let err = report(&p, &set_up_volumes(dir.path(), &p), &events).expect_err("huge pages");
-    assert!(matches!(err, SyncError::Volumes(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("unable to attach or mount volumes: "),
+        "{err:?}"
+    );
     let scratch = empty_dir_path(dir.path(), &p, "scratch");
     assert_eq!(
         scratch,
