@@ -321,7 +321,7 @@ async fn read_pod(rt: &dyn RuntimeService, cache: &PodCache, uid: &str) -> Optio
             Some(s)
         }
         Err(e) => {
-            cache.set(uid, Err(e.to_string()), at);
+            cache.set(uid, Err(e), at);
             None
         }
     }

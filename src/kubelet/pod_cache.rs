@@ -16,7 +16,7 @@ use crate::util::lock;
 /// One pod's entry: the view (or the error reading it) and when the read began.
 #[derive(Debug, Clone)]
 struct Entry {
-    view: Result<Arc<RuntimeSnapshot>, String>,
+    view: Result<Arc<RuntimeSnapshot>, Arc<runtime::Error>>,
     at: Instant,
 }
 
@@ -50,7 +50,7 @@ impl PodCache {
 
     /// Records the view of `uid` read from `at` on (or the error of reading it). An older
     /// view never replaces a newer one.
-    pub fn set(&self, uid: &str, view: Result<RuntimeSnapshot, String>, at: Instant) {
+    pub fn set(&self, uid: &str, view: runtime::Result<RuntimeSnapshot>, at: Instant) {
         {
             let mut inner = lock(&self.inner);
             if inner.pods.get(uid).is_some_and(|e| e.at > at) {
@@ -59,7 +59,7 @@ impl PodCache {
             inner.pods.insert(
                 uid.to_string(),
                 Entry {
-                    view: view.map(Arc::new),
+                    view: view.map(Arc::new).map_err(Arc::new),
                     at,
                 },
             );
@@ -91,7 +91,7 @@ impl PodCache {
         &self,
         uid: &str,
         min: Option<Instant>,
-    ) -> Option<Result<Arc<RuntimeSnapshot>, String>> {
+    ) -> Option<Result<Arc<RuntimeSnapshot>, Arc<runtime::Error>>> {
         let inner = lock(&self.inner);
         // A read that began when the sync's actions had ended sees them (the clock may not
         // have moved in between: a coarse clock, or a paused one in tests).
@@ -112,14 +112,15 @@ impl PodCache {
         &self,
         uid: &str,
         min: Option<Instant>,
-    ) -> Result<Arc<RuntimeSnapshot>, String> {
+    ) -> runtime::Result<Arc<RuntimeSnapshot>> {
         let mut changed = self.changed.subscribe();
         loop {
             if let Some(v) = self.newer_than(uid, min) {
-                return v;
+                // The read's error, its code and message kept (its cause is the reader's).
+                return v.map_err(|e| runtime::Error::new(e.code(), e.message()));
             }
             if changed.changed().await.is_err() {
-                return Err("the pod cache is closed".into());
+                return Err(runtime::Error::unavailable("the pod cache is closed"));
             }
         }
     }
@@ -178,9 +179,17 @@ mod tests {
         cache.update_time(Instant::now());
         let v = cache.newer_than("nobody", Some(before)).unwrap().unwrap();
         assert!(v.status.sandboxes.is_empty());
-        cache.set("err", Err("runtime down".into()), Instant::now());
+        cache.set(
+            "err",
+            Err(runtime::Error::unavailable("runtime down")),
+            Instant::now(),
+        );
         assert_eq!(
-            cache.newer_than("err", Some(before)).unwrap().unwrap_err(),
+            cache
+                .newer_than("err", Some(before))
+                .unwrap()
+                .unwrap_err()
+                .message(),
             "runtime down"
         );
         cache.delete("err");

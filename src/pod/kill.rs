@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::{RuntimeService, cri};
 
 use super::actions::{ContainerInfo, RunState, RuntimePodStatus, is_sidecar};
+use super::types::StopError;
 use crate::api::events::{EventType, PodEvents, Reason};
 
 /// Stops one container within `grace_secs` (upstream `killContainer`): records the `Killing`
@@ -22,14 +23,14 @@ pub(super) async fn stop_one(
     grace_secs: i64,
     message: Option<&str>,
     pod_ip: &str,
-) -> std::result::Result<(), String> {
-    let message = message.map_or_else(|| format!("Stopping container {}", c.name), str::to_string);
+) -> Result<(), StopError> {
+    let killing = message.map_or_else(|| format!("Stopping container {}", c.name), str::to_string);
     events.event(
         pod,
         Some(&c.name),
         EventType::Normal,
         Reason::KillingContainer,
-        message,
+        killing,
     );
     let spec = pod.spec.as_ref().and_then(|s| {
         s.init_containers
@@ -73,7 +74,11 @@ pub(super) async fn stop_one(
     })
     .await
     .map(|_| ())
-    .map_err(|e| format!("stopping container {}: {e}", c.name))
+    .map_err(|source| StopError::Container {
+        container: c.name.clone(),
+        why: message.map(str::to_string),
+        source,
+    })
 }
 
 /// Stops every running or created container of the pod within one shared grace period of
@@ -88,7 +93,7 @@ pub async fn kill_pod(
     status: &RuntimePodStatus,
     grace_secs: i64,
     pod_ip: &str,
-) -> Vec<String> {
+) -> Vec<StopError> {
     let began = std::time::Instant::now();
     let init: &[Container] = pod
         .spec
@@ -104,7 +109,7 @@ pub async fn kill_pod(
     let (mut sidecars, apps): (Vec<&ContainerInfo>, Vec<&ContainerInfo>) = live
         .into_iter()
         .partition(|c| sidecar_rank(&c.name).is_some());
-    let mut errors: Vec<String> = futures::future::join_all(
+    let mut errors: Vec<StopError> = futures::future::join_all(
         apps.iter()
             .map(|c| stop_one(rt, events, pod, c, grace_secs, None, pod_ip)),
     )
@@ -124,8 +129,11 @@ pub async fn kill_pod(
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: sb.id.clone(),
         };
-        if let Err(e) = rt.stop_pod_sandbox(req).await {
-            errors.push(format!("stopping sandbox {}: {e}", sb.id));
+        if let Err(source) = rt.stop_pod_sandbox(req).await {
+            errors.push(StopError::Sandbox {
+                sandbox: sb.id.clone(),
+                source,
+            });
         }
     }
     errors
@@ -134,3 +142,18 @@ pub async fn kill_pod(
 /// The least grace a container stopped late in a pod's termination gets (upstream's
 /// `minimumGracePeriodInSeconds`).
 pub const MIN_GRACE_SECS: i64 = 2;
+
+impl super::manager::RuntimeManager {
+    /// Stops every running or created container of the pod, then its sandboxes (see
+    /// [`kill_pod`]): what could not be stopped.
+    pub async fn kill_pod(
+        &self,
+        pod: &Pod,
+        status: &RuntimePodStatus,
+        grace_secs: i64,
+        pod_ip: &str,
+    ) -> Vec<StopError> {
+        let (rt, events) = (self.rt.as_ref(), self.events.as_ref());
+        kill_pod(rt, events, pod, status, grace_secs, pod_ip).await
+    }
+}

@@ -1,8 +1,13 @@
 //! Table tests of [`super`] (`pod::sync`).
 
+use std::sync::Arc;
+
 use super::*;
+use crate::api::events::Recorded;
 use crate::model::WaitingReason;
+use crate::pod::Backoff;
 use crate::pod::compute_pod_actions;
+use crate::pod::images::ImageManager;
 use crate::pod::spec::tests::pod;
 use runtime::fake::FakeRuntime;
 use serde_json::json;
@@ -12,57 +17,56 @@ fn t(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(2_000_000_000 + secs)
 }
 
-async fn step(
-    rt: &FakeRuntime,
-    p: &Pod,
-    backoff: &Mutex<Backoff>,
-    now: SystemTime,
-) -> (PodActions, SyncResult) {
-    step_with(rt, p, backoff, &Mutex::new(Backoff::default()), now).await
+/// A runtime manager over a fake runtime, its events recorded.
+struct Harness {
+    rt: Arc<FakeRuntime>,
+    events: Arc<Recorded>,
+    m: RuntimeManager,
 }
 
-async fn step_with(
-    rt: &FakeRuntime,
-    p: &Pod,
-    backoff: &Mutex<Backoff>,
-    image_backoff: &Mutex<Backoff>,
-    now: SystemTime,
-) -> (PodActions, SyncResult) {
-    let opts = ContainerOptions::default();
-    step_seen(rt, p, backoff, image_backoff, now, &opts, &NoEvents).await
+fn harness() -> Harness {
+    let rt = Arc::new(FakeRuntime::new());
+    let events = Arc::new(Recorded::default());
+    let images = ImageManager::new(rt.clone(), ImagePulls::default());
+    let m = RuntimeManager::new(rt.clone(), images, events.clone(), Backoff::default());
+    Harness { rt, events, m }
 }
 
-/// One sync with the given options (the pods dir is made here), its events to `events`.
-async fn step_seen(
-    rt: &FakeRuntime,
-    p: &Pod,
-    backoff: &Mutex<Backoff>,
-    image_backoff: &Mutex<Backoff>,
-    now: SystemTime,
-    opts: &ContainerOptions,
-    events: &dyn PodEvents,
-) -> (PodActions, SyncResult) {
-    let snap = runtime_pod_status(rt, "u-1").await.expect("status");
-    let actions = compute_pod_actions(p, &snap.status, &lock(backoff), now);
-    rt.clear_calls();
-    // Containers get termination message files under the pods dir: a temporary one.
-    let pods = tempfile::tempdir().expect("pods dir");
-    let opts = ContainerOptions {
-        pods_dir: pods.path().to_path_buf(),
-        ..opts.clone()
-    };
-    let cx = SyncContext {
-        rt,
-        images: rt,
-        opts: &opts,
-        backoff,
-        image_backoff,
-        pulls: &ImagePulls::default(),
-        events,
-        now,
-    };
-    let res = sync_pod(&cx, p, &snap, &actions).await.expect("sync");
-    (actions, res)
+impl Harness {
+    async fn step(&self, p: &Pod, now: SystemTime) -> (PodActions, SyncResult) {
+        self.step_with(p, now, &ContainerOptions::default()).await
+    }
+
+    /// One sync with the given options (the pods dir is made here).
+    async fn step_with(
+        &self,
+        p: &Pod,
+        now: SystemTime,
+        opts: &ContainerOptions,
+    ) -> (PodActions, SyncResult) {
+        let snapshot = runtime_pod_status(self.rt.as_ref(), "u-1")
+            .await
+            .expect("status");
+        let actions = compute_pod_actions(p, &snapshot.status, &self.m.backoff(), now);
+        self.rt.clear_calls();
+        // Containers get termination message files under the pods dir: a temporary one.
+        let pods = tempfile::tempdir().expect("pods dir");
+        let opts = ContainerOptions {
+            pods_dir: pods.path().to_path_buf(),
+            ..opts.clone()
+        };
+        let who = PodRef::of(p);
+        let sync = PodSync {
+            pod: p,
+            who: &who,
+            snapshot: &snapshot,
+            actions: &actions,
+            opts: &opts,
+            now,
+        };
+        let res = self.m.sync_pod(&sync).await.expect("sync");
+        (actions, res)
+    }
 }
 
 #[test]
@@ -84,15 +88,15 @@ fn pull_policy_defaults() {
 
 #[tokio::test]
 async fn lifecycle_against_the_fake() {
-    let rt = FakeRuntime::new();
+    let h = harness();
+    let rt = &h.rt;
     let p = pod(
         json!({"initContainers": [{"name": "init", "image": "busybox:1.36"}],
         "containers": [{"name": "app", "image": "busybox:1.36"}]}),
     );
-    let backoff = Mutex::new(Backoff::default());
 
     // New pod: sandbox + first init container.
-    let (a, res) = step(&rt, &p, &backoff, t(0)).await;
+    let (a, res) = h.step(&p, t(0)).await;
     assert!(a.create_sandbox);
     rt.assert_calls(&[
         "RunPodSandbox",
@@ -107,29 +111,33 @@ async fn lifecycle_against_the_fake() {
     let init_id = rt.containers().first().map(|c| c.id.clone()).expect("init");
 
     // Init running: nothing to do but look.
-    let (a, _) = step(&rt, &p, &backoff, t(1)).await;
+    let (a, _) = h.step(&p, t(1)).await;
     assert!(a.start_init.is_empty());
     rt.assert_calls(&[]).expect("no calls");
 
     // Init done: app container; the image is present now.
     rt.set_container_exited(&init_id, 0, "Completed")
         .expect("exit");
-    let (_, res) = step(&rt, &p, &backoff, t(2)).await;
+    let (_, res) = h.step(&p, t(2)).await;
     assert_eq!(res.started, ["app"]);
     rt.assert_calls(&["ImageStatus", "CreateContainer", "StartContainer"])
         .expect("calls");
 
     // App crashes: restarted at once (attempt 1), then held back 10 s.
     let app_id = |rt: &FakeRuntime| rt.containers().last().map(|c| c.id.clone()).expect("app");
-    rt.set_container_exited(&app_id(&rt), 1, "Error")
+    rt.set_container_exited(&app_id(rt), 1, "Error")
         .expect("exit");
-    let (_, res) = step(&rt, &p, &backoff, t(3)).await;
+    let (_, res) = h.step(&p, t(3)).await;
     assert_eq!(res.started, ["app"]);
-    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
+    let snap = runtime_pod_status(rt.as_ref(), "u-1")
+        .await
+        .expect("status");
     assert_eq!(snap.status.latest("app").map(|c| c.attempt), Some(1));
-    rt.set_container_exited(&app_id(&rt), 1, "Error")
+    rt.set_container_exited(&app_id(rt), 1, "Error")
         .expect("exit");
-    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
+    let snap = runtime_pod_status(rt.as_ref(), "u-1")
+        .await
+        .expect("status");
     let finished = snap
         .status
         .latest("app")
@@ -138,7 +146,7 @@ async fn lifecycle_against_the_fake() {
     let a = compute_pod_actions(
         &p,
         &snap.status,
-        &lock(&backoff),
+        &h.m.backoff(),
         finished + Duration::from_secs(4),
     );
     assert_eq!(
@@ -147,13 +155,12 @@ async fn lifecycle_against_the_fake() {
     );
 
     // Image pull failure becomes a waiting reason.
-    let rt2 = FakeRuntime::new();
+    let h2 = harness();
+    let rt2 = &h2.rt;
     for _ in 0..2 {
         rt2.inject_error("PullImage", runtime::Error::not_found("no such image"));
     }
-    let fresh = Mutex::new(Backoff::default());
-    let image_backoff = Mutex::new(Backoff::default());
-    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(0)).await;
+    let (_, res) = h2.step(&p, t(0)).await;
     assert_eq!(
         res.waiting.get("init").map(|w| w.reason),
         Some(WaitingReason::ErrImagePull)
@@ -161,7 +168,7 @@ async fn lifecycle_against_the_fake() {
     assert!(res.started.is_empty());
     assert_eq!(res.requeue_after, Some(Duration::from_secs(10)));
     // Within the pull's back-off: ImagePullBackOff, and no pull.
-    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(4)).await;
+    let (_, res) = h2.step(&p, t(4)).await;
     assert_eq!(
         res.waiting
             .get("init")
@@ -174,24 +181,24 @@ async fn lifecycle_against_the_fake() {
     assert_eq!(res.requeue_after, Some(Duration::from_secs(6)));
     assert!(!rt2.called().iter().any(|c| c == "PullImage"));
     // After it: pulled again (and failing again, the back-off doubles).
-    let (_, res) = step_with(&rt2, &p, &fresh, &image_backoff, t(11)).await;
+    let (_, res) = h2.step(&p, t(11)).await;
     assert!(rt2.called().iter().any(|c| c == "PullImage"));
     assert_eq!(res.requeue_after, Some(Duration::from_secs(20)));
 }
 
 #[tokio::test]
 async fn dead_sandbox_is_replaced() {
-    let rt = FakeRuntime::new();
+    let h = harness();
+    let rt = &h.rt;
     let p = pod(json!({"containers": [{"name": "app", "image": "busybox:1.36"}]}));
-    let backoff = Mutex::new(Backoff::default());
-    let (_, res) = step(&rt, &p, &backoff, t(0)).await;
+    let (_, res) = h.step(&p, t(0)).await;
     let first = res.sandbox_id.expect("sandbox");
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
         pod_sandbox_id: first.clone(),
     })
     .await
     .expect("stop");
-    let (a, res) = step(&rt, &p, &backoff, t(1)).await;
+    let (a, res) = h.step(&p, t(1)).await;
     assert!(a.kill_pod && a.create_sandbox && a.sandbox_attempt == 1);
     rt.assert_calls(&[
         "StopPodSandbox",
@@ -209,7 +216,8 @@ async fn dead_sandbox_is_replaced() {
 /// that the hook failed, as upstream's; the container's status keeps the whole message.
 #[tokio::test]
 async fn a_failed_post_start_hook_keeps_its_output_out_of_events_and_logs() {
-    let rt = FakeRuntime::new();
+    let h = harness();
+    let rt = &h.rt;
     rt.set_exec_sync_response(cri::ExecSyncResponse {
         stdout: b"token=s3cret\n".to_vec(),
         stderr: Vec::new(),
@@ -219,14 +227,11 @@ async fn a_failed_post_start_hook_keeps_its_output_out_of_events_and_logs() {
         json!({"containers": [{"name": "app", "image": "busybox:1.36",
         "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo token=s3cret; exit 3"]}}}}]}),
     );
-    let events = crate::api::events::Recorded::default();
-    let (backoff, image_backoff) = (Mutex::default(), Mutex::default());
-    let opts = ContainerOptions::default();
-    let (_, res) = step_seen(&rt, &p, &backoff, &image_backoff, t(0), &opts, &events).await;
+    let (_, res) = h.step(&p, t(0)).await;
     let waiting = res.waiting.get("app").expect("app waits");
     assert_eq!(waiting.reason, WaitingReason::PostStartHookError);
     assert!(waiting.message.contains("s3cret"), "{waiting:?}");
-    let lines = events.lines();
+    let lines = h.events.lines();
     assert!(
         lines
             .iter()
@@ -238,7 +243,7 @@ async fn a_failed_post_start_hook_keeps_its_output_out_of_events_and_logs() {
         "{lines:?}"
     );
     assert!(!lines.iter().any(|l| l.contains("s3cret")), "{lines:?}");
-    let logged = res.error().expect("an error").to_string();
+    let logged = res.into_error().expect("an error").to_string();
     assert!(
         logged.contains("PostStartHookError") && !logged.contains("s3cret"),
         "{logged}"
@@ -251,22 +256,24 @@ async fn a_failed_post_start_hook_keeps_its_output_out_of_events_and_logs() {
 
 #[tokio::test]
 async fn a_failed_pre_stop_hook_keeps_its_output_out_of_events() {
-    let rt = FakeRuntime::new();
+    let h = harness();
+    let rt = &h.rt;
     let p = pod(
         json!({"containers": [{"name": "app", "image": "busybox:1.36",
         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo token=s3cret; exit 3"]}}}}]}),
     );
-    let backoff = Mutex::new(Backoff::default());
-    step(&rt, &p, &backoff, t(0)).await;
+    h.step(&p, t(0)).await;
     rt.set_exec_sync_response(cri::ExecSyncResponse {
         stdout: b"token=s3cret\n".to_vec(),
         stderr: Vec::new(),
         exit_code: 3,
     });
-    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
+    let snap = runtime_pod_status(rt.as_ref(), "u-1")
+        .await
+        .expect("status");
     let app = snap.status.latest("app").expect("app");
     let events = crate::api::events::Recorded::default();
-    super::super::kill::stop_one(&rt, &events, &p, app, 5, None, "")
+    super::super::kill::stop_one(rt.as_ref(), &events, &p, app, 5, None, "")
         .await
         .expect("stopped");
     let lines = events.lines();
@@ -284,7 +291,8 @@ async fn a_failed_pre_stop_hook_keeps_its_output_out_of_events() {
 /// network").
 #[tokio::test]
 async fn a_host_network_pods_env_has_the_nodes_ip_as_its_pod_ip() {
-    let rt = FakeRuntime::new();
+    let h = harness();
+    let rt = &h.rt;
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     let p = pod(
         json!({"hostNetwork": true, "containers": [{"name": "app", "image": "busybox:1.36",
@@ -296,8 +304,7 @@ async fn a_host_network_pods_env_has_the_nodes_ip_as_its_pod_ip() {
         host_ips: vec!["192.0.2.7".into()],
         ..Default::default()
     };
-    let (backoff, image_backoff) = (Mutex::default(), Mutex::default());
-    let (_, res) = step_seen(&rt, &p, &backoff, &image_backoff, t(0), &opts, &NoEvents).await;
+    let (_, res) = h.step_with(&p, t(0), &opts).await;
     assert_eq!(res.started, ["app"]);
     let envs: Vec<(String, String)> = rt.containers()[0]
         .config

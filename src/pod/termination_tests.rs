@@ -380,13 +380,18 @@ fn the_pod_budget_is_shared_evenly() {
 /// the "container" writes it, exits, and the status carries the message.
 #[tokio::test]
 async fn through_the_sync_and_the_status() {
-    use crate::pod::sync::{ImagePulls, NoEvents, SyncContext, runtime_pod_status, sync_pod};
+    use crate::model::PodRef;
+    use crate::pod::images::{ImageManager, ImagePulls};
+    use crate::pod::manager::RuntimeManager;
+    use crate::pod::sync::{NoEvents, PodSync, runtime_pod_status};
     use crate::pod::{Backoff, StatusContext, compute_pod_actions, pod_status};
     use runtime::RuntimeService;
     use runtime::fake::FakeRuntime;
-    use std::sync::Mutex;
+    use std::sync::Arc;
 
-    let rt = FakeRuntime::new();
+    let rt = Arc::new(FakeRuntime::new());
+    let images = ImageManager::new(rt.clone(), ImagePulls::default());
+    let m = RuntimeManager::new(rt.clone(), images, Arc::new(NoEvents), Backoff::default());
     let p = crate::pod::spec::tests::pod(serde_json::json!({"restartPolicy": "Never",
         "containers": [{"name": "app", "image": "busybox:1.36"},
                        {"name": "quiet", "image": "busybox:1.36", "terminationMessagePath": ""}]}));
@@ -395,22 +400,21 @@ async fn through_the_sync_and_the_status() {
         pods_dir: pods.path().to_path_buf(),
         ..Default::default()
     };
-    let backoff = Mutex::new(Backoff::default());
-    let image_backoff = Mutex::new(Backoff::default());
     let now = std::time::SystemTime::now();
-    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
-    let actions = compute_pod_actions(&p, &snap.status, &backoff.lock().expect("lock"), now);
-    let cx = SyncContext {
-        rt: &rt,
-        images: &rt,
+    let snap = runtime_pod_status(rt.as_ref(), "u-1")
+        .await
+        .expect("status");
+    let actions = compute_pod_actions(&p, &snap.status, &m.backoff(), now);
+    let who = PodRef::of(&p);
+    let sync = PodSync {
+        pod: &p,
+        who: &who,
+        snapshot: &snap,
+        actions: &actions,
         opts: &opts,
-        backoff: &backoff,
-        image_backoff: &image_backoff,
-        pulls: &ImagePulls::default(),
-        events: &NoEvents,
         now,
     };
-    let res = sync_pod(&cx, &p, &snap, &actions).await.expect("sync");
+    let res = m.sync_pod(&sync).await.expect("sync");
     assert_eq!(res.started.len(), 2, "{res:?}");
     let listed = rt.list_containers(Default::default()).await.expect("list");
     let mut host_file = None;
@@ -442,7 +446,9 @@ async fn through_the_sync_and_the_status() {
     assert!(host_file.starts_with(pods.path().join("u-1/containers/app")));
     write(&host_file, b"bye now\n");
 
-    let snap = runtime_pod_status(&rt, "u-1").await.expect("status");
+    let snap = runtime_pod_status(rt.as_ref(), "u-1")
+        .await
+        .expect("status");
     let status = pod_status(
         &p,
         snap.sandboxes.first(),

@@ -1,38 +1,99 @@
-//! The error a sync of a pod ends with.
+//! The errors a sync of a pod ends with: [`SyncError`], and [`StopError`] for a container or
+//! sandbox that could not be stopped.
 
-use std::fmt;
+use std::path::PathBuf;
+
+use crate::model::Waiting;
+use crate::volumes::VolumeError;
 
 /// Why a sync of a pod did not bring it all the way to its spec. The worker retries (after the
 /// pod's own requeue time, or its error back-off) and the status shows the waiting reasons.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// The runtime's network is not ready and the pod is not on the host network.
     #[error("network is not ready: {0}")]
     NetworkNotReady(String),
-    /// The pod cannot run here as it is (a user namespace the runtime does not offer, ...).
+    /// The pod asks for a user namespace (`hostUsers: false`) the runtime does not offer.
+    #[error(
+        "the container runtime's handler \"\" does not support user namespaces \
+         (spec.hostUsers: false)"
+    )]
+    UserNamespacesUnsupported,
+    /// The pod's user namespace could not be allocated.
     #[error("{0}")]
-    Unsupported(String),
-    /// Volumes the pod's containers use could not be set up (an unsupported type, a failed
-    /// hostPath check): its containers wait in `ContainerCreating`.
+    UserNamespace(#[source] runtime::Error),
+    /// The pod's UID cannot name its data directory.
+    #[error("pod UID {0:?} cannot name a directory")]
+    PodUid(String),
+    /// The pod's data directories could not be made.
+    #[error("creating {}: {source}", path.display())]
+    PodDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Volumes the pod's containers use could not be set up: its containers wait in
+    /// `ContainerCreating`.
     #[error(transparent)]
-    Volumes(#[from] crate::volumes::VolumeError),
-    /// Some containers could not start for their image (pull, inspect, policy).
-    #[error("{0}")]
-    Image(String),
-    /// A container's configuration could not be built (a missing reference, a bad path).
-    #[error("{0}")]
-    Config(String),
-    /// A container is in CrashLoopBackOff.
-    #[error("{0}")]
-    BackOff(String),
-    /// The runtime refused or failed a call.
-    #[error("{0}")]
-    Runtime(String),
+    Volumes(#[from] VolumeError),
+    /// The runtime refused or failed a call (its code kept).
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
+    /// Containers or sandboxes that could not be stopped.
+    #[error("{}", join(.0))]
+    Stop(Vec<StopError>),
+    /// A container cannot start now (its image, its config, a crash loop, a hook): upstream's
+    /// `SyncPod` result for the first such container by name.
+    #[error("{}", waiting_text(container, waiting))]
+    Waiting { container: String, waiting: Waiting },
 }
 
 impl SyncError {
-    /// The error of a failed runtime call.
-    pub fn runtime(e: impl fmt::Display) -> Self {
-        SyncError::Runtime(e.to_string())
+    /// Whether the sync only waits for a back-off or a container that cannot start yet:
+    /// nothing failed that a retry at the pod's own requeue time would not see again.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, SyncError::Waiting { .. })
     }
+}
+
+/// `failed to "StartContainer" for "app" with ErrImagePull: "..."`, as upstream's sync result
+/// prints; a hook's message (which carries what the hook printed) is left out.
+fn waiting_text(container: &str, w: &Waiting) -> String {
+    if w.reason.is_hook() {
+        format!(
+            "failed to \"StartContainer\" for \"{container}\" with {}",
+            w.reason
+        )
+    } else {
+        format!(
+            "failed to \"StartContainer\" for \"{container}\" with {}: \"{}\"",
+            w.reason, w.message
+        )
+    }
+}
+
+fn join(errors: &[StopError]) -> String {
+    let texts: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    texts.join("; ")
+}
+
+/// A container or a sandbox that could not be stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    /// Stopping a container failed; `why` is the reason it was being stopped, if one was
+    /// given (a failed liveness probe, a changed spec).
+    #[error("stopping container {container}: {source}{}", why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default())]
+    Container {
+        container: String,
+        why: Option<String>,
+        #[source]
+        source: runtime::Error,
+    },
+    /// Stopping a sandbox failed.
+    #[error("stopping sandbox {sandbox}: {source}")]
+    Sandbox {
+        sandbox: String,
+        #[source]
+        source: runtime::Error,
+    },
 }

@@ -38,7 +38,7 @@ impl PodSyncer for Recorder {
         let n = self.syncs.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fail_sync.load(Ordering::SeqCst) > 0 {
             self.fail_sync.fetch_sub(1, Ordering::SeqCst);
-            return Err(SyncError::Runtime("boom".into()));
+            return Err(SyncError::Runtime(runtime::Error::unknown("boom")));
         }
         Ok(SyncOutcome {
             finished: self.finish_after.is_some_and(|k| n >= k),
@@ -49,7 +49,7 @@ impl PodSyncer for Recorder {
         lock(&self.calls).push(format!("terminating {} {}s", uid_of(pod), grace.as_secs()));
         if self.fail_terminating.load(Ordering::SeqCst) > 0 {
             self.fail_terminating.fetch_sub(1, Ordering::SeqCst);
-            return Err(SyncError::Runtime("still running".into()));
+            return Err(SyncError::Runtime(runtime::Error::unknown("still running")));
         }
         Ok(())
     }
