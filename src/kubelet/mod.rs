@@ -13,6 +13,7 @@ pub mod logrotate;
 pub mod mirror;
 pub mod pleg;
 pub mod pod_cache;
+mod start;
 pub mod sync_loop;
 mod syncer;
 pub mod userns;
@@ -23,21 +24,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use runtime::{ImageService, RuntimeService, cri};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission;
-use crate::api::events::{EventRecorder, EventType, Reason};
 use crate::config::KubeletConfig;
-use crate::node::agent::RUNTIME_CHECK_PERIOD;
-use crate::node::{NodeAgent, NodeFacts, RuntimeState};
-use crate::pod::sync::ImagePulls;
-use crate::pod::{self, Backoff, ContainerOptions, SandboxOptions};
-use crate::pod_workers::{PodWorkers, Timing, UpdateType};
+use crate::node::{NodeAgent, NodeFacts};
+use crate::pod;
+use crate::pod_workers::{PodWorkers, UpdateType};
 use crate::sources::{self, PodOp, PodUpdate, merge::Merger};
 use crate::status_manager::StatusManager;
 
+use start::{Channels, HousekeepingParts, Wiring};
 pub use syncer::{Syncer, SyncerParts};
 
 /// How often housekeeping runs (orphaned pods, forgotten workers, garbage collection).
@@ -76,289 +75,96 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    /// Wires the parts and starts every task.
+    /// Wires the parts and starts every task: a table of contents of the kubelet, each step
+    /// a builder in [`start`].
     pub async fn start(
         cfg: KubeletConfig,
         rt: Runtime,
         client: Option<kube::Client>,
     ) -> anyhow::Result<Kubelet> {
-        // Every runtime call counted and timed (kubelet_runtime_operations_*).
-        let instrumented = Arc::new(crate::metrics::Instrumented {
-            inner: rt.runtime.clone(),
-            images: rt.images.clone(),
-        });
-        let rt = Runtime {
-            runtime: instrumented.clone(),
-            images: instrumented,
-        };
-        let version = rt.runtime.version(cri::VersionRequest::default()).await?;
-        tracing::info!(
-            node = %cfg.node_name,
-            runtime = %version.runtime_name,
-            mode = if client.is_some() { "API server" } else { "standalone" },
-            "kubelet starting"
-        );
-        let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        let mut facts = NodeFacts::gather(&cfg, &version.runtime_name, &version.runtime_version)?;
-        let opts = ContainerOptions {
-            sandbox: SandboxOptions {
-                pod_logs_dir: cfg.pod_logs_dir.clone(),
-                cluster_dns: cfg.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
-                cluster_domain: cfg.cluster_domain.clone(),
-                seccomp_profile_root: cfg.root_dir.join("seccomp"),
-                ..Default::default()
-            },
-            pods_dir: cfg.root_dir.join("pods"),
-            node_name: cfg.node_name.clone(),
-            host_ips: vec![facts.node_ip.to_string()],
-            node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
-            stop_signal_annotation: version.runtime_name == runtime::builtin::RUNTIME_NAME,
-            ..Default::default()
-        };
-        let status = StatusManager::new(client.clone());
-        tasks.spawn(status.clone().run_until(cancel.clone()));
-        // The runtime's Status, asked now and then every few seconds: Ready reports it, and
-        // pods with a pod network wait while the runtime's network is not ready.
-        let runtime_state = Arc::new(RuntimeState::default());
-        runtime_state.check(rt.runtime.as_ref()).await;
-        {
-            let c = cancel.clone();
-            tasks.spawn(runtime_state.clone().run_checks(
-                rt.runtime.clone(),
-                RUNTIME_CHECK_PERIOD,
-                async move { c.cancelled().await },
-            ));
-        }
-        // Pods with `hostUsers: false` get blocks of the kubelet's range of host IDs.
-        let userns = Arc::new(userns::UsernsManager::new(
-            &opts.pods_dir,
-            userns::kubelet_range(
-                std::path::Path::new("/etc/subuid"),
-                std::path::Path::new("/etc/subgid"),
-            )?,
-        )?);
-        let (recorder, sink) = EventRecorder::new(client.clone(), cfg.node_name.clone());
-        tasks.spawn(sink);
-        recorder.event(
-            &recorder.node_ref(),
-            EventType::Normal,
-            Reason::StartingKubelet,
-            "Starting kubelet.",
-        );
-        let pod_events = Arc::new(recorder.clone());
-
-        // The PLEG and the pod cache.
+        let mut w = Wiring::new(cfg, rt, client);
+        let version = w.runtime_version().await?;
+        let (name, v) = (&version.runtime_name, &version.runtime_version);
+        let mut facts = NodeFacts::gather(&w.cfg, name, v)?;
+        let opts = w.container_options(&facts, &version);
+        let status = w.status_manager();
+        let runtime_state = w.runtime_state().await;
+        let userns = w.user_namespaces(&opts)?;
+        let recorder = w.events();
         let cache = Arc::new(pod_cache::PodCache::new());
-        let pleg_health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
-
-        // The kubelet server (10250) and healthz (10248); the Node advertises the port bound.
-        let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
-        let bound = {
-            let health = pleg_health.clone();
-            crate::server::start(
-                crate::server::ServerDeps {
-                    cfg: cfg.server.clone(),
-                    node_name: cfg.node_name.clone(),
-                    node_ips: vec![facts.node_ip],
-                    root_dir: cfg.root_dir.clone(),
-                    pod_logs_dir: cfg.pod_logs_dir.clone(),
-                    client: client.clone(),
-                    rt: rt.runtime.clone(),
-                    images: rt.images.clone(),
-                    pods: pods_rx,
-                    status: status.clone(),
-                    configz: cfg.to_v1beta1(),
-                    system_log_dir: std::path::PathBuf::from("/var/log"),
-                    health: Arc::new(move || match health.problem() {
-                        Some(p) => Err(p),
-                        None => Ok(()),
-                    }),
-                },
-                &mut tasks,
-                cancel.clone(),
-            )
-            .await?
-        };
-        facts.kubelet_port = bound.port;
-        crate::metrics::get()
-            .node_name
-            .get_or_create(&crate::metrics::NodeName {
-                node: cfg.node_name.clone(),
-            })
-            .set(1);
-        // Admission checks pods against the registered Node, or against this one before that.
-        let local_node = crate::node::build_node(&facts, &cfg);
-        let (changed_tx, changed_rx) = mpsc::unbounded_channel();
-        let (refresh_tx, refresh_rx) = mpsc::unbounded_channel();
-        let pleg = pleg::Pleg {
-            rt: rt.runtime.clone(),
+        let health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
+        let (port, pods) = w.server(facts.node_ip, &status, &health).await?;
+        // The Node advertises the port bound; admission checks pods against the registered
+        // Node, or against this one before that.
+        facts.kubelet_port = port;
+        let local_node = crate::node::build_node(&facts, &w.cfg);
+        let ch = Channels::new();
+        w.pleg(&cache, &health, ch.changed.0, ch.refresh.1);
+        let probes = w.probes(&status, &recorder, ch.probes.0);
+        let parts = SyncerParts {
+            opts,
+            runtime_name: version.runtime_name.clone(),
+            backoff: w.crash_loop_backoff(),
+            pulls: w.image_pulls(),
+            status: status.clone(),
+            runtime_state: runtime_state.clone(),
+            userns: userns.clone(),
             cache: cache.clone(),
-            health: pleg_health.clone(),
-            changed: changed_tx,
-            refresh: refresh_rx,
-            config: pleg::PlegConfig::default(),
+            refresh: ch.refresh.0,
+            events: Arc::new(recorder.clone()),
+            probes,
         };
-        tasks.spawn(pleg.run(cancel.clone()));
-
-        // The probes: one worker per container and probe, outside the loop; a changed result
-        // syncs the pod.
-        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-        let probes = Arc::new(crate::prober::ProbeManager::new(
-            rt.runtime.clone(),
-            status.clone(),
-            pod_events.clone(),
-            probe_tx,
-            cancel.child_token(),
-        ));
-        let syncer = Arc::new(
-            Syncer::new(
-                rt.clone(),
-                SyncerParts {
-                    opts: opts.clone(),
-                    runtime_name: version.runtime_name.clone(),
-                    backoff: Backoff::new(
-                        cfg.testing.crash_loop_back_off_initial,
-                        cfg.testing.crash_loop_back_off_max,
-                    ),
-                    pulls: ImagePulls::new(cfg.serialize_image_pulls, cfg.max_parallel_image_pulls),
-                    status: status.clone(),
-                    runtime_state: runtime_state.clone(),
-                    userns: userns.clone(),
-                    cache: cache.clone(),
-                    refresh: refresh_tx,
-                    events: pod_events,
-                    probes,
-                },
-            )
-            .with_volumes(
-                crate::volumes::VolumeManager::new(
-                    client.clone(),
-                    opts.pods_dir.clone(),
-                    crate::volumes::projection::Allocatable::from_node(&local_node),
-                )
-                .with_services(crate::api::services::Services::start(
-                    client.clone(),
-                    cancel.child_token(),
-                )),
-            ),
-        );
-        let workers = PodWorkers::new(
-            syncer.clone(),
-            Timing {
-                resync: cfg.sync_frequency,
-                ..Default::default()
-            },
-        );
-
-        // Sources.
-        let (tx, rx) = mpsc::channel::<PodUpdate>(64);
-        let (problems_tx, problems) = mpsc::unbounded_channel::<String>();
-        let mut expected_sources = Vec::new();
-        if !cfg.static_pod_path.as_os_str().is_empty() {
-            let src = sources::file::FileSource::new(
-                cfg.static_pod_path.clone(),
-                cfg.node_name.clone(),
-                cfg.file_check_frequency,
-            )
-            .report_to(problems_tx.clone());
-            tasks.spawn(src.run(tx.clone()));
-            expected_sources.push(sources::FILE_SOURCE);
-        }
-        if !cfg.static_pod_url.is_empty() {
-            let src = sources::http::HttpSource::new(
-                cfg.static_pod_url.clone(),
-                cfg.node_name.clone(),
-                cfg.http_check_frequency,
-            )
-            .report_to(problems_tx.clone());
-            tasks.spawn(src.run(tx.clone()));
-            expected_sources.push(sources::HTTP_SOURCE);
-        }
-        let node_agent = client.as_ref().map(|c| {
-            let health = pleg_health.clone();
-            Arc::new(NodeAgent::spawn(
-                c.clone(),
-                &cfg,
-                facts.clone(),
-                runtime_state.clone(),
-                rt.images.clone(),
-                Arc::new(move || health.problem().into_iter().collect()),
-                Some(recorder.clone()),
-            ))
-        });
+        let syncer = w.syncer(parts, &local_node);
+        let workers = w.workers(&syncer);
+        let (updates, problems) = (ch.updates.0, ch.problems.0);
+        let mut expected_sources = w.static_sources(&updates, &problems);
+        let node_agent = w.node_agent(&facts, &runtime_state, &health, &recorder);
         let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
         status.set_mirrors(mirrors.clone());
-        let mirror_manager = client.as_ref().map(|c| {
-            let src = sources::api::ApiSource::new(c.clone(), cfg.node_name.clone(), mirrors_tx);
-            tasks.spawn(src.run(tx.clone()));
+        let mirror_manager = w.api_source(&updates, mirrors_tx);
+        if mirror_manager.is_some() {
             expected_sources.push(sources::API_SOURCE);
-            mirror::MirrorManager::new(c.clone(), cfg.node_name.clone())
-        });
-        drop(tx);
-        drop(problems_tx);
-
-        // Housekeeping, off the loop.
-        let (desired_tx, desired_rx) = watch::channel(housekeeping::Desired::default());
-        let hk = housekeeping::Housekeeping {
-            rt: rt.runtime.clone(),
+        }
+        drop((updates, problems));
+        let desired = w.housekeeping(HousekeepingParts {
             workers: workers.clone(),
             userns,
-            syncer: syncer.clone(),
+            syncer,
             status: status.clone(),
-            gc: gc::GarbageCollector::new(
-                rt.runtime.clone(),
-                opts.pods_dir.clone(),
-                cfg.pod_logs_dir.clone(),
-            ),
             mirror_manager,
             mirrors,
             node_agent: node_agent.clone(),
-            cache: cache.clone(),
-        };
-        tasks.spawn(hk.run(desired_rx, cancel.clone()));
-        tasks.spawn(logrotate::run(
-            rt.runtime.clone(),
-            cfg.container_logs.clone(),
-            cancel.clone(),
-        ));
-
-        let node = {
-            let agent = node_agent.clone();
-            Box::new(move || {
-                agent
-                    .as_ref()
-                    .and_then(|a| a.node())
-                    .unwrap_or_else(|| local_node.clone())
-            })
-        };
-        let status_for_kubelet = status.clone();
+            cache,
+        });
+        let agent = node_agent.clone();
+        let node = Box::new(move || {
+            let registered = agent.as_ref().and_then(|a| a.node());
+            registered.unwrap_or_else(|| local_node.clone())
+        });
         let sync_loop = sync_loop::SyncLoop {
             workers,
-            status,
+            status: status.clone(),
             merger: Merger::new(),
             rejected: HashSet::new(),
             node,
             expected_sources,
             recorder,
-            desired: desired_tx,
-            pods: pods_tx,
+            desired,
+            pods,
             changes: 0,
         };
-        tasks.spawn(sync_loop.run(
-            sync_loop::Inputs {
-                updates: rx,
-                changed: changed_rx,
-                probes: probe_rx,
-                problems,
-            },
-            cancel.clone(),
-        ));
+        let inputs = sync_loop::Inputs {
+            updates: ch.updates.1,
+            changed: ch.changed.1,
+            probes: ch.probes.1,
+            problems: ch.problems.1,
+        };
+        w.sync_loop(sync_loop, inputs);
         Ok(Kubelet {
-            cancel,
-            tasks,
+            cancel: w.cancel,
+            tasks: w.tasks,
             node_agent,
-            status: status_for_kubelet,
+            status,
         })
     }
 

@@ -1,0 +1,408 @@
+//! The kubelet's wiring, one builder per subsystem: each step makes one part from the parts
+//! made before it and spawns its tasks into the one task set, under the one cancellation token.
+//! [`super::Kubelet::start`] calls them in order, a table of contents of the kubelet.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use runtime::cri;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Runtime, Syncer, SyncerParts, gc, housekeeping, logrotate, mirror, pleg, pod_cache, sync_loop,
+    userns,
+};
+use crate::api::events::{EventRecorder, EventType, Reason};
+use crate::config::KubeletConfig;
+use crate::node::agent::RUNTIME_CHECK_PERIOD;
+use crate::node::{NodeAgent, NodeFacts, RuntimeState};
+use crate::pod::images::ImagePulls;
+use crate::pod::{Backoff, ContainerOptions, SandboxOptions};
+use crate::pod_workers::{PodWorkers, Timing};
+use crate::sources::{self, PodUpdate};
+use crate::status_manager::StatusManager;
+
+/// What every part is wired with: the configuration, the runtime (every call counted and
+/// timed), the API client (`None` standalone), and the task set every background task lives
+/// in under one token.
+pub(super) struct Wiring {
+    pub cfg: KubeletConfig,
+    pub rt: Runtime,
+    pub client: Option<kube::Client>,
+    pub cancel: CancellationToken,
+    pub tasks: JoinSet<()>,
+}
+
+/// The channels between the PLEG, the probes, the sources and the sync loop.
+pub(super) struct Channels {
+    pub updates: (mpsc::Sender<PodUpdate>, mpsc::Receiver<PodUpdate>),
+    pub problems: (
+        mpsc::UnboundedSender<String>,
+        mpsc::UnboundedReceiver<String>,
+    ),
+    pub changed: (
+        mpsc::UnboundedSender<String>,
+        mpsc::UnboundedReceiver<String>,
+    ),
+    pub refresh: (
+        mpsc::UnboundedSender<pleg::Refresh>,
+        mpsc::UnboundedReceiver<pleg::Refresh>,
+    ),
+    pub probes: (
+        mpsc::UnboundedSender<crate::prober::Update>,
+        mpsc::UnboundedReceiver<crate::prober::Update>,
+    ),
+}
+
+impl Channels {
+    pub fn new() -> Self {
+        Channels {
+            updates: mpsc::channel(64),
+            problems: mpsc::unbounded_channel(),
+            changed: mpsc::unbounded_channel(),
+            refresh: mpsc::unbounded_channel(),
+            probes: mpsc::unbounded_channel(),
+        }
+    }
+}
+
+impl Wiring {
+    /// The wiring of a kubelet on `rt`, its runtime calls instrumented
+    /// (`kubelet_runtime_operations_*`).
+    pub fn new(cfg: KubeletConfig, rt: Runtime, client: Option<kube::Client>) -> Self {
+        let instrumented = Arc::new(crate::metrics::Instrumented {
+            inner: rt.runtime.clone(),
+            images: rt.images.clone(),
+        });
+        let rt = Runtime {
+            runtime: instrumented.clone(),
+            images: instrumented,
+        };
+        Wiring {
+            cfg,
+            rt,
+            client,
+            cancel: CancellationToken::new(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// The runtime's version (the first call: the runtime must answer before anything starts).
+    pub async fn runtime_version(&self) -> runtime::Result<cri::VersionResponse> {
+        let version = self
+            .rt
+            .runtime
+            .version(cri::VersionRequest::default())
+            .await?;
+        tracing::info!(
+            node = %self.cfg.node_name,
+            runtime = %version.runtime_name,
+            mode = if self.client.is_some() { "API server" } else { "standalone" },
+            "kubelet starting"
+        );
+        Ok(version)
+    }
+
+    /// The node-wide container options, built once.
+    pub fn container_options(
+        &self,
+        facts: &NodeFacts,
+        version: &cri::VersionResponse,
+    ) -> ContainerOptions {
+        let cfg = &self.cfg;
+        ContainerOptions {
+            sandbox: SandboxOptions {
+                pod_logs_dir: cfg.pod_logs_dir.clone(),
+                cluster_dns: cfg.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+                cluster_domain: cfg.cluster_domain.clone(),
+                seccomp_profile_root: cfg.root_dir.join("seccomp"),
+                ..Default::default()
+            },
+            pods_dir: cfg.root_dir.join("pods"),
+            node_name: cfg.node_name.clone(),
+            host_ips: vec![facts.node_ip.to_string()],
+            node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
+            stop_signal_annotation: version.runtime_name == runtime::builtin::RUNTIME_NAME,
+            ..Default::default()
+        }
+    }
+
+    /// The status manager, writing statuses in its own task.
+    pub fn status_manager(&mut self) -> Arc<StatusManager> {
+        let status = StatusManager::new(self.client.clone());
+        self.tasks
+            .spawn(status.clone().run_until(self.cancel.clone()));
+        status
+    }
+
+    /// The runtime's Status, asked now and then every few seconds: Ready reports it, and pods
+    /// with a pod network wait while the runtime's network is not ready.
+    pub async fn runtime_state(&mut self) -> Arc<RuntimeState> {
+        let state = Arc::new(RuntimeState::default());
+        state.check(self.rt.runtime.as_ref()).await;
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(state.clone().run_checks(
+            self.rt.runtime.clone(),
+            RUNTIME_CHECK_PERIOD,
+            async move { cancel.cancelled().await },
+        ));
+        state
+    }
+
+    /// Pods with `hostUsers: false` get blocks of the kubelet's range of host IDs.
+    pub fn user_namespaces(
+        &self,
+        opts: &ContainerOptions,
+    ) -> runtime::Result<Arc<userns::UsernsManager>> {
+        let range = userns::kubelet_range(
+            std::path::Path::new("/etc/subuid"),
+            std::path::Path::new("/etc/subgid"),
+        )?;
+        Ok(Arc::new(userns::UsernsManager::new(&opts.pods_dir, range)?))
+    }
+
+    /// The event recorder (its sink a task), having recorded the kubelet's start.
+    pub fn events(&mut self) -> EventRecorder {
+        let (recorder, sink) = EventRecorder::new(self.client.clone(), self.cfg.node_name.clone());
+        self.tasks.spawn(sink);
+        let node = recorder.node_ref();
+        let reason = Reason::StartingKubelet;
+        recorder.event(&node, EventType::Normal, reason, "Starting kubelet.");
+        recorder
+    }
+
+    /// The kubelet server (10250) and healthz (10248): the port bound, and where the sync loop
+    /// publishes the pods the server lists.
+    pub async fn server(
+        &mut self,
+        node_ip: IpAddr,
+        status: &Arc<StatusManager>,
+        health: &Arc<pleg::PlegHealth>,
+    ) -> anyhow::Result<(
+        u16,
+        watch::Sender<Arc<Vec<k8s_openapi::api::core::v1::Pod>>>,
+    )> {
+        let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
+        let cfg = &self.cfg;
+        let health = health.clone();
+        let deps = crate::server::ServerDeps {
+            cfg: cfg.server.clone(),
+            node_name: cfg.node_name.clone(),
+            node_ips: vec![node_ip],
+            root_dir: cfg.root_dir.clone(),
+            pod_logs_dir: cfg.pod_logs_dir.clone(),
+            client: self.client.clone(),
+            rt: self.rt.runtime.clone(),
+            images: self.rt.images.clone(),
+            pods: pods_rx,
+            status: status.clone(),
+            configz: cfg.to_v1beta1(),
+            system_log_dir: std::path::PathBuf::from("/var/log"),
+            health: Arc::new(move || match health.problem() {
+                Some(p) => Err(p),
+                None => Ok(()),
+            }),
+        };
+        let bound = crate::server::start(deps, &mut self.tasks, self.cancel.clone()).await?;
+        crate::metrics::get()
+            .node_name
+            .get_or_create(&crate::metrics::NodeName {
+                node: cfg.node_name.clone(),
+            })
+            .set(1);
+        Ok((bound.port, pods_tx))
+    }
+
+    /// The PLEG over the pod cache: changes to the sync loop, refresh requests from the syncer.
+    pub fn pleg(
+        &mut self,
+        cache: &Arc<pod_cache::PodCache>,
+        health: &Arc<pleg::PlegHealth>,
+        changed: mpsc::UnboundedSender<String>,
+        refresh: mpsc::UnboundedReceiver<pleg::Refresh>,
+    ) {
+        let pleg = pleg::Pleg {
+            rt: self.rt.runtime.clone(),
+            cache: cache.clone(),
+            health: health.clone(),
+            changed,
+            refresh,
+            config: pleg::PlegConfig::default(),
+        };
+        self.tasks.spawn(pleg.run(self.cancel.clone()));
+    }
+
+    /// The syncer: the pod runtime manager, the volumes and the pods' inputs; its probes (one
+    /// worker per container and probe, outside the loop; a changed result syncs the pod).
+    pub fn syncer(
+        &self,
+        parts: SyncerParts,
+        local_node: &k8s_openapi::api::core::v1::Node,
+    ) -> Arc<Syncer> {
+        let client = self.client.clone();
+        let pods_dir = parts.opts.pods_dir.clone();
+        let allocatable = crate::volumes::projection::Allocatable::from_node(local_node);
+        let services =
+            crate::api::services::Services::start(client.clone(), self.cancel.child_token());
+        let volumes = crate::volumes::VolumeManager::new(client, pods_dir, allocatable)
+            .with_services(services);
+        Arc::new(Syncer::new(self.rt.clone(), parts).with_volumes(volumes))
+    }
+
+    /// The probe manager.
+    pub fn probes(
+        &self,
+        status: &Arc<StatusManager>,
+        events: &EventRecorder,
+        results: mpsc::UnboundedSender<crate::prober::Update>,
+    ) -> Arc<crate::prober::ProbeManager> {
+        Arc::new(crate::prober::ProbeManager::new(
+            self.rt.runtime.clone(),
+            status.clone(),
+            Arc::new(events.clone()),
+            results,
+            self.cancel.child_token(),
+        ))
+    }
+
+    /// The static pod sources (`staticPodPath`, `staticPodURL`): the names of those started.
+    pub fn static_sources(
+        &mut self,
+        updates: &mpsc::Sender<PodUpdate>,
+        problems: &mpsc::UnboundedSender<String>,
+    ) -> Vec<&'static str> {
+        let cfg = &self.cfg;
+        let mut started = Vec::new();
+        if !cfg.static_pod_path.as_os_str().is_empty() {
+            let src = sources::file::FileSource::new(
+                cfg.static_pod_path.clone(),
+                cfg.node_name.clone(),
+                cfg.file_check_frequency,
+            )
+            .report_to(problems.clone());
+            self.tasks.spawn(src.run(updates.clone()));
+            started.push(sources::FILE_SOURCE);
+        }
+        if !cfg.static_pod_url.is_empty() {
+            let src = sources::http::HttpSource::new(
+                cfg.static_pod_url.clone(),
+                cfg.node_name.clone(),
+                cfg.http_check_frequency,
+            )
+            .report_to(problems.clone());
+            self.tasks.spawn(src.run(updates.clone()));
+            started.push(sources::HTTP_SOURCE);
+        }
+        started
+    }
+
+    /// With an API server: the node agent (the Node, its status and Lease).
+    pub fn node_agent(
+        &self,
+        facts: &NodeFacts,
+        runtime_state: &Arc<RuntimeState>,
+        health: &Arc<pleg::PlegHealth>,
+        recorder: &EventRecorder,
+    ) -> Option<Arc<NodeAgent>> {
+        let client = self.client.as_ref()?;
+        let health = health.clone();
+        Some(Arc::new(NodeAgent::spawn(
+            client.clone(),
+            &self.cfg,
+            facts.clone(),
+            runtime_state.clone(),
+            self.rt.images.clone(),
+            Arc::new(move || health.problem().into_iter().collect()),
+            Some(recorder.clone()),
+        )))
+    }
+
+    /// With an API server: the pods bound to the node, and the mirror pods of static pods.
+    pub fn api_source(
+        &mut self,
+        updates: &mpsc::Sender<PodUpdate>,
+        mirrors: watch::Sender<sources::api::MirrorPods>,
+    ) -> Option<mirror::MirrorManager> {
+        let client = self.client.as_ref()?.clone();
+        let node_name = self.cfg.node_name.clone();
+        let src = sources::api::ApiSource::new(client.clone(), node_name.clone(), mirrors);
+        self.tasks.spawn(src.run(updates.clone()));
+        Some(mirror::MirrorManager::new(client, node_name))
+    }
+
+    /// Housekeeping and the log rotation, off the loop: where the loop publishes what it wants.
+    pub fn housekeeping(
+        &mut self,
+        parts: HousekeepingParts,
+    ) -> watch::Sender<housekeeping::Desired> {
+        let (desired_tx, desired_rx) = watch::channel(housekeeping::Desired::default());
+        let hk = housekeeping::Housekeeping {
+            rt: self.rt.runtime.clone(),
+            workers: parts.workers,
+            userns: parts.userns,
+            syncer: parts.syncer.clone(),
+            status: parts.status,
+            gc: gc::GarbageCollector::new(
+                self.rt.runtime.clone(),
+                parts.syncer.opts.pods_dir.clone(),
+                self.cfg.pod_logs_dir.clone(),
+            ),
+            mirror_manager: parts.mirror_manager,
+            mirrors: parts.mirrors,
+            node_agent: parts.node_agent,
+            cache: parts.cache,
+        };
+        self.tasks.spawn(hk.run(desired_rx, self.cancel.clone()));
+        self.tasks.spawn(logrotate::run(
+            self.rt.runtime.clone(),
+            self.cfg.container_logs.clone(),
+            self.cancel.clone(),
+        ));
+        desired_tx
+    }
+
+    /// The sync loop, dispatching every change to the pod workers.
+    pub fn sync_loop(&mut self, sync_loop: sync_loop::SyncLoop, inputs: sync_loop::Inputs) {
+        self.tasks.spawn(sync_loop.run(inputs, self.cancel.clone()));
+    }
+
+    /// The CrashLoopBackOff delays (upstream's, unless the tests' settings shorten them).
+    pub fn crash_loop_backoff(&self) -> Backoff {
+        let testing = &self.cfg.testing;
+        Backoff::new(
+            testing.crash_loop_back_off_initial,
+            testing.crash_loop_back_off_max,
+        )
+    }
+
+    /// How image pulls share the node.
+    pub fn image_pulls(&self) -> ImagePulls {
+        ImagePulls::new(
+            self.cfg.serialize_image_pulls,
+            self.cfg.max_parallel_image_pulls,
+        )
+    }
+
+    /// The pod workers over the syncer.
+    pub fn workers(&self, syncer: &Arc<Syncer>) -> PodWorkers {
+        let timing = Timing {
+            resync: self.cfg.sync_frequency,
+            ..Default::default()
+        };
+        PodWorkers::new(syncer.clone(), timing)
+    }
+}
+
+/// What housekeeping works on besides the runtime.
+pub(super) struct HousekeepingParts {
+    pub workers: PodWorkers,
+    pub userns: Arc<userns::UsernsManager>,
+    pub syncer: Arc<Syncer>,
+    pub status: Arc<StatusManager>,
+    pub mirror_manager: Option<mirror::MirrorManager>,
+    pub mirrors: watch::Receiver<sources::api::MirrorPods>,
+    pub node_agent: Option<Arc<NodeAgent>>,
+    pub cache: Arc<pod_cache::PodCache>,
+}
