@@ -15,6 +15,9 @@
 //! [`server`] (feature `server`) goes the other way: it exposes any implementation as a CRI v1
 //! gRPC server on a unix socket, for crictl or a kubelet.
 //!
+//! The CRI method list is written in the traits, which carry the contract, and in `rpcs`, from
+//! which the remote client and the server adapter are expanded.
+//!
 //! Errors cross the seam as [`Error`], which carries a gRPC-style [`Code`]
 //! and converts losslessly to and from [`tonic::Status`], so a remote CRI
 //! backend or a CRI gRPC server can be layered on top without translation
@@ -23,6 +26,7 @@
 pub use runtime_types::{cri, error};
 
 pub mod clock;
+mod rpcs;
 pub mod service;
 
 #[cfg(feature = "fake")]
