@@ -1,8 +1,8 @@
 //! The CRI method list, written once: [`for_each_cri_rpc!`] hands every RPC of the CRI v1
 //! `RuntimeService` and `ImageService` to a macro of its caller, which turns the list into an
-//! implementation. The remote client (`remote/service.rs`) and the gRPC server adapter
-//! (`server/adapter.rs`) are expanded from it, so a unary RPC added here is sent and served
-//! with no other edit. Written out by
+//! implementation. The remote client (`remote/service.rs`), the gRPC server adapter
+//! (`server/adapter.rs`) and the instrumentation ([`crate::instrument`]) are expanded from it,
+//! so a unary RPC added here is sent, served and observed with no other edit. Written out by
 //! hand stay the traits in [`crate::service`], which carry the contract, and the
 //! implementations with real bodies (the built-in runtime, the fake).
 
@@ -57,6 +57,8 @@
 /// * `by_hand`: unary, but the remote client and the server adapter write it by hand (with
 ///   their `{ tokens }`): `ExecSync`, whose deadline is none when the command has none.
 /// * `streaming`: server-streaming, written by hand there too: `GetContainerEvents`.
+///
+/// The instrumentation forwards every entry of every section.
 ///
 /// [`RuntimeService`]: crate::RuntimeService
 /// [`ImageService`]: crate::ImageService

@@ -83,10 +83,11 @@ impl Kubelet {
         client: Option<kube::Client>,
     ) -> anyhow::Result<Kubelet> {
         // Every runtime call counted and timed (kubelet_runtime_operations_*).
-        let instrumented = Arc::new(crate::metrics::Instrumented {
-            inner: rt.runtime.clone(),
-            images: rt.images.clone(),
-        });
+        let instrumented = Arc::new(runtime::Instrumented::new(
+            rt.runtime.clone(),
+            rt.images.clone(),
+            crate::metrics::get(),
+        ));
         let rt = Runtime {
             runtime: instrumented.clone(),
             images: instrumented,
