@@ -1,13 +1,13 @@
 //! The kubelet's own metrics, with upstream's names and labels, in one process-wide registry
 //! (the Prometheus project's `prometheus-client`), served on `/metrics`; the probe counters on
-//! `/metrics/probes`. [`Instrumented`] wraps the runtime to count and time every CRI call
+//! `/metrics/probes`. [`Metrics`] observes every call of the [`runtime::Instrumented`] runtime
 //! (`kubelet_runtime_operations_*`); [`startup::StartupTracker`] keeps what the pod startup
 //! latency SLI needs; the API client counts its requests (`rest_client_*`, [`RestRequest`]).
 
 pub mod startup;
 
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -311,11 +311,14 @@ impl Metrics {
             })
             .observe(took.as_secs_f64());
     }
+}
 
-    /// Records one runtime operation.
-    pub fn runtime_operation(&self, op: &str, took: Duration, ok: bool) {
+/// Each call of a [`runtime::Instrumented`] runtime, counted and timed in
+/// `kubelet_runtime_operations_*` under upstream's `operation_type`.
+impl runtime::Observer for Metrics {
+    fn observe(&self, operation: &'static str, took: Duration, ok: bool) {
         let l = Operation {
-            operation_type: op.to_string(),
+            operation_type: operation.to_string(),
         };
         self.runtime_operations.get_or_create(&l).inc();
         if !ok {
@@ -333,91 +336,6 @@ pub fn get() -> &'static Metrics {
     &METRICS
 }
 
-/// A runtime whose every call is counted and timed in `kubelet_runtime_operations_*`, named as
-/// upstream's instrumented runtime names them.
-pub struct Instrumented {
-    pub inner: std::sync::Arc<dyn runtime::RuntimeService>,
-    pub images: std::sync::Arc<dyn runtime::ImageService>,
-}
-
-async fn timed<T>(
-    op: &str,
-    f: impl std::future::Future<Output = runtime::Result<T>>,
-) -> runtime::Result<T> {
-    let began = Instant::now();
-    let r = f.await;
-    get().runtime_operation(op, began.elapsed(), r.is_ok());
-    r
-}
-
-macro_rules! instrumented_runtime {
-    ($($name:ident, $op:literal, $req:ty, $resp:ty;)*) => {
-        #[async_trait::async_trait]
-        impl runtime::RuntimeService for Instrumented {
-            $(
-                async fn $name(&self, req: $req) -> runtime::Result<$resp> {
-                    timed($op, self.inner.$name(req)).await
-                }
-            )*
-        }
-    };
-}
-
-macro_rules! instrumented_images {
-    ($($name:ident, $op:literal, $req:ty, $resp:ty;)*) => {
-        #[async_trait::async_trait]
-        impl runtime::ImageService for Instrumented {
-            $(
-                async fn $name(&self, req: $req) -> runtime::Result<$resp> {
-                    timed($op, self.images.$name(req)).await
-                }
-            )*
-        }
-    };
-}
-
-use runtime::cri;
-
-instrumented_runtime! {
-    version, "version", cri::VersionRequest, cri::VersionResponse;
-    run_pod_sandbox, "run_podsandbox", cri::RunPodSandboxRequest, cri::RunPodSandboxResponse;
-    stop_pod_sandbox, "stop_podsandbox", cri::StopPodSandboxRequest, cri::StopPodSandboxResponse;
-    remove_pod_sandbox, "remove_podsandbox", cri::RemovePodSandboxRequest, cri::RemovePodSandboxResponse;
-    pod_sandbox_status, "podsandbox_status", cri::PodSandboxStatusRequest, cri::PodSandboxStatusResponse;
-    list_pod_sandbox, "list_podsandbox", cri::ListPodSandboxRequest, cri::ListPodSandboxResponse;
-    create_container, "create_container", cri::CreateContainerRequest, cri::CreateContainerResponse;
-    start_container, "start_container", cri::StartContainerRequest, cri::StartContainerResponse;
-    stop_container, "stop_container", cri::StopContainerRequest, cri::StopContainerResponse;
-    remove_container, "remove_container", cri::RemoveContainerRequest, cri::RemoveContainerResponse;
-    list_containers, "list_containers", cri::ListContainersRequest, cri::ListContainersResponse;
-    container_status, "container_status", cri::ContainerStatusRequest, cri::ContainerStatusResponse;
-    update_container_resources, "update_container", cri::UpdateContainerResourcesRequest, cri::UpdateContainerResourcesResponse;
-    reopen_container_log, "reopen_container_log", cri::ReopenContainerLogRequest, cri::ReopenContainerLogResponse;
-    exec_sync, "exec_sync", cri::ExecSyncRequest, cri::ExecSyncResponse;
-    exec, "exec", cri::ExecRequest, cri::ExecResponse;
-    attach, "attach", cri::AttachRequest, cri::AttachResponse;
-    port_forward, "port_forward", cri::PortForwardRequest, cri::PortForwardResponse;
-    container_stats, "container_stats", cri::ContainerStatsRequest, cri::ContainerStatsResponse;
-    list_container_stats, "list_container_stats", cri::ListContainerStatsRequest, cri::ListContainerStatsResponse;
-    pod_sandbox_stats, "podsandbox_stats", cri::PodSandboxStatsRequest, cri::PodSandboxStatsResponse;
-    list_pod_sandbox_stats, "list_podsandbox_stats", cri::ListPodSandboxStatsRequest, cri::ListPodSandboxStatsResponse;
-    update_runtime_config, "update_runtime_config", cri::UpdateRuntimeConfigRequest, cri::UpdateRuntimeConfigResponse;
-    status, "status", cri::StatusRequest, cri::StatusResponse;
-    checkpoint_container, "checkpoint_container", cri::CheckpointContainerRequest, cri::CheckpointContainerResponse;
-    get_container_events, "get_container_events", cri::GetEventsRequest, runtime::EventStream;
-    list_metric_descriptors, "list_metric_descriptors", cri::ListMetricDescriptorsRequest, cri::ListMetricDescriptorsResponse;
-    list_pod_sandbox_metrics, "list_podsandbox_metrics", cri::ListPodSandboxMetricsRequest, cri::ListPodSandboxMetricsResponse;
-    runtime_config, "runtime_config", cri::RuntimeConfigRequest, cri::RuntimeConfigResponse;
-}
-
-instrumented_images! {
-    list_images, "list_images", cri::ListImagesRequest, cri::ListImagesResponse;
-    image_status, "image_status", cri::ImageStatusRequest, cri::ImageStatusResponse;
-    pull_image, "pull_image", cri::PullImageRequest, cri::PullImageResponse;
-    remove_image, "remove_image", cri::RemoveImageRequest, cri::RemoveImageResponse;
-    image_fs_info, "image_fs_info", cri::ImageFsInfoRequest, cri::ImageFsInfoResponse;
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -431,5 +349,23 @@ mod tests {
         );
         assert!(text.contains("# TYPE kubelet_running_pods gauge"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn runtime_operations_are_observed_under_upstreams_names() {
+        use runtime::Observer as _;
+        let m = super::get();
+        m.observe("run_podsandbox", std::time::Duration::from_millis(3), false);
+        let text = m.encode();
+        for name in [
+            "kubelet_runtime_operations_total",
+            "kubelet_runtime_operations_errors_total",
+            "kubelet_runtime_operations_duration_seconds_count",
+        ] {
+            assert!(
+                text.contains(&format!("{name}{{operation_type=\"run_podsandbox\"}}")),
+                "{name}: {text}"
+            );
+        }
     }
 }

@@ -13,7 +13,11 @@
 //!   `remote`): containerd, CRI-O or another nodelet.
 //!
 //! [`server`] (feature `server`) goes the other way: it exposes any implementation as a CRI v1
-//! gRPC server on a unix socket, for crictl or a kubelet.
+//! gRPC server on a unix socket, for crictl or a kubelet. [`Instrumented`] is the seam's one
+//! decorator: it wraps an implementation and tells an [`Observer`] of every call.
+//!
+//! The CRI method list is written twice: in the traits, which carry the contract, and in
+//! `rpcs`, from which the remote client, the server adapter and [`Instrumented`] are expanded.
 //!
 //! Errors cross the seam as [`Error`], which carries a gRPC-style [`Code`]
 //! and converts losslessly to and from [`tonic::Status`], so a remote CRI
@@ -23,6 +27,8 @@
 pub use runtime_types::{cri, error};
 
 pub mod clock;
+pub mod instrument;
+mod rpcs;
 pub mod service;
 
 #[cfg(feature = "fake")]
@@ -45,4 +51,5 @@ pub mod remote;
 pub use runtime_streaming as streaming;
 
 pub use error::{Code, Error, Result};
+pub use instrument::{Instrumented, Observer};
 pub use service::{EventStream, ImageService, RuntimeService};

@@ -72,10 +72,11 @@ impl Wiring {
     /// The wiring of a kubelet on `rt`, its runtime calls instrumented
     /// (`kubelet_runtime_operations_*`).
     pub fn new(cfg: KubeletConfig, rt: Runtime, client: Option<kube::Client>) -> Self {
-        let instrumented = Arc::new(crate::metrics::Instrumented {
-            inner: rt.runtime.clone(),
-            images: rt.images.clone(),
-        });
+        let instrumented = Arc::new(runtime::Instrumented::new(
+            rt.runtime.clone(),
+            rt.images.clone(),
+            crate::metrics::get(),
+        ));
         let rt = Runtime {
             runtime: instrumented.clone(),
             images: instrumented,

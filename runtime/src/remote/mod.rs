@@ -8,8 +8,7 @@
 //! [`RuntimeService`]: crate::RuntimeService
 //! [`ImageService`]: crate::ImageService
 
-mod images;
-mod runtime;
+mod service;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -203,8 +202,7 @@ impl RemoteRuntime {
 
     /// The deadline of a call whose request allows `secs` more seconds.
     fn deadline(&self, secs: i64) -> Option<Duration> {
-        let extra = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
-        Some(self.cfg.request_timeout.saturating_add(extra))
+        Some(crate::rpcs::deadline(self.cfg.request_timeout, secs))
     }
 }
 
