@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
@@ -889,6 +890,132 @@ async fn host_pid_and_host_ipc_pods_share_the_nodes_namespaces() {
         !out.contains(&host("pid")) && !out.contains(&host("ipc")),
         "a normal pod has its own: {out}"
     );
+    node.teardown().await;
+}
+
+/// A container that exits has its rootfs unmounted (containerd unmounts at exit too): a node
+/// keeps dead containers for their logs, not their mounts. Its status, log and writable layer
+/// (what it wrote, on disk and in its stats) still read; exec and ReopenContainerLog are
+/// refused as for any exited container; StopContainer answers with the rootfs unmounted;
+/// RemoveContainer then takes the rest. The same with an ID-mapped rootfs (a pod user
+/// namespace).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exited_containers_rootfs_is_unmounted_and_the_rest_kept_until_removal() {
+    if !root_or_skip("an_exited_containers_rootfs_is_unmounted_and_the_rest_kept_until_removal") {
+        return;
+    }
+    let node = Node::new("unmount").await;
+    let plain = node.sandbox("unmount").await;
+    let userns = node
+        .sandbox_with(
+            "unmount-userns",
+            userns_config(
+                cri::NamespaceMode::Pod,
+                vec![id_mapping(0, 100_000, 65_536)],
+            ),
+        )
+        .await;
+    let bundle = |id: &str| state_dir(node.root.path()).join("containers").join(id);
+    let layer = |id: &str| node.root.path().join("images/containers").join(id);
+    let mut exited = Vec::new();
+    for sb in [&plain, &userns] {
+        let pod = &sb.1.hostname;
+        let id = node
+            .container(
+                sb,
+                "c",
+                &["sh", "-c", "echo kept > /written; echo bye; exit 3"],
+            )
+            .await;
+        node.wait_exited(&id).await;
+        settle(|| mounts_under(&bundle(&id)).is_empty()).await;
+        assert_eq!(
+            mounts_under(&bundle(&id)),
+            Vec::<PathBuf>::new(),
+            "{pod}: nothing of the exited container is mounted"
+        );
+        let s = node.status(&id).await;
+        assert_eq!(
+            (s.state, s.exit_code, s.reason.as_str()),
+            (cri::ContainerState::ContainerExited as i32, 3, "Error"),
+            "{pod}"
+        );
+        assert_eq!(log_output(Path::new(&s.log_path)).0, "bye\n", "{pod}");
+        assert_eq!(
+            std::fs::read_to_string(layer(&id).join("upper/written")).unwrap(),
+            "kept\n",
+            "{pod}: the writable layer stays"
+        );
+        let stats = node
+            .rt
+            .container_stats(cri::ContainerStatsRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect("ContainerStats")
+            .stats
+            .expect("stats");
+        let written = stats.writable_layer.expect("writable layer");
+        assert!(
+            written.used_bytes.is_some_and(|b| b.value > 0)
+                && written.inodes_used.is_some_and(|i| i.value >= 2),
+            "{pod}: {written:?}"
+        );
+        let err = node
+            .rt
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec!["true".into()],
+                timeout: 5,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{pod}: {err}");
+        let err = node
+            .rt
+            .reopen_container_log(cri::ReopenContainerLogRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{pod}: {err}");
+        exited.push(id);
+    }
+    // A running container has its rootfs, until StopContainer answers.
+    let running = node.container(&plain, "sleeper", &["sleep", "600"]).await;
+    assert_eq!(
+        mounts_under(&bundle(&running)),
+        [bundle(&running).join("rootfs").canonicalize().unwrap()]
+    );
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: running.clone(),
+            timeout: 0,
+        })
+        .await
+        .expect("StopContainer");
+    assert!(mounts_under(&bundle(&running)).is_empty());
+    // Removal takes what was kept (in the background: settled).
+    for id in &exited {
+        node.rt
+            .remove_container(cri::RemoveContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect("RemoveContainer");
+    }
+    let gone = || {
+        exited
+            .iter()
+            .all(|id| !bundle(id).exists() && !layer(id).exists())
+    };
+    settle(gone).await;
+    assert!(
+        gone(),
+        "removed containers left their bundle or writable layer"
+    );
+    let keys = node.rt.image_store().rootfs_keys().unwrap();
+    assert_eq!(keys, [running]);
     node.teardown().await;
 }
 
