@@ -1103,6 +1103,22 @@ async fn a_long_root_dir_works_and_is_adopted_again() {
     }
 }
 
+/// A state dir under /run/nodelet/state as a runtime on the root dir
+/// `/tmp/nl-gone-<pid>-<name>` (which does not exist) may leave it: `sandboxes` and
+/// `containers`, what `fill` puts there, then its `boot_id` and its `root` file (last: a
+/// runtime sweeping meanwhile takes no dir without one).
+fn gone_root_state_dir(name: &str, fill: impl FnOnce(&Path)) -> PathBuf {
+    let tag = format!("{:x}", std::process::id());
+    let dir = Path::new("/run/nodelet/state").join(format!("test-{tag}-{name}"));
+    for sub in ["sandboxes", "containers"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    fill(&dir);
+    std::fs::write(dir.join("boot_id"), "00000000-0000-4000-8000-000000000000").unwrap();
+    std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
+    dir
+}
+
 /// Each root dir has its state dir under /run/nodelet/state, its `root` file naming the root
 /// dir. A runtime alone on its root dir removes the state dirs of root dirs that are gone, but
 /// only empty ones: one still holding a sandbox is left to whoever looks at it.
@@ -1111,22 +1127,10 @@ async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
     if !root_or_skip("state_dirs_of_gone_root_dirs_are_swept_when_empty") {
         return;
     }
-    let base = std::path::Path::new("/run/nodelet/state");
-    let tag = format!("{:x}", std::process::id());
-    let make = |name: &str, holding: bool| {
-        let dir = base.join(format!("test-{tag}-{name}"));
-        for sub in ["sandboxes", "containers"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
-        std::fs::write(dir.join("boot_id"), "00000000-0000-4000-8000-000000000000").unwrap();
-        if holding {
-            std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
-        }
-        dir
-    };
-    let empty = make("empty", false);
-    let holding = make("holding", true);
+    let empty = gone_root_state_dir("empty", |_| {});
+    let holding = gone_root_state_dir("holding", |dir| {
+        std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
+    });
     let node = Node::new("sweep").await;
     assert!(
         !empty.exists(),
@@ -1142,6 +1146,115 @@ async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
         node.root.path().canonicalize().unwrap().to_string_lossy()
     );
     std::fs::remove_dir_all(&holding).unwrap();
+    node.teardown().await;
+}
+
+/// Detaches the mounts and removes the dirs when dropped: what a test made in the node's
+/// /run, gone whatever the test's outcome.
+struct MadeInRun(Vec<PathBuf>, Vec<PathBuf>);
+
+impl Drop for MadeInRun {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for d in &self.1 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn mount_tmpfs(at: &Path) {
+    std::fs::create_dir_all(at).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
+}
+
+/// A runtime that stopped before unmounting a dead container's rootfs left the mount in its
+/// state dir; once its root dir is gone, no runtime of its own will ever unmount it. The next
+/// runtime alone on its root dir sweeps such a dir whose sandboxes were all shut down: it
+/// unmounts what is mounted below it (deepest first, and only there: the overlay's layers
+/// outside it are not touched) and removes it whole. A state dir with a sandbox that may still
+/// run is left alone, its mounts with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gone_root_dirs_state_dir_with_rootfs_mounts_is_unmounted_and_swept() {
+    if !root_or_skip("a_gone_root_dirs_state_dir_with_rootfs_mounts_is_unmounted_and_swept") {
+        return;
+    }
+    // The layers of the rootfs left mounted, outside the state dir, as a gone image store's.
+    let layers = tempfile::tempdir().unwrap();
+    let (lower, upper, work) = (
+        layers.path().join("lower"),
+        layers.path().join("upper"),
+        layers.path().join("work"),
+    );
+    for d in [&lower.join("dev"), &upper, &work] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(upper.join("written"), "by the container").unwrap();
+    let mut made = MadeInRun(Vec::new(), Vec::new());
+    let swept = gone_root_state_dir("mounted", |dir| {
+        // A sandbox that was shut down (its stopped marker, as the sandbox process writes it)
+        // and its container's bundle, the rootfs still mounted with a mount inside.
+        let sandbox = dir.join("sandboxes/shut-down");
+        std::fs::create_dir_all(sandbox.join("containers")).unwrap();
+        std::fs::write(sandbox.join("stopped"), "").unwrap();
+        let rootfs = dir.join("containers/dead/rootfs");
+        std::fs::create_dir_all(&rootfs).unwrap();
+        std::fs::write(dir.join("containers/dead/config.json"), "{}").unwrap();
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &rootfs,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .expect("mounting an overlay rootfs");
+        mount_tmpfs(&rootfs.join("dev"));
+        made.0.extend([rootfs.join("dev"), rootfs]);
+    });
+    made.1.push(swept.clone());
+    // Its name starts with the other's: a sweep of the other must not reach into it.
+    let held = gone_root_state_dir("mounted-held", |dir| {
+        std::fs::create_dir_all(dir.join("sandboxes/maybe-running")).unwrap();
+        mount_tmpfs(&dir.join("containers/live/rootfs"));
+        made.0.push(dir.join("containers/live/rootfs"));
+    });
+    made.1.push(held.clone());
+    assert_eq!(mounts_under(&swept).len(), 2);
+
+    let node = Node::new("sweepmounts").await;
+    assert!(
+        mounts_under(&swept).is_empty(),
+        "{:?}",
+        mounts_under(&swept)
+    );
+    assert!(!swept.exists(), "the swept state dir is removed whole");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("written")).unwrap(),
+        "by the container",
+        "the sweep removed nothing through a mount"
+    );
+    assert_eq!(
+        mounts_under(&held),
+        [held.join("containers/live/rootfs")],
+        "a state dir with a sandbox that may run keeps its mounts"
+    );
+    assert!(held.join("sandboxes/maybe-running").is_dir());
+    drop(made);
+    assert!(!held.exists());
     node.teardown().await;
 }
 
