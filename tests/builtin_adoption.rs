@@ -245,6 +245,57 @@ async fn a_sandbox_that_died_while_the_agent_was_down_is_reaped_at_adoption() {
     n.teardown().await;
 }
 
+/// A container that exits while no agent runs (the one that started it was killed) keeps its
+/// rootfs mounted: no one saw it exit. The next agent on the root dir unmounts it as it
+/// starts; the container still reads as exited with its code and log, and is removed whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exit_while_no_agent_runs_has_its_rootfs_unmounted_by_the_next_agent() {
+    if !root_or_skip("an_exit_while_no_agent_runs_has_its_rootfs_unmounted_by_the_next_agent") {
+        return;
+    }
+    let node = Node::new("unmountdown").await;
+    let root = node.root.path().to_path_buf();
+    // It exits when the test says so, through its own rootfs, once its agent is gone.
+    let script = "echo up; while [ ! -e /exit-now ]; do sleep 0.1; done; echo bye; exit 7";
+    let mut agent = spawn_agent(&root, &node.cgroup_root, "waiter", script);
+    let cmdline = format!("sh\0-c\0{script}\0");
+    agent_pod(&root, cmdline.as_bytes()).await;
+    agent.kill().expect("kill agent");
+    let _ = agent.wait();
+    let ids = state_entries(&root, "containers");
+    let [id] = ids.as_slice() else {
+        panic!("one container: {ids:?}")
+    };
+    let rootfs = state_dir(&root)
+        .join("containers")
+        .join(id)
+        .join("rootfs")
+        .canonicalize()
+        .unwrap();
+    std::fs::write(rootfs.join("exit-now"), "").expect("writing through the rootfs");
+    settle(|| !running(cmdline.as_bytes())).await;
+    assert!(!running(cmdline.as_bytes()), "the container exited");
+    assert_eq!(
+        mounts_under(&rootfs),
+        std::slice::from_ref(&rootfs),
+        "with no agent, its rootfs stays mounted"
+    );
+
+    let agent = node.reopen().await;
+    assert!(
+        mounts_under(&rootfs).is_empty(),
+        "the next agent unmounted it as it started"
+    );
+    let (_, s, _) = statuses(&agent, "waiter").await;
+    assert_eq!(
+        (s.state, s.exit_code),
+        (cri::ContainerState::ContainerExited as i32, 7)
+    );
+    assert_eq!(log_output(std::path::Path::new(&s.log_path)).0, "up\nbye\n");
+    let n = node.with_runtime(agent);
+    n.teardown().await;
+}
+
 /// A reboot ends every process and empties the tmpfs the state dir is on (sockets, bundles,
 /// statuses); the records in the root dir outlive both. The sandbox then reads as stopped and
 /// its container as exited with an unknown code (255, `Unknown`, as containerd reports a

@@ -170,17 +170,12 @@ fn sandbox_processes(root: &Path) -> BTreeSet<String> {
 }
 
 /// Mount points under `root` or the runtime's state dir.
-fn mounts_under(root: &Path) -> Vec<String> {
-    let dirs = [
-        format!("{}/", root.display()),
-        format!("{}/", common::state_dir(root).display()),
-    ];
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .expect("mountinfo")
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| dirs.iter().any(|d| p.starts_with(d)))
-        .map(str::to_string)
+fn runtime_mounts(root: &Path) -> Vec<String> {
+    let mut found = mounts_under(root);
+    found.extend(mounts_under(&common::state_dir(root)));
+    found
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
         .collect()
 }
 
@@ -218,7 +213,7 @@ async fn assert_consistent(
         "round {round}: sandbox processes {procs:?} against listed sandboxes {:?}\n{log}",
         l.sandboxes
     );
-    for m in mounts_under(node.root.path()) {
+    for m in runtime_mounts(node.root.path()) {
         assert!(
             l.sandboxes.keys().any(|id| m.contains(id.as_str()))
                 || l.containers.keys().any(|id| m.contains(id.as_str())),

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
@@ -892,6 +893,132 @@ async fn host_pid_and_host_ipc_pods_share_the_nodes_namespaces() {
     node.teardown().await;
 }
 
+/// A container that exits has its rootfs unmounted (containerd unmounts at exit too): a node
+/// keeps dead containers for their logs, not their mounts. Its status, log and writable layer
+/// (what it wrote, on disk and in its stats) still read; exec and ReopenContainerLog are
+/// refused as for any exited container; StopContainer answers with the rootfs unmounted;
+/// RemoveContainer then takes the rest. The same with an ID-mapped rootfs (a pod user
+/// namespace).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exited_containers_rootfs_is_unmounted_and_the_rest_kept_until_removal() {
+    if !root_or_skip("an_exited_containers_rootfs_is_unmounted_and_the_rest_kept_until_removal") {
+        return;
+    }
+    let node = Node::new("unmount").await;
+    let plain = node.sandbox("unmount").await;
+    let userns = node
+        .sandbox_with(
+            "unmount-userns",
+            userns_config(
+                cri::NamespaceMode::Pod,
+                vec![id_mapping(0, 100_000, 65_536)],
+            ),
+        )
+        .await;
+    let bundle = |id: &str| state_dir(node.root.path()).join("containers").join(id);
+    let layer = |id: &str| node.root.path().join("images/containers").join(id);
+    let mut exited = Vec::new();
+    for sb in [&plain, &userns] {
+        let pod = &sb.1.hostname;
+        let id = node
+            .container(
+                sb,
+                "c",
+                &["sh", "-c", "echo kept > /written; echo bye; exit 3"],
+            )
+            .await;
+        node.wait_exited(&id).await;
+        settle(|| mounts_under(&bundle(&id)).is_empty()).await;
+        assert_eq!(
+            mounts_under(&bundle(&id)),
+            Vec::<PathBuf>::new(),
+            "{pod}: nothing of the exited container is mounted"
+        );
+        let s = node.status(&id).await;
+        assert_eq!(
+            (s.state, s.exit_code, s.reason.as_str()),
+            (cri::ContainerState::ContainerExited as i32, 3, "Error"),
+            "{pod}"
+        );
+        assert_eq!(log_output(Path::new(&s.log_path)).0, "bye\n", "{pod}");
+        assert_eq!(
+            std::fs::read_to_string(layer(&id).join("upper/written")).unwrap(),
+            "kept\n",
+            "{pod}: the writable layer stays"
+        );
+        let stats = node
+            .rt
+            .container_stats(cri::ContainerStatsRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect("ContainerStats")
+            .stats
+            .expect("stats");
+        let written = stats.writable_layer.expect("writable layer");
+        assert!(
+            written.used_bytes.is_some_and(|b| b.value > 0)
+                && written.inodes_used.is_some_and(|i| i.value >= 2),
+            "{pod}: {written:?}"
+        );
+        let err = node
+            .rt
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec!["true".into()],
+                timeout: 5,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{pod}: {err}");
+        let err = node
+            .rt
+            .reopen_container_log(cri::ReopenContainerLogRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{pod}: {err}");
+        exited.push(id);
+    }
+    // A running container has its rootfs, until StopContainer answers.
+    let running = node.container(&plain, "sleeper", &["sleep", "600"]).await;
+    assert_eq!(
+        mounts_under(&bundle(&running)),
+        [bundle(&running).join("rootfs").canonicalize().unwrap()]
+    );
+    node.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: running.clone(),
+            timeout: 0,
+        })
+        .await
+        .expect("StopContainer");
+    assert!(mounts_under(&bundle(&running)).is_empty());
+    // Removal takes what was kept (in the background: settled).
+    for id in &exited {
+        node.rt
+            .remove_container(cri::RemoveContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .expect("RemoveContainer");
+    }
+    let gone = || {
+        exited
+            .iter()
+            .all(|id| !bundle(id).exists() && !layer(id).exists())
+    };
+    settle(gone).await;
+    assert!(
+        gone(),
+        "removed containers left their bundle or writable layer"
+    );
+    let keys = node.rt.image_store().rootfs_keys().unwrap();
+    assert_eq!(keys, [running]);
+    node.teardown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_long_root_dir_works_and_is_adopted_again() {
     if !root_or_skip("a_long_root_dir_works_and_is_adopted_again") {
@@ -976,6 +1103,22 @@ async fn a_long_root_dir_works_and_is_adopted_again() {
     }
 }
 
+/// A state dir under /run/nodelet/state as a runtime on the root dir
+/// `/tmp/nl-gone-<pid>-<name>` (which does not exist) may leave it: `sandboxes` and
+/// `containers`, what `fill` puts there, then its `boot_id` and its `root` file (last: a
+/// runtime sweeping meanwhile takes no dir without one).
+fn gone_root_state_dir(name: &str, fill: impl FnOnce(&Path)) -> PathBuf {
+    let tag = format!("{:x}", std::process::id());
+    let dir = Path::new("/run/nodelet/state").join(format!("test-{tag}-{name}"));
+    for sub in ["sandboxes", "containers"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    fill(&dir);
+    std::fs::write(dir.join("boot_id"), "00000000-0000-4000-8000-000000000000").unwrap();
+    std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
+    dir
+}
+
 /// Each root dir has its state dir under /run/nodelet/state, its `root` file naming the root
 /// dir. A runtime alone on its root dir removes the state dirs of root dirs that are gone, but
 /// only empty ones: one still holding a sandbox is left to whoever looks at it.
@@ -984,22 +1127,10 @@ async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
     if !root_or_skip("state_dirs_of_gone_root_dirs_are_swept_when_empty") {
         return;
     }
-    let base = std::path::Path::new("/run/nodelet/state");
-    let tag = format!("{:x}", std::process::id());
-    let make = |name: &str, holding: bool| {
-        let dir = base.join(format!("test-{tag}-{name}"));
-        for sub in ["sandboxes", "containers"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        std::fs::write(dir.join("root"), format!("/tmp/nl-gone-{tag}-{name}")).unwrap();
-        std::fs::write(dir.join("boot_id"), "00000000-0000-4000-8000-000000000000").unwrap();
-        if holding {
-            std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
-        }
-        dir
-    };
-    let empty = make("empty", false);
-    let holding = make("holding", true);
+    let empty = gone_root_state_dir("empty", |_| {});
+    let holding = gone_root_state_dir("holding", |dir| {
+        std::fs::create_dir_all(dir.join("sandboxes").join("some-sandbox")).unwrap();
+    });
     let node = Node::new("sweep").await;
     assert!(
         !empty.exists(),
@@ -1015,6 +1146,115 @@ async fn state_dirs_of_gone_root_dirs_are_swept_when_empty() {
         node.root.path().canonicalize().unwrap().to_string_lossy()
     );
     std::fs::remove_dir_all(&holding).unwrap();
+    node.teardown().await;
+}
+
+/// Detaches the mounts and removes the dirs when dropped: what a test made in the node's
+/// /run, gone whatever the test's outcome.
+struct MadeInRun(Vec<PathBuf>, Vec<PathBuf>);
+
+impl Drop for MadeInRun {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for d in &self.1 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn mount_tmpfs(at: &Path) {
+    std::fs::create_dir_all(at).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", at.display()));
+}
+
+/// A runtime that stopped before unmounting a dead container's rootfs left the mount in its
+/// state dir; once its root dir is gone, no runtime of its own will ever unmount it. The next
+/// runtime alone on its root dir sweeps such a dir whose sandboxes were all shut down: it
+/// unmounts what is mounted below it (deepest first, and only there: the overlay's layers
+/// outside it are not touched) and removes it whole. A state dir with a sandbox that may still
+/// run is left alone, its mounts with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gone_root_dirs_state_dir_with_rootfs_mounts_is_unmounted_and_swept() {
+    if !root_or_skip("a_gone_root_dirs_state_dir_with_rootfs_mounts_is_unmounted_and_swept") {
+        return;
+    }
+    // The layers of the rootfs left mounted, outside the state dir, as a gone image store's.
+    let layers = tempfile::tempdir().unwrap();
+    let (lower, upper, work) = (
+        layers.path().join("lower"),
+        layers.path().join("upper"),
+        layers.path().join("work"),
+    );
+    for d in [&lower.join("dev"), &upper, &work] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(upper.join("written"), "by the container").unwrap();
+    let mut made = MadeInRun(Vec::new(), Vec::new());
+    let swept = gone_root_state_dir("mounted", |dir| {
+        // A sandbox that was shut down (its stopped marker, as the sandbox process writes it)
+        // and its container's bundle, the rootfs still mounted with a mount inside.
+        let sandbox = dir.join("sandboxes/shut-down");
+        std::fs::create_dir_all(sandbox.join("containers")).unwrap();
+        std::fs::write(sandbox.join("stopped"), "").unwrap();
+        let rootfs = dir.join("containers/dead/rootfs");
+        std::fs::create_dir_all(&rootfs).unwrap();
+        std::fs::write(dir.join("containers/dead/config.json"), "{}").unwrap();
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &rootfs,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .expect("mounting an overlay rootfs");
+        mount_tmpfs(&rootfs.join("dev"));
+        made.0.extend([rootfs.join("dev"), rootfs]);
+    });
+    made.1.push(swept.clone());
+    // Its name starts with the other's: a sweep of the other must not reach into it.
+    let held = gone_root_state_dir("mounted-held", |dir| {
+        std::fs::create_dir_all(dir.join("sandboxes/maybe-running")).unwrap();
+        mount_tmpfs(&dir.join("containers/live/rootfs"));
+        made.0.push(dir.join("containers/live/rootfs"));
+    });
+    made.1.push(held.clone());
+    assert_eq!(mounts_under(&swept).len(), 2);
+
+    let node = Node::new("sweepmounts").await;
+    assert!(
+        mounts_under(&swept).is_empty(),
+        "{:?}",
+        mounts_under(&swept)
+    );
+    assert!(!swept.exists(), "the swept state dir is removed whole");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("written")).unwrap(),
+        "by the container",
+        "the sweep removed nothing through a mount"
+    );
+    assert_eq!(
+        mounts_under(&held),
+        [held.join("containers/live/rootfs")],
+        "a state dir with a sandbox that may run keeps its mounts"
+    );
+    assert!(held.join("sandboxes/maybe-running").is_dir());
+    drop(made);
+    assert!(!held.exists());
     node.teardown().await;
 }
 

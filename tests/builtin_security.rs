@@ -1310,29 +1310,7 @@ async fn pod_user_namespace() {
         return;
     }
     let node = Node::new("userns").await;
-    let mapping = |container_id: u32, host_id: u32, length: u32| cri::IdMapping {
-        container_id,
-        host_id,
-        length,
-    };
-    let userns = |mode: cri::NamespaceMode, uids: Vec<cri::IdMapping>| {
-        move |c: &mut cri::PodSandboxConfig| {
-            c.linux = Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(cri::NamespaceOption {
-                        userns_options: Some(cri::UserNamespace {
-                            mode: mode as i32,
-                            uids: uids.clone(),
-                            gids: uids.clone(),
-                        }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-        }
-    };
+    let (mapping, userns) = (id_mapping, userns_config);
     let sb = node
         .sandbox_with(
             "userns",

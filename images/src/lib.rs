@@ -31,6 +31,7 @@ mod types;
 mod unpack;
 
 pub use error::{Error, Kind, Result};
+pub use mounts::unmount_below;
 pub use reference::normalize_reference;
 pub use rootfs::RootfsIdMap;
 pub use store::Store;

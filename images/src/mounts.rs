@@ -62,6 +62,46 @@ pub(crate) fn is_mountpoint(path: &Path) -> Result<bool> {
     Ok(mounts()?.iter().any(|(p, _)| p == path))
 }
 
+/// The mount points strictly below `dir` (compared by path components, so `/a/b2` is not
+/// below `/a/b`) among `mounts`, deepest first, each once.
+fn mount_points_below(mounts: &[(PathBuf, String)], dir: &Path) -> Vec<PathBuf> {
+    let mut below: Vec<PathBuf> = mounts
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.starts_with(dir) && p.as_path() != dir)
+        .cloned()
+        .collect();
+    below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    below.dedup();
+    below
+}
+
+/// Unmounts everything mounted below `dir` in this process's mount namespace (never `dir`
+/// itself nor anything beside it), deepest first, detaching lazily what is busy: the container
+/// rootfs (and whatever else) a runtime left in a state dir nobody will use again. Returns the
+/// mount points it unmounted; Ok only once nothing is mounted below `dir` any more, so that the
+/// caller may then delete the tree without reaching into a mounted filesystem. A `dir` that
+/// does not exist has nothing below it.
+pub fn unmount_below(dir: &Path) -> Result<Vec<PathBuf>> {
+    let dir = match dir.canonicalize() {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("resolving", dir, e)),
+    };
+    let below = mount_points_below(&mounts()?, &dir);
+    for target in &below {
+        unmount_all(target)?;
+    }
+    if let Some(left) = mount_points_below(&mounts()?, &dir).first() {
+        return Err(Error::sys(
+            "unmounting (still mounted)",
+            left,
+            nix::Error::EBUSY,
+        ));
+    }
+    Ok(below)
+}
+
 fn usable_in_options(path: &Path) -> bool {
     let s = path.to_string_lossy();
     !s.contains([',', ':', '\\', '\n']) && !s.is_empty()
@@ -186,6 +226,67 @@ mod tests {
             (PathBuf::from("/mnt/with space"), "ext3".to_string())
         );
         assert_eq!(mounts[1], (PathBuf::from("/run/x"), "overlay".to_string()));
+    }
+
+    #[test]
+    fn mount_points_below_a_dir_are_found_deepest_first() {
+        let text = "1 0 0:1 / / rw - ext4 /dev/root rw\n\
+                    2 1 0:2 / /run/s/a rw - tmpfs tmpfs rw\n\
+                    3 2 0:3 / /run/s/a/c/rootfs rw - overlay overlay rw\n\
+                    4 1 0:4 / /run/s2/c/rootfs rw - overlay overlay rw\n\
+                    5 1 0:5 / /run/s rw - tmpfs tmpfs rw\n\
+                    6 3 0:6 / /run/s/a/c/rootfs rw - overlay overlay rw\n";
+        assert_eq!(
+            mount_points_below(&parse_mountinfo(text), Path::new("/run/s")),
+            [
+                PathBuf::from("/run/s/a/c/rootfs"),
+                PathBuf::from("/run/s/a")
+            ]
+        );
+    }
+
+    #[test]
+    fn unmounts_only_below_the_dir() {
+        if !crate::testutil::is_root() {
+            crate::testutil::skip("needs root", "unmounts_only_below_the_dir mounts tmpfs");
+            return;
+        }
+        let base = tempfile::tempdir().unwrap();
+        let base = base.path().canonicalize().unwrap();
+        let (dir, beside) = (base.join("state"), base.join("state2"));
+        let (inner, nested, other) = (
+            dir.join("c/rootfs"),
+            dir.join("c/rootfs/dev"),
+            beside.join("m"),
+        );
+        let tmpfs = |at: &Path| {
+            std::fs::create_dir_all(at).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                at,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                None::<&str>,
+            )
+            .unwrap();
+        };
+        tmpfs(&inner);
+        tmpfs(&nested);
+        tmpfs(&other);
+        let unmounted = unmount_below(&dir);
+        let (inner_mounted, other_mounted) = (
+            is_mountpoint(&inner).unwrap(),
+            is_mountpoint(&other).unwrap(),
+        );
+        // Nothing is left mounted in the temp dir, whatever the outcome.
+        for at in [&nested, &inner, &other] {
+            let _ = nix::mount::umount2(at, MntFlags::MNT_DETACH);
+        }
+        assert_eq!(unmounted.unwrap(), [nested, inner]);
+        assert!(!inner_mounted);
+        assert!(other_mounted, "a mount beside the dir stays");
+        assert!(unmount_below(&dir).unwrap().is_empty());
+        assert!(unmount_below(&base.join("missing")).unwrap().is_empty());
     }
 
     #[test]

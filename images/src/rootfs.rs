@@ -1,6 +1,7 @@
 //! Container root filesystems: an overlay of an image's layer snapshots under a fresh upper and
 //! work dir in `root/containers/<key>/`, with a small `rootfs.json` recording which image the key
-//! holds, so that images in use are not removed.
+//! holds, so that images in use are not removed. A key's overlay may be unmounted before it is
+//! released (its container exited): its upper dir and record stay until the release.
 
 use crate::error::{Error, Result};
 use crate::idmap;
@@ -145,6 +146,29 @@ fn mount_mapped(
         tracing::warn!(dir = %staged.display(), error = %e, "removing the ID-mapped layers' dir");
     }
     result
+}
+
+/// Unmounts the rootfs of the key whose dir is `dir`: at `target`, and where its record says
+/// it was mounted, if elsewhere. Not mounted is fine. Called with the index locked.
+fn unmount_targets(dir: &Path, key: &str, target: &Path) -> Result<()> {
+    // A record that cannot be read still names nothing the caller's target does not.
+    let held = read_record(&dir.join(RECORD)).unwrap_or_else(|e| {
+        tracing::warn!(key, error = %e, "unmounting a rootfs whose record is unreadable");
+        None
+    });
+    let mut targets = Vec::new();
+    if let Ok(t) = target.canonicalize() {
+        targets.push(t);
+    }
+    if let Some(record) = held {
+        if !targets.contains(&record.target) {
+            targets.push(record.target);
+        }
+    }
+    for t in &targets {
+        mounts::unmount_all(t)?;
+    }
+    Ok(())
 }
 
 impl Store {
@@ -338,23 +362,7 @@ impl Store {
         check_key(key)?;
         let txn = self.inner.index.lock(true)?;
         let dir = self.inner.paths.container(key);
-        // A record that cannot be read still names nothing the caller's target does not.
-        let held = read_record(&dir.join(RECORD)).unwrap_or_else(|e| {
-            tracing::warn!(key, error = %e, "releasing a rootfs whose record is unreadable");
-            None
-        });
-        let mut targets = Vec::new();
-        if let Ok(t) = target.canonicalize() {
-            targets.push(t);
-        }
-        if let Some(record) = held {
-            if !targets.contains(&record.target) {
-                targets.push(record.target);
-            }
-        }
-        for t in &targets {
-            mounts::unmount_all(t)?;
-        }
+        unmount_targets(&dir, key, target)?;
         let doomed = self
             .inner
             .paths
@@ -385,6 +393,17 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io("removing rootfs dirs", &doomed, e)),
         }
+    }
+
+    /// Unmounts the key's rootfs at `target` (and where its record says it was mounted),
+    /// detaching lazily when busy, and keeps the rest: its upper dir (what the container wrote,
+    /// still counted by [`Store::rootfs_usage`]) and its record (the image stays in use) until
+    /// [`Store::release_rootfs`]. For a container that has exited, as containerd unmounts a
+    /// task's rootfs when it exits. Idempotent; an unknown key is fine.
+    pub fn unmount_rootfs(&self, key: &str, target: &Path) -> Result<()> {
+        check_key(key)?;
+        let _txn = self.inner.index.lock(true)?;
+        unmount_targets(&self.inner.paths.container(key), key, target)
     }
 
     /// After the key's dirs are gone (or out of the way): it holds nothing the store reports.

@@ -241,6 +241,43 @@ pub fn assert_nothing_under(dir: &Path) {
     assert!(procs.is_empty(), "processes left behind: {procs:?}");
 }
 
+/// Every mount point this process sees (field 5 of `/proc/self/mountinfo`, `\040` and friends
+/// unescaped).
+pub fn mount_points() -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("reading mountinfo");
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mount(p)))
+        .collect()
+}
+
+fn unescape_mount(s: &str) -> String {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = &s[i + 1..i + 4];
+            if let Ok(v) = u8::from_str_radix(oct, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Mount points at or below `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    mount_points()
+        .into_iter()
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
 /// The built-in runtime's state dir (its default) for root dir `root`: where its sandboxes'
 /// state (`sandboxes/<id>`) and its containers' bundles (`containers/<id>`) are.
 pub fn state_dir(root: &Path) -> PathBuf {
@@ -415,6 +452,39 @@ pub fn sandbox_config(name: &str, log_dir: &Path) -> cri::PodSandboxConfig {
         log_directory: log_dir.join(name).to_string_lossy().into_owned(),
         labels: [("app".to_string(), name.to_string())].into(),
         ..Default::default()
+    }
+}
+
+/// A sandbox config change giving the pod a user namespace of `mode` (CRI `userns_options`)
+/// with `ids` as both its UID and GID mappings; for [`Node::sandbox_with`].
+pub fn userns_config(
+    mode: cri::NamespaceMode,
+    ids: Vec<cri::IdMapping>,
+) -> impl Fn(&mut cri::PodSandboxConfig) {
+    move |c: &mut cri::PodSandboxConfig| {
+        c.linux = Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    userns_options: Some(cri::UserNamespace {
+                        mode: mode as i32,
+                        uids: ids.clone(),
+                        gids: ids.clone(),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+}
+
+/// One ID mapping of a user namespace.
+pub fn id_mapping(container_id: u32, host_id: u32, length: u32) -> cri::IdMapping {
+    cri::IdMapping {
+        container_id,
+        host_id,
+        length,
     }
 }
 

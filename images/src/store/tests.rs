@@ -363,6 +363,46 @@ fn remove_is_refused_while_a_rootfs_uses_the_image() {
     store.remove("busy:1").unwrap();
 }
 
+/// A container that exited has its rootfs unmounted at once, as containerd unmounts a task's:
+/// what it wrote stays in its upper dir (counted as its writable layer) and the image stays in
+/// use until the rootfs is released, which still deletes everything.
+#[test]
+fn an_unmounted_rootfs_keeps_its_writable_layer_until_released() {
+    if !is_root() {
+        crate::testutil::skip("needs root", "unmounting a rootfs mounts an overlay");
+        return;
+    }
+    let (dir, store) = store();
+    let (oci, _) = simple("done:1", &[("bin/sh", b"sh")]);
+    oci.write_tar(&dir.path().join("done.tar"));
+    let id = store.import(&dir.path().join("done.tar")).unwrap()[0]
+        .id
+        .clone();
+    let target = dir.path().join("rootfs");
+    let _unmount = UnmountOnDrop(target.clone());
+    store.prepare_rootfs(&id, "c1", &target).unwrap();
+    std::fs::write(target.join("written"), vec![7u8; 10_000]).unwrap();
+    let usage = store.rootfs_usage("c1").unwrap();
+    let canonical = target.canonicalize().unwrap();
+    for _ in 0..2 {
+        store.unmount_rootfs("c1", &target).unwrap();
+        assert!(!crate::mounts::is_mountpoint(&canonical).unwrap());
+    }
+    store.unmount_rootfs("never", &target).unwrap();
+    assert!(!target.join("written").exists());
+    assert_eq!(
+        std::fs::read(store.root().join("containers/c1/upper/written")).unwrap(),
+        vec![7u8; 10_000]
+    );
+    assert_eq!(store.rootfs_usage("c1").unwrap(), usage);
+    assert_eq!(store.rootfs_keys().unwrap(), vec!["c1"]);
+    assert_eq!(store.remove("done:1").unwrap_err().kind(), Kind::InUse);
+    store.release_rootfs("c1", &target).unwrap();
+    assert!(store.rootfs_keys().unwrap().is_empty());
+    assert!(!store.root().join("containers/c1").exists());
+    store.remove("done:1").unwrap();
+}
+
 /// A rootfs whose release was cut short after its dirs were moved out of the way (into tmp/,
 /// to be deleted without the store's lock) is deleted at the next open.
 #[test]

@@ -291,6 +291,67 @@ impl BuiltinRuntime {
         let _ = std::fs::remove_dir_all(&bundle);
     }
 
+    /// Unmounts the rootfs of container `id`, which has exited, as containerd unmounts a task's
+    /// rootfs when it exits, so that a node does not hold a mount for each dead container it
+    /// keeps for its logs (files, outside the rootfs). Its writable layer stays until
+    /// [`Self::release`] (stats count it; RemoveContainer deletes it), with the bundle; so do
+    /// the ID-mapped binds a creation in a pod user namespace may have left staged. Idempotent;
+    /// a container already released is fine. Blocks (mountinfo, umount).
+    fn unmount_exited(&self, id: &str) {
+        let bundle = self.bundle_dir(id);
+        userns::unstage(&bundle);
+        if let Err(e) = self.inner.images.unmount_rootfs(id, &bundle.join("rootfs")) {
+            tracing::warn!(container = %id, "unmounting the rootfs of an exited container: {e}");
+        }
+    }
+
+    /// [`Self::unmount_exited`] for each of `ids`, off the async threads.
+    pub(super) async fn unmount_rootfs_of(&self, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        let rt = self.clone();
+        let unmounted = tokio::task::spawn_blocking(move || {
+            for id in &ids {
+                rt.unmount_exited(id);
+            }
+        })
+        .await;
+        if let Err(e) = unmounted {
+            tracing::warn!("unmounting the rootfs of exited containers: {e}");
+        }
+    }
+
+    /// Unmounts the rootfs of every container of sandbox `sandbox_id` that has exited, and of
+    /// all of them once the sandbox is stopped (nothing of it runs): for exits not seen as
+    /// events (while no agent ran, between two subscriptions, at a stop or a reap).
+    pub(super) async fn unmount_exited_in(&self, sandbox_id: &str) {
+        let Some(sandbox) = self.inner.records.sandbox(sandbox_id) else {
+            return;
+        };
+        let stopped = sandbox.stopped || self.client(sandbox_id).is_stopped();
+        let statuses = if stopped {
+            Statuses::new()
+        } else {
+            self.statuses(std::slice::from_ref(&sandbox.id)).await
+        };
+        let exited = self
+            .inner
+            .records
+            .all_containers()
+            .into_iter()
+            .filter(|c| c.sandbox_id == sandbox.id)
+            .filter(|c| {
+                stopped
+                    || statuses
+                        .get(&c.id)
+                        .is_some_and(|s| s.state == sandbox::State::Exited)
+            })
+            .map(|c| c.id)
+            .collect();
+        self.unmount_rootfs_of(exited).await;
+    }
+
     /// [`Self::release`] off the request path (RemoveContainer): the record is gone already, so
     /// an agent that dies first leaves an orphan its successor releases. Image removal and
     /// RemovePodSandbox wait for pending releases ([`Self::releases_done`]).
@@ -372,7 +433,14 @@ impl BuiltinRuntime {
         let signal = rec.stop_signal.unwrap_or(libc_sigterm());
         let timeout = Duration::from_secs(u64::try_from(timeout.max(0)).unwrap_or(0));
         match client.stop(&rec.id, signal, timeout).await {
-            Ok(_) => Ok(()),
+            // The sandbox answers once the container has exited: its rootfs goes before the
+            // answer, as containerd's StopContainer waits for the exit to be handled.
+            Ok(st) => {
+                if st.state == sandbox::State::Exited {
+                    self.unmount_rootfs_of(vec![rec.id]).await;
+                }
+                Ok(())
+            }
             Err(e)
                 if matches!(
                     e.kind(),

@@ -158,8 +158,12 @@ pub(super) fn forget_earlier_boot(state_dir: &Path) {
 }
 
 /// Removes the state dirs beside `state_dir` (under the default's parent) whose root dir is
-/// gone and which hold no sandbox or container: what runtimes on since-deleted root dirs
-/// (a test's, a node reset by hand) left. One that still holds anything is left alone.
+/// gone: what runtimes on since-deleted root dirs (a test's, a node reset by hand) left. One
+/// goes when it holds only what a runtime makes there and each sandbox in it was shut down
+/// with nothing serving it any more: first whatever is still mounted in it (the rootfs of
+/// containers whose agent stopped before unmounting them: nothing would ever unmount them
+/// otherwise), then its sandboxes' dirs and its containers' bundles. One holding a sandbox
+/// that may still run is left alone, its mounts with it.
 pub(super) fn sweep_stale(state_dir: &Path) {
     let Some(parent) = state_dir.parent() else {
         return;
@@ -176,25 +180,25 @@ pub(super) fn sweep_stale(state_dir: &Path) {
         if dir == state_dir || root.as_os_str().is_empty() || root.exists() {
             continue;
         }
-        // Only what a runtime makes there, and empty dirs (remove_dir fails on any other).
-        const MADE: [&str; 4] = ["sandboxes", "containers", "boot_id", "root"];
-        let only_made = std::fs::read_dir(&dir).is_ok_and(|d| {
-            d.flatten().all(|e| {
-                MADE.iter()
-                    .any(|m| e.file_name() == std::ffi::OsStr::new(m))
-            })
-        });
-        let gone = |r: std::io::Result<()>| match r {
-            Ok(()) => true,
-            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-        };
-        if only_made
-            && gone(std::fs::remove_dir(dir.join("sandboxes")))
-            && gone(std::fs::remove_dir(dir.join("containers")))
-            && gone(std::fs::remove_file(dir.join("boot_id")))
-            && std::fs::remove_file(dir.join("root")).is_ok()
-            && std::fs::remove_dir(&dir).is_ok()
-        {
+        if !only_made(&dir) || !sandboxes_shut_down(&dir) {
+            continue;
+        }
+        match images::unmount_below(&dir) {
+            Ok(unmounted) => {
+                for m in unmounted {
+                    tracing::info!(
+                        "unmounted {} in the state dir of the gone root dir {}",
+                        m.display(),
+                        root.display()
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!("leaving the state dir {}: {e}", dir.display());
+                continue;
+            }
+        }
+        if remove_stale(&dir) {
             tracing::info!(
                 "removed the state dir {} of the gone root dir {}",
                 dir.display(),
@@ -202,4 +206,57 @@ pub(super) fn sweep_stale(state_dir: &Path) {
             );
         }
     }
+}
+
+/// What a runtime makes in its state dir; a dir holding anything else is not a state dir's.
+const MADE: [&str; 4] = ["sandboxes", "containers", "boot_id", "root"];
+
+/// Whether the state dir `dir` holds only what a runtime makes there.
+fn only_made(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|d| {
+        d.flatten().all(|e| {
+            MADE.iter()
+                .any(|m| e.file_name() == std::ffi::OsStr::new(m))
+        })
+    })
+}
+
+/// Whether every sandbox in the state dir `dir` was shut down (its stopped marker written) and
+/// no process serves it any more: then none of its containers runs either. A sandbox dir
+/// without the marker may be one being set up, or one whose process died with its containers
+/// still running (reaped only by an agent that knows its cgroups).
+fn sandboxes_shut_down(dir: &Path) -> bool {
+    let Ok(sandboxes) = std::fs::read_dir(dir.join("sandboxes")) else {
+        return true;
+    };
+    sandboxes.flatten().all(|e| {
+        let client = sandbox::Client::new(e.path());
+        client.is_stopped() && !client.served()
+    })
+}
+
+/// Removes the state dir `dir`, in which nothing is mounted any more (each entry of its
+/// `sandboxes` and `containers` whole, then what else a runtime made there); whether it is
+/// gone.
+fn remove_stale(dir: &Path) -> bool {
+    let gone = |r: std::io::Result<()>| match r {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
+    for sub in ["sandboxes", "containers"] {
+        for entry in std::fs::read_dir(dir.join(sub))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!("removing {}: {e}", entry.path().display());
+            }
+        }
+    }
+    gone(std::fs::remove_dir(dir.join("sandboxes")))
+        && gone(std::fs::remove_dir(dir.join("containers")))
+        && gone(std::fs::remove_file(dir.join("boot_id")))
+        && std::fs::remove_file(dir.join("root")).is_ok()
+        && std::fs::remove_dir(dir).is_ok()
 }

@@ -255,7 +255,9 @@ impl BuiltinRuntime {
         sandbox::Client::new(self.sandbox_dir(sandbox_id))
     }
 
-    /// one that ends without having been shut down is reaped.
+    /// Subscribes to sandbox `id`'s container events for as long as it runs and turns them into
+    /// CRI events, an exited container's rootfs unmounted first; a sandbox whose process ends
+    /// without having been shut down is reaped.
     async fn watch_sandbox(&self, id: &str) {
         let rx = match self.client(id).subscribe().await {
             Ok(rx) => rx,
@@ -277,6 +279,10 @@ impl BuiltinRuntime {
                         sandbox::State::Running => cri::ContainerEventType::ContainerStartedEvent,
                         _ => cri::ContainerEventType::ContainerStoppedEvent,
                     };
+                    // An exited container's rootfs goes before watchers hear of the exit.
+                    if ev.status.state == sandbox::State::Exited {
+                        this.unmount_rootfs_of(vec![ev.status.id.clone()]).await;
+                    }
                     this.emit(&ev.status.id, kind);
                 }
                 // The subscription ends with the process; one that is alive (it dropped us)
@@ -287,12 +293,16 @@ impl BuiltinRuntime {
                         || this.client(&id).is_stopped()
                         || this.inner.records.sandbox(&id).is_none_or(|r| r.stopped)
                     {
+                        // A shutdown asked by an agent that died may end only now.
+                        this.unmount_exited_in(&id).await;
                         return;
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                     match this.client(&id).subscribe().await {
                         Ok(again) => {
                             rx = again;
+                            // Exits while no one was subscribed sent no event.
+                            this.unmount_exited_in(&id).await;
                             break;
                         }
                         Err(e) => tracing::debug!(sandbox = %id, "subscribing again: {e}"),
@@ -330,6 +340,7 @@ impl BuiltinRuntime {
             tracing::error!(sandbox = %id, "{e}");
         }
         self.release_address(id, rec.ip);
+        self.unmount_exited_in(id).await;
         self.emit(id, cri::ContainerEventType::ContainerStoppedEvent);
         true
     }

@@ -360,6 +360,8 @@ impl BuiltinRuntime {
         self.inner.records.save_sandbox(&rec)?;
         // The sandbox process is gone, and its network namespace and veth pair with it.
         self.release_address(&id, rec.ip);
+        // Its containers too: their rootfs go now, whether or not their exits were seen.
+        self.unmount_exited_in(&id).await;
         self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
         Ok(())
     }

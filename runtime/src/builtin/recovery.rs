@@ -1,8 +1,8 @@
 //! What the built-in runtime settles at start, before it serves anything: sandboxes a previous
-//! agent started are adopted, what records found unreadable described is stopped, rootfs
-//! records the image store set aside are restored, and (when this agent is alone on the root
-//! dir, see [`lock_agents`]) what a creation or stop cut short by the agent's death left
-//! without a record is removed.
+//! agent started are adopted (the rootfs of their containers that exited meanwhile unmounted),
+//! what records found unreadable described is stopped, rootfs records the image store set
+//! aside are restored, and (when this agent is alone on the root dir, see [`lock_agents`]) what
+//! a creation or stop cut short by the agent's death left without a record is removed.
 
 use super::BuiltinRuntime;
 use super::store::SandboxRecord;
@@ -15,7 +15,8 @@ const LOST_EXIT_CODE: i32 = 255;
 impl BuiltinRuntime {
     /// Re-attaches to the sandboxes a previous agent started: live ones get their event
     /// subscription back; what is left of those whose process died is reaped
-    /// ([`Self::reap_if_dead`]).
+    /// ([`Self::reap_if_dead`]). Then every container that has exited has its rootfs unmounted
+    /// ([`Self::unmount_exited_in`]).
     pub(super) async fn adopt(&self, alone: bool) {
         for mut rec in self.inner.records.all_sandboxes() {
             if rec.stopped {
@@ -37,6 +38,11 @@ impl BuiltinRuntime {
                 continue;
             }
             self.watch_sandbox(&rec.id).await;
+        }
+        // Containers that exited while no agent ran (or whose exits an agent killed did not
+        // get to handle) still have their rootfs mounted; the adoption above stopped others.
+        for rec in self.inner.records.all_sandboxes() {
+            self.unmount_exited_in(&rec.id).await;
         }
     }
 
