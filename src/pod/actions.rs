@@ -14,7 +14,7 @@ pub use crate::model::{ContainerInfo, RunState, RuntimePodStatus, SandboxInfo, i
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::backoff::{self, Backoff};
 use super::{container_hash, host_network, pod_identity, restart_policy};
@@ -296,33 +296,7 @@ pub fn compute_pod_actions_with(
         }
     };
     if sandbox_changed {
-        a.kill_pod = !status.sandboxes.is_empty() || !status.containers.is_empty();
-        a.create_sandbox = true;
-        a.sandbox_attempt = newest.map_or(0, |s| s.attempt + 1);
-        if policy == RestartPolicy::Never && a.sandbox_attempt != 0 && !status.containers.is_empty()
-        {
-            // The pod ran and must not be restarted.
-            a.create_sandbox = false;
-            return a;
-        }
-        // In a new sandbox everything starts afresh: the init containers first.
-        let fresh = RuntimePodStatus::default();
-        if !init_actions(&d, init, &fresh, false, &mut a) {
-            return a;
-        }
-        a.start_containers = spec
-            .containers
-            .iter()
-            .filter(|c| {
-                !(policy == RestartPolicy::OnFailure
-                    && status.latest(&c.name).is_some_and(succeeded))
-            })
-            .map(|c| c.name.clone())
-            .collect();
-        if a.start_containers.is_empty() {
-            a.create_sandbox = false;
-            a.start_init.clear();
-        }
+        new_sandbox_actions(&d, spec, status, &mut a);
         return a;
     }
     a.sandbox_id = newest.map(|s| s.id.clone());
@@ -350,8 +324,47 @@ pub fn compute_pod_actions_with(
     if !init_actions(&d, init, status, initialized, &mut a) {
         return a;
     }
+    app_actions(&d, spec, status, &mut a);
+    a
+}
 
-    // App containers.
+/// The actions when the pod needs a new sandbox: the old one killed, and everything started
+/// afresh in the new one (the init containers first), unless the pod ran and must not be
+/// restarted, or nothing is left to start.
+fn new_sandbox_actions(d: &Decide, spec: &PodSpec, status: &RuntimePodStatus, a: &mut PodActions) {
+    let newest = status.sandboxes.first();
+    a.kill_pod = !status.sandboxes.is_empty() || !status.containers.is_empty();
+    a.create_sandbox = true;
+    a.sandbox_attempt = newest.map_or(0, |s| s.attempt + 1);
+    if d.policy == RestartPolicy::Never && a.sandbox_attempt != 0 && !status.containers.is_empty() {
+        // The pod ran and must not be restarted.
+        a.create_sandbox = false;
+        return;
+    }
+    let init: &[Container] = spec.init_containers.as_deref().unwrap_or(&[]);
+    let fresh = RuntimePodStatus::default();
+    if !init_actions(d, init, &fresh, false, a) {
+        return;
+    }
+    a.start_containers = spec
+        .containers
+        .iter()
+        .filter(|c| {
+            !(d.policy == RestartPolicy::OnFailure && status.latest(&c.name).is_some_and(succeeded))
+        })
+        .map(|c| c.name.clone())
+        .collect();
+    if a.start_containers.is_empty() {
+        a.create_sandbox = false;
+        a.start_init.clear();
+    }
+}
+
+/// The app containers' actions: a running one restarted when its spec changed or a probe
+/// failed, a stopped one started as the restart policy and its back-off say; the pod killed
+/// once every app container is done for good.
+fn app_actions(d: &Decide, spec: &PodSpec, status: &RuntimePodStatus, a: &mut PodActions) {
+    let policy = d.policy;
     let mut keep = 0;
     for c in &spec.containers {
         let latest = status.latest(&c.name);
@@ -395,7 +408,6 @@ pub fn compute_pod_actions_with(
         a.waiting.clear();
         a.wait = None;
     }
-    a
 }
 
 #[cfg(test)]

@@ -337,143 +337,13 @@ pub fn pod_status(
     containers: &[cri::ContainerStatus],
     ctx: &StatusContext,
 ) -> PodStatus {
-    let policy = restart_policy(pod);
     let spec = pod.spec.clone().unwrap_or_default();
-    let mut sorted: Vec<&cri::ContainerStatus> = containers.iter().collect();
-    let attempt = |c: &cri::ContainerStatus| c.metadata.as_ref().map_or(0, |m| m.attempt);
-    sorted.sort_by_key(|c| std::cmp::Reverse((c.created_at, attempt(c))));
-    let of = |name: &str| -> Vec<&cri::ContainerStatus> {
-        sorted
-            .iter()
-            .copied()
-            .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
-            .collect()
-    };
-    let init_specs = spec.init_containers.clone().unwrap_or_default();
-    let init: Vec<ContainerStatus> = init_specs
-        .iter()
-        .map(|c| {
-            let kind = if is_sidecar(c) {
-                Kind::Sidecar
-            } else {
-                Kind::Init
-            };
-            container_status(c, &of(&c.name), "PodInitializing", kind, policy, ctx)
-        })
-        .collect();
-    // Initialized: every regular init container succeeded, every sidecar started.
-    let init_done = |s: &ContainerStatus| {
-        if init_specs.iter().any(|c| c.name == s.name && is_sidecar(c)) {
-            s.started == Some(true)
-        } else {
-            exited_ok(s)
-        }
-    };
-    // Once an app container ran, the pod stays initialized (a sidecar restarting later does
-    // not take it back), as upstream.
-    let app_ran = spec.containers.iter().any(|c| !of(&c.name).is_empty());
-    let initialized = app_ran || init.iter().all(init_done);
-    let app_default = if init_specs.is_empty() || initialized {
-        "ContainerCreating"
-    } else {
-        "PodInitializing"
-    };
-    let app: Vec<ContainerStatus> = spec
-        .containers
-        .iter()
-        .map(|c| container_status(c, &of(&c.name), app_default, Kind::App, policy, ctx))
-        .collect();
-    let phase = phase(pod, &init, &app);
-
-    let sandbox_ready =
-        sandbox.is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
-    let incomplete = if initialized {
-        Vec::new()
-    } else {
-        names_where(&init, |s| !init_done(s))
-    };
-    // Sidecars count in the pod's readiness, as upstream.
-    let sidecars: Vec<ContainerStatus> = init
-        .iter()
-        .filter(|s| init_specs.iter().any(|c| c.name == s.name && is_sidecar(c)))
-        .cloned()
-        .collect();
-    let mut unready = names_where(&sidecars, |s| !s.ready);
-    unready.extend(names_where(&app, |s| !s.ready));
-    let completed = phase == Phase::Succeeded;
-    let containers_ready = unready.is_empty() && !completed;
-    let (ready_reason, ready_message) = if completed {
-        (Some("PodCompleted"), None)
-    } else if !unready.is_empty() {
-        (
-            Some("ContainersNotReady"),
-            Some(format!(
-                "containers with unready status: [{}]",
-                unready.join(" ")
-            )),
-        )
-    } else {
-        (None, None)
-    };
-    // Ready also needs the pod's readiness gates: conditions others set on the pod.
-    let gates = if containers_ready {
-        unmet_readiness_gates(pod)
-    } else {
-        Vec::new()
-    };
-    let ready = containers_ready && gates.is_empty();
-    let (pod_ready_reason, pod_ready_message) = if gates.is_empty() {
-        (ready_reason, ready_message.clone())
-    } else {
-        (Some("ReadinessGatesNotReady"), Some(gates.join(", ")))
-    };
-    let conditions = vec![
-        condition("PodReadyToStartContainers", sandbox_ready, None, None, ctx),
-        condition(
-            "Initialized",
-            incomplete.is_empty(),
-            if completed && !init.is_empty() {
-                Some("PodCompleted")
-            } else {
-                (!incomplete.is_empty()).then_some("ContainersNotInitialized")
-            },
-            (!incomplete.is_empty()).then(|| {
-                format!(
-                    "containers with incomplete status: [{}]",
-                    incomplete.join(" ")
-                )
-            }),
-            ctx,
-        ),
-        condition("Ready", ready, pod_ready_reason, pod_ready_message, ctx),
-        condition(
-            "ContainersReady",
-            containers_ready,
-            ready_reason,
-            ready_message,
-            ctx,
-        ),
-        condition("PodScheduled", true, None, None, ctx),
-    ];
-
+    let statuses = Statuses::of(pod, &spec, containers, ctx);
+    let phase = phase(pod, &statuses.init, &statuses.app);
+    let conditions = pod_conditions(pod, sandbox, &statuses, phase, ctx);
     let previous = ctx.previous.as_ref();
-    let pod_ips: Vec<String> = if host_network(pod) {
-        ctx.host_ips.clone()
-    } else if let Some(net) = sandbox
-        .and_then(|s| s.network.as_ref())
-        .filter(|n| !n.ip.is_empty())
-    {
-        std::iter::once(net.ip.clone())
-            .chain(net.additional_ips.iter().map(|p| p.ip.clone()))
-            .collect()
-    } else {
-        previous
-            .and_then(|p| p.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|p| p.ip.clone())
-            .collect()
-    };
+    let pod_ips = pod_ips(pod, sandbox, ctx);
+    let Statuses { init, app, .. } = statuses;
     let mut status = PodStatus {
         phase: Some(phase.as_str().into()),
         conditions: Some(conditions),
@@ -495,8 +365,183 @@ pub fn pod_status(
         container_statuses: Some(app),
         ..Default::default()
     };
-    termination::truncate_to_pod_budget(&mut status, init_specs.len() + spec.containers.len());
+    let count = spec.init_containers.as_ref().map_or(0, Vec::len) + spec.containers.len();
+    termination::truncate_to_pod_budget(&mut status, count);
     status
+}
+
+/// The pod's container statuses, and how far its initialization got.
+struct Statuses {
+    init: Vec<ContainerStatus>,
+    app: Vec<ContainerStatus>,
+    /// The sidecars' statuses (they count in the pod's readiness).
+    sidecars: Vec<ContainerStatus>,
+    /// Init containers not done while the pod is not initialized.
+    incomplete: Vec<String>,
+}
+
+impl Statuses {
+    fn of(
+        pod: &Pod,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+        containers: &[cri::ContainerStatus],
+        ctx: &StatusContext,
+    ) -> Self {
+        let policy = restart_policy(pod);
+        let mut sorted: Vec<&cri::ContainerStatus> = containers.iter().collect();
+        let attempt = |c: &cri::ContainerStatus| c.metadata.as_ref().map_or(0, |m| m.attempt);
+        sorted.sort_by_key(|c| std::cmp::Reverse((c.created_at, attempt(c))));
+        let of = |name: &str| -> Vec<&cri::ContainerStatus> {
+            sorted
+                .iter()
+                .copied()
+                .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
+                .collect()
+        };
+        let init_specs = spec.init_containers.as_deref().unwrap_or_default();
+        let is_sidecar_named =
+            |name: &str| init_specs.iter().any(|c| c.name == name && is_sidecar(c));
+        let init: Vec<ContainerStatus> = init_specs
+            .iter()
+            .map(|c| {
+                let kind = if is_sidecar(c) {
+                    Kind::Sidecar
+                } else {
+                    Kind::Init
+                };
+                container_status(c, &of(&c.name), "PodInitializing", kind, policy, ctx)
+            })
+            .collect();
+        // Initialized: every regular init container succeeded, every sidecar started.
+        let init_done = |s: &ContainerStatus| {
+            if is_sidecar_named(&s.name) {
+                s.started == Some(true)
+            } else {
+                exited_ok(s)
+            }
+        };
+        // Once an app container ran, the pod stays initialized (a sidecar restarting later
+        // does not take it back), as upstream.
+        let app_ran = spec.containers.iter().any(|c| !of(&c.name).is_empty());
+        let initialized = app_ran || init.iter().all(init_done);
+        let app_default = if init_specs.is_empty() || initialized {
+            "ContainerCreating"
+        } else {
+            "PodInitializing"
+        };
+        let app = spec
+            .containers
+            .iter()
+            .map(|c| container_status(c, &of(&c.name), app_default, Kind::App, policy, ctx))
+            .collect();
+        let incomplete = if initialized {
+            Vec::new()
+        } else {
+            names_where(&init, |s| !init_done(s))
+        };
+        let sidecars = init
+            .iter()
+            .filter(|s| is_sidecar_named(&s.name))
+            .cloned()
+            .collect();
+        Statuses {
+            init,
+            app,
+            sidecars,
+            incomplete,
+        }
+    }
+}
+
+/// The pod's conditions: PodReadyToStartContainers, Initialized, Ready (with its readiness
+/// gates), ContainersReady and PodScheduled.
+fn pod_conditions(
+    pod: &Pod,
+    sandbox: Option<&cri::PodSandboxStatus>,
+    st: &Statuses,
+    phase: Phase,
+    ctx: &StatusContext,
+) -> Vec<PodCondition> {
+    let sandbox_ready =
+        sandbox.is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
+    // Sidecars count in the pod's readiness, as upstream.
+    let mut unready = names_where(&st.sidecars, |s| !s.ready);
+    unready.extend(names_where(&st.app, |s| !s.ready));
+    let completed = phase == Phase::Succeeded;
+    let containers_ready = unready.is_empty() && !completed;
+    let (ready_reason, ready_message) = if completed {
+        (Some("PodCompleted"), None)
+    } else if !unready.is_empty() {
+        let message = format!("containers with unready status: [{}]", unready.join(" "));
+        (Some("ContainersNotReady"), Some(message))
+    } else {
+        (None, None)
+    };
+    // Ready also needs the pod's readiness gates: conditions others set on the pod.
+    let gates = if containers_ready {
+        unmet_readiness_gates(pod)
+    } else {
+        Vec::new()
+    };
+    let ready = containers_ready && gates.is_empty();
+    let (pod_ready_reason, pod_ready_message) = if gates.is_empty() {
+        (ready_reason, ready_message.clone())
+    } else {
+        (Some("ReadinessGatesNotReady"), Some(gates.join(", ")))
+    };
+    let incomplete = &st.incomplete;
+    let init_reason = if completed && !st.init.is_empty() {
+        Some("PodCompleted")
+    } else {
+        (!incomplete.is_empty()).then_some("ContainersNotInitialized")
+    };
+    let init_message = (!incomplete.is_empty()).then(|| {
+        format!(
+            "containers with incomplete status: [{}]",
+            incomplete.join(" ")
+        )
+    });
+    vec![
+        condition("PodReadyToStartContainers", sandbox_ready, None, None, ctx),
+        condition(
+            "Initialized",
+            incomplete.is_empty(),
+            init_reason,
+            init_message,
+            ctx,
+        ),
+        condition("Ready", ready, pod_ready_reason, pod_ready_message, ctx),
+        condition(
+            "ContainersReady",
+            containers_ready,
+            ready_reason,
+            ready_message,
+            ctx,
+        ),
+        condition("PodScheduled", true, None, None, ctx),
+    ]
+}
+
+/// The pod's IPs: the node's for a hostNetwork pod, else its sandbox's, else (no sandbox
+/// now) the ones it had.
+fn pod_ips(pod: &Pod, sandbox: Option<&cri::PodSandboxStatus>, ctx: &StatusContext) -> Vec<String> {
+    if host_network(pod) {
+        return ctx.host_ips.clone();
+    }
+    let net = sandbox
+        .and_then(|s| s.network.as_ref())
+        .filter(|n| !n.ip.is_empty());
+    if let Some(net) = net {
+        return std::iter::once(net.ip.clone())
+            .chain(net.additional_ips.iter().map(|p| p.ip.clone()))
+            .collect();
+    }
+    let previous = ctx.previous.as_ref().and_then(|p| p.pod_ips.as_ref());
+    previous
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.clone())
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodStatus, Probe};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStatus, Pod, PodStatus, Probe,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::results::ResultsManager;
@@ -138,117 +140,152 @@ impl Worker {
         else {
             return true; // not created yet
         };
-        if self.container_id.as_deref() != Some(id.as_str()) {
-            if let Some(old) = self.container_id.take() {
-                self.shared.results.remove(&old, self.kind);
-            }
-            self.shared
-                .results
-                .set(&uid, &id, self.kind, self.kind.initial());
-            self.container_id = Some(id.clone());
-            self.last = None;
-            self.run = 0;
-            self.on_hold = false;
-        }
+        self.follow(&uid, &id);
         if self.on_hold {
             return true;
         }
         let state = c.state.clone().unwrap_or_default();
         if state.running.is_none() {
-            // Not running is not ready. (Upstream also sets liveness to failure here; a
-            // created container that then starts under the same ID would be killed for it.)
-            if self.kind == ProbeKind::Readiness {
-                self.shared
-                    .results
-                    .set(&uid, &id, self.kind, ProbeResult::Failure);
-            }
-            // Over for good when the container ended and will not run again.
-            let policy = crate::model::restart_policy(&self.pod);
-            let sidecar = crate::model::is_sidecar(&self.container);
-            return state.terminated.is_none() || sidecar || policy != RestartPolicy::Never;
+            return self.not_running(&uid, &id, &state);
         }
-        let started = c.started == Some(true);
-        if self.kind == ProbeKind::Startup && started {
-            return true; // a startup probe ends with the start
-        }
-        if self.kind != ProbeKind::Startup && !started {
-            return true; // the startup probe has not passed yet
-        }
-        if let Some(at) = started_at(c) {
-            let since = runtime::clock::now()
-                .duration_since(at)
-                .unwrap_or(Duration::ZERO);
-            if since < self.params.initial_delay {
-                return true;
-            }
+        if !self.due(c) {
+            return true;
         }
         let pod_ip = status.pod_ip.clone().unwrap_or_default();
+        let attempt = self.attempt(&id, &pod_ip).await;
+        self.count(&attempt, &uid);
+        if let Some(result) = self.report(attempt) {
+            self.record(&uid, &id, result);
+        }
+        true
+    }
+
+    /// Starts over with the container `id` when it is a new one (a restart).
+    fn follow(&mut self, uid: &str, id: &str) {
+        if self.container_id.as_deref() == Some(id) {
+            return;
+        }
+        if let Some(old) = self.container_id.take() {
+            self.shared.results.remove(&old, self.kind);
+        }
+        self.shared
+            .results
+            .set(uid, id, self.kind, self.kind.initial());
+        self.container_id = Some(id.to_string());
+        self.last = None;
+        self.run = 0;
+        self.on_hold = false;
+    }
+
+    /// A container not running: not ready; whether probing goes on (not when the container
+    /// ended and will not run again).
+    fn not_running(&self, uid: &str, id: &str, state: &ContainerState) -> bool {
+        // (Upstream also sets liveness to failure here; a created container that then starts
+        // under the same ID would be killed for it.)
+        if self.kind == ProbeKind::Readiness {
+            self.shared
+                .results
+                .set(uid, id, self.kind, ProbeResult::Failure);
+        }
+        let policy = crate::model::restart_policy(&self.pod);
+        let sidecar = crate::model::is_sidecar(&self.container);
+        state.terminated.is_none() || sidecar || policy != RestartPolicy::Never
+    }
+
+    /// Whether this probe runs now: a startup probe until the start, the others after it,
+    /// and none before the initial delay.
+    fn due(&self, c: &ContainerStatus) -> bool {
+        let started = c.started == Some(true);
+        if self.kind == ProbeKind::Startup && started {
+            return false; // a startup probe ends with the start
+        }
+        if self.kind != ProbeKind::Startup && !started {
+            return false; // the startup probe has not passed yet
+        }
+        let since = started_at(c).map(|at| {
+            runtime::clock::now()
+                .duration_since(at)
+                .unwrap_or(Duration::ZERO)
+        });
+        since.is_none_or(|since| since >= self.params.initial_delay)
+    }
+
+    /// One attempt, tried again (up to [`MAX_TRIES`]) while it errs.
+    async fn attempt(&self, id: &str, pod_ip: &str) -> Attempt {
         let target = Target {
             pod: &self.pod,
             container: &self.container,
-            container_id: &id,
-            pod_ip: &pod_ip,
+            container_id: id,
+            pod_ip,
         };
         let mut attempt = Attempt::Error(String::new());
         for _ in 0..MAX_TRIES {
-            attempt = self
-                .shared
-                .prober
+            let prober = &self.shared.prober;
+            attempt = prober
                 .probe(&self.probe, self.params.timeout, &target)
                 .await;
             if !matches!(attempt, Attempt::Error(_)) {
                 break;
             }
         }
-        let label = self.kind.label();
-        let counted = match &attempt {
+        attempt
+    }
+
+    /// Counts the attempt in `prober_probe_total`.
+    fn count(&self, attempt: &Attempt, uid: &str) {
+        let counted = match attempt {
             Attempt::Success(_) | Attempt::Warning(_) => "successful",
             Attempt::Failure(_) => "failed",
             Attempt::Error(_) => "unknown",
         };
+        let meta = &self.pod.metadata;
         crate::metrics::get()
             .probe_total
             .get_or_create(&crate::metrics::ProbeLabels {
-                probe_type: label.to_string(),
+                probe_type: self.kind.label().to_string(),
                 result: counted.to_string(),
-                container: name.clone(),
-                pod: self.pod.metadata.name.clone().unwrap_or_default(),
-                namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
-                pod_uid: uid.clone(),
+                container: self.container.name.clone(),
+                pod: meta.name.clone().unwrap_or_default(),
+                namespace: meta.namespace.clone().unwrap_or_default(),
+                pod_uid: uid.to_string(),
             })
             .inc();
-        let say = |kind: EventType, reason: Reason, message: String| {
-            self.shared
-                .events
-                .event(&self.pod, Some(name), kind, reason, message)
+    }
+
+    /// The attempt's result, with its event; `None` for an error (it counts for nothing).
+    fn report(&self, attempt: Attempt) -> Option<ProbeResult> {
+        let label = self.kind.label();
+        let name = Some(self.container.name.as_str());
+        let say = |reason: Reason, message: String| {
+            let events = &self.shared.events;
+            events.event(&self.pod, name, EventType::Warning, reason, message)
         };
-        let result = match attempt {
-            Attempt::Success(_) => ProbeResult::Success,
+        match attempt {
+            Attempt::Success(_) => Some(ProbeResult::Success),
             Attempt::Warning(out) => {
-                say(
-                    EventType::Warning,
-                    Reason::ContainerProbeWarning,
-                    format!("{label} probe warning: {out}"),
-                );
-                ProbeResult::Success
+                let message = format!("{label} probe warning: {out}");
+                say(Reason::ContainerProbeWarning, message);
+                Some(ProbeResult::Success)
             }
             Attempt::Failure(out) => {
                 say(
-                    EventType::Warning,
                     Reason::ContainerUnhealthy,
                     format!("{label} probe failed: {out}"),
                 );
-                ProbeResult::Failure
+                Some(ProbeResult::Failure)
             }
             Attempt::Error(why) => {
                 say(
-                    EventType::Warning,
                     Reason::ContainerUnhealthy,
                     format!("{label} probe errored: {why}"),
                 );
-                return true;
+                None
             }
-        };
+        }
+    }
+
+    /// Counts `result` in its run and publishes it once the run reaches its threshold.
+    fn record(&mut self, uid: &str, id: &str, result: ProbeResult) {
         if self.last == Some(result) {
             self.run = self.run.saturating_add(1);
         } else {
@@ -260,14 +297,13 @@ impl Worker {
             _ => self.params.success_threshold,
         };
         if self.run < threshold {
-            return true;
+            return;
         }
-        self.shared.results.set(&uid, &id, self.kind, result);
+        self.shared.results.set(uid, id, self.kind, result);
         if result == ProbeResult::Failure && self.kind != ProbeKind::Readiness {
             // The container is killed; probe again only once it is replaced.
             self.on_hold = true;
             self.run = 0;
         }
-        true
     }
 }
