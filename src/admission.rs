@@ -419,5 +419,4 @@ fn tolerates(tol: &Toleration, key: &str, value: Option<&str>, effect: &str) -> 
 }
 
 #[cfg(test)]
-#[path = "admission_tests.rs"]
 mod tests;

@@ -341,5 +341,4 @@ fn same_owned_status(api: Option<&PodStatus>, ours: &PodStatus) -> bool {
 }
 
 #[cfg(test)]
-#[path = "status_manager_tests.rs"]
 mod tests;

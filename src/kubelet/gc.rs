@@ -583,5 +583,4 @@ async fn remove_tree(path: PathBuf, mountinfo: Arc<String>, report: &mut GcRepor
 }
 
 #[cfg(test)]
-#[path = "gc_tests.rs"]
 mod tests;

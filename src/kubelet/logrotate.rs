@@ -207,5 +207,4 @@ fn compress(f: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-#[path = "logrotate_tests.rs"]
 mod tests;

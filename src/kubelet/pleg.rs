@@ -510,5 +510,4 @@ async fn next_event(
 }
 
 #[cfg(test)]
-#[path = "pleg_tests.rs"]
 mod tests;

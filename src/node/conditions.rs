@@ -163,5 +163,4 @@ fn status_str(on: bool) -> &'static str {
 }
 
 #[cfg(test)]
-#[path = "conditions_tests.rs"]
 mod tests;

@@ -220,5 +220,4 @@ impl LeaseController {
 }
 
 #[cfg(test)]
-#[path = "lease_tests.rs"]
 mod tests;

@@ -286,5 +286,4 @@ fn to_quantities(m: &BTreeMap<String, Amount>) -> BTreeMap<String, Quantity> {
 }
 
 #[cfg(test)]
-#[path = "build_tests.rs"]
 mod tests;

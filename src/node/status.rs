@@ -493,5 +493,4 @@ impl NodeStatusManager {
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;

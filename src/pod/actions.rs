@@ -411,5 +411,4 @@ fn app_actions(d: &Decide, spec: &PodSpec, status: &RuntimePodStatus, a: &mut Po
 }
 
 #[cfg(test)]
-#[path = "actions_tests.rs"]
 mod tests;

@@ -383,5 +383,4 @@ pub fn container_config(
 }
 
 #[cfg(test)]
-#[path = "container_tests.rs"]
 mod tests;

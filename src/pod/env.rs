@@ -251,5 +251,4 @@ fn resource(
 }
 
 #[cfg(test)]
-#[path = "env_tests.rs"]
 mod tests;

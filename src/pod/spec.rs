@@ -393,5 +393,4 @@ pub fn qos_class(pod: &Pod) -> &'static str {
 }
 
 #[cfg(test)]
-#[path = "spec_tests.rs"]
 pub(crate) mod tests;

@@ -545,5 +545,4 @@ fn pod_ips(pod: &Pod, sandbox: Option<&cri::PodSandboxStatus>, ctx: &StatusConte
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;

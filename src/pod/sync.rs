@@ -520,5 +520,4 @@ fn is_init(pod: &Pod, name: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "sync_tests.rs"]
 mod tests;

@@ -348,5 +348,4 @@ pub fn truncate_to_pod_budget(status: &mut PodStatus, containers: usize) {
 }
 
 #[cfg(test)]
-#[path = "termination_tests.rs"]
 mod tests;

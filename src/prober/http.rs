@@ -314,5 +314,4 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 }
 
 #[cfg(test)]
-#[path = "http_tests.rs"]
 mod tests;
