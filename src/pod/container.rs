@@ -30,7 +30,7 @@ use super::{
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
     pod_identity,
 };
-use crate::util::expand;
+use crate::util::{expand, expand_all};
 use crate::volumes::plugins as volumes;
 
 pub use super::options::ContainerOptions;
@@ -41,44 +41,6 @@ fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<Pa
     }
     volumes::host_path(&opts.pods_dir, pod, v)
         .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
-}
-
-/// Upstream's `ExpandContainerVolumeMounts`: a `subPathExpr` with its `$(VAR)`s taken from the
-/// container's environment; a variable unset or empty is an error naming it.
-fn expand_sub_path(
-    expr: &str,
-    vars: &HashMap<String, String>,
-) -> std::result::Result<String, String> {
-    let mut missing = std::collections::BTreeSet::new();
-    let mut known = HashMap::new();
-    // The references as `expand` sees them: `$$` is an escaped `$`, `$(NAME)` a variable.
-    let mut rest = expr;
-    while let Some(i) = rest.find('$') {
-        let after = &rest[i + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            rest = tail;
-            continue;
-        }
-        let Some(inner) = after.strip_prefix('(') else {
-            rest = after;
-            continue;
-        };
-        let Some(end) = inner.find(')') else { break };
-        let name = &inner[..end];
-        match vars.get(name).filter(|v| !v.is_empty()) {
-            Some(v) => known.insert(name.to_string(), v.clone()),
-            None => {
-                missing.insert(name.to_string());
-                known.insert(name.to_string(), String::new())
-            }
-        };
-        rest = &inner[end + 1..];
-    }
-    if !missing.is_empty() {
-        let names: Vec<String> = missing.into_iter().collect();
-        return Err(format!("missing value for {}", names.join(", ")));
-    }
-    Ok(expand(expr, &known))
 }
 
 fn mounts(
@@ -104,7 +66,7 @@ fn mounts(
         let mut host_path = volume_host_path(pod, v, opts)?;
         let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
             Some(expr) => Some(
-                expand_sub_path(expr, vars)
+                expand_all(expr, vars)
                     .map_err(|e| Error::invalid_argument(format!("{field}.subPathExpr: {e}")))?,
             ),
             None => None,

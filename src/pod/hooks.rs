@@ -10,13 +10,46 @@ use runtime::RuntimeService;
 
 use crate::prober::http;
 
-/// The pod as upstream's messages name it: `name_namespace(uid)`.
-fn pod_desc(pod: &Pod) -> String {
-    crate::model::PodRef::of(pod).desc()
+/// Why a hook failed, worded as upstream's handler runner words it. The message becomes the
+/// container's status message (`PostStartHookError`); it may hold what the hook printed, so
+/// events and logs never carry it.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error(
+        "Exec lifecycle hook ([{command}]) for Container {container:?} in Pod {pod:?} failed - \
+         error: {error}, message: {output:?}"
+    )]
+    Exec {
+        command: String,
+        container: String,
+        pod: String,
+        /// Why the command failed (its exit code and output, or the runtime's error).
+        error: String,
+        output: String,
+    },
+    #[error(
+        "HTTP lifecycle hook ({path}) for Container {container:?} in Pod {pod:?} failed - \
+         error: {source}"
+    )]
+    Http {
+        path: String,
+        container: String,
+        pod: String,
+        #[source]
+        source: http::HttpError,
+    },
+    #[error(
+        "Cannot run handler: {what} lifecycle hook of Container {container:?} in Pod {pod:?}: \
+         only exec, httpGet and sleep are supported"
+    )]
+    Unsupported {
+        what: &'static str,
+        container: String,
+        pod: String,
+    },
 }
 
-/// Runs `handler` for the container `container_id` of `pod`; the error is the message of the
-/// `FailedPostStartHook`/`FailedPreStopHook` event.
+/// Runs `handler` for the container `container_id` of `pod`.
 pub async fn run(
     rt: &dyn RuntimeService,
     pod: &Pod,
@@ -24,33 +57,34 @@ pub async fn run(
     container_id: &str,
     handler: &LifecycleHandler,
     pod_ip: &str,
-) -> Result<(), String> {
-    let name = &container.name;
+) -> Result<(), HookError> {
+    let container_name = container.name.clone();
+    let pod_name = crate::model::PodRef::of(pod).desc();
     if let Some(e) = &handler.exec {
         let cmd = e.command.clone().unwrap_or_default();
-        let failed = |err: String, out: &str| {
-            format!(
-                "Exec lifecycle hook ([{}]) for Container {name:?} in Pod {:?} failed - error: {err}, message: {out:?}",
-                cmd.join(" "),
-                pod_desc(pod)
-            )
+        let command = cmd.join(" ");
+        let (error, output) = match crate::prober::exec(rt, container_id, &cmd, None).await {
+            Ok((0, _)) => return Ok(()),
+            Ok((code, out)) => (
+                format!("command '{command}' exited with {code}: {out}"),
+                out,
+            ),
+            Err(why) => (why.unwrap_or_else(|| "timed out".into()), String::new()),
         };
-        return match crate::prober::exec(rt, container_id, &cmd, None).await {
-            Ok((0, _)) => Ok(()),
-            Ok((code, out)) => Err(failed(
-                format!("command '{}' exited with {code}: {out}", cmd.join(" ")),
-                &out,
-            )),
-            Err(why) => Err(failed(why.unwrap_or_else(|| "timed out".into()), "")),
-        };
+        return Err(HookError::Exec {
+            command,
+            container: container_name,
+            pod: pod_name,
+            error,
+            output,
+        });
     }
     if let Some(h) = &handler.http_get {
-        let path = h.path.clone().unwrap_or_default();
-        let failed = |err: String| {
-            format!(
-                "HTTP lifecycle hook ({path}) for Container {name:?} in Pod {:?} failed - error: {err}",
-                pod_desc(pod)
-            )
+        let failed = |source| HookError::Http {
+            path: h.path.clone().unwrap_or_default(),
+            container: container_name.clone(),
+            pod: pod_name.clone(),
+            source,
         };
         let req = http::Request::for_action(h, container, pod_ip, "lifecycle").map_err(failed)?;
         return http::get(&req).await.map(|_| ()).map_err(failed);
@@ -60,13 +94,14 @@ pub async fn run(
         tokio::time::sleep(Duration::from_secs(secs)).await;
         return Ok(());
     }
-    Err(format!(
-        "Cannot run handler: {} lifecycle hook of Container {name:?} in Pod {:?}: only exec, httpGet and sleep are supported",
-        if handler.tcp_socket.is_some() {
-            "a tcpSocket"
-        } else {
-            "an empty"
-        },
-        pod_desc(pod)
-    ))
+    let what = if handler.tcp_socket.is_some() {
+        "a tcpSocket"
+    } else {
+        "an empty"
+    };
+    Err(HookError::Unsupported {
+        what,
+        container: container_name,
+        pod: pod_name,
+    })
 }

@@ -483,7 +483,7 @@ impl RuntimeManager {
             tracing::warn!(container = %name, "stopping after a failed postStart hook: {e}");
         }
         Err((
-            Waiting::new(WaitingReason::PostStartHookError, message),
+            Waiting::new(WaitingReason::PostStartHookError, message.to_string()),
             None,
         ))
     }

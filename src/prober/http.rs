@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Container, HTTPGetAction};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use super::target::join_host_port;
-use super::target::{io_text, resolve_port};
+use super::target::{PortError, io_text, resolve_port};
 
 /// How much of a response body is read.
 pub const MAX_BODY: usize = 10 * 1024;
@@ -41,6 +41,52 @@ pub struct Response {
     pub body: String,
 }
 
+/// Why an `httpGet` action cannot be sent, or got no answer (in the words of Go's HTTP
+/// client, as upstream's messages read).
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("unsupported scheme {0:?}")]
+    Scheme(String),
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error("the pod has no IP yet")]
+    NoPodIp,
+    /// The request to `url` failed.
+    #[error("Get {url:?}: {source}")]
+    Get {
+        url: String,
+        #[source]
+        source: ConnError,
+    },
+    #[error("Get {url:?}: stopped after 10 redirects")]
+    Redirects { url: String },
+}
+
+/// Why one request on one connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("dial tcp {addr}: connect: {}", io_text(source))]
+    Dial {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("bad request: {0}")]
+    Request(#[from] http::Error),
+    #[error("{0}")]
+    TlsConfig(#[from] rustls::Error),
+    #[error("bad server name {host:?}: {source}")]
+    ServerName {
+        host: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("tls: {0}")]
+    Handshake(#[source] std::io::Error),
+}
+
 impl Request {
     /// The request an `httpGet` action describes for the container, sent to `pod_ip` unless the
     /// action names a host. `user_agent_kind` is `probe` or `lifecycle` (`kube-probe/1.37`,
@@ -50,12 +96,12 @@ impl Request {
         c: &Container,
         pod_ip: &str,
         user_agent_kind: &str,
-    ) -> Result<Request, String> {
+    ) -> Result<Request, HttpError> {
         let https = match a.scheme.as_deref() {
             None | Some("") => false,
             Some(s) if s.eq_ignore_ascii_case("http") => false,
             Some(s) if s.eq_ignore_ascii_case("https") => true,
-            Some(s) => return Err(format!("unsupported scheme {s:?}")),
+            Some(s) => return Err(HttpError::Scheme(s.to_string())),
         };
         let port = resolve_port(&a.port, c)?;
         let host = a
@@ -64,7 +110,7 @@ impl Request {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| pod_ip.to_string());
         if host.is_empty() {
-            return Err("the pod has no IP yet".into());
+            return Err(HttpError::NoPodIp);
         }
         let mut path = a.path.clone().unwrap_or_default();
         if !path.starts_with('/') {
@@ -134,12 +180,13 @@ fn strip_port(h: &str) -> String {
 
 /// Sends `req`, following same-host redirects. A redirect to another host is not followed: its
 /// 3xx response is returned. Errors read like Go's (`Get "url": dial tcp ...`).
-pub async fn get(req: &Request) -> Result<Response, String> {
+pub async fn get(req: &Request) -> Result<Response, HttpError> {
     let mut req = req.clone();
     for _ in 0..=MAX_REDIRECTS {
-        let (status, location, body) = get_once(&req)
-            .await
-            .map_err(|e| format!("Get {:?}: {e}", req.url()))?;
+        let (status, location, body) = get_once(&req).await.map_err(|source| HttpError::Get {
+            url: req.url(),
+            source,
+        })?;
         let Some(location) = location.filter(|_| (300..400).contains(&status)) else {
             return Ok(Response { status, body });
         };
@@ -148,7 +195,7 @@ pub async fn get(req: &Request) -> Result<Response, String> {
             None => return Ok(Response { status, body }),
         }
     }
-    Err(format!("Get {:?}: stopped after 10 redirects", req.url()))
+    Err(HttpError::Redirects { url: req.url() })
 }
 
 /// The request a redirect to `location` makes, when it stays on the request's host.
@@ -180,11 +227,12 @@ fn redirect(req: &Request, location: &str) -> Option<Request> {
 }
 
 /// One request on a new connection: the status, the `Location` header, the body's start.
-async fn get_once(req: &Request) -> Result<(u16, Option<String>, String), String> {
+async fn get_once(req: &Request) -> Result<(u16, Option<String>, String), ConnError> {
     let addr = join_host_port(&req.host, req.port);
-    let tcp = tokio::net::TcpStream::connect(&addr)
-        .await
-        .map_err(|e| format!("dial tcp {addr}: connect: {}", io_text(&e)))?;
+    let tcp = match tokio::net::TcpStream::connect(&addr).await {
+        Ok(tcp) => tcp,
+        Err(source) => return Err(ConnError::Dial { addr, source }),
+    };
     if req.https {
         let tls = tls_connect(tcp, &req.host).await?;
         send(tls, req).await
@@ -193,27 +241,20 @@ async fn get_once(req: &Request) -> Result<(u16, Option<String>, String), String
     }
 }
 
-async fn send<S>(io: S, req: &Request) -> Result<(u16, Option<String>, String), String>
+async fn send<S>(io: S, req: &Request) -> Result<(u16, Option<String>, String), ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
-            .await
-            .map_err(|e| e.to_string())?;
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
     let conn = tokio::spawn(conn);
     let mut builder = hyper::Request::get(req.path.as_str());
     for (n, v) in &req.headers {
         builder = builder.header(n.as_str(), v.as_str());
     }
     builder = builder.header("Connection", "close");
-    let request = builder
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| format!("bad request: {e}"))?;
-    let resp = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string());
+    let request = builder.body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(request).await.map_err(ConnError::Http);
     let result = match resp {
         Ok(resp) => {
             let status = resp.status().as_u16();
@@ -231,7 +272,7 @@ where
                             buf.extend_from_slice(&data);
                         }
                     }
-                    Some(Err(e)) => return Err(e.to_string()),
+                    Some(Err(e)) => return Err(e.into()),
                     None => break,
                 }
             }
@@ -249,20 +290,23 @@ where
 async fn tls_connect(
     tcp: tokio::net::TcpStream,
     host: &str,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, ConnError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
         .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| format!("bad server name {host:?}: {e}"))?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|source| {
+        ConnError::ServerName {
+            host: host.to_string(),
+            source,
+        }
+    })?;
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("tls: {e}"))
+        .map_err(ConnError::Handshake)
 }
 
 #[derive(Debug)]

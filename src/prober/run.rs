@@ -102,14 +102,14 @@ impl Prober for RuntimeProber {
         if let Some(h) = &probe.http_get {
             let req = match http::Request::for_action(h, t.container, t.pod_ip, "probe") {
                 Ok(r) => r,
-                Err(e) => return Attempt::Error(e),
+                Err(e) => return Attempt::Error(e.to_string()),
             };
             return match tokio::time::timeout(timeout, http::get(&req)).await {
                 Err(_) => Attempt::Failure(format!(
                     "Get {:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)",
                     req.url()
                 )),
-                Ok(Err(e)) => Attempt::Failure(e),
+                Ok(Err(e)) => Attempt::Failure(e.to_string()),
                 Ok(Ok(resp)) if (200..300).contains(&resp.status) => Attempt::Success(resp.body),
                 Ok(Ok(resp)) if (300..400).contains(&resp.status) => Attempt::Warning(format!(
                     "Probe terminated redirects, Response body: {}",
@@ -124,7 +124,7 @@ impl Prober for RuntimeProber {
         if let Some(tcp) = &probe.tcp_socket {
             let port = match resolve_port(&tcp.port, t.container) {
                 Ok(p) => p,
-                Err(e) => return Attempt::Error(e),
+                Err(e) => return Attempt::Error(e.to_string()),
             };
             let host = tcp
                 .host

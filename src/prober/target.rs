@@ -4,8 +4,19 @@
 use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+/// Why a probe's or hook's port names no port of the container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// A name none of the container's ports has.
+    #[error("couldn't find port: {name} in {container}")]
+    Unknown { name: String, container: String },
+    /// A number that is no port.
+    #[error("invalid port number: {0}")]
+    Invalid(i32),
+}
+
 /// The port a probe or hook names: a number, or the name of one of the container's ports.
-pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
+pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, PortError> {
     let n = match port {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => {
@@ -17,14 +28,17 @@ pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
                     .flatten()
                     .find(|p| p.name.as_deref() == Some(name.as_str()))
                     .map(|p| p.container_port)
-                    .ok_or_else(|| format!("couldn't find port: {name} in {}", c.name))?
+                    .ok_or_else(|| PortError::Unknown {
+                        name: name.clone(),
+                        container: c.name.clone(),
+                    })?
             }
         }
     };
     u16::try_from(n)
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("invalid port number: {n}"))
+        .ok_or(PortError::Invalid(n))
 }
 
 /// `host:port`, with brackets around an IPv6 address.

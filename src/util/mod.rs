@@ -9,7 +9,7 @@ mod mountinfo;
 pub mod quantity;
 
 pub use duration::go_duration;
-pub use expand::expand;
+pub use expand::{MissingVars, expand, expand_all};
 pub use mountinfo::mounts_under;
 
 use std::sync::{Mutex, MutexGuard};
