@@ -202,7 +202,7 @@ impl Wiring {
             configz: cfg.to_v1beta1(),
             system_log_dir: std::path::PathBuf::from("/var/log"),
             health: Arc::new(move || match health.problem() {
-                Some(p) => Err(p),
+                Some(p) => Err(crate::server::Unhealthy(p)),
                 None => Ok(()),
             }),
         };

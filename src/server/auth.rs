@@ -91,6 +91,21 @@ pub enum Refused {
     Error(String),
 }
 
+/// A configuration that asks for the API server's reviews on a node without one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NeedsApiServer {
+    #[error(
+        "authentication.webhook.enabled needs an API server (--kubeconfig); \
+         set it to false on a standalone node"
+    )]
+    TokenWebhook,
+    #[error(
+        "authorization.mode Webhook needs an API server (--kubeconfig); \
+         use AlwaysAllow on a standalone node"
+    )]
+    WebhookAuthorization,
+}
+
 /// A cached authorization decision's key: who, which verb, which `nodes` subresource.
 type Decision = (User, String, &'static str);
 
@@ -121,20 +136,12 @@ impl Auth {
 
     /// Checks what the configuration asks for against what is available: the webhooks need an
     /// API server (upstream refuses to start without one, too).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), NeedsApiServer> {
         if self.client.is_none() && self.cfg.token_webhook {
-            return Err(
-                "authentication.webhook.enabled needs an API server (--kubeconfig); \
-                 set it to false on a standalone node"
-                    .into(),
-            );
+            return Err(NeedsApiServer::TokenWebhook);
         }
         if self.client.is_none() && self.cfg.authz_mode == AuthzMode::Webhook {
-            return Err(
-                "authorization.mode Webhook needs an API server (--kubeconfig); \
-                 use AlwaysAllow on a standalone node"
-                    .into(),
-            );
+            return Err(NeedsApiServer::WebhookAuthorization);
         }
         Ok(())
     }

@@ -1,15 +1,286 @@
-//! Container logs as `kubectl logs` gets them (upstream `kuberuntime/logs`): the records of
-//! [`crate::crilog`] with `tailLines`, `limitBytes`, `sinceTime`/`sinceSeconds`, `timestamps`
-//! and `follow`, partial lines joined.
+//! Container logs as `kubectl logs` gets them (upstream `kuberuntime/logs` and the kubelet
+//! server's `getContainerLogs`): `/containerLogs/{ns}/{pod}/{container}` answers with the
+//! records of [`crate::crilog`] with `tailLines`, `limitBytes`, `sinceTime`/`sinceSeconds`,
+//! `timestamps`, `previous` and `follow`, partial lines joined.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use k8s_openapi::jiff::Timestamp;
+use runtime::{RuntimeService, cri};
+use tokio::sync::mpsc;
+
+use super::{Ctx, find_pod, instances_of, text};
 
 pub use crate::crilog::{Record, parse};
+
+/// A query value a log request may not have; answered 400 with the message.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{key}: {value:?} must be a non-negative integer")]
+    NotANumber { key: &'static str, value: String },
+    #[error("sinceSeconds: must be greater than 0")]
+    SinceSecondsZero,
+    #[error("at most one of sinceTime or sinceSeconds may be specified")]
+    BothSinces,
+    #[error("sinceTime: {value:?} is not an RFC 3339 time: {source}")]
+    SinceTime {
+        value: String,
+        #[source]
+        source: k8s_openapi::jiff::Error,
+    },
+    #[error("limitBytes: must be greater than 0")]
+    LimitBytesZero,
+}
+
+/// Why a log request gets no log; the message is the answer's body.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error("pod \"{ns}/{name}\" does not exist")]
+    NoPod { ns: String, name: String },
+    #[error("container \"{container}\" not found in pod \"{ns}/{name}\"")]
+    NoContainer {
+        ns: String,
+        name: String,
+        container: String,
+    },
+    #[error("previous terminated container \"{container}\" in pod \"{name}\" not found")]
+    NoPrevious { name: String, container: String },
+    #[error("container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating")]
+    Waiting { name: String, container: String },
+    /// The runtime could not list the container's instances.
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The blocking read's task failed.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl LogError {
+    /// The answer's status, as upstream's.
+    fn status(&self) -> StatusCode {
+        match self {
+            LogError::Query(_) | LogError::NoPrevious { .. } | LogError::Waiting { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            LogError::NoPod { .. } | LogError::NoContainer { .. } => StatusCode::NOT_FOUND,
+            LogError::Runtime(_) | LogError::Read { .. } | LogError::Task(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+}
+
+/// `/containerLogs/{ns}/{pod}/{container}`.
+pub(super) async fn container_logs_handler(
+    State(ctx): State<Arc<Ctx>>,
+    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    match container_logs(&ctx, (&ns, &name, &container), &q).await {
+        Ok(r) => r,
+        Err(e) => text(e.status(), e.to_string()),
+    }
+}
+
+/// The log of the container `(ns, pod, container)` as the query asks: what is there, then
+/// with `follow` (and the container running) what it writes next.
+async fn container_logs(
+    ctx: &Ctx,
+    (ns, name, container): (&str, &str, &str),
+    q: &HashMap<String, String>,
+) -> Result<Response, LogError> {
+    let opts = Options::from_query(q, Timestamp::now())?;
+    let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
+    let (follow, previous) = (flag("follow"), flag("previous"));
+    let uid = pod_uid(ctx, ns, name, container)?;
+    let chosen = instance(ctx.deps.rt.as_ref(), &uid, name, container, previous).await?;
+    let attempt = chosen.metadata.as_ref().map_or(0, |m| m.attempt);
+    let path = log_path(
+        &chosen.log_path,
+        &ctx.deps.pod_logs_dir,
+        (ns, name, &uid),
+        container,
+        attempt,
+    );
+    let (records, offset) = read_log(path.clone()).await?;
+    let records = match opts.tail_lines {
+        Some(n) => tail(records, n),
+        None => records,
+    };
+    let mut writer = Writer::new(opts);
+    let first = write_records(&mut writer, &records);
+    let running = chosen.state == cri::ContainerState::ContainerRunning as i32;
+    if !follow || !running || writer.full() {
+        return Ok(plain_text(first));
+    }
+    let follower = Follower::new(path, offset);
+    let rx = follow_log(ctx.deps.rt.clone(), chosen.id, follower, writer, first);
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok(plain_text(Body::from_stream(stream)))
+}
+
+/// A 200 answer of plain text.
+fn plain_text(body: impl IntoResponse) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
+}
+
+/// The UID of the pod `ns/name`, which must have a container or init container `container`.
+fn pod_uid(ctx: &Ctx, ns: &str, name: &str, container: &str) -> Result<String, LogError> {
+    let Some(pod) = find_pod(ctx, ns, name) else {
+        return Err(LogError::NoPod {
+            ns: ns.to_string(),
+            name: name.to_string(),
+        });
+    };
+    let known = pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == container)
+    });
+    if !known {
+        return Err(LogError::NoContainer {
+            ns: ns.to_string(),
+            name: name.to_string(),
+            container: container.to_string(),
+        });
+    }
+    Ok(pod.metadata.uid.unwrap_or_default())
+}
+
+/// The instance of `container` (of the pod `name`, UID `uid`) whose log is asked for: the
+/// newest, or with `previous` the one before it.
+async fn instance(
+    rt: &dyn RuntimeService,
+    uid: &str,
+    name: &str,
+    container: &str,
+    previous: bool,
+) -> Result<cri::ContainerStatus, LogError> {
+    let mut instances = instances_of(rt, uid, container).await?;
+    if previous {
+        if instances.len() < 2 {
+            return Err(LogError::NoPrevious {
+                name: name.to_string(),
+                container: container.to_string(),
+            });
+        }
+        return Ok(instances.swap_remove(1));
+    }
+    instances
+        .into_iter()
+        .next()
+        .ok_or_else(|| LogError::Waiting {
+            name: name.to_string(),
+            container: container.to_string(),
+        })
+}
+
+/// The records of the log at `path` (none when it is not there yet) and the offset after
+/// the last complete line.
+async fn read_log(path: PathBuf) -> Result<(Vec<Record>, u64), LogError> {
+    let read = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || read_from(&path, 0)
+    })
+    .await?;
+    match read {
+        Ok(r) => Ok(r),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Vec::new(), 0)),
+        Err(source) => Err(LogError::Read { path, source }),
+    }
+}
+
+/// The output of `records`, up to `limitBytes`.
+fn write_records(writer: &mut Writer, records: &[Record]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in records {
+        out.extend(writer.write(r));
+        if writer.full() {
+            break;
+        }
+    }
+    out
+}
+
+/// Follows the log of the container `id` in a task: sends `first`, then what the container
+/// writes, until it stops (then what it wrote last), `limitBytes` is reached or the client
+/// goes. Returns what the task sends.
+fn follow_log(
+    rt: Arc<dyn RuntimeService>,
+    id: String,
+    mut follower: Follower,
+    mut writer: Writer,
+    first: Vec<u8>,
+) -> mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(FOLLOW_POLL).await;
+            let Some((f, read)) = read_new(follower).await else {
+                return;
+            };
+            follower = f;
+            let records = read.unwrap_or_default();
+            let out = write_records(&mut writer, &records);
+            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                return;
+            }
+            if writer.full() || tx.is_closed() {
+                return;
+            }
+            if records.is_empty() && !is_running(rt.as_ref(), &id).await {
+                // One more read for what it wrote last.
+                if let Some((_, Ok(records))) = read_new(follower).await {
+                    let _ = tx.send(Ok(write_records(&mut writer, &records))).await;
+                }
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// What `f` reads next, off the async threads; `None` when its task failed.
+async fn read_new(mut f: Follower) -> Option<(Follower, std::io::Result<Vec<Record>>)> {
+    tokio::task::spawn_blocking(move || {
+        let read = f.read_new();
+        (f, read)
+    })
+    .await
+    .ok()
+}
+
+/// Whether the runtime says the container `id` is running.
+async fn is_running(rt: &dyn RuntimeService, id: &str) -> bool {
+    rt.container_status(cri::ContainerStatusRequest {
+        container_id: id.to_string(),
+        verbose: false,
+    })
+    .await
+    .ok()
+    .and_then(|s| s.status)
+    .is_some_and(|s| s.state == cri::ContainerState::ContainerRunning as i32)
+}
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,17 +294,17 @@ pub struct Options {
 impl Options {
     /// From the query (`tailLines`, `limitBytes`, `sinceSeconds`, `sinceTime`, `timestamps`),
     /// refusing invalid values with a message.
-    pub fn from_query(
-        q: &std::collections::HashMap<String, String>,
-        now: Timestamp,
-    ) -> Result<Options, String> {
-        let num = |k: &str| -> Result<Option<u64>, String> {
-            q.get(k)
+    pub fn from_query(q: &HashMap<String, String>, now: Timestamp) -> Result<Options, QueryError> {
+        let num = |key: &'static str| -> Result<Option<u64>, QueryError> {
+            q.get(key)
                 .map(|v| {
                     v.parse::<i64>()
                         .ok()
                         .and_then(|n| u64::try_from(n).ok())
-                        .ok_or_else(|| format!("{k}: {v:?} must be a non-negative integer"))
+                        .ok_or_else(|| QueryError::NotANumber {
+                            key,
+                            value: v.clone(),
+                        })
                 })
                 .transpose()
         };
@@ -41,7 +312,7 @@ impl Options {
         let mut since = None;
         if let Some(s) = num("sinceSeconds")? {
             if s == 0 {
-                return Err("sinceSeconds: must be greater than 0".into());
+                return Err(QueryError::SinceSecondsZero);
             }
             let secs = i64::try_from(s).unwrap_or(i64::MAX);
             since = now
@@ -50,16 +321,16 @@ impl Options {
         }
         if let Some(t) = q.get("sinceTime") {
             if since.is_some() {
-                return Err("at most one of sinceTime or sinceSeconds may be specified".into());
+                return Err(QueryError::BothSinces);
             }
-            since = Some(
-                t.parse()
-                    .map_err(|e| format!("sinceTime: {t:?} is not an RFC 3339 time: {e}"))?,
-            );
+            since = Some(t.parse().map_err(|source| QueryError::SinceTime {
+                value: t.clone(),
+                source,
+            })?);
         }
         let limit = num("limitBytes")?;
         if limit == Some(0) {
-            return Err("limitBytes: must be greater than 0".into());
+            return Err(QueryError::LimitBytesZero);
         }
         Ok(Options {
             tail_lines: num("tailLines")?,

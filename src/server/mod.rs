@@ -19,21 +19,19 @@ mod stream;
 pub mod summary;
 pub mod tls;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use axum::body::Body;
-use axum::extract::{Path as UrlPath, Query, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use runtime::{RuntimeService, cri};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -60,7 +58,7 @@ pub struct ServerDeps {
     /// The effective configuration as a `KubeletConfiguration`, for `/configz`.
     pub configz: serde_json::Value,
     /// The kubelet's health: `Err(why)` when the sync loop or the PLEG is not healthy.
-    pub health: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    pub health: Arc<dyn Fn() -> Result<(), Unhealthy> + Send + Sync>,
 }
 
 /// The ports bound.
@@ -79,49 +77,66 @@ struct Ctx {
 #[derive(Clone, Default)]
 struct Peer(Option<(String, Vec<String>)>);
 
+/// Why the servers could not start. Each message names what failed; the cause is the source,
+/// so a chain printed with `{:#}` reads `what: cause`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration asks for the API server's reviews on a node without one.
+    #[error(transparent)]
+    Auth(#[from] auth::NeedsApiServer),
+    #[error(transparent)]
+    Tls(#[from] tls::Error),
+    /// A port could not be bound; `server` names which server's.
+    #[error("binding the {server} on {addr}")]
+    Bind {
+        server: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A bound listener's address could not be read.
+    #[error(transparent)]
+    LocalAddr(std::io::Error),
+}
+
+/// Why the kubelet is not healthy, as `/healthz` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unhealthy(pub String);
+
 /// Binds the servers and spawns them into `tasks`; stops with `cancel`.
 pub async fn start(
     deps: ServerDeps,
     tasks: &mut JoinSet<()>,
     cancel: CancellationToken,
-) -> anyhow::Result<Bound> {
+) -> Result<Bound, Error> {
     let auth = Auth::new(
         deps.cfg.clone(),
         deps.node_name.clone(),
         deps.client.clone(),
     );
-    auth.check().map_err(anyhow::Error::msg)?;
+    auth.check()?;
     let tls = tls::server_config(&deps.cfg, &deps.root_dir, &deps.node_name, &deps.node_ips)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let addr = SocketAddr::new(deps.cfg.address, deps.cfg.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the kubelet server on {addr}"))?;
-    let port = listener.local_addr()?.port();
-    let healthz = if deps.cfg.healthz_port != 0 {
-        let addr = SocketAddr::new(deps.cfg.healthz_address, deps.cfg.healthz_port);
-        Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the healthz server on {addr}"))?,
-        )
-    } else {
-        None
-    };
+    let listener = bind("kubelet server", addr).await?;
+    let port = listener.local_addr().map_err(Error::LocalAddr)?.port();
+    let healthz = bind_unless_off(
+        "healthz server",
+        deps.cfg.healthz_address,
+        deps.cfg.healthz_port,
+    )
+    .await?;
     let healthz_port = match &healthz {
-        Some(l) => Some(l.local_addr()?.port()),
+        Some(l) => Some(l.local_addr().map_err(Error::LocalAddr)?.port()),
         None => None,
     };
-    let read_only = if deps.cfg.read_only_port != 0 {
-        let addr = SocketAddr::new(deps.cfg.address, deps.cfg.read_only_port);
-        Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the read-only kubelet server on {addr}"))?,
-        )
-    } else {
-        None
-    };
+    let read_only = bind_unless_off(
+        "read-only kubelet server",
+        deps.cfg.address,
+        deps.cfg.read_only_port,
+    )
+    .await?;
     let ctx = Arc::new(Ctx { deps, auth });
     tracing::info!(%addr, port, "kubelet server listening");
     if let Some(l) = read_only {
@@ -142,6 +157,27 @@ pub async fn start(
     Ok(Bound { port, healthz_port })
 }
 
+/// Binds `addr` for the `server` named.
+async fn bind(server: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Bind {
+        server,
+        addr,
+        source,
+    })
+}
+
+/// Binds `ip`:`port` for the `server` named, unless `port` is 0: that server is off.
+async fn bind_unless_off(
+    server: &'static str,
+    ip: IpAddr,
+    port: u16,
+) -> Result<Option<TcpListener>, Error> {
+    if port == 0 {
+        return Ok(None);
+    }
+    bind(server, SocketAddr::new(ip, port)).await.map(Some)
+}
+
 /// For the fuzz targets (tests/fuzz): the kubelet API's router over `deps`, without TLS or
 /// listening, so arbitrary requests can be handed to it. Not part of nodelet's API.
 #[doc(hidden)]
@@ -149,7 +185,7 @@ pub mod fuzzing {
     use super::*;
 
     /// The router `start` serves, its authentication and authorization from `deps.cfg`.
-    pub fn router(deps: ServerDeps) -> Result<axum::Router, String> {
+    pub fn router(deps: ServerDeps) -> Result<axum::Router, Error> {
         let auth = Auth::new(
             deps.cfg.clone(),
             deps.node_name.clone(),
@@ -163,7 +199,7 @@ pub mod fuzzing {
 /// Serves `app` over plain HTTP on `listener` until `cancel`.
 fn serve_plain(
     tasks: &mut JoinSet<()>,
-    listener: tokio::net::TcpListener,
+    listener: TcpListener,
     app: axum::Router,
     cancel: CancellationToken,
 ) {
@@ -206,15 +242,15 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
         .route("/configz", get(configz_handler))
         .route(
             "/containerLogs/{ns}/{pod}/{container}",
-            get(container_logs_handler),
+            get(logs::container_logs_handler),
         )
         .route(
             "/exec/{ns}/{pod}/{container}",
-            get(stream::exec_handler).post(stream::exec_handler),
+            get(stream::exec_attach_handler).post(stream::exec_attach_handler),
         )
         .route(
             "/attach/{ns}/{pod}/{container}",
-            get(stream::attach_handler).post(stream::attach_handler),
+            get(stream::exec_attach_handler).post(stream::exec_attach_handler),
         )
         .route(
             "/portForward/{ns}/{pod}",
@@ -236,7 +272,7 @@ fn router(ctx: Arc<Ctx>) -> axum::Router {
 }
 
 async fn serve_tls(
-    listener: tokio::net::TcpListener,
+    listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
     cancel: CancellationToken,
@@ -452,11 +488,7 @@ async fn running_pods_handler(State(ctx): State<Arc<Ctx>>) -> Response {
         });
         if let Some(spec) = pod.spec.as_mut() {
             spec.containers.push(Container {
-                name: c
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.name.clone())
-                    .unwrap_or_default(),
+                name: container_name(c.metadata.as_ref()),
                 image: c.image.as_ref().map(|i| i.image.clone()),
                 ..Default::default()
             });
@@ -468,193 +500,21 @@ async fn running_pods_handler(State(ctx): State<Arc<Ctx>>) -> Response {
     )
 }
 
-/// `/containerLogs/{ns}/{pod}/{container}`.
-async fn container_logs_handler(
-    State(ctx): State<Arc<Ctx>>,
-    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
-    Query(q): Query<HashMap<String, String>>,
-    _headers: HeaderMap,
-) -> Response {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let opts = match logs::Options::from_query(&q, now) {
-        Ok(o) => o,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
-    };
-    let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
-    let (follow, previous) = (flag("follow"), flag("previous"));
-    let pod = ctx
-        .deps
+/// A container's name from its CRI metadata (empty without it).
+fn container_name(meta: Option<&cri::ContainerMetadata>) -> String {
+    meta.map(|m| m.name.clone()).unwrap_or_default()
+}
+
+/// The pod `ns/name` among the kubelet's.
+fn find_pod(ctx: &Ctx, ns: &str, name: &str) -> Option<Pod> {
+    ctx.deps
         .pods
         .borrow()
         .iter()
         .find(|p| {
-            p.metadata.namespace.as_deref() == Some(ns.as_str())
-                && p.metadata.name.as_deref() == Some(name.as_str())
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
         })
-        .cloned();
-    let Some(pod) = pod else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("pod \"{ns}/{name}\" does not exist"),
-        );
-    };
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let known = pod.spec.as_ref().is_some_and(|s| {
-        s.containers
-            .iter()
-            .chain(s.init_containers.iter().flatten())
-            .any(|c| c.name == container)
-    });
-    if !known {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("container \"{container}\" not found in pod \"{ns}/{name}\""),
-        );
-    }
-    let rt = ctx.deps.rt.clone();
-    let mut instances = match instances_of(rt.as_ref(), &uid, &container).await {
-        Ok(v) => v,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
-    };
-    let chosen = if previous {
-        if instances.len() < 2 {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "previous terminated container \"{container}\" in pod \"{name}\" not found"
-                ),
-            );
-        }
-        instances.swap_remove(1)
-    } else {
-        match instances.into_iter().next() {
-            Some(c) => c,
-            None => {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
-                    ),
-                );
-            }
-        }
-    };
-    let attempt = chosen.metadata.as_ref().map_or(0, |m| m.attempt);
-    let path = logs::log_path(
-        &chosen.log_path,
-        &ctx.deps.pod_logs_dir,
-        (&ns, &name, &uid),
-        &container,
-        attempt,
-    );
-    let (records, offset) = match tokio::task::spawn_blocking({
-        let path = path.clone();
-        move || logs::read_from(&path, 0)
-    })
-    .await
-    {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
-        Ok(Err(e)) => {
-            return text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading {}: {e}", path.display()),
-            );
-        }
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    let records = match opts.tail_lines {
-        Some(n) => logs::tail(records, n),
-        None => records,
-    };
-    let mut writer = logs::Writer::new(opts);
-    let mut first = Vec::new();
-    for r in &records {
-        first.extend(writer.write(r));
-        if writer.full() {
-            break;
-        }
-    }
-    let running = chosen.state == cri::ContainerState::ContainerRunning as i32;
-    if !follow || !running || writer.full() {
-        return (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain")],
-            first,
-        )
-            .into_response();
-    }
-    // Follow: what is there, then what comes, until the container stops (or the client goes).
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
-    let id = chosen.id.clone();
-    tokio::spawn(async move {
-        if tx.send(Ok(first)).await.is_err() {
-            return;
-        }
-        let mut follower = Some(logs::Follower::new(path, offset));
-        loop {
-            tokio::time::sleep(logs::FOLLOW_POLL).await;
-            let Some(mut f) = follower.take() else {
-                return;
-            };
-            let read = tokio::task::spawn_blocking(move || {
-                let r = f.read_new();
-                (f, r)
-            })
-            .await;
-            let records = match read {
-                Ok((f, r)) => {
-                    follower = Some(f);
-                    r.unwrap_or_default()
-                }
-                Err(_) => return,
-            };
-            let mut out = Vec::new();
-            for r in &records {
-                out.extend(writer.write(r));
-            }
-            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
-                return;
-            }
-            if writer.full() || tx.is_closed() {
-                return;
-            }
-            if records.is_empty() {
-                let st = rt
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: id.clone(),
-                        verbose: false,
-                    })
-                    .await;
-                let still = st
-                    .ok()
-                    .and_then(|s| s.status)
-                    .is_some_and(|s| s.state == cri::ContainerState::ContainerRunning as i32);
-                if !still {
-                    // One more read for what it wrote last.
-                    let Some(mut f) = follower.take() else {
-                        return;
-                    };
-                    if let Ok(Ok(records)) = tokio::task::spawn_blocking(move || f.read_new()).await
-                    {
-                        let mut out = Vec::new();
-                        for r in &records {
-                            out.extend(writer.write(r));
-                        }
-                        let _ = tx.send(Ok(out)).await;
-                    }
-                    return;
-                }
-            }
-        }
-    });
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain")],
-        Body::from_stream(stream),
-    )
-        .into_response()
+        .cloned()
 }
 
 /// The instances of a container of the pod `uid`, newest first.
@@ -662,7 +522,7 @@ async fn instances_of(
     rt: &dyn RuntimeService,
     uid: &str,
     name: &str,
-) -> Result<Vec<cri::ContainerStatus>, String> {
+) -> runtime::Result<Vec<cri::ContainerStatus>> {
     let listed = rt
         .list_containers(cri::ListContainersRequest {
             filter: Some(cri::ContainerFilter {
@@ -670,8 +530,7 @@ async fn instances_of(
                 ..Default::default()
             }),
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut out = Vec::new();
     for c in listed.containers {
         if c.metadata.as_ref().is_none_or(|m| m.name != name) {
@@ -686,7 +545,7 @@ async fn instances_of(
         {
             Ok(r) => out.extend(r.status),
             Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
     out.sort_by_key(|c| {

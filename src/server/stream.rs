@@ -10,10 +10,9 @@ use axum::extract::{Path as UrlPath, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use k8s_openapi::api::core::v1::Pod;
 use runtime::cri;
 
-use super::{Ctx, text};
+use super::{Ctx, find_pod, instances_of, text};
 
 /// The query's values, repeated keys kept (`command=sh&command=-c`).
 type Params = Vec<(String, String)>;
@@ -21,17 +20,6 @@ type Params = Vec<(String, String)>;
 fn flag(q: &Params, names: &[&str]) -> bool {
     q.iter()
         .any(|(k, v)| names.contains(&k.as_str()) && (v == "1" || v.eq_ignore_ascii_case("true")))
-}
-
-fn find_pod(ctx: &Ctx, ns: &str, name: &str) -> Option<Pod> {
-    ctx.deps
-        .pods
-        .borrow()
-        .iter()
-        .find(|p| {
-            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
-        })
-        .cloned()
 }
 
 /// The running container `container` of the pod `ns/name`, or the response saying why not.
@@ -48,9 +36,9 @@ async fn running_container(
         )
     })?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let instances = super::instances_of(ctx.deps.rt.as_ref(), &uid, container)
+    let instances = instances_of(ctx.deps.rt.as_ref(), &uid, container)
         .await
-        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     instances
         .into_iter()
         .find(|c| c.state == cri::ContainerState::ContainerRunning as i32)
@@ -65,37 +53,54 @@ async fn running_container(
         })
 }
 
-pub(super) async fn exec_handler(
+/// `/exec/{ns}/{pod}/{container}?command=...` and `/attach/{ns}/{pod}/{container}`: the
+/// runtime's streaming URL for an exec of the command or an attach, with the streams the
+/// query asks for, and the request proxied to it.
+pub(super) async fn exec_attach_handler(
     State(ctx): State<Arc<Ctx>>,
     UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
     Query(q): Query<Params>,
     req: Request,
 ) -> Response {
+    let attach = req.uri().path().starts_with("/attach/");
     let cmd: Vec<String> = q
         .iter()
         .filter(|(k, _)| k == "command")
         .map(|(_, v)| v.clone())
         .collect();
-    if cmd.is_empty() {
+    if !attach && cmd.is_empty() {
         return text(StatusCode::BAD_REQUEST, "exec: no command given");
     }
     let id = match running_container(&ctx, &ns, &name, &container).await {
         Ok(id) => id,
         Err(r) => return r,
     };
-    let asked = ctx
-        .deps
-        .rt
-        .exec(cri::ExecRequest {
-            container_id: id,
-            cmd,
-            tty: flag(&q, &["tty"]),
-            stdin: flag(&q, &["input", "stdin"]),
-            stdout: flag(&q, &["output", "stdout"]),
-            stderr: flag(&q, &["error", "stderr"]),
-        })
-        .await;
-    proxy_to(asked.map(|r| r.url), req).await
+    let exec = cri::ExecRequest {
+        container_id: id,
+        cmd,
+        tty: flag(&q, &["tty"]),
+        stdin: flag(&q, &["input", "stdin"]),
+        stdout: flag(&q, &["output", "stdout"]),
+        stderr: flag(&q, &["error", "stderr"]),
+    };
+    let rt = &ctx.deps.rt;
+    let url = if attach {
+        rt.attach(attach_of(exec)).await.map(|r| r.url)
+    } else {
+        rt.exec(exec).await.map(|r| r.url)
+    };
+    proxy_to(url, req).await
+}
+
+/// The attach to the container of `exec`, with its streams.
+fn attach_of(exec: cri::ExecRequest) -> cri::AttachRequest {
+    cri::AttachRequest {
+        container_id: exec.container_id,
+        tty: exec.tty,
+        stdin: exec.stdin,
+        stdout: exec.stdout,
+        stderr: exec.stderr,
+    }
 }
 
 /// Proxies `req` to the streaming URL the runtime gave, or says why it gave none.
@@ -104,30 +109,6 @@ async fn proxy_to(url: runtime::Result<String>, req: Request) -> Response {
         Ok(url) => proxy(&url, req).await,
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
-}
-
-pub(super) async fn attach_handler(
-    State(ctx): State<Arc<Ctx>>,
-    UrlPath((ns, name, container)): UrlPath<(String, String, String)>,
-    Query(q): Query<Params>,
-    req: Request,
-) -> Response {
-    let id = match running_container(&ctx, &ns, &name, &container).await {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    let asked = ctx
-        .deps
-        .rt
-        .attach(cri::AttachRequest {
-            container_id: id,
-            tty: flag(&q, &["tty"]),
-            stdin: flag(&q, &["input", "stdin"]),
-            stdout: flag(&q, &["output", "stdout"]),
-            stderr: flag(&q, &["error", "stderr"]),
-        })
-        .await;
-    proxy_to(asked.map(|r| r.url), req).await
 }
 
 pub(super) async fn port_forward_handler(

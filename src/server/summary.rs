@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use runtime::{ImageService, RuntimeService, cri};
 use serde::Serialize;
 
-use super::resource::{node_cpu_seconds, node_working_set};
+use super::container_name;
+use super::resource::{meminfo_kb, node_cpu_seconds, node_working_set};
 
 type Time = String;
 
@@ -25,75 +26,115 @@ pub struct Summary {
     pub pods: Vec<PodStats>,
 }
 
-#[derive(Serialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStats {
-    pub node_name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<Time>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<Cpu>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<Memory>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fs: Option<Fs>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<RuntimeStats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rlimit: Option<Rlimit>,
+/// Declares Summary API objects whose every field is left out of the JSON while it is
+/// unknown (an `Option` that is `None`; a `String` always counts as known): the module's rule,
+/// only what is known is written, never a null or a zero.
+macro_rules! objects {
+    ($(
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    )*) => {$(
+        $(#[$meta])*
+        pub struct $name {
+            $(
+                $(#[$field_meta])*
+                #[serde(skip_serializing_if = "Known::unknown")]
+                pub $field: $ty,
+            )*
+        }
+    )*};
 }
 
-#[derive(Serialize, Default, Clone)]
-#[serde(rename_all = "camelCase")]
-pub struct Cpu {
-    pub time: Time,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_nano_cores: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_core_nano_seconds: Option<u64>,
+/// Whether a field of an [`objects!`] struct has a value to write.
+trait Known {
+    fn unknown(&self) -> bool;
 }
 
-#[derive(Serialize, Default, Clone)]
-#[serde(rename_all = "camelCase")]
-pub struct Memory {
-    pub time: Time,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub available_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub working_set_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rss_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub page_faults: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub major_page_faults: Option<u64>,
+impl<T> Known for Option<T> {
+    fn unknown(&self) -> bool {
+        self.is_none()
+    }
 }
 
-#[derive(Serialize, Default, Clone)]
-#[serde(rename_all = "camelCase")]
-pub struct Fs {
-    pub time: Time,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub available_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub used_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inodes_free: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inodes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inodes_used: Option<u64>,
+impl Known for String {
+    fn unknown(&self) -> bool {
+        false
+    }
 }
 
-#[derive(Serialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct RuntimeStats {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub image_fs: Option<Fs>,
+objects! {
+    #[derive(Serialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NodeStats {
+        pub node_name: String,
+        pub start_time: Option<Time>,
+        pub cpu: Option<Cpu>,
+        pub memory: Option<Memory>,
+        pub fs: Option<Fs>,
+        pub runtime: Option<RuntimeStats>,
+        pub rlimit: Option<Rlimit>,
+    }
+
+    #[derive(Serialize, Default, Clone)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Cpu {
+        pub time: Time,
+        pub usage_nano_cores: Option<u64>,
+        pub usage_core_nano_seconds: Option<u64>,
+    }
+
+    #[derive(Serialize, Default, Clone)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Memory {
+        pub time: Time,
+        pub available_bytes: Option<u64>,
+        pub usage_bytes: Option<u64>,
+        pub working_set_bytes: Option<u64>,
+        pub rss_bytes: Option<u64>,
+        pub page_faults: Option<u64>,
+        pub major_page_faults: Option<u64>,
+    }
+
+    #[derive(Serialize, Default, Clone)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Fs {
+        pub time: Time,
+        pub available_bytes: Option<u64>,
+        pub capacity_bytes: Option<u64>,
+        pub used_bytes: Option<u64>,
+        pub inodes_free: Option<u64>,
+        pub inodes: Option<u64>,
+        pub inodes_used: Option<u64>,
+    }
+
+    #[derive(Serialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    pub struct RuntimeStats {
+        pub image_fs: Option<Fs>,
+    }
+
+    #[derive(Serialize, Default, Clone)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Interface {
+        pub name: String,
+        pub rx_bytes: Option<u64>,
+        pub rx_errors: Option<u64>,
+        pub tx_bytes: Option<u64>,
+        pub tx_errors: Option<u64>,
+    }
+
+    #[derive(Serialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ContainerStats {
+        pub name: String,
+        pub start_time: Option<Time>,
+        pub cpu: Option<Cpu>,
+        pub memory: Option<Memory>,
+        pub rootfs: Option<Fs>,
+        pub logs: Option<Fs>,
+    }
 }
 
 #[derive(Serialize, Default)]
@@ -102,20 +143,6 @@ pub struct Rlimit {
     pub time: Time,
     pub maxpid: Option<u64>,
     pub curproc: Option<u64>,
-}
-
-#[derive(Serialize, Default, Clone)]
-#[serde(rename_all = "camelCase")]
-pub struct Interface {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rx_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rx_errors: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tx_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tx_errors: Option<u64>,
 }
 
 #[derive(Serialize, Default)]
@@ -168,22 +195,6 @@ pub struct VolumeStats {
 #[derive(Serialize, Default)]
 pub struct ProcessStats {
     pub process_count: Option<u64>,
-}
-
-#[derive(Serialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerStats {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<Time>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<Cpu>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<Memory>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rootfs: Option<Fs>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logs: Option<Fs>,
 }
 
 /// The last CPU sample of each counter (node, pods, containers): (time ns, usage ns).
@@ -332,16 +343,7 @@ fn node(src: &Sources<'_>, now: i64) -> NodeStats {
     let read = |p: &str| std::fs::read_to_string(p).ok();
     let stat = read("/proc/stat");
     let meminfo = read("/proc/meminfo").unwrap_or_default();
-    let kb = |key: &str| -> Option<u64> {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(key) && l[key.len()..].starts_with(':'))?
-            .split_whitespace()
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-            .map(|k| k * 1024)
-    };
+    let bytes = |key: &str| meminfo_kb(&meminfo, key).map(|k| k * 1024);
     let vmstat = read("/proc/vmstat").unwrap_or_default();
     let counter = |key: &str| {
         vmstat
@@ -371,10 +373,10 @@ fn node(src: &Sources<'_>, now: i64) -> NodeStats {
         }),
         memory: Some(Memory {
             time: time(now),
-            available_bytes: kb("MemAvailable"),
-            usage_bytes: kb("MemTotal").zip(kb("MemFree")).map(|(t, f)| t - f),
+            available_bytes: bytes("MemAvailable"),
+            usage_bytes: bytes("MemTotal").zip(bytes("MemFree")).map(|(t, f)| t - f),
             working_set_bytes: node_working_set(&meminfo),
-            rss_bytes: kb("AnonPages"),
+            rss_bytes: bytes("AnonPages"),
             page_faults: counter("pgfault"),
             major_page_faults: counter("pgmajfault"),
         }),
@@ -388,145 +390,183 @@ fn node(src: &Sources<'_>, now: i64) -> NodeStats {
     }
 }
 
+/// Why there is no summary: the runtime could not list what it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("ListPodSandboxStats: {0}")]
+    ListPodSandboxStats(#[source] runtime::Error),
+    #[error("ListContainers: {0}")]
+    ListContainers(#[source] runtime::Error),
+}
+
 /// The summary: the node, then each pod the runtime runs with its containers.
 pub async fn summary(
     src: &Sources<'_>,
     rt: &dyn RuntimeService,
     images: &dyn ImageService,
-) -> Result<Summary, String> {
+) -> Result<Summary, Error> {
     let now = runtime::clock::now_ns();
     let mut node = node(src, now);
-    let image_fs = images
-        .image_fs_info(cri::ImageFsInfoRequest {})
-        .await
-        .ok()
-        .and_then(|r| r.image_filesystems.into_iter().next());
-    let image_fs_stats = image_fs.as_ref().map(|f| {
-        let mount = f
-            .fs_id
-            .as_ref()
-            .map(|i| i.mountpoint.clone())
-            .unwrap_or_default();
-        let mut fs = statvfs(Path::new(&mount), f.timestamp).unwrap_or_default();
-        fs.time = time(f.timestamp);
-        fs.used_bytes = v(&f.used_bytes);
-        fs.inodes_used = v(&f.inodes_used);
-        fs
-    });
+    let image_fs = image_fs(images).await;
     node.runtime = Some(RuntimeStats {
-        image_fs: image_fs_stats.clone(),
+        image_fs: image_fs.clone(),
     });
     let sandboxes = rt
         .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
         .await
-        .map_err(|e| format!("ListPodSandboxStats: {e}"))?
+        .map_err(Error::ListPodSandboxStats)?
         .stats;
     let containers = rt
         .list_containers(cri::ListContainersRequest { filter: None })
         .await
-        .map_err(|e| format!("ListContainers: {e}"))?
+        .map_err(Error::ListContainers)?
         .containers;
-    let created: HashMap<&str, i64> = containers
-        .iter()
-        .map(|c| (c.id.as_str(), c.created_at))
-        .collect();
-    let sandbox_created: HashMap<String, i64> = rt
+    let sandboxes_created = rt
         .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
         .await
         .map(|r| r.items.into_iter().map(|s| (s.id, s.created_at)).collect())
         .unwrap_or_default();
-    let logs_fs = statvfs(src.pod_logs_dir, now);
-    let mut pods = Vec::new();
-    for s in &sandboxes {
-        let Some(attrs) = &s.attributes else { continue };
+    let scrape = Scrape {
+        src,
+        now,
+        containers_created: containers
+            .into_iter()
+            .map(|c| (c.id, c.created_at))
+            .collect(),
+        sandboxes_created,
+        image_fs,
+        logs_fs: statvfs(src.pod_logs_dir, now),
+    };
+    let pods = sandboxes.iter().filter_map(|s| scrape.pod(s)).collect();
+    Ok(Summary { node, pods })
+}
+
+/// The image filesystem's figures: the runtime's usage on the filesystem's own.
+async fn image_fs(images: &dyn ImageService) -> Option<Fs> {
+    let f = images
+        .image_fs_info(cri::ImageFsInfoRequest {})
+        .await
+        .ok()?
+        .image_filesystems
+        .into_iter()
+        .next()?;
+    let mount = f
+        .fs_id
+        .as_ref()
+        .map(|i| i.mountpoint.clone())
+        .unwrap_or_default();
+    let mut fs = statvfs(Path::new(&mount), f.timestamp).unwrap_or_default();
+    fs.time = time(f.timestamp);
+    fs.used_bytes = v(&f.used_bytes);
+    fs.inodes_used = v(&f.inodes_used);
+    Some(fs)
+}
+
+/// What one summary reads the pods' stats against.
+struct Scrape<'a> {
+    src: &'a Sources<'a>,
+    now: i64,
+    /// When each container and sandbox was made, by id.
+    containers_created: HashMap<String, i64>,
+    sandboxes_created: HashMap<String, i64>,
+    /// The filesystems of the images (the writable layers) and of the logs.
+    image_fs: Option<Fs>,
+    logs_fs: Option<Fs>,
+}
+
+impl Scrape<'_> {
+    /// A pod's stats from its sandbox's, with its containers and volumes.
+    fn pod(&self, s: &cri::PodSandboxStats) -> Option<PodStats> {
+        let attrs = s.attributes.as_ref()?;
         let meta = attrs.metadata.clone().unwrap_or_default();
-        let Some(linux) = &s.linux else { continue };
-        let pod_logs = src
+        let linux = s.linux.as_ref()?;
+        let pod_logs = self
+            .src
             .pod_logs_dir
             .join(format!("{}_{}_{}", meta.namespace, meta.name, meta.uid));
-        let mut ephemeral = (0u64, 0u64, true);
-        let mut out = Vec::new();
-        for c in &linux.containers {
-            let Some(ca) = &c.attributes else { continue };
-            let name = ca
-                .metadata
-                .as_ref()
-                .map(|m| m.name.clone())
-                .unwrap_or_default();
-            let rootfs = c.writable_layer.as_ref().map(|w| {
-                let mut fs = image_fs_stats.clone().unwrap_or_default();
-                fs.time = time(w.timestamp);
-                fs.used_bytes = v(&w.used_bytes);
-                fs.inodes_used = v(&w.inodes_used);
-                fs
+        let containers: Vec<ContainerStats> = linux
+            .containers
+            .iter()
+            .filter_map(|c| self.container(&pod_logs, c))
+            .collect();
+        // The containers' writable layers and logs, when each is known.
+        let layers_and_logs = containers
+            .iter()
+            .flat_map(|c| [&c.rootfs, &c.logs])
+            .try_fold((0u64, 0u64), |(bytes, inodes), part| {
+                let fs = part.as_ref()?;
+                let (b, i) = fs.used_bytes.zip(fs.inodes_used)?;
+                Some((bytes + b, inodes + i))
             });
-            let logs = du(&pod_logs.join(&name)).map(|(b, i)| {
-                let mut fs = logs_fs.clone().unwrap_or_default();
-                fs.time = time(now);
-                fs.used_bytes = Some(b);
-                fs.inodes_used = Some(i);
-                fs
-            });
-            for part in [&rootfs, &logs] {
-                match part.as_ref().and_then(|f| f.used_bytes.zip(f.inodes_used)) {
-                    Some((b, i)) => {
-                        ephemeral.0 += b;
-                        ephemeral.1 += i;
-                    }
-                    None => ephemeral.2 = false,
-                }
-            }
-            out.push(ContainerStats {
-                start_time: created.get(ca.id.as_str()).map(|t| time(*t)),
-                cpu: cpu(&format!("container/{}", ca.id), &c.cpu),
-                memory: memory(&c.memory),
-                name,
-                rootfs,
-                logs,
-            });
-        }
-        let network = linux.network.as_ref().map(|n| {
-            let iface = |i: &cri::NetworkInterfaceUsage| Interface {
-                name: i.name.clone(),
-                rx_bytes: v(&i.rx_bytes),
-                rx_errors: v(&i.rx_errors),
-                tx_bytes: v(&i.tx_bytes),
-                tx_errors: v(&i.tx_errors),
-            };
-            Network {
-                time: time(n.timestamp),
-                default: n.default_interface.as_ref().map(iface).unwrap_or_default(),
-                interfaces: n.interfaces.iter().map(iface).collect(),
-            }
-        });
-        let (volumes, vol_bytes, vol_inodes) = volumes(src.pods_dir, &meta.uid, now);
-        ephemeral.0 += vol_bytes;
-        ephemeral.1 += vol_inodes;
-        pods.push(PodStats {
+        let (volumes, vol_bytes, vol_inodes) = volumes(self.src.pods_dir, &meta.uid, self.now);
+        Some(PodStats {
             pod_ref: PodRef {
                 name: meta.name.clone(),
                 namespace: meta.namespace.clone(),
                 uid: meta.uid.clone(),
             },
-            start_time: sandbox_created.get(&attrs.id).map(|t| time(*t)),
-            containers: out,
+            start_time: self.sandboxes_created.get(&attrs.id).map(|t| time(*t)),
+            containers,
             cpu: cpu(&format!("pod/{}", attrs.id), &linux.cpu),
             memory: memory(&linux.memory),
-            network,
+            network: linux.network.as_ref().map(network),
             volumes,
             // The containers' writable layers and logs, and the disk-backed emptyDirs.
-            ephemeral_storage: ephemeral.2.then(|| Fs {
-                time: time(now),
-                used_bytes: Some(ephemeral.0),
-                inodes_used: Some(ephemeral.1),
-                ..logs_fs.clone().unwrap_or_default()
+            ephemeral_storage: layers_and_logs.map(|(bytes, inodes)| Fs {
+                time: time(self.now),
+                used_bytes: Some(bytes + vol_bytes),
+                inodes_used: Some(inodes + vol_inodes),
+                ..self.logs_fs.clone().unwrap_or_default()
             }),
             process_stats: linux.process.as_ref().map(|p| ProcessStats {
                 process_count: v(&p.process_count),
             }),
-        });
+        })
     }
-    Ok(Summary { node, pods })
+
+    /// A container's stats, its logs measured in `pod_logs`.
+    fn container(&self, pod_logs: &Path, c: &cri::ContainerStats) -> Option<ContainerStats> {
+        let ca = c.attributes.as_ref()?;
+        let name = container_name(ca.metadata.as_ref());
+        let rootfs = c.writable_layer.as_ref().map(|w| {
+            let mut fs = self.image_fs.clone().unwrap_or_default();
+            fs.time = time(w.timestamp);
+            fs.used_bytes = v(&w.used_bytes);
+            fs.inodes_used = v(&w.inodes_used);
+            fs
+        });
+        let logs = du(&pod_logs.join(&name)).map(|(b, i)| {
+            let mut fs = self.logs_fs.clone().unwrap_or_default();
+            fs.time = time(self.now);
+            fs.used_bytes = Some(b);
+            fs.inodes_used = Some(i);
+            fs
+        });
+        Some(ContainerStats {
+            start_time: self.containers_created.get(&ca.id).map(|t| time(*t)),
+            cpu: cpu(&format!("container/{}", ca.id), &c.cpu),
+            memory: memory(&c.memory),
+            name,
+            rootfs,
+            logs,
+        })
+    }
+}
+
+/// A pod's network figures, its default interface's at the top.
+fn network(n: &cri::NetworkUsage) -> Network {
+    let iface = |i: &cri::NetworkInterfaceUsage| Interface {
+        name: i.name.clone(),
+        rx_bytes: v(&i.rx_bytes),
+        rx_errors: v(&i.rx_errors),
+        tx_bytes: v(&i.tx_bytes),
+        tx_errors: v(&i.tx_errors),
+    };
+    Network {
+        time: time(n.timestamp),
+        default: n.default_interface.as_ref().map(iface).unwrap_or_default(),
+        interfaces: n.interfaces.iter().map(iface).collect(),
+    }
 }
 
 #[cfg(test)]
