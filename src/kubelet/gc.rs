@@ -97,6 +97,29 @@ pub struct GcReport {
     pub errors: Vec<String>,
 }
 
+/// Why something the collector would remove was not.
+#[derive(Debug, thiserror::Error)]
+enum RemoveError {
+    #[error("log file {}: {source}", path.display())]
+    LogFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("log file {} is a directory", .0.display())]
+    LogIsDir(PathBuf),
+    #[error("removing log file {}: {source}", path.display())]
+    RemoveLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no longer a directory; left alone")]
+    NotADir,
+    #[error("not removed: {} is mounted at or below it", .0.display())]
+    Mounted(PathBuf),
+    #[error("{0}")]
+    Io(std::io::Error),
+}
+
 /// Collects dead containers and sandboxes and the directories of pods that are gone.
 pub struct GarbageCollector {
     rt: Arc<dyn RuntimeService>,
@@ -287,7 +310,7 @@ impl GarbageCollector {
     /// Removes a container's log file if it is below the pod logs directory (the runtime
     /// reports the path; nothing else of the node is the kubelet's to delete). A missing file
     /// is fine.
-    fn remove_log_file(&self, log_path: &str) -> Result<(), String> {
+    fn remove_log_file(&self, log_path: &str) -> Result<(), RemoveError> {
         if log_path.is_empty() {
             return Ok(());
         }
@@ -300,16 +323,25 @@ impl GarbageCollector {
             );
             return Ok(());
         }
+        let path_buf = path.to_path_buf();
         match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(format!("log file {log_path}: {e}")),
-            Ok(m) if m.is_dir() => return Err(format!("log file {log_path} is a directory")),
+            Err(source) => {
+                return Err(RemoveError::LogFile {
+                    path: path_buf,
+                    source,
+                });
+            }
+            Ok(m) if m.is_dir() => return Err(RemoveError::LogIsDir(path_buf)),
             Ok(_) => {}
         }
         match std::fs::remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("removing log file {log_path}: {e}")),
+            Err(source) => Err(RemoveError::RemoveLog {
+                path: path_buf,
+                source,
+            }),
         }
     }
 
@@ -545,12 +577,12 @@ fn dir_entries(dir: &Path, report: &mut GcReport) -> Vec<(String, PathBuf)> {
 /// was removed.
 async fn remove_tree(path: PathBuf, mountinfo: Arc<String>, report: &mut GcReport) -> bool {
     let shown = path.display().to_string();
-    let work = tokio::task::spawn_blocking(move || -> Result<(), String> {
+    let work = tokio::task::spawn_blocking(move || -> Result<(), RemoveError> {
         // Checked again: it may have been replaced since the listing.
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err("no longer a directory; left alone".to_string()),
-            Err(e) => return Err(e.to_string()),
+            Ok(_) => return Err(RemoveError::NotADir),
+            Err(e) => return Err(RemoveError::Io(e)),
         }
         let mut mounts = crate::util::mounts_under(&mountinfo, &path);
         if let Ok(real) = std::fs::canonicalize(&path) {
@@ -559,12 +591,9 @@ async fn remove_tree(path: PathBuf, mountinfo: Arc<String>, report: &mut GcRepor
             }
         }
         if let Some(m) = mounts.first() {
-            return Err(format!(
-                "not removed: {} is mounted at or below it",
-                m.display()
-            ));
+            return Err(RemoveError::Mounted(m.clone()));
         }
-        std::fs::remove_dir_all(&path).map_err(|e| e.to_string())
+        std::fs::remove_dir_all(&path).map_err(RemoveError::Io)
     });
     match work.await {
         Ok(Ok(())) => {

@@ -65,21 +65,45 @@ pub async fn rotate_all(rt: &dyn RuntimeService, cfg: &ContainerLogConfig) {
         .await;
 }
 
+/// Why a container's log could not be rotated.
+#[derive(Debug, thiserror::Error)]
+enum RotateError {
+    #[error("reading its status: {0}")]
+    Status(#[source] runtime::Error),
+    #[error("no status")]
+    NoStatus,
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("renaming {} to {}: {source}", from.display(), to.display())]
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reopening the log: {0}")]
+    Reopen(#[source] runtime::Error),
+}
+
 /// Rotates container `id`'s log if it is larger than the limit.
 async fn rotate_if_needed(
     rt: &dyn RuntimeService,
     id: &str,
     cfg: &ContainerLogConfig,
-) -> Result<(), String> {
+) -> Result<(), RotateError> {
     let status = rt
         .container_status(cri::ContainerStatusRequest {
             container_id: id.to_string(),
             verbose: false,
         })
         .await
-        .map_err(|e| format!("reading its status: {e}"))?
+        .map_err(RotateError::Status)?
         .status
-        .ok_or("no status")?;
+        .ok_or(RotateError::NoStatus)?;
     if status.log_path.is_empty() || status.state != cri::ContainerState::ContainerRunning as i32 {
         return Ok(());
     }
@@ -88,7 +112,7 @@ async fn rotate_if_needed(
         Ok(m) => m.len(),
         // Not written yet, or being rotated by someone else.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("{}: {e}", log.display())),
+        Err(source) => return Err(RotateError::Io { path: log, source }),
     };
     if size < cfg.max_size {
         return Ok(());
@@ -96,12 +120,16 @@ async fn rotate_if_needed(
     let max_files = cfg.max_files;
     let prepared = log.clone();
     tokio::task::spawn_blocking(move || prepare(&prepared, max_files))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{}: {e}", log.display()))?;
+        .await?
+        .map_err(|source| RotateError::Io {
+            path: log.clone(),
+            source,
+        })?;
     let rotated = rotated_name(&log, chrono::Utc::now());
-    std::fs::rename(&log, &rotated)
-        .map_err(|e| format!("renaming {} to {}: {e}", log.display(), rotated.display()))?;
+    if let Err(source) = std::fs::rename(&log, &rotated) {
+        let (from, to) = (log, rotated);
+        return Err(RotateError::Rename { from, to, source });
+    }
     if let Err(e) = rt
         .reopen_container_log(cri::ReopenContainerLogRequest {
             container_id: id.to_string(),
@@ -116,7 +144,7 @@ async fn rotate_if_needed(
                 log.display()
             );
         }
-        return Err(format!("reopening the log: {e}"));
+        return Err(RotateError::Reopen(e));
     }
     tracing::debug!(container = %id, "rotated {} to {}", log.display(), rotated.display());
     Ok(())
