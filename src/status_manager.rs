@@ -22,6 +22,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+use crate::model::Phase;
 use crate::sources::api::{CONFIG_MIRROR_ANNOTATION, MirrorPods};
 use crate::sources::{self, CONFIG_HASH_ANNOTATION, annotation};
 use crate::util::lock;
@@ -114,12 +115,12 @@ impl StatusManager {
             delete: false,
             seen: first_seen(pod).unwrap_or_else(SystemTime::now),
             // A pod running at its first status (adopted after a restart) did not start now.
-            start_counted: status.phase.as_deref() == Some("Running"),
+            start_counted: Phase::parse(status.phase.as_deref()) == Phase::Running,
         });
         if entry.version > 0 && entry.status == status {
             return;
         }
-        if !entry.start_counted && status.phase.as_deref() == Some("Running") {
+        if !entry.start_counted && Phase::parse(status.phase.as_deref()) == Phase::Running {
             entry.start_counted = true;
             let took = SystemTime::now()
                 .duration_since(entry.seen)

@@ -263,7 +263,7 @@ fn dispatch(
 /// The status of a pod admission rejected, as upstream writes it.
 fn rejected_status(pod: &Pod, why: &admission::Rejection) -> k8s_openapi::api::core::v1::PodStatus {
     k8s_openapi::api::core::v1::PodStatus {
-        phase: Some("Failed".into()),
+        phase: Some(crate::model::Phase::Failed.as_str().into()),
         reason: Some(why.reason.clone()),
         message: Some(format!("Pod was rejected: {}", why.message)),
         qos_class: Some(pod::qos_class(pod).to_string()),

@@ -109,9 +109,9 @@ impl StartupTracker {
             return None;
         }
         let status = pod.status.as_ref();
-        let phase = status.and_then(|s| s.phase.as_deref());
+        let phase = crate::model::Phase::parse(status.and_then(|s| s.phase.as_deref()));
         self.with(|s| {
-            if matches!(phase, Some("Failed" | "Succeeded")) {
+            if phase.is_terminal() {
                 s.pods.remove(uid);
                 return None;
             }
