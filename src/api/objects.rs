@@ -4,10 +4,10 @@
 //! (`fieldSelector=metadata.name=<name>` in its namespace), the last one going stops it. The
 //! node never lists every secret of the cluster.
 //!
-//! [`ObjectManager::get`] answers from the watch: the object, or `<kind> "<name>" not found`
-//! (upstream's message) once the watch's initial list is done; while the list is not done
-//! within [`SYNC_TIMEOUT`], an error saying so. Without an API server (a standalone node) every
-//! get fails with a clear error.
+//! [`ObjectManager::get`] answers from the watch: the object, or none once the watch's initial
+//! list is done and it does not exist; while the list is not done within [`SYNC_TIMEOUT`], an
+//! [`ObjectError`] saying so. Without an API server (a standalone node) every get fails with a
+//! clear error.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
@@ -27,6 +27,24 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Namespace and name.
 pub type ObjectKey = (String, String);
+
+/// Why an object could not be read from its watch. `kind` is as upstream's messages name it
+/// (`configmap`, `secret`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectError {
+    /// The node has no API server to read objects from.
+    #[error("cannot get {kind} {name:?}: the node has no API server (standalone)")]
+    Standalone { kind: &'static str, name: String },
+    /// No pod registered the object, so nothing watches it.
+    #[error("object {namespace:?}/{name:?} not registered")]
+    NotRegistered { namespace: String, name: String },
+    /// The object's watch stopped (its last pod went meanwhile).
+    #[error("the watch of {kind} {name:?} ended")]
+    WatchEnded { kind: &'static str, name: String },
+    /// The watch's first list did not finish within [`SYNC_TIMEOUT`] (upstream's message).
+    #[error("failed to sync {kind} cache: timed out waiting for the condition")]
+    SyncTimeout { kind: &'static str },
+}
 
 /// What a watch knows of its object.
 #[derive(Debug)]
@@ -139,17 +157,17 @@ where
 
     /// The object `namespace/name`, which a pod must have registered: `Ok(None)` when it does
     /// not exist.
-    pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<Arc<K>>, String> {
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<Arc<K>>, ObjectError> {
+        let kind = self.kind;
         if self.client.is_none() {
-            return Err(format!(
-                "cannot get {} {name:?}: the node has no API server (standalone)",
-                self.kind
-            ));
+            let name = name.to_string();
+            return Err(ObjectError::Standalone { kind, name });
         }
         let key = (namespace.to_string(), name.to_string());
         let rx = self.lock().entries.get(&key).map(|e| e.known.clone());
         let Some(mut rx) = rx else {
-            return Err(format!("object {namespace:?}/{name:?} not registered"));
+            let (namespace, name) = key;
+            return Err(ObjectError::NotRegistered { namespace, name });
         };
         let synced = tokio::time::timeout(SYNC_TIMEOUT, async {
             loop {
@@ -164,11 +182,11 @@ where
         .await;
         match synced {
             Ok(Some(o)) => Ok(o),
-            Ok(None) => Err(format!("the watch of {} {name:?} ended", self.kind)),
-            Err(_) => Err(format!(
-                "failed to sync {} cache: timed out waiting for the condition",
-                self.kind
-            )),
+            Ok(None) => Err(ObjectError::WatchEnded {
+                kind,
+                name: name.to_string(),
+            }),
+            Err(_) => Err(ObjectError::SyncTimeout { kind }),
         }
     }
 }

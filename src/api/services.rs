@@ -22,6 +22,14 @@ use tokio_util::sync::CancellationToken;
 /// How long an environment waits for the first list of Services.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a pod's service environment could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServicesError {
+    /// The first list of Services did not finish within [`SYNC_TIMEOUT`] (upstream's message).
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    NotRead,
+}
+
 /// The Services the node has read, if it has an API server.
 #[derive(Clone, Default)]
 pub struct Services {
@@ -64,7 +72,7 @@ impl Services {
         namespace: &str,
         links: bool,
         wait: bool,
-    ) -> Result<BTreeMap<String, String>, String> {
+    ) -> Result<BTreeMap<String, String>, ServicesError> {
         let Some(store) = &self.store else {
             return Ok(BTreeMap::new());
         };
@@ -73,9 +81,7 @@ impl Services {
                 .await
                 .map_or(true, |r| r.is_err())
         {
-            return Err(
-                "services have not yet been read at least once, cannot construct envvars".into(),
-            );
+            return Err(ServicesError::NotRead);
         }
         Ok(service_env(&store.state(), namespace, links))
     }

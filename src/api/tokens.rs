@@ -21,6 +21,42 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most a refresh is brought forward by, at random.
 const MAX_JITTER_SECS: u64 = 10;
 
+/// Why a token could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The node has no API server to ask.
+    #[error(
+        "cannot request a token for service account {service_account:?}: the node has no API \
+         server (standalone)"
+    )]
+    Standalone { service_account: String },
+    /// The TokenRequest took longer than its timeout.
+    #[error("requesting a service account token: timed out")]
+    Timeout,
+    /// The API server refused the TokenRequest: its message, as upstream shows it.
+    #[error("{}", .0.message)]
+    Refused(#[source] Box<kube::core::Status>),
+    /// The TokenRequest could not be made (connection, decoding).
+    #[error("requesting a service account token: {0}")]
+    Request(#[source] Box<kube::Error>),
+    /// The answer lacks a field the token needs (`token`, `expirationTimestamp`,
+    /// `spec.expirationSeconds`).
+    #[error("the TokenRequest answer has no {0}")]
+    Incomplete(&'static str),
+    /// The answer's expiration time is not one chrono can hold.
+    #[error("the TokenRequest answer's expirationTimestamp is out of range")]
+    ExpirationOutOfRange,
+}
+
+impl From<kube::Error> for TokenError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => TokenError::Refused(s),
+            e => TokenError::Request(Box::new(e)),
+        }
+    }
+}
+
 /// What a token is asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TokenKey {
@@ -75,13 +111,11 @@ impl TokenManager {
     }
 
     /// A token for `key`: the cached one while it needs no refresh, else a new one.
-    pub async fn token(&self, key: &TokenKey) -> Result<String, String> {
+    pub async fn token(&self, key: &TokenKey) -> Result<String, TokenError> {
         let Some(client) = &self.client else {
-            return Err(format!(
-                "cannot request a token for service account {:?}: the node has no API server \
-                 (standalone)",
-                key.service_account
-            ));
+            return Err(TokenError::Standalone {
+                service_account: key.service_account.clone(),
+            });
         };
         let now = Utc::now();
         let cached = self.lock().get(key).cloned();
@@ -116,7 +150,7 @@ impl TokenManager {
     }
 }
 
-async fn request(client: &Client, key: &TokenKey) -> Result<Cached, String> {
+async fn request(client: &Client, key: &TokenKey) -> Result<Cached, TokenError> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &key.namespace);
     let req = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -136,29 +170,25 @@ async fn request(client: &Client, key: &TokenKey) -> Result<Cached, String> {
     let asked = api.create_token_request(&key.service_account, &params, &req);
     let answer = tokio::time::timeout(REQUEST_TIMEOUT, asked)
         .await
-        .map_err(|_| "requesting a service account token: timed out".to_string())?
-        .map_err(|e| match e {
-            kube::Error::Api(s) => s.message.clone(),
-            e => format!("requesting a service account token: {e}"),
-        })?;
+        .map_err(|_| TokenError::Timeout)??;
     let status = answer.status.unwrap_or_default();
     let token = status
         .token
         .filter(|t| !t.is_empty())
-        .ok_or("the TokenRequest answer has no token")?;
+        .ok_or(TokenError::Incomplete("token"))?;
     let expires = status
         .expiration_timestamp
-        .ok_or("the TokenRequest answer has no expirationTimestamp")?
+        .ok_or(TokenError::Incomplete("expirationTimestamp"))?
         .0;
     let expires = DateTime::from_timestamp(
         expires.as_second(),
         u32::try_from(expires.subsec_nanosecond()).unwrap_or(0),
     )
-    .ok_or("the TokenRequest answer's expirationTimestamp is out of range")?;
+    .ok_or(TokenError::ExpirationOutOfRange)?;
     let lifetime = answer
         .spec
         .and_then(|s| s.expiration_seconds)
-        .ok_or("the TokenRequest answer has no spec.expirationSeconds")?;
+        .ok_or(TokenError::Incomplete("spec.expirationSeconds"))?;
     Ok(Cached {
         token,
         expires,

@@ -247,7 +247,8 @@ fn resource(
     if r.container_name.as_deref().is_none_or(str::is_empty) {
         r.container_name = Some(c.name.clone());
     }
-    projection::resource_value(&r, pod, allocatable).map_err(Error::invalid_argument)
+    projection::resource_value(&r, pod, allocatable)
+        .map_err(|e| Error::invalid_argument(e.to_string()))
 }
 
 #[cfg(test)]

@@ -1,8 +1,19 @@
 //! Kubernetes resource quantities (`500m`, `1.5`, `128Mi`, `1G`, `1e3`) as integers.
 //!
 //! Only what the kubelet needs: CPU in millicores and memory (or any byte count) in bytes,
-//! rounding up like `resource.Quantity.MilliValue()` / `Value()` do. Malformed input is an
-//! error string the caller turns into `InvalidArgument` naming the field.
+//! rounding up like `resource.Quantity.MilliValue()` / `Value()` do. Malformed input is a
+//! [`QuantityError`] the caller turns into `InvalidArgument` naming the field.
+
+/// Why a quantity could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Not a quantity: no number, a stray character, an unknown suffix, an exponent past ±30.
+    #[error("invalid quantity {0:?}")]
+    Invalid(String),
+    /// A quantity whose value does not fit the integer asked for.
+    #[error("quantity {0:?} out of range")]
+    OutOfRange(String),
+}
 
 /// A parsed quantity as an exact decimal: `mantissa * 10^exp10 * 1024^exp1024`.
 struct Parsed {
@@ -13,8 +24,8 @@ struct Parsed {
     exp1024: u32,
 }
 
-fn parse(s: &str) -> Result<Parsed, String> {
-    let bad = || format!("invalid quantity {s:?}");
+fn parse(s: &str) -> Result<Parsed, QuantityError> {
+    let bad = || QuantityError::Invalid(s.to_string());
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
@@ -74,8 +85,8 @@ fn parse(s: &str) -> Result<Parsed, String> {
 }
 
 /// `value * 10^shift`, rounded up (away from zero for the magnitude), as an `i64`.
-fn scaled(p: &Parsed, shift: i32, input: &str) -> Result<i64, String> {
-    let too_big = || format!("quantity {input:?} out of range");
+fn scaled(p: &Parsed, shift: i32, input: &str) -> Result<i64, QuantityError> {
+    let too_big = || QuantityError::OutOfRange(input.to_string());
     let mut n = p.digits;
     for _ in 0..p.exp1024 {
         n = n.checked_mul(1024).ok_or_else(too_big)?;
@@ -94,12 +105,12 @@ fn scaled(p: &Parsed, shift: i32, input: &str) -> Result<i64, String> {
 }
 
 /// CPU in millicores: `"500m"` → 500, `"1.5"` → 1500, `"2"` → 2000.
-pub fn parse_cpu_millis(s: &str) -> Result<i64, String> {
+pub fn parse_cpu_millis(s: &str) -> Result<i64, QuantityError> {
     scaled(&parse(s)?, 3, s)
 }
 
 /// A byte count (memory, storage): `"128Mi"` → 134217728, `"1G"` → 10^9, `"1e3"` → 1000.
-pub fn parse_bytes(s: &str) -> Result<i64, String> {
+pub fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
     scaled(&parse(s)?, 0, s)
 }
 
@@ -157,5 +168,15 @@ mod tests {
         ] {
             assert!(parse_bytes(input).is_err(), "{input}");
         }
+    }
+
+    #[test]
+    fn messages() {
+        let text = |r: Result<i64, QuantityError>| r.map_err(|e| e.to_string());
+        assert_eq!(text(parse_bytes("x")), Err("invalid quantity \"x\"".into()));
+        assert_eq!(
+            text(parse_bytes("99999999999Ei")),
+            Err("quantity \"99999999999Ei\" out of range".into())
+        );
     }
 }

@@ -6,20 +6,21 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::plugins as local;
-use super::{EMPTY_DIR_PLUGIN, MOUNTINFO};
+use super::{EMPTY_DIR_PLUGIN, MOUNTINFO, PluginError};
 use crate::util::quantity;
 
 /// Whether something is mounted at `dir` itself.
-pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, String> {
-    let info =
-        std::fs::read_to_string(MOUNTINFO).map_err(|e| format!("reading {MOUNTINFO}: {e}"))?;
-    let real =
-        std::fs::canonicalize(dir).map_err(|e| format!("resolving {}: {e}", dir.display()))?;
+pub(crate) fn is_mount_point(dir: &Path) -> Result<bool, PluginError> {
+    let info = std::fs::read_to_string(MOUNTINFO).map_err(PluginError::MountInfo)?;
+    let real = std::fs::canonicalize(dir).map_err(|source| PluginError::Resolve {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     Ok(crate::util::mounts_under(&info, &real).contains(&real))
 }
 
 /// Mounts a tmpfs of `size` bytes (the kernel's default when `None`) at `dir`.
-pub(super) fn mount_tmpfs(dir: &Path, size: Option<i64>) -> Result<(), String> {
+pub(super) fn mount_tmpfs(dir: &Path, size: Option<i64>) -> Result<(), PluginError> {
     use nix::mount::{MsFlags, mount};
     let options = size.filter(|s| *s > 0).map(|s| format!("size={s}"));
     mount(
@@ -29,7 +30,10 @@ pub(super) fn mount_tmpfs(dir: &Path, size: Option<i64>) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         options.as_deref(),
     )
-    .map_err(|e| format!("mounting a tmpfs at {}: {e}", dir.display()))
+    .map_err(|source| PluginError::MountTmpfs {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// A memory-backed volume's size (upstream's `calculateEmptyDirMemorySize`): the node's
@@ -73,86 +77,89 @@ pub(super) fn pod_memory_limit(pod: &Pod) -> Option<i64> {
     Some(sum)
 }
 
+/// Unmounts `path` (`flags`: `MNT_DETACH` or none).
+fn unmount(path: &Path, flags: nix::mount::MntFlags) -> Result<(), PluginError> {
+    nix::mount::umount2(path, flags).map_err(|source| PluginError::Unmount {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The error of removing `path`, for `map_err`.
+fn removing(path: &Path) -> impl Fn(std::io::Error) -> PluginError + '_ {
+    move |source| PluginError::Remove {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The entries of directory `p` (none when it cannot be read).
+fn entries(p: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(p)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Unmounts (when mounted) and removes every written volume directory of pod `uid`, its subPath
 /// binds, and unmounts its memory-backed emptyDirs (their directories go with the pod's).
-pub(super) fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), String> {
+pub(super) fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), PluginError> {
+    let mut errors = tear_down_sub_paths(pods_dir, uid);
+    for path in entries(&local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN)) {
+        let r = is_mount_point(&path).and_then(|mounted| match mounted {
+            true => unmount(&path, nix::mount::MntFlags::empty()),
+            false => Ok(()),
+        });
+        errors.extend(r.err());
+    }
+    for plugin in local::WRITTEN_PLUGINS {
+        let dir = local::plugin_dir(pods_dir, uid, plugin);
+        let Ok(list) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for path in list.flatten().map(|e| e.path()) {
+            let r = is_mount_point(&path).and_then(|mounted| {
+                if mounted {
+                    unmount(&path, nix::mount::MntFlags::empty())?;
+                }
+                std::fs::remove_dir_all(&path).map_err(removing(&path))
+            });
+            errors.extend(r.err());
+        }
+        errors.extend(std::fs::remove_dir(&dir).map_err(removing(&dir)).err());
+    }
+    match errors.is_empty() {
+        true => Ok(()),
+        false => Err(PluginError::TearDown(errors)),
+    }
+}
+
+/// Undoes the subPath binds of pod `uid` (`volume-subpaths/<volume>/<container>/<index>`), then
+/// removes their tree; what failed.
+fn tear_down_sub_paths(pods_dir: &Path, uid: &str) -> Vec<PluginError> {
     let mut errors = Vec::new();
-    // `volume-subpaths/<volume>/<container>/<index>`: each a bind, then the tree.
     let subpaths = pods_dir.join(uid).join(super::plugins::VOLUME_SUBPATHS);
-    let dirs = |p: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect()
-    };
-    for volume in dirs(&subpaths) {
-        for container in dirs(&volume) {
-            for target in dirs(&container) {
+    for volume in entries(&subpaths) {
+        for container in entries(&volume) {
+            for target in entries(&container) {
                 // Removing the tree through a bind would delete the volume's files: any doubt
                 // (an error) keeps the tree.
-                match is_mount_point(&target) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        if let Err(e) =
-                            nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH)
-                        {
-                            errors.push(format!("unmounting {}: {e}", target.display()));
-                        }
-                    }
-                    Err(e) => errors.push(e),
-                }
+                let r = is_mount_point(&target).and_then(|mounted| match mounted {
+                    true => unmount(&target, nix::mount::MntFlags::MNT_DETACH),
+                    false => Ok(()),
+                });
+                errors.extend(r.err());
             }
         }
     }
     if errors.is_empty() && subpaths.exists() {
-        if let Err(e) = std::fs::remove_dir_all(&subpaths) {
-            errors.push(format!("removing {}: {e}", subpaths.display()));
-        }
+        errors.extend(
+            std::fs::remove_dir_all(&subpaths)
+                .map_err(removing(&subpaths))
+                .err(),
+        );
     }
-    let empty_dirs = local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN);
-    for e in std::fs::read_dir(&empty_dirs)
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let path = e.path();
-        let r = is_mount_point(&path).and_then(|mounted| match mounted {
-            true => nix::mount::umount2(&path, nix::mount::MntFlags::empty())
-                .map_err(|e| format!("unmounting {}: {e}", path.display())),
-            false => Ok(()),
-        });
-        if let Err(e) = r {
-            errors.push(e);
-        }
-    }
-    for plugin in local::WRITTEN_PLUGINS {
-        let dir = local::plugin_dir(pods_dir, uid, plugin);
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            let r = is_mount_point(&path).and_then(|mounted| {
-                if mounted {
-                    nix::mount::umount2(&path, nix::mount::MntFlags::empty())
-                        .map_err(|e| format!("unmounting {}: {e}", path.display()))?;
-                }
-                std::fs::remove_dir_all(&path)
-                    .map_err(|e| format!("removing {}: {e}", path.display()))
-            });
-            if let Err(e) = r {
-                errors.push(e);
-            }
-        }
-        if let Err(e) = std::fs::remove_dir(&dir) {
-            errors.push(format!("removing {}: {e}", dir.display()));
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    errors
 }

@@ -1,6 +1,6 @@
 //! The volume manager: sets up a pod's volumes before its containers (upstream's
 //! `WaitForAttachAndMount` with the configmap, secret, downwardAPI and projected plugins, and
-//! [`crate::pod::volumes`] for emptyDir and hostPath) and tears them down once the pod has
+//! [`plugins`] for emptyDir and hostPath) and tears them down once the pod has
 //! terminated.
 //!
 //! configMap, secret, downwardAPI and projected volumes are written by the [`atomic_writer`]
@@ -12,26 +12,28 @@
 //! atomic writer swaps in only what changed: an updated object, a new token, changed labels
 //! reach running containers (their mounts are read-only binds of the volume directory).
 //!
-//! persistentVolumeClaims are read (with their PersistentVolume) on each sync and resolved to
-//! the path of a `hostPath` or `local` PersistentVolume, bound by the runtime (read-only when
-//! the pod's volume says so); other PersistentVolume types are refused.
+//! persistentVolumeClaims are read ([`claims`], with their PersistentVolume) on each sync and
+//! resolved to the path of a `hostPath` or `local` PersistentVolume, bound by the runtime
+//! (read-only when the pod's volume says so); other PersistentVolume types are refused.
 //!
 //! emptyDirs with `medium: Memory` are a tmpfs it mounts on the emptyDir's directory (sized as
 //! upstream: the node's allocatable memory, or the pod's memory limit or the volume's
 //! `sizeLimit` when smaller).
 //!
-//! The manager also reads, for each sync, what the containers' environments reference
-//! ([`VolumeManager::env_objects`]: ConfigMaps, Secrets, the service variables) and the pod's
-//! `imagePullSecrets` ([`VolumeManager::pull_secrets`]), through the same watches.
+//! The manager's watches also serve, for each sync, what the containers' environments
+//! reference (ConfigMaps, Secrets, the service variables) and the pod's `imagePullSecrets`
+//! ([`crate::inputs::PodInputs`] reads them).
 //!
 //! A volume that cannot be set up (an object missing and not optional, a key missing, no API
-//! server) is a `FailedMount` event with upstream's message (`configmap "x" not found`) and the
-//! pod waits, retried until it can be. When the pod has terminated (or, after a restart, when
-//! its directory is all that is left), the tmpfs are unmounted and the written volumes removed;
-//! the pod's directory goes with the garbage collector.
+//! server: a [`PluginError`]) is a `FailedMount` event with upstream's message (`configmap "x"
+//! not found`) and the pod waits, retried until it can be. When the pod has terminated (or,
+//! after a restart, when its directory is all that is left), the tmpfs are unmounted and the
+//! written volumes removed; the pod's directory goes with the garbage collector.
 
 pub mod atomic_writer;
+mod claims;
 mod disk;
+mod error;
 pub mod ownership;
 pub mod plugins;
 pub mod projection;
@@ -40,11 +42,7 @@ mod sources;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod,
-    Secret, Volume,
-};
-use kube::Api;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Volume};
 
 use crate::api::events::PodEvents;
 use crate::api::objects::{ObjectKey, ObjectManager};
@@ -53,32 +51,13 @@ use crate::model::pod_identity;
 use crate::util::lock;
 use crate::util::quantity;
 use atomic_writer::Payload;
+pub use claims::ClaimError;
 pub(crate) use disk::is_mount_point;
 use disk::{memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
+pub use error::{PluginError, VolumeError};
 pub use plugins::ClaimMount;
 use plugins::{self as local, Failure, Source};
 use projection::Allocatable;
-
-/// Volumes the pod's containers use that could not be set up: the pod waits in
-/// `ContainerCreating` and its worker tries again.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unable to attach or mount volumes: {0}")]
-pub struct VolumeError(pub String);
-
-/// The fields of a PersistentVolume's spec that are not its source.
-const PV_SPEC_FIELDS: [&str; 8] = [
-    "accessModes",
-    "capacity",
-    "claimRef",
-    "mountOptions",
-    "nodeAffinity",
-    "persistentVolumeReclaimPolicy",
-    "storageClassName",
-    "volumeMode",
-];
-
-/// How long a sync waits for one API request of a volume (a claim, its volume).
-const API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The emptyDir plugin's directory name.
 const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
@@ -148,10 +127,7 @@ impl VolumeManager {
                     Ok(m) => {
                         claims.insert(v.name.clone(), m);
                     }
-                    Err(message) => failed.push(Failure {
-                        volume: v.name.clone(),
-                        message,
-                    }),
+                    Err(e) => failed.push(Failure::new(&v.name, &e)),
                 }
                 continue;
             }
@@ -163,131 +139,11 @@ impl VolumeManager {
                 None if local::managed(&src) => self.memory_empty_dir(pod, v),
                 None => local::set_up_one(&self.pods_dir, pod, v),
             };
-            if let Err(message) = r {
-                failed.push(Failure {
-                    volume: v.name.clone(),
-                    message,
-                });
+            if let Err(e) = r {
+                failed.push(Failure::new(&v.name, &e));
             }
         }
         local::report(pod, &failed, events).map(|()| claims)
-    }
-
-    /// A persistentVolumeClaim resolved as upstream's desired state populator does (the claim
-    /// bound, its PersistentVolume claimed by it), to the path of a `hostPath` (type checked as
-    /// a hostPath volume's) or `local` PersistentVolume; other types are refused.
-    async fn claim(
-        &self,
-        pod: &Pod,
-        c: &PersistentVolumeClaimVolumeSource,
-    ) -> Result<ClaimMount, String> {
-        let ns = pod_identity(pod).2;
-        let name = &c.claim_name;
-        let wrap = |e: String| format!("error processing PVC {ns}/{name}: {e}");
-        let Some(client) = &self.client else {
-            return Err(wrap(
-                "the node has no API server (standalone) to read it from".into(),
-            ));
-        };
-        let message = |e: kube::Error| match e {
-            kube::Error::Api(s) => s.message.clone(),
-            e => e.to_string(),
-        };
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-        let pvc = tokio::time::timeout(API_TIMEOUT, claims.get(name))
-            .await
-            .map_err(|_| wrap("failed to fetch PVC from API server: timed out".into()))?
-            .map_err(|e| {
-                wrap(format!(
-                    "failed to fetch PVC from API server: {}",
-                    message(e)
-                ))
-            })?;
-        if pvc.metadata.deletion_timestamp.is_some() {
-            return Err(wrap("PVC is being deleted".into()));
-        }
-        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-            return Err(wrap("PVC is not bound".into()));
-        }
-        let pv_name = pvc
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.clone())
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| wrap("PVC has empty pvc.Spec.VolumeName".into()))?;
-        let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        let pv = tokio::time::timeout(API_TIMEOUT, pvs.get(&pv_name))
-            .await
-            .map_err(|_| {
-                wrap(format!(
-                    "failed to fetch PV {pv_name} from API server: timed out"
-                ))
-            })?
-            .map_err(|e| {
-                wrap(format!(
-                    "failed to fetch PV {pv_name} from API server: {}",
-                    message(e)
-                ))
-            })?;
-        let spec = pv.spec.unwrap_or_default();
-        let claim_uid = pvc.metadata.uid.clone().unwrap_or_default();
-        match spec
-            .claim_ref
-            .as_ref()
-            .map(|r| r.uid.clone().unwrap_or_default())
-        {
-            None => {
-                return Err(wrap(format!(
-                    "found PV object {pv_name} but it has a nil pv.Spec.ClaimRef indicating it \
-                     is not yet bound to the claim"
-                )));
-            }
-            Some(uid) if uid != claim_uid => {
-                return Err(wrap(format!(
-                    "found PV object {pv_name} but its pv.Spec.ClaimRef.UID {uid} does not \
-                     point to claim.UID {claim_uid}"
-                )));
-            }
-            Some(_) => {}
-        }
-        if spec.volume_mode.as_deref() == Some("Block") {
-            return Err(format!(
-                "persistentVolume {pv_name}: volumeMode Block is not supported by nodelet yet"
-            ));
-        }
-        let path = if let Some(h) = &spec.host_path {
-            local::check_host_path(&h.path, h.type_.as_deref().unwrap_or(""))?;
-            PathBuf::from(&h.path)
-        } else if let Some(l) = &spec.local {
-            let p = PathBuf::from(&l.path);
-            if !p.exists() {
-                return Err(format!("path {:?} does not exist", l.path));
-            }
-            // A local volume is given to the pod's fsGroup when the pod first mounts it (a
-            // hostPath one never is), as upstream's local plugin.
-            let read_only = c.read_only.unwrap_or(false);
-            self.own_once(pod, &pv_name, &p, read_only)?;
-            p
-        } else {
-            let what = serde_json::to_value(&spec)
-                .ok()
-                .and_then(|v| {
-                    v.as_object().and_then(|o| {
-                        o.keys()
-                            .find(|k| !PV_SPEC_FIELDS.contains(&k.as_str()))
-                            .cloned()
-                    })
-                })
-                .unwrap_or_else(|| "with no source".to_string());
-            return Err(format!(
-                "persistentVolume {pv_name}: volume type {what} is not supported by nodelet yet \
-                 (only hostPath and local)"
-            ));
-        };
-        Ok(ClaimMount {
-            path,
-            read_only: c.read_only.unwrap_or(false),
-        })
     }
 
     /// Registers the ConfigMaps and Secrets the pod's volumes and environments reference with
@@ -363,7 +219,13 @@ impl VolumeManager {
     /// Gives the directory `dir` of the volume `name` to the pod's `fsGroup` once per pod
     /// (upstream's `SetVolumeOwnership` at mount), as its `fsGroupChangePolicy` says:
     /// `OnRootMismatch` skips a volume whose root already has the group and its bits.
-    fn own_once(&self, pod: &Pod, name: &str, dir: &Path, read_only: bool) -> Result<(), String> {
+    fn own_once(
+        &self,
+        pod: &Pod,
+        name: &str,
+        dir: &Path,
+        read_only: bool,
+    ) -> Result<(), PluginError> {
         let Some(group) = local::fs_group(pod)? else {
             return Ok(());
         };
@@ -393,7 +255,7 @@ impl VolumeManager {
         plugin: &str,
         tmpfs: bool,
         payload: &Payload,
-    ) -> Result<(), String> {
+    ) -> Result<(), PluginError> {
         let dir = local::plugin_dir(&self.pods_dir, pod_identity(pod).0, plugin).join(&v.name);
         // Mode 0777 as an emptyDir's (upstream's wrapped emptyDir), its parents 0750.
         local::make_empty_dir(&dir, None)?;
@@ -401,13 +263,14 @@ impl VolumeManager {
             let size = memory_size(self.allocatable.memory, pod_memory_limit(pod), None);
             mount_tmpfs(&dir, size)?;
         }
-        atomic_writer::write_owned(&dir, payload, local::fs_group(pod)?).map(drop)
+        atomic_writer::write_owned(&dir, payload, local::fs_group(pod)?)?;
+        Ok(())
     }
 
     /// An emptyDir with `medium: Memory`: its directory (0777) with a tmpfs mounted on it,
     /// sized as upstream (the node's allocatable memory, or less: the pod's memory limit, the
     /// volume's `sizeLimit`).
-    fn memory_empty_dir(&self, pod: &Pod, v: &Volume) -> Result<(), String> {
+    fn memory_empty_dir(&self, pod: &Pod, v: &Volume) -> Result<(), PluginError> {
         let dir = local::empty_dir_path(&self.pods_dir, pod, &v.name);
         let group = local::fs_group(pod)?;
         local::make_empty_dir(&dir, group)?;

@@ -6,6 +6,8 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
+use super::PluginError;
+
 fn masks(read_only: bool) -> (u32, u32) {
     let file = if read_only { 0o440 } else { 0o660 };
     (file, file | 0o110 | 0o2000)
@@ -18,11 +20,15 @@ pub fn root_matches(dir: &Path, group: u32, read_only: bool) -> bool {
 }
 
 /// Gives everything under `dir` (itself included) to `group`.
-pub fn set_volume_ownership(dir: &Path, group: u32, read_only: bool) -> Result<(), String> {
+pub fn set_volume_ownership(dir: &Path, group: u32, read_only: bool) -> Result<(), PluginError> {
     let (file_bits, dir_bits) = masks(read_only);
     let mut stack = vec![dir.to_path_buf()];
     while let Some(path) = stack.pop() {
-        let fail = |e: std::io::Error| format!("giving {} to group {group}: {e}", path.display());
+        let fail = |source| PluginError::Own {
+            path: path.clone(),
+            group,
+            source,
+        };
         let meta = std::fs::symlink_metadata(&path).map_err(fail)?;
         std::os::unix::fs::lchown(&path, None, Some(group)).map_err(fail)?;
         if meta.file_type().is_symlink() {

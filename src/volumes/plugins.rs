@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource, Volume,
 };
 
-use super::VolumeError;
+use super::{PluginError, VolumeError};
 use crate::api::events::{EventType, PodEvents, Reason};
 use crate::model::pod_identity;
 
@@ -124,20 +124,17 @@ pub const WRITTEN_PLUGINS: [&str; 4] = [
 
 /// The host directory (or file) a mount of `v` binds: the hostPath's path, or the emptyDir's
 /// directory. `Err` names the volume type this kubelet does not support.
-pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, String> {
+pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, PluginError> {
     match source(v) {
         Source::HostPath(h) => Ok(PathBuf::from(&h.path)),
         Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, pod, &v.name)),
-        Source::Unsupported(t) => Err(unsupported(&t)),
-        Source::Claim(c) => Err(format!(
-            "persistentVolumeClaim {:?} was not resolved for this sync",
-            c.claim_name
-        )),
+        Source::Unsupported(t) => Err(PluginError::Unsupported(t)),
+        Source::Claim(c) => Err(PluginError::ClaimNotResolved(c.claim_name.clone())),
         written => match written_plugin(&written) {
             Some((plugin, _)) => {
                 Ok(plugin_dir(pods_dir, pod_identity(pod).0, plugin).join(&v.name))
             }
-            None => Err(unsupported(&v.name)),
+            None => Err(PluginError::Unsupported(v.name.clone())),
         },
     }
 }
@@ -148,10 +145,6 @@ pub fn read_only(v: &Volume) -> bool {
     written_plugin(&source(v)).is_some()
 }
 
-fn unsupported(t: &str) -> String {
-    format!("volume type {t} is not supported by nodelet yet")
-}
-
 /// A persistentVolumeClaim volume resolved to its PersistentVolume: the host path to bind and
 /// whether the pod's volume asks for it read-only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +153,7 @@ pub struct ClaimMount {
     pub read_only: bool,
 }
 
-/// A volume that could not be set up, and why.
+/// A volume that could not be set up, and why (the [`PluginError`]'s text: the event's reason).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub volume: String,
@@ -168,6 +161,14 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// The failure of `volume` for `error`.
+    pub fn new(volume: &str, error: &PluginError) -> Self {
+        Failure {
+            volume: volume.to_string(),
+            message: error.to_string(),
+        }
+    }
+
     /// The `FailedMount` event's message, as upstream's operation generator words it.
     pub fn event_message(&self) -> String {
         format!(
@@ -220,42 +221,36 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
         .filter(|v| used.contains(v.name.as_str()))
         .filter(|v| !managed(&source(v)))
         .filter_map(|v| {
-            set_up_one(pods_dir, pod, v).err().map(|message| Failure {
-                volume: v.name.clone(),
-                message,
-            })
+            let e = set_up_one(pods_dir, pod, v).err()?;
+            Some(Failure::new(&v.name, &e))
         })
         .collect()
 }
 
 /// Sets up an emptyDir or hostPath volume; refuses the types not supported.
-pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), String> {
+pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), PluginError> {
     match source(v) {
         Source::EmptyDir { medium: "" } => {
             make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name), fs_group(pod)?)
         }
-        Source::EmptyDir { medium } if medium.starts_with("HugePages") => Err(format!(
-            "emptyDir medium {medium} is not supported by nodelet yet (only the node's disk \
-             and memory)"
-        )),
-        Source::EmptyDir { medium } => Err(format!("unknown storage medium {medium:?}")),
+        Source::EmptyDir { medium } if medium.starts_with("HugePages") => {
+            Err(PluginError::HugePages(medium.to_string()))
+        }
+        Source::EmptyDir { medium } => Err(PluginError::UnknownMedium(medium.to_string())),
         Source::HostPath(h) => check_host_path(&h.path, h.type_.as_deref().unwrap_or("")),
-        Source::Unsupported(t) => Err(unsupported(&t)),
-        _ => Err(format!(
-            "volume {:?} is set up by the volume manager, not here",
-            v.name
-        )),
+        Source::Unsupported(t) => Err(PluginError::Unsupported(t)),
+        _ => Err(PluginError::Managed(v.name.clone())),
     }
 }
 
 /// The pod's `fsGroup`, the group its volumes are given.
-pub fn fs_group(pod: &Pod) -> Result<Option<u32>, String> {
+pub fn fs_group(pod: &Pod) -> Result<Option<u32>, PluginError> {
     let g = pod
         .spec
         .as_ref()
         .and_then(|s| s.security_context.as_ref())
         .and_then(|c| c.fs_group);
-    g.map(|g| u32::try_from(g).map_err(|_| format!("invalid fsGroup {g}")))
+    g.map(|g| u32::try_from(g).map_err(|_| PluginError::InvalidFsGroup(g)))
         .transpose()
 }
 
@@ -265,8 +260,12 @@ const GROUP_RW_DIR_BITS: u32 = 0o2770;
 
 /// Gives the directory `dir` to `group` as upstream's `SetVolumeOwnership` does for a writable
 /// volume (its mode plus [`GROUP_RW_DIR_BITS`]).
-pub fn own_by_group(dir: &Path, group: u32) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("giving {} to group {group}: {e}", dir.display());
+pub fn own_by_group(dir: &Path, group: u32) -> Result<(), PluginError> {
+    let fail = |source| PluginError::Own {
+        path: dir.to_path_buf(),
+        group,
+        source,
+    };
     let meta = std::fs::metadata(dir).map_err(fail)?;
     std::os::unix::fs::chown(dir, None, Some(group)).map_err(fail)?;
     let mode = meta.permissions().mode() & 0o7777 | GROUP_RW_DIR_BITS;
@@ -276,8 +275,11 @@ pub fn own_by_group(dir: &Path, group: u32) -> Result<(), String> {
 /// Makes an emptyDir's directory, mode 0777 whatever the umask (upstream's `setupDir`), given
 /// to the pod's `fsGroup` when it has one; its parents as the kubelet's other pod directories
 /// (0750). An existing directory is left as it is (its container may have changed its mode).
-pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("creating {}: {e}", dir.display());
+pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), PluginError> {
+    let fail = |source| PluginError::CreateDir {
+        path: dir.to_path_buf(),
+        source,
+    };
     if let Some(parent) = dir.parent() {
         DirBuilder::new()
             .recursive(true)
@@ -296,7 +298,7 @@ pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
             if !meta.is_dir() {
-                return Err(format!("{} is not a directory", dir.display()));
+                return Err(PluginError::NotADirectory(dir.to_path_buf()));
             }
             Ok(())
         }
@@ -307,26 +309,36 @@ pub fn make_empty_dir(dir: &Path, group: Option<u32>) -> Result<(), String> {
 /// Upstream's hostPath `SetUp`: the path has no `..`, then what `type` asks is checked, and
 /// made for the `...OrCreate` types. As upstream, the checks follow symbolic links, a "file" is
 /// anything that exists and is not a directory, and an existing path is never replaced.
-pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
+pub fn check_host_path(path: &str, type_: &str) -> Result<(), PluginError> {
     let p = Path::new(path);
     if p.components().any(|c| c == Component::ParentDir) {
-        return Err(format!("invalid HostPath `{path}`: must not contain '..'"));
+        return Err(PluginError::HostPathClimbs(path.to_string()));
     }
     if !p.is_absolute() {
-        return Err(format!(
-            "invalid HostPath `{path}`: must be an absolute path"
-        ));
+        return Err(PluginError::HostPathRelative(path.to_string()));
     }
     let meta = std::fs::metadata(p).ok();
     let ft = meta.as_ref().map(|m| m.file_type());
-    let fail = |what: &str| Err(format!("hostPath type check failed: {path} is not {what}"));
+    let fail = |expected| {
+        Err(PluginError::HostPathType {
+            path: path.to_string(),
+            expected,
+        })
+    };
+    let create = |what| {
+        move |source| PluginError::HostPathCreate {
+            what,
+            path: path.to_string(),
+            source,
+        }
+    };
     match type_ {
         "" => Ok(()),
         "DirectoryOrCreate" if meta.is_none() => DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(p)
-            .map_err(|e| format!("creating directory {path}: {e}")),
+            .map_err(create("directory")),
         "DirectoryOrCreate" | "Directory" if ft.is_some_and(|t| t.is_dir()) => Ok(()),
         "DirectoryOrCreate" | "Directory" => fail("a directory"),
         // As upstream's `makeFile`: O_CREAT without O_EXCL or O_TRUNC, no parents made.
@@ -337,7 +349,7 @@ pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
             .mode(0o644)
             .open(p)
             .map(drop)
-            .map_err(|e| format!("creating file {path}: {e}")),
+            .map_err(create("file")),
         "FileOrCreate" | "File" if ft.is_some_and(|t| !t.is_dir()) => Ok(()),
         "FileOrCreate" | "File" => fail("a file"),
         "Socket" if ft.is_some_and(|t| t.is_socket()) => Ok(()),
@@ -346,7 +358,7 @@ pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
         "CharDevice" => fail("a character device"),
         "BlockDevice" if ft.is_some_and(|t| t.is_block_device()) => Ok(()),
         "BlockDevice" => fail("a block device"),
-        other => Err(format!("{other} is an invalid volume type")),
+        other => Err(PluginError::HostPathTypeUnknown(other.to_string())),
     }
 }
 
@@ -359,17 +371,13 @@ pub fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
 ///
 /// Returns a descriptor (`O_PATH`) of what it resolved: [`bind_sub_path`] binds that very file
 /// or directory, so a container that swaps a component for a link afterwards changes nothing.
-pub fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, String> {
+pub fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, PluginError> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     use rustix::io::Errno;
     let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-    let shown = sub.display();
-    let why = |e: Errno| match e {
-        Errno::XDEV => format!("{shown:?} leads out of its volume"),
-        Errno::LOOP => format!("{shown:?}: too many levels of symbolic links"),
-        Errno::NOTDIR => format!("{shown:?}: a component is not a directory"),
-        Errno::NOSYS => format!("{shown:?}: resolving needs openat2 (Linux 5.6 or newer)"),
-        e => format!("{shown:?}: {e}"),
+    let why = |source: Errno| PluginError::SubPath {
+        sub: sub.to_path_buf(),
+        source,
     };
     let resolve = |at: &rustix::fd::OwnedFd, p: &Path, flags: OFlags| {
         rustix::fs::openat2(at, p, flags | OFlags::CLOEXEC, Mode::empty(), beneath)
@@ -379,7 +387,7 @@ pub fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, String> 
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("opening its volume: {e}"))?;
+    .map_err(PluginError::OpenVolume)?;
     match resolve(&root_fd, sub, OFlags::PATH) {
         Ok(fd) => return Ok(fd),
         Err(Errno::NOENT) => {}
@@ -387,7 +395,7 @@ pub fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, String> 
     }
     let mode = rustix::fs::fstat(&root_fd)
         .map(|st| Mode::from_raw_mode(st.st_mode & 0o7777))
-        .map_err(|e| format!("reading its volume's mode: {e}"))?;
+        .map_err(PluginError::VolumeMode)?;
     // Each prefix of the path in turn, resolved from the root; a missing one is made in the
     // one before it.
     let mut parent: Option<rustix::fd::OwnedFd> = None;
@@ -446,17 +454,25 @@ pub const VOLUME_SUBPATHS: &str = "volume-subpaths";
 /// like it), through `/proc/self/fd`, as upstream's kubelet does: the runtime binds `target`,
 /// which is that file whatever has been renamed or linked in the volume since. A bind left at
 /// `target` by an earlier sync is replaced.
-pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<(), String> {
+pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<(), PluginError> {
     use std::os::fd::AsRawFd;
-    let st = rustix::fs::fstat(resolved).map_err(|e| format!("reading what it names: {e}"))?;
+    let st = rustix::fs::fstat(resolved).map_err(PluginError::ReadResolved)?;
     let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+    let making = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PluginError::MakeTarget { path, source }
+    };
     if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("making {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(making(parent))?;
     }
     // A bind of an earlier sync: undone first (the running container keeps its own).
     if let Ok(true) = super::is_mount_point(target) {
-        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
-            .map_err(|e| format!("unmounting {}: {e}", target.display()))?;
+        nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH).map_err(|source| {
+            PluginError::Unmount {
+                path: target.to_path_buf(),
+                source,
+            }
+        })?;
     }
     let made = if is_dir {
         std::fs::create_dir(target)
@@ -470,7 +486,7 @@ pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<()
     match made {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("making {}: {e}", target.display())),
+        Err(e) => return Err(making(target)(e)),
     }
     let source = format!("/proc/self/fd/{}", resolved.as_raw_fd());
     nix::mount::mount(
@@ -480,7 +496,10 @@ pub fn bind_sub_path(resolved: &rustix::fd::OwnedFd, target: &Path) -> Result<()
         nix::mount::MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| format!("binding it at {}: {e}", target.display()))
+    .map_err(|source| PluginError::Bind {
+        path: target.to_path_buf(),
+        source,
+    })
 }
 
 /// Reports the volumes of `pod` that could not be set up (see the module docs): each is a

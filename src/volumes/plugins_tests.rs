@@ -10,6 +10,16 @@ use crate::pod::spec::tests::pod;
 use crate::volumes::VolumeError;
 use serde_json::json;
 
+/// [`super::check_host_path`], its error as the text the events show.
+fn check_host_path(path: &str, type_: &str) -> Result<(), String> {
+    super::check_host_path(path, type_).map_err(|e| e.to_string())
+}
+
+/// [`super::sub_path`], its error as the text the container's error shows.
+fn sub_path(root: &Path, sub: &Path) -> Result<rustix::fd::OwnedFd, String> {
+    super::sub_path(root, sub).map_err(|e| e.to_string())
+}
+
 /// A pod with `volumes`, its one container mounting each of `mounted`.
 fn pod_with(volumes: serde_json::Value, mounted: &[&str]) -> Pod {
     let mounts: Vec<_> = mounted

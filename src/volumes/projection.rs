@@ -11,19 +11,70 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::atomic_writer::{FileProjection, Payload};
-use crate::util::quantity::{parse_bytes, parse_cpu_millis};
+use crate::util::quantity::{QuantityError, parse_bytes, parse_cpu_millis};
+
+/// Why a volume's (or an environment variable's) content could not be made from its objects or
+/// its pod: the message is upstream's where it has one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProjectionError {
+    /// A `defaultMode` or item `mode` that is not permission bits.
+    #[error("invalid mode {0} ({0:#o}): must be a value between 0 and 0777 (octal)")]
+    InvalidMode(i32),
+    /// An item names a key the ConfigMap does not have (and the volume is not optional).
+    #[error("configmap references non-existent config key: {0}")]
+    MissingConfigMapKey(String),
+    /// An item names a key the Secret does not have (and the volume is not optional).
+    #[error("references non-existent secret key: {0}")]
+    MissingSecretKey(String),
+    /// A downwardAPI item naming no field.
+    #[error("downwardAPI item {0:?} has neither fieldRef nor resourceFieldRef")]
+    NoField(String),
+    /// A `fieldRef` this projection does not give (the pod's metadata only).
+    #[error("unsupported fieldPath: {0}")]
+    UnsupportedFieldPath(String),
+    /// A `resourceFieldRef` naming a container the pod does not have.
+    #[error("container {0} not found")]
+    ContainerNotFound(String),
+    /// A `resourceFieldRef` naming a resource that is not `limits.*` or `requests.*` of a
+    /// known one.
+    #[error("unsupported container resource : {0}")]
+    UnsupportedResource(String),
+    /// A negative divisor.
+    #[error("invalid divisor {divisor:?} for {resource}")]
+    InvalidDivisor { divisor: String, resource: String },
+    /// A resource value or divisor that is not a quantity.
+    #[error(transparent)]
+    Quantity(#[from] QuantityError),
+    /// Several items failed (upstream aggregates them): `[first, second]`.
+    #[error("{}", bracketed(.0))]
+    Several(Vec<ProjectionError>),
+}
+
+/// Errors as upstream's aggregate shows several: `[first, second]`.
+pub(super) fn bracketed<E: std::fmt::Display>(errors: &[E]) -> String {
+    let texts: Vec<String> = errors.iter().map(E::to_string).collect();
+    format!("[{}]", texts.join(", "))
+}
+
+/// `Ok` when `errors` is empty, its error when it holds one, else `several` of them (the
+/// aggregate upstream shows as `[first, second]`).
+pub(super) fn aggregate<E>(mut errors: Vec<E>, several: impl FnOnce(Vec<E>) -> E) -> Result<(), E> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(several(errors)),
+    }
+}
 
 /// The mode of a file a volume does not give one for (the API server's default).
 pub const DEFAULT_MODE: i32 = 0o644;
 
 /// A mode from the API (`defaultMode`, an item's `mode`), checked to be permission bits.
-pub fn mode(m: Option<i32>, default: u32) -> Result<u32, String> {
+pub fn mode(m: Option<i32>, default: u32) -> Result<u32, ProjectionError> {
     match m {
         None => Ok(default),
         Some(m) if (0..=0o777).contains(&m) => Ok(m as u32),
-        Some(m) => Err(format!(
-            "invalid mode {m} ({m:#o}): must be a value between 0 and 0777 (octal)"
-        )),
+        Some(m) => Err(ProjectionError::InvalidMode(m)),
     }
 }
 
@@ -33,8 +84,8 @@ fn projected(
     data: &BTreeMap<String, Vec<u8>>,
     default_mode: u32,
     optional: bool,
-    missing: impl Fn(&str) -> String,
-) -> Result<Payload, String> {
+    missing: impl Fn(String) -> ProjectionError,
+) -> Result<Payload, ProjectionError> {
     let mut out = Payload::new();
     match items.filter(|i| !i.is_empty()) {
         None => {
@@ -54,7 +105,7 @@ fn projected(
                     if optional {
                         continue;
                     }
-                    return Err(missing(&item.key));
+                    return Err(missing(item.key.clone()));
                 };
                 out.insert(
                     item.path.clone(),
@@ -76,7 +127,7 @@ pub fn config_map_payload(
     cm: &ConfigMap,
     default_mode: u32,
     optional: bool,
-) -> Result<Payload, String> {
+) -> Result<Payload, ProjectionError> {
     let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for (k, v) in cm.data.iter().flatten() {
         data.insert(k.clone(), v.as_bytes().to_vec());
@@ -84,9 +135,13 @@ pub fn config_map_payload(
     for (k, ByteString(v)) in cm.binary_data.iter().flatten() {
         data.insert(k.clone(), v.clone());
     }
-    projected(items, &data, default_mode, optional, |k| {
-        format!("configmap references non-existent config key: {k}")
-    })
+    projected(
+        items,
+        &data,
+        default_mode,
+        optional,
+        ProjectionError::MissingConfigMapKey,
+    )
 }
 
 /// A secret's payload, as [`config_map_payload`].
@@ -95,7 +150,7 @@ pub fn secret_payload(
     secret: &Secret,
     default_mode: u32,
     optional: bool,
-) -> Result<Payload, String> {
+) -> Result<Payload, ProjectionError> {
     let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for (k, ByteString(v)) in secret.data.iter().flatten() {
         data.insert(k.clone(), v.clone());
@@ -105,9 +160,13 @@ pub fn secret_payload(
     for (k, v) in secret.string_data.iter().flatten() {
         data.insert(k.clone(), v.as_bytes().to_vec());
     }
-    projected(items, &data, default_mode, optional, |k| {
-        format!("references non-existent secret key: {k}")
-    })
+    projected(
+        items,
+        &data,
+        default_mode,
+        optional,
+        ProjectionError::MissingSecretKey,
+    )
 }
 
 /// What the node can give a container that sets no limit (its allocatable resources).
@@ -138,7 +197,7 @@ pub fn downward_api_payload(
     pod: &Pod,
     allocatable: &Allocatable,
     default_mode: u32,
-) -> Result<Payload, String> {
+) -> Result<Payload, ProjectionError> {
     let mut out = Payload::new();
     let mut errors = Vec::new();
     for item in items {
@@ -152,10 +211,7 @@ pub fn downward_api_payload(
         let value = match (&item.field_ref, &item.resource_field_ref) {
             (Some(f), _) => field_path_value(pod, &f.field_path),
             (None, Some(r)) => resource_value(r, pod, allocatable),
-            (None, None) => Err(format!(
-                "downwardAPI item {:?} has neither fieldRef nor resourceFieldRef",
-                item.path
-            )),
+            (None, None) => Err(ProjectionError::NoField(item.path.clone())),
         };
         match value {
             Ok(v) => {
@@ -170,22 +226,18 @@ pub fn downward_api_payload(
             Err(e) => errors.push(e),
         }
     }
-    match errors.len() {
-        0 => Ok(out),
-        1 => Err(errors.remove(0)),
-        _ => Err(format!("[{}]", errors.join(", "))),
-    }
+    aggregate(errors, ProjectionError::Several).map(|()| out)
 }
 
 /// Upstream's `fieldpath.ExtractFieldPathAsString`: the pod's metadata fields.
-pub fn field_path_value(pod: &Pod, path: &str) -> Result<String, String> {
+pub fn field_path_value(pod: &Pod, path: &str) -> Result<String, ProjectionError> {
     let m = &pod.metadata;
     let empty = BTreeMap::new();
     if let Some((field, key)) = subscript(path) {
         let map = match field {
             "metadata.annotations" => m.annotations.as_ref(),
             "metadata.labels" => m.labels.as_ref(),
-            _ => return Err(format!("unsupported fieldPath: {path}")),
+            _ => return Err(ProjectionError::UnsupportedFieldPath(path.to_string())),
         };
         return Ok(map.unwrap_or(&empty).get(key).cloned().unwrap_or_default());
     }
@@ -195,7 +247,7 @@ pub fn field_path_value(pod: &Pod, path: &str) -> Result<String, String> {
         "metadata.name" => m.name.clone().unwrap_or_default(),
         "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
         "metadata.uid" => m.uid.clone().unwrap_or_default(),
-        _ => return Err(format!("unsupported fieldPath: {path}")),
+        _ => return Err(ProjectionError::UnsupportedFieldPath(path.to_string())),
     })
 }
 
@@ -253,7 +305,7 @@ fn nonzero(d: Option<i64>) -> Option<i64> {
 }
 
 /// The container a `resourceFieldRef` names: an app container, else an init container.
-fn find_container<'a>(pod: &'a Pod, name: &str) -> Result<&'a Container, String> {
+fn find_container<'a>(pod: &'a Pod, name: &str) -> Result<&'a Container, ProjectionError> {
     let spec = pod.spec.as_ref();
     spec.into_iter()
         .flat_map(|s| s.containers.iter())
@@ -262,7 +314,7 @@ fn find_container<'a>(pod: &'a Pod, name: &str) -> Result<&'a Container, String>
                 .flat_map(|s| s.init_containers.iter().flatten()),
         )
         .find(|c| c.name == name)
-        .ok_or_else(|| format!("container {name} not found"))
+        .ok_or_else(|| ProjectionError::ContainerNotFound(name.to_string()))
 }
 
 /// A container resource as the downward API gives it: `limits.*` default to the node's
@@ -272,7 +324,7 @@ pub fn resource_value(
     fs: &ResourceFieldSelector,
     pod: &Pod,
     allocatable: &Allocatable,
-) -> Result<String, String> {
+) -> Result<String, ProjectionError> {
     let name = fs.container_name.as_deref().unwrap_or("");
     let c = find_container(pod, name)?;
     let res = c.resources.as_ref();
@@ -288,20 +340,17 @@ pub fn resource_value(
         .as_ref()
         .map(|q| q.0.as_str())
         .filter(|d| !d.is_empty());
-    let (which, key) = fs
-        .resource
-        .split_once('.')
-        .ok_or_else(|| format!("unsupported container resource : {}", fs.resource))?;
+    let unsupported = || ProjectionError::UnsupportedResource(fs.resource.clone());
+    let (which, key) = fs.resource.split_once('.').ok_or_else(unsupported)?;
     if which != "limits" && which != "requests" {
-        return Err(format!("unsupported container resource : {}", fs.resource));
+        return Err(unsupported());
     }
-    let ceil_div = |v: i64, d: i64| -> Result<String, String> {
+    let ceil_div = |v: i64, d: i64| -> Result<String, ProjectionError> {
         if d <= 0 {
-            return Err(format!(
-                "invalid divisor {:?} for {}",
-                divisor.unwrap_or("1"),
-                fs.resource
-            ));
+            return Err(ProjectionError::InvalidDivisor {
+                divisor: divisor.unwrap_or("1").to_string(),
+                resource: fs.resource.clone(),
+            });
         }
         Ok((v.div_euclid(d) + i64::from(v.rem_euclid(d) != 0)).to_string())
     };
@@ -340,7 +389,7 @@ pub fn resource_value(
             let d = nonzero(divisor.map(parse_bytes).transpose()?).unwrap_or(1);
             ceil_div(v, d)
         }
-        _ => Err(format!("unsupported container resource : {}", fs.resource)),
+        _ => Err(unsupported()),
     }
 }
 

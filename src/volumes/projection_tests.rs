@@ -45,14 +45,18 @@ fn config_map_keys_items_and_modes() {
 
     let missing = items(json!([{"key": "a", "path": "a"}, {"key": "nope", "path": "n"}]));
     assert_eq!(
-        config_map_payload(Some(&missing), &c, 0o644, false).expect_err("missing key"),
+        config_map_payload(Some(&missing), &c, 0o644, false)
+            .expect_err("missing key")
+            .to_string(),
         "configmap references non-existent config key: nope"
     );
     let optional = config_map_payload(Some(&missing), &c, 0o644, true).expect("optional");
     assert_eq!(optional.keys().collect::<Vec<_>>(), ["a"]);
 
     let bad = items(json!([{"key": "a", "path": "a", "mode": 0o4755}]));
-    let e = config_map_payload(Some(&bad), &c, 0o644, false).expect_err("bad mode");
+    let e = config_map_payload(Some(&bad), &c, 0o644, false)
+        .expect_err("bad mode")
+        .to_string();
     assert!(e.contains("invalid mode"), "{e}");
 }
 
@@ -66,7 +70,9 @@ fn secret_keys_and_items() {
     assert_eq!(text(&all, "password"), ("s3cr3t".into(), 0o400));
     let missing = items(json!([{"key": "user", "path": "u"}]));
     assert_eq!(
-        secret_payload(Some(&missing), &s, 0o644, false).expect_err("missing"),
+        secret_payload(Some(&missing), &s, 0o644, false)
+            .expect_err("missing")
+            .to_string(),
         "references non-existent secret key: user"
     );
     assert!(
@@ -117,7 +123,9 @@ fn field_paths() {
         ""
     );
     assert_eq!(
-        field_path_value(&p, "spec.nodeName").expect_err("unsupported"),
+        field_path_value(&p, "spec.nodeName")
+            .expect_err("unsupported")
+            .to_string(),
         "unsupported fieldPath: spec.nodeName"
     );
 }
@@ -165,11 +173,15 @@ fn resources_with_divisors_and_node_defaults() {
         "1073741824"
     );
     assert_eq!(
-        v("nope", "limits.cpu", None).expect_err("no container"),
+        v("nope", "limits.cpu", None)
+            .expect_err("no container")
+            .to_string(),
         "container nope not found"
     );
     assert_eq!(
-        v("app", "limits.gpu", None).expect_err("unsupported"),
+        v("app", "limits.gpu", None)
+            .expect_err("unsupported")
+            .to_string(),
         "unsupported container resource : limits.gpu"
     );
 }
@@ -194,7 +206,9 @@ fn downward_api_items_modes_and_errors() {
     ]))
     .expect("items");
     assert_eq!(
-        downward_api_payload(&bad, &p, &alloc, 0o644).expect_err("two errors"),
+        downward_api_payload(&bad, &p, &alloc, 0o644)
+            .expect_err("two errors")
+            .to_string(),
         "[unsupported fieldPath: spec.nodeName, container x not found]"
     );
 }

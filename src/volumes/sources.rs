@@ -7,10 +7,10 @@ use k8s_openapi::api::core::v1::{
     ServiceAccountTokenProjection,
 };
 
-use super::VolumeManager;
 use super::atomic_writer::{self, Payload};
 use super::plugins::{self as local, Source};
-use super::projection::{self, DEFAULT_MODE};
+use super::projection::{self, DEFAULT_MODE, aggregate};
+use super::{PluginError, VolumeManager};
 use crate::api::tokens::TokenKey;
 use crate::model::pod_identity;
 
@@ -20,11 +20,14 @@ impl VolumeManager {
         ns: &str,
         name: &str,
         optional: bool,
-    ) -> Result<ConfigMap, String> {
+    ) -> Result<ConfigMap, PluginError> {
         match self.config_maps.get(ns, name).await? {
             Some(cm) => Ok((*cm).clone()),
             None if optional => Ok(ConfigMap::default()),
-            None => Err(format!("configmap {name:?} not found")),
+            None => Err(PluginError::NotFound {
+                kind: "configmap",
+                name: name.to_string(),
+            }),
         }
     }
 
@@ -33,16 +36,23 @@ impl VolumeManager {
         ns: &str,
         name: &str,
         optional: bool,
-    ) -> Result<Secret, String> {
+    ) -> Result<Secret, PluginError> {
         match self.secrets.get(ns, name).await? {
             Some(s) => Ok((*s).clone()),
             None if optional => Ok(Secret::default()),
-            None => Err(format!("secret {name:?} not found")),
+            None => Err(PluginError::NotFound {
+                kind: "secret",
+                name: name.to_string(),
+            }),
         }
     }
 
     /// What the volume holds.
-    pub(super) async fn payload(&self, pod: &Pod, src: &Source<'_>) -> Result<Payload, String> {
+    pub(super) async fn payload(
+        &self,
+        pod: &Pod,
+        src: &Source<'_>,
+    ) -> Result<Payload, PluginError> {
         let (_, _, ns) = pod_identity(pod);
         match src {
             Source::ConfigMap(c) => {
@@ -50,6 +60,7 @@ impl VolumeManager {
                 let optional = c.optional.unwrap_or(false);
                 let cm = self.config_map(ns, &c.name, optional).await?;
                 projection::config_map_payload(c.items.as_deref(), &cm, default, optional)
+                    .map_err(PluginError::from)
             }
             Source::Secret(s) => {
                 let default = projection::mode(s.default_mode, DEFAULT_MODE as u32)?;
@@ -57,20 +68,26 @@ impl VolumeManager {
                 let name = s.secret_name.as_deref().unwrap_or("");
                 let secret = self.secret(ns, name, optional).await?;
                 projection::secret_payload(s.items.as_deref(), &secret, default, optional)
+                    .map_err(PluginError::from)
             }
             Source::DownwardApi(d) => {
                 let default = projection::mode(d.default_mode, DEFAULT_MODE as u32)?;
                 let items = d.items.as_deref().unwrap_or_default();
                 projection::downward_api_payload(items, pod, &self.allocatable, default)
+                    .map_err(PluginError::from)
             }
             Source::Projected(p) => self.projected(pod, p).await,
-            _ => Err("not a volume the kubelet writes".to_string()),
+            _ => Err(PluginError::NotWritten),
         }
     }
 
     /// A projected volume's payload: its sources in order (a later one's file replaces an
     /// earlier one's at the same path); every source that fails is named in the error.
-    async fn projected(&self, pod: &Pod, p: &ProjectedVolumeSource) -> Result<Payload, String> {
+    async fn projected(
+        &self,
+        pod: &Pod,
+        p: &ProjectedVolumeSource,
+    ) -> Result<Payload, PluginError> {
         let default = projection::mode(p.default_mode, DEFAULT_MODE as u32)?;
         let mut payload = Payload::new();
         let mut errors = Vec::new();
@@ -82,6 +99,7 @@ impl VolumeManager {
             } else if let Some(d) = &s.downward_api {
                 let items = d.items.as_deref().unwrap_or_default();
                 projection::downward_api_payload(items, pod, &self.allocatable, default)
+                    .map_err(PluginError::from)
             } else if let Some(t) = &s.service_account_token {
                 self.token_file(pod, t, default).await
             } else {
@@ -89,20 +107,14 @@ impl VolumeManager {
                     .ok()
                     .and_then(|v| v.as_object().and_then(|o| o.keys().next().cloned()))
                     .unwrap_or_else(|| "an empty source".to_string());
-                Err(format!(
-                    "projected source {what} is not supported by nodelet yet"
-                ))
+                Err(PluginError::UnsupportedProjection(what))
             };
             match part {
                 Ok(files) => payload.extend(files),
                 Err(e) => errors.push(e),
             }
         }
-        match errors.len() {
-            0 => Ok(payload),
-            1 => Err(errors.remove(0)),
-            _ => Err(format!("[{}]", errors.join(", "))),
-        }
+        aggregate(errors, PluginError::Sources).map(|()| payload)
     }
 
     async fn projected_config_map(
@@ -110,12 +122,13 @@ impl VolumeManager {
         pod: &Pod,
         c: &ConfigMapProjection,
         default: u32,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, PluginError> {
         let optional = c.optional.unwrap_or(false);
         let cm = self
             .config_map(pod_identity(pod).2, &c.name, optional)
             .await?;
         projection::config_map_payload(c.items.as_deref(), &cm, default, optional)
+            .map_err(PluginError::from)
     }
 
     async fn projected_secret(
@@ -123,10 +136,11 @@ impl VolumeManager {
         pod: &Pod,
         s: &SecretProjection,
         default: u32,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, PluginError> {
         let optional = s.optional.unwrap_or(false);
         let secret = self.secret(pod_identity(pod).2, &s.name, optional).await?;
         projection::secret_payload(s.items.as_deref(), &secret, default, optional)
+            .map_err(PluginError::from)
     }
 
     /// A service account token for the pod (bound to it) as one file.
@@ -135,16 +149,14 @@ impl VolumeManager {
         pod: &Pod,
         t: &ServiceAccountTokenProjection,
         mode: u32,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, PluginError> {
         let (uid, name, ns) = pod_identity(pod);
         let sa = pod
             .spec
             .as_ref()
             .and_then(|s| s.service_account_name.as_deref())
             .filter(|s| !s.is_empty())
-            .ok_or(
-                "cannot request a service account token: the pod has no spec.serviceAccountName",
-            )?;
+            .ok_or(PluginError::NoServiceAccount)?;
         let key = TokenKey {
             namespace: ns.to_string(),
             service_account: sa.to_string(),
