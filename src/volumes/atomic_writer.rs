@@ -399,5 +399,4 @@ pub fn write_owned(dir: &Path, payload: &Payload, group: Option<u32>) -> Result<
 }
 
 #[cfg(test)]
-#[path = "atomic_writer_tests.rs"]
 mod tests;

@@ -338,5 +338,4 @@ impl VolumeManager {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
 mod tests;

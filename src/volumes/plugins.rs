@@ -527,5 +527,4 @@ pub fn report(pod: &Pod, failed: &[Failure], events: &dyn PodEvents) -> Result<(
 }
 
 #[cfg(test)]
-#[path = "plugins_tests.rs"]
 mod tests;

@@ -394,5 +394,4 @@ pub fn resource_value(
 }
 
 #[cfg(test)]
-#[path = "projection_tests.rs"]
 mod tests;
