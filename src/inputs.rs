@@ -60,17 +60,15 @@ impl PodInputs {
         let wait = is_api_pod(pod);
         match self.objects.services().env(ns, links, wait).await {
             Ok(env) => out.service_env = env,
-            Err(e) => out.service_env_error = Some(e.to_string()),
+            Err(e) => out.service_env_error = Some(e),
         }
         for name in cms {
             let read = self.objects.config_maps().get(ns, &name).await;
-            let read = read.map_err(|e| e.to_string());
             let data = read.map(|o| o.map(|cm| cm.data.clone().unwrap_or_default()));
             out.config_maps.insert(name, data);
         }
         for name in secrets {
             let read = self.objects.secrets().get(ns, &name).await;
-            let read = read.map_err(|e| e.to_string());
             let data = read.map(|o| {
                 o.map(|s| {
                     s.data

@@ -114,7 +114,7 @@ fn object<'a, T>(
         Some(Ok(None)) => Err(Error::invalid_argument(format!(
             "{kind} {name:?} not found"
         ))),
-        Some(Err(e)) => Err(Error::invalid_argument(e.clone())),
+        Some(Err(e)) => Err(Error::invalid_argument(e.to_string())),
         None => Err(Error::invalid_argument(format!(
             "{kind} {name:?} was not read for this sync"
         ))),
@@ -126,7 +126,7 @@ pub fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(St
     let ns = pod_identity(pod).2;
     let objects = &opts.env_objects;
     if let Some(e) = &objects.service_env_error {
-        return Err(Error::invalid_argument(e.clone()));
+        return Err(Error::invalid_argument(e.to_string()));
     }
     let mut order: Vec<String> = Vec::new();
     // The service variables first, so that `$(VAR)` sees them; any defined by the container

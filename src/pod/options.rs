@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::spec::SandboxOptions;
+use crate::api::objects::ObjectError;
+use crate::api::services::ServicesError;
 use crate::volumes::projection::Allocatable;
 
 /// Node facts a container config needs.
@@ -55,7 +57,7 @@ impl Default for ContainerOptions {
 
 /// What reading an object gave: its data, `None` when it does not exist, or why it could not
 /// be read.
-pub type Read<T> = std::result::Result<Option<T>, String>;
+pub type Read<T> = std::result::Result<Option<T>, ObjectError>;
 
 /// The ConfigMaps and Secrets a pod's containers' environments reference, as read for a sync,
 /// and the node's allocatable resources.
@@ -69,5 +71,5 @@ pub struct EnvObjects {
     /// The service environment variables of the pod ([`crate::api::services`]).
     pub service_env: BTreeMap<String, String>,
     /// Why the service environment could not be made (the Services not read yet).
-    pub service_env_error: Option<String>,
+    pub service_env_error: Option<ServicesError>,
 }

@@ -4,6 +4,8 @@
 use serde_json::json;
 
 use super::*;
+use crate::api::objects::ObjectError;
+use crate::api::services::ServicesError;
 use crate::pod::spec::tests::pod;
 
 fn objects() -> EnvObjects {
@@ -20,7 +22,7 @@ fn objects() -> EnvObjects {
             ("gone".to_string(), Ok(None)),
             (
                 "broken".to_string(),
-                Err("failed to sync configmap cache".into()),
+                Err(ObjectError::SyncTimeout { kind: "configmap" }),
             ),
         ]),
         secrets: BTreeMap::from([
@@ -125,14 +127,17 @@ fn every_source_in_order() {
 fn no_environment_before_the_services_are_read() {
     let p = pod(json!({"containers": [{"name": "app", "image": "x"}]}));
     let mut objects = objects();
-    objects.service_env_error = Some("services have not yet been read at least once".into());
+    objects.service_env_error = Some(ServicesError::NotRead);
     let opts = ContainerOptions {
         env_objects: objects,
         ..Default::default()
     };
     let c = p.spec.as_ref().expect("spec").containers[0].clone();
     let e = envs(&p, &c, &opts).expect_err("not read");
-    assert_eq!(e.message(), "services have not yet been read at least once");
+    assert_eq!(
+        e.message(),
+        "services have not yet been read at least once, cannot construct envvars"
+    );
 }
 
 #[test]
@@ -161,7 +166,7 @@ fn required_references_fail_with_upstream_messages() {
         // An object that could not be read fails even an optional reference.
         (
             json!({"envFrom": [{"configMapRef": {"name": "broken", "optional": true}}]}),
-            "failed to sync configmap cache",
+            "failed to sync configmap cache: timed out waiting for the condition",
         ),
         (
             json!({"env": [{"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}),
