@@ -130,7 +130,7 @@ where
                 continue;
             };
             let (tx, rx) = watch::channel(Known::Unsynced);
-            let task = tokio::spawn(watch_one::<K>(client, key.clone(), tx, self.kind));
+            let task = tokio::spawn(Self::watch_one(client, key.clone(), tx, self.kind));
             inner.entries.insert(
                 key.clone(),
                 Entry {
@@ -189,6 +189,53 @@ where
             Err(_) => Err(ObjectError::SyncTimeout { kind }),
         }
     }
+
+    /// Lists then watches the one object `key`, publishing what is known of it; errors are logged
+    /// and retried with back-off (the watcher relists after 410).
+    async fn watch_one(
+        client: Client,
+        key: ObjectKey,
+        tx: watch::Sender<Known<K>>,
+        kind: &'static str,
+    ) {
+        let (ns, name) = key;
+        let api: Api<K> = Api::namespaced(client, &ns);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut stream = watcher::watcher(api, config).boxed();
+        let mut initial: Option<Option<Arc<K>>> = None;
+        let mut backoff = Duration::from_millis(200);
+        let named = |o: &K| o.meta().name.as_deref() == Some(name.as_str());
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Event::Init) => initial = Some(None),
+                Ok(Event::InitApply(o)) => {
+                    if named(&o) {
+                        initial = Some(Some(Arc::new(o)));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    tx.send_replace(Known::Synced(initial.take().flatten()));
+                }
+                Ok(Event::Apply(o)) => {
+                    if named(&o) {
+                        tx.send_replace(Known::Synced(Some(Arc::new(o))));
+                    }
+                }
+                Ok(Event::Delete(o)) => {
+                    if named(&o) {
+                        tx.send_replace(Known::Synced(None));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%ns, %name, "watching {kind}: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            }
+            backoff = Duration::from_millis(200);
+        }
+    }
 }
 
 fn release<K>(inner: &mut Inner<K>, uid: &str, key: &ObjectKey) {
@@ -209,61 +256,5 @@ impl<K> Drop for ObjectManager<K> {
         for e in inner.entries.values() {
             e.task.abort();
         }
-    }
-}
-
-/// Lists then watches the one object `key`, publishing what is known of it; errors are logged
-/// and retried with back-off (the watcher relists after 410).
-async fn watch_one<K>(
-    client: Client,
-    key: ObjectKey,
-    tx: watch::Sender<Known<K>>,
-    kind: &'static str,
-) where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default,
-{
-    let (ns, name) = key;
-    let api: Api<K> = Api::namespaced(client, &ns);
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher::watcher(api, config).boxed();
-    let mut initial: Option<Option<Arc<K>>> = None;
-    let mut backoff = Duration::from_millis(200);
-    let named = |o: &K| o.meta().name.as_deref() == Some(name.as_str());
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(Event::Init) => initial = Some(None),
-            Ok(Event::InitApply(o)) => {
-                if named(&o) {
-                    initial = Some(Some(Arc::new(o)));
-                }
-            }
-            Ok(Event::InitDone) => {
-                tx.send_replace(Known::Synced(initial.take().flatten()));
-            }
-            Ok(Event::Apply(o)) => {
-                if named(&o) {
-                    tx.send_replace(Known::Synced(Some(Arc::new(o))));
-                }
-            }
-            Ok(Event::Delete(o)) => {
-                if named(&o) {
-                    tx.send_replace(Known::Synced(None));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(%ns, %name, "watching {kind}: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
-        }
-        backoff = Duration::from_millis(200);
     }
 }
