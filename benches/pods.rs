@@ -271,7 +271,7 @@ impl Kubelet {
                 events: Arc::new(NoEvents),
                 // The bench's pods have no probes: no worker ever starts.
                 probes: Arc::new(nodelet::prober::ProbeManager::new(
-                    rt.clone(),
+                    Arc::new(nodelet::prober::RuntimeProber::new(rt.clone())),
                     status.clone(),
                     Arc::new(NoEvents),
                     tokio::sync::mpsc::unbounded_channel().0,

@@ -260,7 +260,7 @@ impl Wiring {
         results: mpsc::UnboundedSender<crate::prober::Update>,
     ) -> Arc<crate::prober::ProbeManager> {
         Arc::new(crate::prober::ProbeManager::new(
-            self.rt.runtime.clone(),
+            Arc::new(crate::prober::RuntimeProber::new(self.rt.runtime.clone())),
             status.clone(),
             Arc::new(events.clone()),
             results,

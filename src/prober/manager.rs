@@ -6,12 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
-use runtime::RuntimeService;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::results::{ResultsManager, Update};
-use super::run::{Prober, RuntimeProber};
+use super::run::Prober;
 use super::worker::{Shared, StatusSource, Worker};
 use super::{ProbeKind, ProbeResult};
 use crate::api::events::PodEvents;
@@ -55,26 +54,10 @@ pub struct ProbeManager {
 }
 
 impl ProbeManager {
-    /// A manager probing through `rt` (exec) and the network; each result change goes to
-    /// `updates`; every worker stops with `cancel`.
+    /// A manager whose attempts `prober` runs ([`super::RuntimeProber`]: exec through the
+    /// runtime, the others over the network); each result change goes to `updates`; every
+    /// worker stops with `cancel`.
     pub fn new(
-        rt: Arc<dyn RuntimeService>,
-        statuses: Arc<dyn StatusSource>,
-        events: Arc<dyn PodEvents>,
-        updates: mpsc::UnboundedSender<Update>,
-        cancel: CancellationToken,
-    ) -> Self {
-        Self::with_prober(
-            Arc::new(RuntimeProber::new(rt)),
-            statuses,
-            events,
-            updates,
-            cancel,
-        )
-    }
-
-    /// A manager whose attempts `prober` runs.
-    pub fn with_prober(
         prober: Arc<dyn Prober>,
         statuses: Arc<dyn StatusSource>,
         events: Arc<dyn PodEvents>,

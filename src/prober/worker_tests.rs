@@ -387,7 +387,7 @@ async fn the_manager_starts_workers_once_and_reports_a_view() {
         "readinessProbe": {"exec": {"command": ["true"]}},
         "startupProbe": {"exec": {"command": ["true"]}}}));
     let (tx, _rx) = mpsc::unbounded_channel();
-    let m = ProbeManager::with_prober(
+    let m = ProbeManager::new(
         f.script.clone(),
         f.statuses.clone(),
         f.events.clone(),
