@@ -118,7 +118,7 @@ pub struct PodWorkers {
 }
 
 fn uid_of(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
+    crate::model::pod_uid(pod).to_string()
 }
 
 impl PodWorkers {

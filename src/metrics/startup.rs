@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use crate::model::pod_uid as uid;
 use k8s_openapi::api::core::v1::Pod;
 
 /// What one pod's start observed: the total since creation, and the SLI duration (None for a
@@ -81,10 +82,6 @@ struct State {
 #[derive(Debug, Default)]
 pub struct StartupTracker {
     state: Mutex<State>,
-}
-
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or("")
 }
 
 impl StartupTracker {

@@ -78,6 +78,11 @@ pub fn pod_identity(pod: &Pod) -> (&str, &str, &str) {
     )
 }
 
+/// The pod's UID, or "" when it has none.
+pub fn pod_uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or("")
+}
+
 /// `namespace/name` of a pod as its metadata spells it, for messages.
 pub fn pod_full_name(pod: &Pod) -> String {
     format!(

@@ -84,7 +84,7 @@ fn mounts(
                     "{field}.subPath: {sub:?} must be a relative path without '..'"
                 )));
             }
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let uid = crate::model::pod_uid(pod);
             let target = volumes::sub_path_target(&opts.pods_dir, uid, &v.name, &c.name, i);
             volumes::sub_path(&host_path, p)
                 .and_then(|fd| volumes::bind_sub_path(&fd, &target))

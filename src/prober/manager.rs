@@ -87,7 +87,7 @@ impl ProbeManager {
     /// Starts the workers of the pod's probes that do not run yet: its app containers' and its
     /// sidecars' (regular init containers have none).
     pub fn add_pod(&self, pod: &Pod) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = crate::model::pod_uid(pod).to_string();
         let mut pods = self.lock();
         // Called on every sync: the pod is copied only when a worker is started.
         let mut shared: Option<Arc<Pod>> = None;

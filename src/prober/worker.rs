@@ -14,6 +14,7 @@ use super::run::{Attempt, Prober, Target};
 use super::{ProbeKind, ProbeParams, ProbeResult};
 use crate::api::events::PodEvents;
 use crate::api::events::{EventType, Reason};
+use crate::model::pod_uid as uid;
 use crate::model::{Phase, RestartPolicy};
 
 /// Where a worker reads the pod's last computed status (the status manager).
@@ -53,10 +54,6 @@ pub struct Worker {
     run: u32,
     /// A liveness or startup failure stops probing until the container is replaced.
     on_hold: bool,
-}
-
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 fn started_at(s: &ContainerStatus) -> Option<SystemTime> {

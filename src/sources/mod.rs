@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 pub const FILE_SOURCE: &str = "file";
 /// The source name of pods read from the static pod URL.
 pub const HTTP_SOURCE: &str = "http";
-pub use crate::model::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, annotation, pod_full_name};
+pub use crate::model::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, annotation, pod_full_name, pod_uid};
 /// Annotation holding a static pod's hash (its UID).
 pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// Annotation holding when the kubelet first saw the pod (RFC 3339).
@@ -46,9 +46,4 @@ pub struct PodUpdate {
     pub op: PodOp,
     pub pods: Vec<Pod>,
     pub source: &'static str,
-}
-
-/// The pod's UID, or "" when it has none.
-pub fn pod_uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or("")
 }
