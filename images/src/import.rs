@@ -16,7 +16,7 @@ use crate::unpack::{Compression, detect_compression};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// How deep indexes may nest inside index.json.
 const MAX_DEPTH: usize = 4;
@@ -288,11 +288,13 @@ struct DockerManifest<'a> {
 }
 
 fn read_docker(src: &Source, stage: &mut Stage) -> Result<Vec<Candidate>> {
-    let invalid = |reason: String| Error::invalid_image(&src.origin, reason);
     let entries: Vec<DockerEntry> = serde_json::from_slice(&src.read("manifest.json")?)
-        .map_err(|e| invalid(format!("manifest.json: {e}")))?;
+        .map_err(|e| Error::invalid_image(&src.origin, format!("manifest.json: {e}")))?;
     if entries.is_empty() {
-        return Err(invalid("manifest.json lists no images".to_string()));
+        return Err(Error::invalid_image(
+            &src.origin,
+            "manifest.json lists no images",
+        ));
     }
     // Resolve every layer path first: archives may share one layer file between images
     // (through symlinks), and staging moves files out of the extracted tree.
@@ -305,27 +307,41 @@ fn read_docker(src: &Source, stage: &mut Stage) -> Result<Vec<Candidate>> {
             .collect::<Result<Vec<_>>>()?;
         resolved.push(paths);
     }
-    let mut done: BTreeMap<PathBuf, (String, u64, &'static str)> = BTreeMap::new();
-    let mut out = Vec::new();
-    for (entry, layer_paths) in entries.iter().zip(resolved) {
-        let config_bytes = src.read(&entry.config)?;
-        let config_digest = digest::sha256_bytes(&config_bytes);
-        // Docker names the config after its digest: check it when it does.
-        let stem = entry.config.rsplit('/').next().unwrap_or_default();
-        let stem = stem.strip_suffix(".json").unwrap_or(stem);
-        if stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_hexdigit()) {
-            digest::verify(
-                &format!("config {}", entry.config),
-                &format!("sha256:{stem}"),
-                None,
-                &(config_digest.clone(), 0),
-            )?;
-        }
-        stage.add_bytes("config", &config_digest, None, &config_bytes)?;
+    let mut reader = DockerReader {
+        src,
+        stage,
+        done: BTreeMap::new(),
+    };
+    entries
+        .iter()
+        .zip(resolved)
+        .map(|(entry, layer_paths)| reader.image(entry, &layer_paths))
+        .collect()
+}
+
+/// A layer file of a docker archive as staged: its digest, size and media type.
+type StagedLayer = (String, u64, &'static str);
+
+struct DockerReader<'a> {
+    src: &'a Source,
+    stage: &'a mut Stage,
+    /// The layer files staged so far, by resolved path: images may share them.
+    done: BTreeMap<PathBuf, StagedLayer>,
+}
+
+impl DockerReader<'_> {
+    fn invalid(&self, reason: String) -> Error {
+        Error::invalid_image(&self.src.origin, reason)
+    }
+
+    /// Stages the image of `entry`, whose layer files are at `layer_paths`, with a docker
+    /// manifest made for it.
+    fn image(&mut self, entry: &DockerEntry, layer_paths: &[PathBuf]) -> Result<Candidate> {
+        let (config_bytes, config_digest) = self.config(entry)?;
         let config = spec::parse_config(&config_bytes)
-            .map_err(|r| invalid(format!("{}: {r}", entry.config)))?;
+            .map_err(|r| self.invalid(format!("{}: {r}", entry.config)))?;
         if config.rootfs.diff_ids.len() != layer_paths.len() {
-            return Err(invalid(format!(
+            return Err(self.invalid(format!(
                 "{} lists {} layers but its config {} diff_ids",
                 entry.config,
                 layer_paths.len(),
@@ -339,25 +355,7 @@ fn read_docker(src: &Source, stage: &mut Stage) -> Result<Vec<Candidate>> {
             .zip(&entry.layers)
             .zip(&config.rootfs.diff_ids)
         {
-            let (layer_digest, size, media_type) = match done.get(path) {
-                Some(d) => d.clone(),
-                None => {
-                    let media_type =
-                        layer_media_type(path).map_err(|r| invalid(format!("{rel}: {r}")))?;
-                    let (d, size) =
-                        stage.add_file(&format!("layer {rel}"), path, None, src.extracted)?;
-                    // An uncompressed layer's digest is its diff_id.
-                    if media_type == media::DOCKER_LAYER_TAR && &d != diff_id {
-                        return Err(Error::DigestMismatch {
-                            what: format!("diff_id of layer {rel}"),
-                            expected: diff_id.clone(),
-                            actual: d,
-                        });
-                    }
-                    done.insert(path.clone(), (d.clone(), size, media_type));
-                    (d, size, media_type)
-                }
-            };
+            let (layer_digest, size, media_type) = self.layer(path, rel, diff_id)?;
             descriptors.push(Descriptor {
                 media_type: media_type.to_string(),
                 digest: layer_digest.clone(),
@@ -370,34 +368,18 @@ fn read_docker(src: &Source, stage: &mut Stage) -> Result<Vec<Candidate>> {
                 diff_id: diff_id.clone(),
             });
         }
-        let manifest = DockerManifest {
-            schema_version: 2,
-            media_type: media::DOCKER_MANIFEST,
-            config: Descriptor {
-                media_type: media::DOCKER_CONFIG.to_string(),
-                digest: config_digest.clone(),
-                size: config_bytes.len() as i64,
-                ..Default::default()
-            },
-            layers: descriptors,
+        let config_descriptor = Descriptor {
+            media_type: media::DOCKER_CONFIG.to_string(),
+            digest: config_digest.clone(),
+            size: config_bytes.len() as i64,
+            ..Default::default()
         };
-        let manifest_bytes = serde_json::to_vec(&manifest)
-            .map_err(|e| invalid(format!("building manifest: {e}")))?;
-        let manifest_digest = digest::sha256_bytes(&manifest_bytes);
-        stage.add_bytes("manifest", &manifest_digest, None, &manifest_bytes)?;
-        let mut names = Vec::new();
-        for tag in entry.repo_tags.iter().flatten() {
-            match crate::reference::normalize_reference(tag) {
-                Ok(n) if !names.contains(&n) => names.push(n),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(tag, error = %e, "ignoring unusable RepoTag"),
-            }
-        }
+        let manifest_digest = self.manifest(config_descriptor, descriptors)?;
         let mut blobs: BTreeSet<String> = layers.iter().map(|l| l.digest.clone()).collect();
         blobs.insert(config_digest.clone());
         blobs.insert(manifest_digest.clone());
-        out.push(Candidate {
-            names,
+        Ok(Candidate {
+            names: repo_tag_names(entry),
             digest_repos: Vec::new(),
             target_digest: manifest_digest.clone(),
             manifest_digest,
@@ -406,13 +388,84 @@ fn read_docker(src: &Source, stage: &mut Stage) -> Result<Vec<Candidate>> {
             config,
             layers,
             blobs,
-        });
+        })
     }
-    Ok(out)
+
+    /// Reads and stages the config of `entry`, checked against the digest its file name
+    /// carries (as docker names it) when it does; its bytes and digest.
+    fn config(&mut self, entry: &DockerEntry) -> Result<(Vec<u8>, String)> {
+        let config_bytes = self.src.read(&entry.config)?;
+        let config_digest = digest::sha256_bytes(&config_bytes);
+        let stem = entry.config.rsplit('/').next().unwrap_or_default();
+        let stem = stem.strip_suffix(".json").unwrap_or(stem);
+        if stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_hexdigit()) {
+            digest::verify(
+                &format!("config {}", entry.config),
+                &format!("sha256:{stem}"),
+                None,
+                &(config_digest.clone(), 0),
+            )?;
+        }
+        self.stage
+            .add_bytes("config", &config_digest, None, &config_bytes)?;
+        Ok((config_bytes, config_digest))
+    }
+
+    /// Stages the layer file at `path` (`rel` in the archive) once, checking an uncompressed
+    /// one against `diff_id`.
+    fn layer(&mut self, path: &Path, rel: &str, diff_id: &str) -> Result<StagedLayer> {
+        if let Some(d) = self.done.get(path) {
+            return Ok(d.clone());
+        }
+        let media_type = layer_media_type(path).map_err(|r| self.invalid(format!("{rel}: {r}")))?;
+        let (d, size) =
+            self.stage
+                .add_file(&format!("layer {rel}"), path, None, self.src.extracted)?;
+        // An uncompressed layer's digest is its diff_id.
+        if media_type == media::DOCKER_LAYER_TAR && d != diff_id {
+            return Err(Error::DigestMismatch {
+                what: format!("diff_id of layer {rel}"),
+                expected: diff_id.to_string(),
+                actual: d,
+            });
+        }
+        self.done
+            .insert(path.to_path_buf(), (d.clone(), size, media_type));
+        Ok((d, size, media_type))
+    }
+
+    /// Makes and stages the docker manifest of an image of `config` and `layers`; its digest.
+    fn manifest(&mut self, config: Descriptor, layers: Vec<Descriptor>) -> Result<String> {
+        let manifest = DockerManifest {
+            schema_version: 2,
+            media_type: media::DOCKER_MANIFEST,
+            config,
+            layers,
+        };
+        let manifest_bytes = serde_json::to_vec(&manifest)
+            .map_err(|e| self.invalid(format!("building manifest: {e}")))?;
+        let manifest_digest = digest::sha256_bytes(&manifest_bytes);
+        self.stage
+            .add_bytes("manifest", &manifest_digest, None, &manifest_bytes)?;
+        Ok(manifest_digest)
+    }
+}
+
+/// The names the RepoTags of `entry` give its image.
+fn repo_tag_names(entry: &DockerEntry) -> Vec<String> {
+    let mut names = Vec::new();
+    for tag in entry.repo_tags.iter().flatten() {
+        match crate::reference::normalize_reference(tag) {
+            Ok(n) if !names.contains(&n) => names.push(n),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(tag, error = %e, "ignoring unusable RepoTag"),
+        }
+    }
+    names
 }
 
 /// The docker media type of a layer file, from its first bytes.
-fn layer_media_type(path: &std::path::Path) -> Result<&'static str, String> {
+fn layer_media_type(path: &Path) -> Result<&'static str, String> {
     let mut head = [0u8; 8];
     let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let n = file.read(&mut head).map_err(|e| e.to_string())?;

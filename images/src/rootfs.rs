@@ -57,6 +57,26 @@ fn read_record(path: &Path) -> Result<Option<RootfsRecord>> {
     }
 }
 
+/// Records at `path` that the rootfs mounted (or to be mounted) at `target` holds image
+/// `image_id`; returns `target` resolved, as recorded.
+fn write_record(path: &Path, image_id: String, target: &Path) -> Result<PathBuf> {
+    let target = target
+        .canonicalize()
+        .map_err(|e| Error::io("resolving rootfs target", target, e))?;
+    let data = serde_json::to_vec(&RootfsRecord {
+        image_id,
+        target: target.clone(),
+    })
+    .map_err(|source| Error::Json {
+        op: "serialising rootfs record",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // The record matters while the node runs: after a crash its containers are gone.
+    write_atomic_volatile(path, &data)?;
+    Ok(target)
+}
+
 /// Sets aside every rootfs record that cannot be read (torn or corrupt) as
 /// `corrupt/rootfs-<key>.json.<time>`, returning those keys. Their dirs and mounts stay.
 pub(crate) fn set_aside_unreadable(paths: &Paths) -> Vec<String> {
@@ -245,20 +265,7 @@ impl Store {
             lower.push(empty);
         }
         mkdir(target)?;
-        let target = target
-            .canonicalize()
-            .map_err(|e| Error::io("resolving rootfs target", target, e))?;
-        let data = serde_json::to_vec(&RootfsRecord {
-            image_id: id,
-            target: target.clone(),
-        })
-        .map_err(|source| Error::Json {
-            op: "serialising rootfs record",
-            path: record_path.clone(),
-            source,
-        })?;
-        // The record matters while the node runs: after a crash its containers are gone.
-        write_atomic_volatile(&record_path, &data)?;
+        let target = write_record(&record_path, id, target)?;
         if mounts::is_mountpoint(&target)? {
             return Ok(());
         }
@@ -299,20 +306,7 @@ impl Store {
                 std::io::Error::from(std::io::ErrorKind::NotFound),
             ));
         }
-        let target = target
-            .canonicalize()
-            .map_err(|e| Error::io("resolving rootfs target", target, e))?;
-        let data = serde_json::to_vec(&RootfsRecord {
-            image_id: id,
-            target,
-        })
-        .map_err(|source| Error::Json {
-            op: "serialising rootfs record",
-            path: record_path.clone(),
-            source,
-        })?;
-        // The record matters while the node runs: after a crash its containers are gone.
-        write_atomic_volatile(&record_path, &data)?;
+        write_record(&record_path, id, target)?;
         self.inner
             .unrecorded
             .lock()

@@ -1,12 +1,18 @@
 //! The async client of a sandbox process, used by the built-in runtime inside the agent's tokio
-//! process, and [`launch`], which starts a sandbox process by re-executing the agent's binary.
+//! process: requests and answers over the sandbox's socket, exec and attach streams. What the
+//! sandbox left on disk is read in `disk`, whether its process is alive is told in `liveness`,
+//! and [`launch`] (in `launch`) starts a sandbox process by re-executing the agent's binary.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+mod disk;
+mod launch;
+mod liveness;
+
+pub use launch::launch;
+
+use std::path::PathBuf;
 use std::time::Duration;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
@@ -14,75 +20,13 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::protocol::{MAX_MESSAGE, Request, Response};
 use crate::spec::{
-    ContainerSpec, ContainerStatus, Event, ExecResult, ExecSpec, Layout, SandboxState, Spec,
+    ContainerSpec, ContainerStatus, Event, ExecResult, ExecSpec, Layout, SandboxState,
     StreamExecSpec,
 };
 use crate::{Error, Kind, Result, fdpass};
 
 /// How long a plain request may take before the sandbox counts as unresponsive.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Starts the sandbox process for `spec` in `state_dir` by running `program args... state_dir`
-/// (the agent's own binary with its hidden sandbox subcommand). Returns the sandbox's PID once it
-/// serves. The state dir is created; a failed start leaves the dir for the caller to remove.
-pub async fn launch(program: &Path, args: &[&str], state_dir: &Path, spec: &Spec) -> Result<i32> {
-    let layout = Layout::new(state_dir);
-    tokio::fs::create_dir_all(state_dir)
-        .await
-        .map_err(|e| Error::io("creating", state_dir, e))?;
-    let text = serde_json::to_vec_pretty(spec)?;
-    tokio::fs::write(layout.spec(), text)
-        .await
-        .map_err(|e| Error::io("writing", layout.spec(), e))?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(layout.log())
-        .map_err(|e| Error::io("opening", layout.log(), e))?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .arg(state_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(|e| Error::io("starting sandbox process", program, e))?;
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout
-            .read_to_string(&mut out)
-            .await
-            .map_err(|e| Error::io("reading from sandbox process", program, e))?;
-    }
-    let _ = child.wait().await;
-    let out = out.trim();
-    if let Some(pid) = out.strip_prefix("ok ") {
-        return pid
-            .parse()
-            .map_err(|_| Error::new(Kind::Internal, format!("sandbox reported {out:?}")));
-    }
-    let (kind, msg) = setup_failure(out.strip_prefix("err ").unwrap_or(out));
-    Err(Error::new(
-        kind,
-        format!("starting sandbox {}: {msg}", spec.id),
-    ))
-}
-
-/// The kind and message of a failed sandbox set-up, reported as `<Kind> <message>` (or, from
-/// the launcher side, a bare message). Only `InvalidArgument` and `FailedPrecondition` are
-/// passed on: a sandbox that could not be set up is an internal failure unless its spec was at
-/// fault or the node was not in a state to take it (a node port in use, a broken bridge).
-fn setup_failure(reported: &str) -> (Kind, &str) {
-    match reported.split_once(' ') {
-        Some(("InvalidArgument", msg)) => (Kind::InvalidArgument, msg),
-        Some(("FailedPrecondition", msg)) => (Kind::FailedPrecondition, msg),
-        Some((k, msg)) if serde_json::from_str::<Kind>(&format!("{k:?}")).is_ok() => {
-            (Kind::Internal, msg)
-        }
-        _ => (Kind::Internal, reported),
-    }
-}
 
 /// A process started by [`Client::exec_stream`].
 #[derive(Debug)]
@@ -466,155 +410,11 @@ impl Client {
         });
         Ok(rx)
     }
-
-    /// Container statuses persisted on disk: what is known of a sandbox whose process is gone.
-    pub fn persisted(&self) -> Vec<ContainerStatus> {
-        crate::process::read_persisted(&self.layout)
-    }
-
-    /// Whether the sandbox process is alive: the process its pid file names exists and serves
-    /// this state dir (a PID another process reuses does not count). Before its pid file is
-    /// written (during set-up) it counts as alive.
-    pub fn process_alive(&self) -> bool {
-        match std::fs::read_to_string(self.layout.pid_file()) {
-            Ok(text) => self.serving(&text).is_some(),
-            Err(_) => !self.is_stopped(),
-        }
-    }
-
-    /// The sandbox process's PID, while it is alive.
-    pub fn pid(&self) -> Option<i32> {
-        let text = std::fs::read_to_string(self.layout.pid_file()).ok()?;
-        self.serving(&text)
-    }
-
-    /// SIGKILLs every process serving this state dir, whatever its pid file says (a sandbox
-    /// whose launch was cut short may not have written it yet), and waits (a few seconds at
-    /// most) until they are gone. For a sandbox being discarded. Returns how many there were.
-    pub fn kill_serving(&self) -> usize {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
-            return 0;
-        };
-        let me = std::process::id() as i32;
-        let pids: Vec<i32> = std::fs::read_dir("/proc")
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-                    .filter(|&pid| pid != me && self.serves(pid, ours.dev(), ours.ino()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for &pid in &pids {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::time::Instant::now() < deadline
-            && pids.iter().any(|&p| self.serves(p, ours.dev(), ours.ino()))
-        {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        pids.len()
-    }
-
-    /// Whether any process serves this state dir, whatever its pid file says.
-    pub fn served(&self) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(ours) = std::fs::metadata(&self.layout.dir) else {
-            return false;
-        };
-        let me = std::process::id() as i32;
-        std::fs::read_dir("/proc").is_ok_and(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-                .any(|pid| pid != me && self.serves(pid, ours.dev(), ours.ino()))
-        })
-    }
-
-    /// The PID in the pid file's `text`, if that process serves this state dir: its last
-    /// argument is its state dir, however spelled (compared as the same directory).
-    fn serving(&self, text: &str) -> Option<i32> {
-        use std::os::unix::fs::MetadataExt;
-        let pid: i32 = text.trim().parse().ok()?;
-        let ours = std::fs::metadata(&self.layout.dir).ok()?;
-        self.serves(pid, ours.dev(), ours.ino()).then_some(pid)
-    }
-
-    /// Whether process `pid` serves the state dir `(dev, ino)`: its last argument names it.
-    fn serves(&self, pid: i32, dev: u64, ino: u64) -> bool {
-        self.serves_dir(pid, dev, ino).unwrap_or(false)
-    }
-
-    fn serves_dir(&self, pid: i32, dev: u64, ino: u64) -> Option<bool> {
-        use std::os::unix::fs::MetadataExt;
-        // A zombie has no command line: it serves nothing.
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let last = cmd.split(|b| *b == 0).rfind(|arg| !arg.is_empty())?;
-        let arg = Path::new(std::ffi::OsStr::from_bytes(last));
-        let dir = if arg.is_absolute() {
-            arg.to_path_buf()
-        } else {
-            Path::new(&format!("/proc/{pid}/cwd")).join(arg)
-        };
-        let m = std::fs::metadata(dir).ok()?;
-        Some(m.dev() == dev && m.ino() == ino)
-    }
-
-    /// The spec the sandbox was launched with.
-    pub fn spec(&self) -> Result<crate::Spec> {
-        let path = self.layout.spec();
-        let text = std::fs::read(&path).map_err(|e| Error::io("reading", &path, e))?;
-        Ok(serde_json::from_slice(&text)?)
-    }
-
-    /// After the sandbox process died without shutting down: see [`crate::process::reap_dead`].
-    /// Blocks (kills and waits, at most seconds).
-    pub fn reap_dead(&self, cgroup_parent: &str) -> Result<Vec<ContainerStatus>> {
-        crate::process::reap_dead(&self.layout, cgroup_parent)
-    }
-
-    /// For a sandbox whose state dir is gone while its process is too (the dir was on a tmpfs
-    /// that a reboot emptied): makes the state dir again as a shut-down sandbox's, holding
-    /// `containers` as their persisted statuses (what the caller still knows of them), so that
-    /// they read, are reaped ([`Self::reap_dead`]) and removed as any stopped sandbox's.
-    pub fn restore_lost(&self, containers: &[ContainerStatus]) -> Result<()> {
-        let dir = self.layout.status_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
-        for status in containers {
-            crate::process::persist(&self.layout, status);
-        }
-        let marker = self.layout.stopped_marker();
-        std::fs::write(&marker, b"").map_err(|e| Error::io("writing", &marker, e))
-    }
-
-    /// Whether the sandbox has been shut down (its process ended after cleaning up).
-    pub fn is_stopped(&self) -> bool {
-        self.layout.stopped_marker().exists()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn setup_failures_keep_invalid_argument_only() {
-        assert_eq!(
-            setup_failure("InvalidArgument setting sysctl a.b=1: No such file"),
-            (Kind::InvalidArgument, "setting sysctl a.b=1: No such file")
-        );
-        assert_eq!(
-            setup_failure("NotFound reading spec.json: gone"),
-            (Kind::Internal, "reading spec.json: gone")
-        );
-        assert_eq!(
-            setup_failure("the sandbox process died during set-up"),
-            (Kind::Internal, "the sandbox process died during set-up")
-        );
-    }
 
     /// An attach frame claiming more than a sandbox ever sends is refused before anything is
     /// allocated for it; a normal one reads.

@@ -6,8 +6,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::store::ContainerRecord;
-use super::{BuiltinRuntime, image_error, new_id, pod, sandbox_error, spec, userns};
+use super::store::{ContainerRecord, SandboxRecord};
+use super::{BuiltinRuntime, Reservation, image_error, new_id, pod, sandbox_error, spec, userns};
 use crate::{Error, Result, cri};
 
 /// Joins the sandbox's log directory and the container's relative log path, refusing escapes.
@@ -30,6 +30,83 @@ fn log_path(dir: &str, rel: &str) -> Result<String> {
 
 /// The live or last known status of each container, by id.
 pub(super) type Statuses = BTreeMap<String, sandbox::ContainerStatus>;
+
+/// The user a container runs as: UID, GID and supplementary groups (sorted, without repeats).
+type ContainerUser = (u32, u32, Vec<u32>);
+
+/// A CreateContainer request, checked, with what it names resolved.
+struct Creation {
+    config: cri::ContainerConfig,
+    meta: cri::ContainerMetadata,
+    /// The sandbox's record: its config as it was created with.
+    sandbox: SandboxRecord,
+    image_name: String,
+    image: images::Image,
+    /// The container's own stop signal, which wins over the image's.
+    own_stop_signal: Option<i32>,
+    log: String,
+}
+
+impl Creation {
+    /// The record of the container created as `id`, running as `user`.
+    fn record(&self, id: &str, user: Option<ContainerUser>) -> ContainerRecord {
+        let image = &self.image;
+        ContainerRecord {
+            id: id.to_string(),
+            sandbox_id: self.sandbox.id.clone(),
+            image_ref: self.image_name.clone(),
+            image_id: image.id.clone(),
+            image_digest: image.repo_digests.first().cloned().unwrap_or_default(),
+            created_at: sandbox::now_ns(),
+            log_path: self.log.clone(),
+            stop_signal: self.own_stop_signal.or_else(|| {
+                image
+                    .config
+                    .stop_signal
+                    .as_deref()
+                    .and_then(spec::parse_signal)
+            }),
+            config: self.config.clone(),
+            user,
+        }
+    }
+}
+
+/// Where and how a container's OCI spec is written: its id and bundle, the live sandbox, the
+/// container whose PID namespace it joins, the pod's user namespace.
+struct SpecPlace<'a> {
+    id: &'a str,
+    bundle: &'a Path,
+    live: &'a sandbox::SandboxState,
+    target_pid: Option<i32>,
+    userns: Option<&'a userns::PodUserns>,
+}
+
+/// The container's own stop signal (the pod's lifecycle.stopSignal, which CRI v1 as spoken
+/// here carries only as this annotation), which wins over the image's STOPSIGNAL.
+fn own_stop_signal(config: &cri::ContainerConfig) -> Result<Option<i32>> {
+    match config.annotations.get(super::ANNOTATION_STOP_SIGNAL) {
+        Some(s) => Ok(Some(spec::parse_signal(s).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "annotation {}: {s:?} is not a signal",
+                super::ANNOTATION_STOP_SIGNAL
+            ))
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// The pod's user namespace, held by the sandbox's holder process, when the pod has one.
+fn pod_userns(
+    sandbox_config: &cri::PodSandboxConfig,
+    live: &sandbox::SandboxState,
+) -> Result<Option<userns::PodUserns>> {
+    let opts = pod::namespace_options(sandbox_config);
+    Ok(match (live.userns_holder, pod::user_namespace(&opts)?) {
+        (Some(holder), Some(maps)) => Some(userns::PodUserns::of_holder(holder, &maps)?),
+        _ => None,
+    })
+}
 
 impl BuiltinRuntime {
     /// Statuses of every container of the sandboxes named, from their processes or, for those
@@ -81,7 +158,51 @@ impl BuiltinRuntime {
             .remove(&rec.id)
     }
 
+    /// CreateContainer: checks the request, then, with the sandbox held and the container's
+    /// name reserved, stages the rootfs, writes the OCI spec, has the sandbox create the
+    /// container and records it. What a failed step leaves is undone at the end.
     pub(super) async fn create(&self, req: cri::CreateContainerRequest) -> Result<String> {
+        let want = self.creation(req)?;
+        let sandbox_id = want.sandbox.id.clone();
+        let lock = self.sandbox_lock(&sandbox_id);
+        let _shared = lock.read().await;
+        if self.inner.records.sandbox(&sandbox_id).is_none() {
+            return Err(Error::not_found(format!(
+                "pod sandbox {sandbox_id} is gone"
+            )));
+        }
+        let _reserved = self.reserve_container_name(&sandbox_id, &want.meta)?;
+        let live = self.ready_sandbox(&want.sandbox).await?;
+        let target_pid = self.target_pid(&want.config, &live)?;
+        let id = new_id()?;
+        let bundle = self.bundle_dir(&id);
+        let result = async {
+            let userns = pod_userns(&want.sandbox.config, &live)?;
+            self.stage_rootfs(&id, &want.image.id, &bundle, userns.as_ref())?;
+            let spec = SpecPlace {
+                id: &id,
+                bundle: &bundle,
+                live: &live,
+                target_pid,
+                userns: userns.as_ref(),
+            };
+            let user = self.write_spec(&want, &spec)?;
+            self.create_in_sandbox(&want, &id, &bundle, userns.is_some())
+                .await?;
+            self.inner.records.save_container(&want.record(&id, user))
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = self.client(&sandbox_id).delete(&id).await;
+            self.release(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Checks a CreateContainer request and resolves what it names: the sandbox (as it was
+    /// created), the image, the stop signal, the log path.
+    fn creation(&self, req: cri::CreateContainerRequest) -> Result<Creation> {
         let config = req
             .config
             .ok_or_else(|| Error::invalid_argument("CreateContainer needs a config"))?;
@@ -95,10 +216,8 @@ impl BuiltinRuntime {
                 meta.name
             )));
         }
-        let sandbox_rec = self.inner.records.need_sandbox(&req.pod_sandbox_id)?;
-        let sandbox_id = sandbox_rec.id.clone();
         // The kubelet sends the sandbox config again; the one it was created with is the truth.
-        let sandbox_config = sandbox_rec.config.clone();
+        let sandbox = self.inner.records.need_sandbox(&req.pod_sandbox_id)?;
         let image_name = config
             .image
             .as_ref()
@@ -107,34 +226,34 @@ impl BuiltinRuntime {
         if image_name.is_empty() {
             return Err(Error::invalid_argument("container config needs an image"));
         }
-        // The container's own stop signal (the pod's lifecycle.stopSignal, which CRI v1 as
-        // spoken here carries only as this annotation) wins over the image's STOPSIGNAL.
-        let own_stop_signal = match config.annotations.get(super::ANNOTATION_STOP_SIGNAL) {
-            Some(s) => Some(spec::parse_signal(s).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "annotation {}: {s:?} is not a signal",
-                    super::ANNOTATION_STOP_SIGNAL
-                ))
-            })?),
-            None => None,
-        };
+        let own_stop_signal = own_stop_signal(&config)?;
         let image = self
             .inner
             .images
             .resolve(&image_name)
             .map_err(image_error)?
             .ok_or_else(|| Error::not_found(format!("image {image_name:?} not found")))?;
-        let log = log_path(&sandbox_config.log_directory, &config.log_path)?;
+        let log = log_path(&sandbox.config.log_directory, &config.log_path)?;
+        Ok(Creation {
+            config,
+            meta,
+            sandbox,
+            image_name,
+            image,
+            own_stop_signal,
+            log,
+        })
+    }
 
-        let lock = self.sandbox_lock(&sandbox_id);
-        let _shared = lock.read().await;
-        if self.inner.records.sandbox(&sandbox_id).is_none() {
-            return Err(Error::not_found(format!(
-                "pod sandbox {sandbox_id} is gone"
-            )));
-        }
+    /// Reserves the name `meta` gives a container in sandbox `sandbox_id`: taken while another
+    /// container of the sandbox has it.
+    fn reserve_container_name(
+        &self,
+        sandbox_id: &str,
+        meta: &cri::ContainerMetadata,
+    ) -> Result<Reservation> {
         let key = format!("container {sandbox_id}/{}_{}", meta.name, meta.attempt);
-        let _reserved = self.reserve(key, || {
+        self.reserve(key, || {
             for other in self.inner.records.all_containers() {
                 if other.sandbox_id == sandbox_id {
                     if let Some(m) = &other.config.metadata {
@@ -148,137 +267,142 @@ impl BuiltinRuntime {
                 }
             }
             Ok(())
-        })?;
-        let live = self.client(&sandbox_id).state().await.map_err(|e| {
+        })
+    }
+
+    /// The live state of the sandbox of `rec`, which must serve and not be stopped.
+    async fn ready_sandbox(&self, rec: &SandboxRecord) -> Result<sandbox::SandboxState> {
+        let sandbox_id = &rec.id;
+        let live = self.client(sandbox_id).state().await.map_err(|e| {
             Error::failed_precondition(format!("pod sandbox {sandbox_id} is not ready: {e}"))
         })?;
-        if sandbox_rec.stopped {
+        if rec.stopped {
             return Err(Error::failed_precondition(format!(
                 "pod sandbox {sandbox_id} is stopped"
             )));
         }
-        let opts = pod::namespace_options(&sandbox_config);
-        let container_opts = config
+        Ok(live)
+    }
+
+    /// The PID of the running container whose PID namespace the container joins (namespace
+    /// mode TARGET), `None` when it asks for none or that container does not run.
+    fn target_pid(
+        &self,
+        config: &cri::ContainerConfig,
+        live: &sandbox::SandboxState,
+    ) -> Result<Option<i32>> {
+        let Some(target) = config
             .linux
             .as_ref()
             .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.clone());
-        let target_pid = match container_opts
-            .as_ref()
-            .map(|o| (o.pid, o.target_id.clone()))
-        {
-            Some((pid, target)) if pid == cri::NamespaceMode::Target as i32 => {
-                let t = self
-                    .inner
-                    .records
-                    .resolve_container(&target)?
-                    .ok_or_else(|| {
-                        Error::not_found(format!("target container {target} not found"))
-                    })?;
-                live.containers
-                    .iter()
-                    .find(|c| c.id == t && c.state == sandbox::State::Running)
-                    .map(|c| c.pid)
-            }
-            _ => None,
+            .and_then(|s| s.namespace_options.as_ref())
+            .filter(|o| o.pid == cri::NamespaceMode::Target as i32)
+            .map(|o| &o.target_id)
+        else {
+            return Ok(None);
         };
-        let id = new_id()?;
-        let bundle = self.bundle_dir(&id);
+        let t = self
+            .inner
+            .records
+            .resolve_container(target)?
+            .ok_or_else(|| Error::not_found(format!("target container {target} not found")))?;
+        Ok(live
+            .containers
+            .iter()
+            .find(|c| c.id == t && c.state == sandbox::State::Running)
+            .map(|c| c.pid))
+    }
+
+    /// Prepares container `id`'s rootfs from image `image_id` in its bundle, ID-mapped to the
+    /// pod's user namespace when it has one.
+    fn stage_rootfs(
+        &self,
+        id: &str,
+        image_id: &str,
+        bundle: &Path,
+        userns: Option<&userns::PodUserns>,
+    ) -> Result<()> {
         let rootfs = bundle.join("rootfs");
-        let result = async {
-            let userns = match (live.userns_holder, pod::user_namespace(&opts)?) {
-                (Some(holder), Some(maps)) => Some(userns::PodUserns::of_holder(holder, &maps)?),
-                _ => None,
-            };
-            match &userns {
-                None => self.inner.images.prepare_rootfs(&image.id, &id, &rootfs),
-                Some(ns) => self.inner.images.prepare_rootfs_mapped(
-                    &image.id,
-                    &id,
-                    &rootfs,
-                    &ns.rootfs_idmap(),
-                ),
-            }
-            .map_err(image_error)?;
-            let etc = sandbox::Layout::new(self.sandbox_dir(&sandbox_id));
-            let mut oci = spec::container_spec(&spec::SpecInput {
-                container_id: &id,
-                config: &config,
-                sandbox: &sandbox_config,
-                image: &image.config,
-                rootfs: &rootfs,
-                sandbox_pid: live.pid,
-                pid_ns_holder: live.pid_ns_holder,
-                userns_holder: live.userns_holder,
-                target_pid,
-                cgroup_parent: &sandbox_rec.cgroup_parent,
-                etc_hosts: &etc.hosts(),
-                etc_hostname: &etc.hostname(),
-                etc_resolv_conf: &etc.resolv_conf(),
-            })?;
-            spec::annotate_sandbox_id(&mut oci, &sandbox_id);
-            create_bind_sources(&oci)?;
-            if let Some(process) = oci.process() {
-                for made in create_working_dir(&rootfs, process.cwd())? {
-                    if let Some(ns) = &userns {
-                        ns.give_to_root(&made)?;
-                    }
+        let images = &self.inner.images;
+        match userns {
+            None => images.prepare_rootfs(image_id, id, &rootfs),
+            Some(ns) => images.prepare_rootfs_mapped(image_id, id, &rootfs, &ns.rootfs_idmap()),
+        }
+        .map_err(image_error)
+    }
+
+    /// Writes the container's OCI spec into its bundle, having made what it needs on the node
+    /// (bind sources, the working directory; in a pod user namespace, ID-mapped binds). Returns
+    /// the user it runs as: UID, GID and supplementary groups.
+    fn write_spec(&self, want: &Creation, at: &SpecPlace<'_>) -> Result<Option<ContainerUser>> {
+        let sandbox_id = &want.sandbox.id;
+        let rootfs = at.bundle.join("rootfs");
+        let live = at.live;
+        let etc = sandbox::Layout::new(self.sandbox_dir(sandbox_id));
+        let mut oci = spec::container_spec(&spec::SpecInput {
+            container_id: at.id,
+            config: &want.config,
+            sandbox: &want.sandbox.config,
+            image: &want.image.config,
+            rootfs: &rootfs,
+            sandbox_pid: live.pid,
+            pid_ns_holder: live.pid_ns_holder,
+            userns_holder: live.userns_holder,
+            target_pid: at.target_pid,
+            cgroup_parent: &want.sandbox.cgroup_parent,
+            etc_hosts: &etc.hosts(),
+            etc_hostname: &etc.hostname(),
+            etc_resolv_conf: &etc.resolv_conf(),
+        })?;
+        spec::annotate_sandbox_id(&mut oci, sandbox_id);
+        create_bind_sources(&oci)?;
+        if let Some(process) = oci.process() {
+            for made in create_working_dir(&rootfs, process.cwd())? {
+                if let Some(ns) = at.userns {
+                    ns.give_to_root(&made)?;
                 }
             }
-            if let Some(ns) = &userns {
-                ns.stage_binds(&mut oci, &bundle)?;
-            }
-            let user = oci.process().as_ref().map(|p| {
-                let u = p.user();
-                let mut groups = u.additional_gids().clone().unwrap_or_default();
-                groups.sort_unstable();
-                groups.dedup();
-                (u.uid(), u.gid(), groups)
-            });
-            oci.save(bundle.join("config.json"))
-                .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
-            let created = self
-                .client(&sandbox_id)
-                .create(sandbox::ContainerSpec {
-                    id: id.clone(),
-                    bundle: bundle.clone(),
-                    log_path: (!log.is_empty()).then(|| PathBuf::from(&log)),
-                    stdin: config.stdin,
-                    stdin_once: config.stdin_once,
-                })
-                .await;
-            // The container has its binds now; the staged clones are not needed.
-            if userns.is_some() {
-                userns::unstage(&bundle);
-            }
-            created.map_err(sandbox_error)?;
-            let rec = ContainerRecord {
-                id: id.clone(),
-                sandbox_id: sandbox_id.clone(),
-                image_ref: image_name.clone(),
-                image_id: image.id.clone(),
-                image_digest: image.repo_digests.first().cloned().unwrap_or_default(),
-                created_at: sandbox::now_ns(),
-                log_path: log.clone(),
-                stop_signal: own_stop_signal.or_else(|| {
-                    image
-                        .config
-                        .stop_signal
-                        .as_deref()
-                        .and_then(spec::parse_signal)
-                }),
-                config: config.clone(),
-                user,
-            };
-            self.inner.records.save_container(&rec)
         }
-        .await;
-        if let Err(e) = result {
-            let _ = self.client(&sandbox_id).delete(&id).await;
-            self.release(&id);
-            return Err(e);
+        if let Some(ns) = at.userns {
+            ns.stage_binds(&mut oci, at.bundle)?;
         }
-        Ok(id)
+        let user = oci.process().as_ref().map(|p| {
+            let u = p.user();
+            let mut groups = u.additional_gids().clone().unwrap_or_default();
+            groups.sort_unstable();
+            groups.dedup();
+            (u.uid(), u.gid(), groups)
+        });
+        oci.save(at.bundle.join("config.json"))
+            .map_err(|e| Error::internal(format!("writing OCI spec: {e}")))?;
+        Ok(user)
+    }
+
+    /// Has the sandbox create container `id` from its bundle; the ID-mapped binds staged for a
+    /// pod user namespace (`staged`) go once it has.
+    async fn create_in_sandbox(
+        &self,
+        want: &Creation,
+        id: &str,
+        bundle: &Path,
+        staged: bool,
+    ) -> Result<()> {
+        let created = self
+            .client(&want.sandbox.id)
+            .create(sandbox::ContainerSpec {
+                id: id.to_string(),
+                bundle: bundle.to_path_buf(),
+                log_path: (!want.log.is_empty()).then(|| PathBuf::from(&want.log)),
+                stdin: want.config.stdin,
+                stdin_once: want.config.stdin_once,
+            })
+            .await;
+        // The container has its binds now; the staged clones are not needed.
+        if staged {
+            userns::unstage(bundle);
+        }
+        created.map_err(sandbox_error)?;
+        Ok(())
     }
 
     /// Unmounts and deletes a container's rootfs and bundle.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::store::{self, SandboxRecord};
-use super::{BuiltinRuntime, new_id, sandbox_error};
+use super::{BuiltinRuntime, Reservation, new_id, sandbox_error};
 use crate::{Error, Result, cri};
 
 /// The CRI namespace mode (0 is POD, as in the proto) as the sandbox's own.
@@ -176,8 +176,18 @@ pub(super) fn labels_match(
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-impl BuiltinRuntime {
-    pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
+/// A RunPodSandbox request, checked.
+struct SandboxRequest {
+    config: cri::PodSandboxConfig,
+    meta: cri::PodSandboxMetadata,
+    runtime_handler: String,
+    opts: cri::NamespaceOption,
+    user_namespace: Option<sandbox::IdMappings>,
+}
+
+impl SandboxRequest {
+    /// Checks `req`: its metadata, runtime handler, user namespace and sysctls.
+    fn check(req: cri::RunPodSandboxRequest) -> Result<Self> {
         let config = req
             .config
             .ok_or_else(|| Error::invalid_argument("RunPodSandbox needs a config"))?;
@@ -198,78 +208,33 @@ impl BuiltinRuntime {
         if let Some(linux) = &config.linux {
             check_sysctls(&linux.sysctls, &opts)?;
         }
-        let key = format!(
-            "sandbox {}_{}_{}_{}",
-            meta.name, meta.namespace, meta.uid, meta.attempt
-        );
-        let _reserved = self.reserve(key, || {
-            for other in self.inner.records.all_sandboxes() {
-                if let Some(m) = &other.config.metadata {
-                    if m.name == meta.name
-                        && m.namespace == meta.namespace
-                        && m.uid == meta.uid
-                        && m.attempt == meta.attempt
-                    {
-                        return Err(Error::already_exists(format!(
-                            "sandbox {}_{}_{}_{} already exists as {}",
-                            meta.name, meta.namespace, meta.uid, meta.attempt, other.id
-                        )));
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        let id = new_id()?;
-        let given_parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
-            .unwrap_or_default();
-        if !given_parent.is_empty()
-            && (!given_parent.starts_with('/') || given_parent.contains(".."))
-        {
-            return Err(Error::invalid_argument(format!(
-                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
-            )));
-        }
-        let cgroup_parent = if given_parent.is_empty() {
-            format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
-        } else {
-            given_parent
-        };
-        let own_network = ns_mode(opts.network) != sandbox::NamespaceMode::Node;
-        // hostNetwork pods' port mappings only document ports the pod opens on the node.
-        let ports = if own_network {
-            super::network::port_mappings(&config.port_mappings)?
-        } else {
-            Vec::new()
-        };
-        let network = match &self.inner.network {
-            Some(net) if own_network => {
-                if !net.is_set_up() {
-                    self.ensure_network().await.map_err(|e| {
-                        Error::failed_precondition(format!("the pod network is not ready: {e}"))
-                    })?;
-                }
-                let address = net
-                    .ipam
-                    .allocate(&id, &self.inner.cfg.root_dir.to_string_lossy())
-                    .map_err(sandbox_error)?;
-                Some(net.pod_network(&id, address, ports))
-            }
-            _ => None,
-        };
-        let ip = network.as_ref().map(|n| n.address);
-        let spec = sandbox::Spec {
-            id: id.clone(),
+        Ok(SandboxRequest {
+            config,
+            meta,
+            runtime_handler: req.runtime_handler,
+            opts,
+            user_namespace,
+        })
+    }
+
+    /// The spec of sandbox `id`, its pod under `cgroup_parent`, on `network`.
+    fn spec(
+        &self,
+        id: &str,
+        cgroup_parent: &str,
+        network: Option<sandbox::PodNetwork>,
+    ) -> sandbox::Spec {
+        let (config, opts) = (&self.config, &self.opts);
+        sandbox::Spec {
+            id: id.to_string(),
             hostname: config.hostname.clone(),
             namespaces: sandbox::Namespaces {
                 network: ns_mode(opts.network),
                 ipc: ns_mode(opts.ipc),
                 pid: ns_mode(opts.pid),
             },
-            owns_cgroup_parent: !sandbox::cgroup::exists(&cgroup_parent),
-            cgroup_parent: cgroup_parent.clone(),
+            owns_cgroup_parent: !sandbox::cgroup::exists(cgroup_parent),
+            cgroup_parent: cgroup_parent.to_string(),
             dns: config.dns_config.as_ref().map(|d| sandbox::Dns {
                 servers: d.servers.clone(),
                 searches: d.searches.clone(),
@@ -287,52 +252,173 @@ impl BuiltinRuntime {
                 })
                 .unwrap_or_else(BTreeMap::new),
             network,
-            user_namespace,
-        };
-        if !config.log_directory.is_empty() {
-            std::fs::create_dir_all(&config.log_directory).map_err(|e| {
-                Error::invalid_argument(format!(
-                    "creating log directory {}: {e}",
-                    config.log_directory
-                ))
-            })?;
+            user_namespace: self.user_namespace,
         }
-        let dir = self.sandbox_dir(&id);
-        let args: Vec<&str> = self
-            .inner
-            .cfg
-            .sandbox_args
-            .iter()
-            .map(String::as_str)
-            .collect();
-        if let Err(e) = sandbox::launch(&self.inner.cfg.sandbox_program, &args, &dir, &spec).await {
-            let _ = std::fs::remove_dir_all(&dir);
-            self.release_address(&id, ip);
-            if spec.owns_cgroup_parent {
-                let _ = sandbox::cgroup::remove(&format!("{cgroup_parent}/sandbox"));
-                let _ = sandbox::cgroup::remove(&cgroup_parent);
-            }
-            return Err(sandbox_error(e));
-        }
-        let rec = SandboxRecord {
-            id: id.clone(),
-            config,
-            runtime_handler: req.runtime_handler,
+    }
+
+    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip`.
+    fn into_record(
+        self,
+        id: &str,
+        cgroup_parent: String,
+        ip: Option<std::net::Ipv4Addr>,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            id: id.to_string(),
+            config: self.config,
+            runtime_handler: self.runtime_handler,
             created_at: sandbox::now_ns(),
             stopped: false,
             cgroup_parent,
             ip,
-        };
-        if let Err(e) = self.inner.records.save_sandbox(&rec) {
-            let _ = self.client(&id).shutdown().await;
-            let _ = std::fs::remove_dir_all(&dir);
-            self.release_address(&id, ip);
+        }
+    }
+}
+
+/// Creates the pod's log directory, if it names one.
+fn create_log_directory(config: &cri::PodSandboxConfig) -> Result<()> {
+    if !config.log_directory.is_empty() {
+        std::fs::create_dir_all(&config.log_directory).map_err(|e| {
+            Error::invalid_argument(format!(
+                "creating log directory {}: {e}",
+                config.log_directory
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+impl BuiltinRuntime {
+    /// RunPodSandbox: checks the request and reserves the pod's name, then picks the pod's
+    /// cgroup parent and address, launches the sandbox process and records it. What a failed
+    /// launch or record leaves is undone at the end.
+    pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
+        let want = SandboxRequest::check(req)?;
+        let _reserved = self.reserve_sandbox_name(&want.meta)?;
+        let id = new_id()?;
+        let cgroup_parent = self.cgroup_parent(&want.config, &id)?;
+        let network = self.pod_network(&id, &want).await?;
+        let ip = network.as_ref().map(|n| n.address);
+        let spec = want.spec(&id, &cgroup_parent, network);
+        create_log_directory(&want.config)?;
+        let launched = self.launch(&spec).await;
+        let was_launched = launched.is_ok();
+        let recorded = launched.and_then(|()| {
+            self.inner
+                .records
+                .save_sandbox(&want.into_record(&id, cgroup_parent, ip))
+        });
+        if let Err(e) = recorded {
+            self.undo_run(&spec, was_launched).await;
             return Err(e);
         }
         self.watch_sandbox(&id).await;
         self.emit(&id, cri::ContainerEventType::ContainerCreatedEvent);
         self.emit(&id, cri::ContainerEventType::ContainerStartedEvent);
         Ok(id)
+    }
+
+    /// Reserves the name `meta` gives a sandbox: taken while another sandbox has it.
+    fn reserve_sandbox_name(&self, meta: &cri::PodSandboxMetadata) -> Result<Reservation> {
+        let key = format!(
+            "sandbox {}_{}_{}_{}",
+            meta.name, meta.namespace, meta.uid, meta.attempt
+        );
+        self.reserve(key, || {
+            for other in self.inner.records.all_sandboxes() {
+                if let Some(m) = &other.config.metadata {
+                    if m.name == meta.name
+                        && m.namespace == meta.namespace
+                        && m.uid == meta.uid
+                        && m.attempt == meta.attempt
+                    {
+                        return Err(Error::already_exists(format!(
+                            "sandbox {}_{}_{}_{} already exists as {}",
+                            meta.name, meta.namespace, meta.uid, meta.attempt, other.id
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The cgroup the pod of sandbox `id` goes under: the one `config` gives (an absolute
+    /// cgroupfs path), else one of its own under the runtime's cgroup root.
+    fn cgroup_parent(&self, config: &cri::PodSandboxConfig, id: &str) -> Result<String> {
+        let given_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        if !given_parent.is_empty()
+            && (!given_parent.starts_with('/') || given_parent.contains(".."))
+        {
+            return Err(Error::invalid_argument(format!(
+                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
+            )));
+        }
+        Ok(if given_parent.is_empty() {
+            format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
+        } else {
+            given_parent
+        })
+    }
+
+    /// The pod network interface of sandbox `id`, with an address taken for it, when the pod
+    /// has its own network namespace and the runtime a pod network (set up on first use).
+    async fn pod_network(
+        &self,
+        id: &str,
+        want: &SandboxRequest,
+    ) -> Result<Option<sandbox::PodNetwork>> {
+        let own_network = ns_mode(want.opts.network) != sandbox::NamespaceMode::Node;
+        // hostNetwork pods' port mappings only document ports the pod opens on the node.
+        let ports = if own_network {
+            super::network::port_mappings(&want.config.port_mappings)?
+        } else {
+            Vec::new()
+        };
+        let Some(net) = self.inner.network.as_ref().filter(|_| own_network) else {
+            return Ok(None);
+        };
+        if !net.is_set_up() {
+            self.ensure_network().await.map_err(|e| {
+                Error::failed_precondition(format!("the pod network is not ready: {e}"))
+            })?;
+        }
+        let address = net
+            .ipam
+            .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
+            .map_err(sandbox_error)?;
+        Ok(Some(net.pod_network(id, address, ports)))
+    }
+
+    /// Starts the sandbox process for `spec` in its state dir.
+    async fn launch(&self, spec: &sandbox::Spec) -> Result<()> {
+        let dir = self.sandbox_dir(&spec.id);
+        let cfg = &self.inner.cfg;
+        let args: Vec<&str> = cfg.sandbox_args.iter().map(String::as_str).collect();
+        sandbox::launch(&cfg.sandbox_program, &args, &dir, spec)
+            .await
+            .map_err(sandbox_error)?;
+        Ok(())
+    }
+
+    /// Undoes a RunPodSandbox that failed at its launch or its record: ends the sandbox process
+    /// if it was `launched`, else removes the cgroups made for it; its state dir and its
+    /// address go either way.
+    async fn undo_run(&self, spec: &sandbox::Spec, launched: bool) {
+        let id = &spec.id;
+        if launched {
+            let _ = self.client(id).shutdown().await;
+        }
+        let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
+        self.release_address(id, spec.network.as_ref().map(|n| n.address));
+        if !launched && spec.owns_cgroup_parent {
+            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", spec.cgroup_parent));
+            let _ = sandbox::cgroup::remove(&spec.cgroup_parent);
+        }
     }
 
     pub(super) async fn stop_sandbox(&self, id: &str) -> Result<()> {

@@ -57,7 +57,8 @@ pub enum Session {
 }
 
 impl Session {
-    fn streams(&self) -> Streams {
+    /// Which streams it asked for.
+    pub(crate) fn streams(&self) -> Streams {
         match self {
             Session::Exec { streams, .. } | Session::Attach { streams, .. } => *streams,
         }
@@ -92,7 +93,8 @@ pub fn exit_status(code: i32) -> serde_json::Value {
     })
 }
 
-fn success() -> serde_json::Value {
+/// The `metav1.Status` of a session that ended well.
+pub(crate) fn success() -> serde_json::Value {
     serde_json::json!({"metadata": {}, "status": "Success"})
 }
 

@@ -271,15 +271,7 @@ pub(crate) fn build(input: &SpecInput, host: &Host) -> Result<Spec> {
     )?;
     let cwd = process::cwd(config, input.image)?;
     let capabilities = caps::capabilities(sc.capabilities.as_ref(), privileged, host.capabilities)?;
-    // Older clients (critest 1.26 among them) still send only the deprecated field.
-    #[allow(deprecated)]
-    let deprecated_path = sc.seccomp_profile_path.as_str();
-    let deprecated = match &sc.seccomp {
-        Some(_) => None,
-        None => seccomp::profile_from_path(deprecated_path)?,
-    };
-    let profile = sc.seccomp.as_ref().or(deprecated.as_ref());
-    let seccomp = seccomp::seccomp(profile, privileged, &capabilities)?;
+    let seccomp = seccomp::of_context(&sc, &capabilities)?;
     let (mut mounts, rootfs_propagation) = mounts::mounts(input, &sc)?;
     let cgroups_path = cgroups_path(input.cgroup_parent, input.container_id)?;
     let joins_pid_namespace = namespaces

@@ -238,6 +238,23 @@ pub(super) fn profile_from_path(path: &str) -> Result<Option<cri::SecurityProfil
     }))
 }
 
+/// The seccomp filter a container's security context asks for: its `seccomp` profile or, from
+/// older clients (critest 1.26 among them) that still send only it, the deprecated
+/// `seccomp_profile_path`.
+pub(super) fn of_context(
+    sc: &cri::LinuxContainerSecurityContext,
+    caps: &Caps,
+) -> Result<Option<LinuxSeccomp>> {
+    #[allow(deprecated)]
+    let deprecated_path = sc.seccomp_profile_path.as_str();
+    let deprecated = match &sc.seccomp {
+        Some(_) => None,
+        None => profile_from_path(deprecated_path)?,
+    };
+    let profile = sc.seccomp.as_ref().or(deprecated.as_ref());
+    seccomp(profile, sc.privileged, caps)
+}
+
 /// The seccomp filter of a container, if any.
 pub(super) fn seccomp(
     profile: Option<&cri::SecurityProfile>,

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use super::header;
 use super::session::{Incoming, Sender, Session};
-use crate::remotecommand::{Session as Request, exit_status, internal_error};
-use crate::{Backend, StreamIo, TermSize};
+use crate::remotecommand::{Session as Request, Streams, exit_status, internal_error, success};
+use crate::{Backend, Result, StreamIo, TermSize};
 
 /// The subprotocol served over SPDY.
 pub const PROTOCOL: &str = "v4.channel.k8s.io";
@@ -29,9 +30,35 @@ pub async fn serve(
     backend: Arc<dyn Backend>,
 ) {
     let mut session = Session::start(io);
-    let streams = match &request {
-        Request::Exec { streams, .. } | Request::Attach { streams, .. } => *streams,
+    let streams = request.streams();
+    let Some(mut opened) = open_streams(&mut session, &wanted(streams)).await else {
+        tracing::debug!("spdy remotecommand: the client did not open its streams");
+        session.close().await;
+        return;
     };
+    let error = opened.take("error");
+    let sender = session.sender.clone();
+    let (io, forwarders) = pipes(&mut opened, streams.tty, &sender);
+    let result = run(request, &*backend, io, &mut session).await;
+    for f in forwarders {
+        let _ = f.await;
+    }
+    if let Some(error) = error {
+        let status = match result {
+            Ok(Some(code)) => exit_status(code),
+            Ok(None) => success(),
+            Err(e) => internal_error(e.message()),
+        };
+        let status = serde_json::to_vec(&status).unwrap_or_default();
+        sender.data(error.id, &status).await;
+        sender.fin(error.id).await;
+    }
+    drop(sender);
+    session.close().await;
+}
+
+/// The kinds of stream a session with `streams` needs the client to open.
+fn wanted(streams: Streams) -> Vec<&'static str> {
     let mut wanted = vec!["error"];
     if streams.stdin {
         wanted.push("stdin");
@@ -45,12 +72,27 @@ pub async fn serve(
     if streams.tty {
         wanted.push("resize");
     }
+    wanted
+}
+
+/// The streams the client opened, by kind.
+struct Opened(Vec<(String, Incoming)>);
+
+impl Opened {
+    fn take(&mut self, kind: &str) -> Option<Incoming> {
+        let i = self.0.iter().position(|(k, _)| k == kind)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
+/// Waits (for [`STREAM_CREATION_TIMEOUT`] at most) until the client has opened a stream of
+/// each `wanted` kind; `None` if it does not. Streams of other kinds, and second ones of a
+/// kind, are ignored.
+async fn open_streams(session: &mut Session, wanted: &[&str]) -> Option<Opened> {
     let mut got: Vec<(String, Incoming)> = Vec::new();
     let collect = async {
         while got.len() < wanted.len() {
-            let Some(s) = session.incoming.recv().await else {
-                return false;
-            };
+            let s = session.incoming.recv().await?;
             let kind = header(&s.headers, "streamtype")
                 .unwrap_or("")
                 .to_ascii_lowercase();
@@ -58,28 +100,22 @@ pub async fn serve(
                 got.push((kind, s));
             }
         }
-        true
+        Some(())
     };
     match tokio::time::timeout(STREAM_CREATION_TIMEOUT, collect).await {
-        Ok(true) => {}
-        _ => {
-            tracing::debug!("spdy remotecommand: the client did not open its streams");
-            session.close().await;
-            return;
-        }
+        Ok(Some(())) => Some(Opened(got)),
+        _ => None,
     }
-    let mut take = |kind: &str| {
-        got.iter()
-            .position(|(k, _)| k == kind)
-            .map(|i| got.swap_remove(i).1)
-    };
-    let error = take("error");
-    let stdin = take("stdin");
-    let stdout = take("stdout");
-    let stderr = take("stderr");
-    let resize_stream = take("resize");
-    let sender = session.sender.clone();
+}
 
+/// The backend's side of the opened stdio streams: output written to it is copied onto the
+/// client's streams by the forwarders returned (done once the output ends), what the client
+/// sends on stdin and resize is read from it.
+fn pipes(opened: &mut Opened, tty: bool, sender: &Sender) -> (StreamIo, Vec<JoinHandle<()>>) {
+    let stdin = opened.take("stdin");
+    let stdout = opened.take("stdout");
+    let stderr = opened.take("stderr");
+    let resize = opened.take("resize");
     let mut forwarders = Vec::new();
     let mut output = |s: Option<Incoming>| {
         s.map(|s| {
@@ -88,21 +124,36 @@ pub async fn serve(
             Box::new(w) as Box<dyn AsyncWrite + Send + Unpin>
         })
     };
-    let stdout_w = output(stdout);
-    let stderr_w = output(stderr);
-    let stdin_r = stdin.map(|mut s| {
-        let (mut w, r) = tokio::io::duplex(PIPE_BUFFER);
-        tokio::spawn(async move {
-            while let Some(d) = s.data.recv().await {
-                if w.write_all(&d).await.is_err() {
-                    return;
-                }
+    let stdout = output(stdout);
+    let stderr = output(stderr);
+    let io = StreamIo {
+        stdin: stdin.map(stdin_pipe),
+        stdout,
+        stderr,
+        tty,
+        resize: resize_messages(resize),
+    };
+    (io, forwarders)
+}
+
+/// What the client sends on its stdin stream, as a reader.
+fn stdin_pipe(mut s: Incoming) -> Box<dyn AsyncRead + Send + Unpin> {
+    let (mut w, r) = tokio::io::duplex(PIPE_BUFFER);
+    tokio::spawn(async move {
+        while let Some(d) = s.data.recv().await {
+            if w.write_all(&d).await.is_err() {
+                return;
             }
-        });
-        Box::new(r) as Box<dyn AsyncRead + Send + Unpin>
+        }
     });
+    Box::new(r)
+}
+
+/// The terminal sizes the client sends on its resize stream (consecutive JSON values, split
+/// anywhere); none without one.
+fn resize_messages(stream: Option<Incoming>) -> mpsc::Receiver<TermSize> {
     let (resize_tx, resize) = mpsc::channel::<TermSize>(16);
-    if let Some(mut s) = resize_stream {
+    if let Some(mut s) = stream {
         tokio::spawn(async move {
             let mut pending = Vec::new();
             while let Some(d) = s.data.recv().await {
@@ -118,14 +169,17 @@ pub async fn serve(
             }
         });
     }
-    let io = StreamIo {
-        stdin: stdin_r,
-        stdout: stdout_w,
-        stderr: stderr_w,
-        tty: streams.tty,
-        resize,
-    };
-    let result = match request {
+    resize
+}
+
+/// Runs the exec (its exit code) or the attach (`None`) on `io`.
+async fn run(
+    request: Request,
+    backend: &dyn Backend,
+    io: StreamIo,
+    session: &mut Session,
+) -> Result<Option<i32>> {
+    match request {
         Request::Exec {
             container_id, cmd, ..
         } => backend.exec(&container_id, cmd, io).await.map(Some),
@@ -138,22 +192,7 @@ pub async fn serve(
                 _ = &mut gone => Ok(None),
             }
         }
-    };
-    for f in forwarders {
-        let _ = f.await;
     }
-    let status = match result {
-        Ok(Some(code)) => exit_status(code),
-        Ok(None) => serde_json::json!({"metadata": {}, "status": "Success"}),
-        Err(e) => internal_error(e.message()),
-    };
-    if let Some(error) = error {
-        let status = serde_json::to_vec(&status).unwrap_or_default();
-        sender.data(error.id, &status).await;
-        sender.fin(error.id).await;
-    }
-    drop(sender);
-    session.close().await;
 }
 
 /// Copies `r` onto stream `id` until end of file, then ends the stream.
