@@ -9,41 +9,70 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 mod export;
 mod logs;
 mod server;
+mod values;
 pub use logs::{ContainerLogConfig, parse_bytes};
 pub use server::{AuthzMode, ServerConfig};
+pub use values::parse_duration;
+use values::{IpList, Shaped, Testing, Thresholds, Typed, wrong_type};
 
 /// The only accepted `apiVersion`.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// The only accepted `kind`.
 pub const KIND: &str = "KubeletConfiguration";
 
-/// Why a configuration file could not be loaded.
+/// Why a configuration file could not be loaded, or why one of its values is refused.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum Error {
+    /// The file could not be read.
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("parsing {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    /// A field is missing or has an invalid value; the message starts with the field's name.
-    #[error("{0}")]
-    Invalid(String),
+    /// The file is neither YAML nor JSON. (The parser's error is printed in the message, not
+    /// chained as a source, so that `{:#}` does not print it twice.)
+    #[error("parsing {path}: {error}")]
+    Parse {
+        path: PathBuf,
+        error: serde_norway::Error,
+    },
+    /// The document is not a mapping.
+    #[error("the configuration must be a mapping")]
+    NotAMapping,
+    /// A field is missing or has an invalid value: the field's path (`clusterDNS[1]`) and why,
+    /// in the file's terms.
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// A value of the wrong type (`must be an integer, not "many"`); [`Error::Invalid`] names
+    /// the field.
+    #[error("must be {want}, not {got}")]
+    WrongType { want: &'static str, got: String },
+    /// Not an IP address.
+    #[error("invalid IP address {0:?}")]
+    IpAddress(String),
+    /// Not a Go duration.
+    #[error("invalid duration {0:?}")]
+    Duration(String),
+    /// A negative Go duration (nothing nodelet configures can be negative).
+    #[error("invalid duration {0:?}: must not be negative")]
+    NegativeDuration(String),
+    /// A threshold ending in `%` that is not a percentage.
+    #[error("invalid percentage {0:?}")]
+    Percentage(String),
+    /// A threshold that is not a quantity (`"100Mi"`).
+    #[error("invalid quantity {0:?}")]
+    Quantity(String),
 }
 
 /// Test-only knobs (`nodeletTesting`), so end-to-end tests need not wait minutes.
@@ -199,31 +228,29 @@ pub fn host_name() -> String {
 
 /// Reads and checks a configuration file (YAML or JSON). Returns the configuration and
 /// warnings (unknown fields).
-pub fn load(path: &Path) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+pub fn load(path: &Path) -> Result<(KubeletConfig, Vec<String>), Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
         path: path.to_path_buf(),
         source,
     })?;
     parse(&text).map_err(|e| match e {
-        ConfigError::Parse { message, .. } => ConfigError::Parse {
+        Error::Parse { error, .. } => Error::Parse {
             path: path.to_path_buf(),
-            message,
+            error,
         },
         other => other,
     })
 }
 
 /// Like [`load`], from the file's text.
-pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
+pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), Error> {
     // YAML is a superset of JSON, so one parser reads both.
-    let value: Value = serde_norway::from_str(text).map_err(|e| ConfigError::Parse {
+    let value: Value = serde_norway::from_str(text).map_err(|error| Error::Parse {
         path: PathBuf::new(),
-        message: e.to_string(),
+        error,
     })?;
     let Value::Object(mut map) = value else {
-        return Err(ConfigError::Invalid(
-            "the configuration must be a mapping".to_string(),
-        ));
+        return Err(Error::NotAMapping);
     };
     // The type's identity first, so a file of another kind is refused as such and not for
     // its fields.
@@ -244,7 +271,7 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
     }
     // A value of the wrong type is refused with its path in the file: `clusterDNS[1]: ...`.
     let raw: RawConfig = serde_path_to_error::deserialize(Value::Object(map))
-        .map_err(|e| invalid(&e.path().to_string(), e.into_inner().to_string()))?;
+        .map_err(|e| invalid(&e.path().to_string(), e.into_inner()))?;
     raw.into_config()
 }
 
@@ -307,86 +334,20 @@ struct RawTesting {
 impl RawConfig {
     /// The effective configuration: upstream's defaults for what is unset, every value
     /// checked. Returns the warnings too (unknown fields, in the order of their paths).
-    fn into_config(self) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
+    fn into_config(self) -> Result<(KubeletConfig, Vec<String>), Error> {
         let d = KubeletConfig::default();
         let mut warnings: Vec<String> = self.other.keys().map(|k| unknown(k)).collect();
-
-        let testing = match self.nodelet_testing {
-            None => d.testing,
-            Some(Testing(t)) => {
-                warnings.extend(
-                    t.other
-                        .keys()
-                        .map(|k| unknown(&format!("nodeletTesting.{k}"))),
-                );
-                t.into_config()?
-            }
-        };
+        let testing = testing(self.nodelet_testing, d.testing, &mut warnings)?;
         let server = self.server.into_config(&mut warnings)?;
         let container_logs = self.container_logs.into_config()?;
         warnings.sort();
 
-        let pod_pids_limit = match get(self.pod_pids_limit) {
-            None => d.pod_pids_limit,
-            Some(n) if n == -1 || n >= 1 => n,
-            Some(_) => {
-                return Err(invalid(
-                    "podPidsLimit",
-                    "must be -1 (unlimited) or >= 1".to_string(),
-                ));
-            }
-        };
-        let pod_logs_dir = match get(self.pod_logs_dir) {
-            None => d.pod_logs_dir,
-            Some(s) if s.starts_with('/') => PathBuf::from(s),
-            Some(s) => {
-                return Err(invalid(
-                    "podLogsDir",
-                    format!("{s:?} is not an absolute path"),
-                ));
-            }
-        };
-        let eviction_hard = match self.eviction_hard {
-            None => d.eviction_hard,
-            Some(Thresholds(map)) => {
-                for (signal, threshold) in &map {
-                    let field = format!("evictionHard.{signal}");
-                    if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-                        return Err(invalid(&field, "unknown eviction signal".to_string()));
-                    }
-                    check_threshold(threshold).map_err(|e| invalid(&field, e))?;
-                }
-                map
-            }
-        };
-        let pod_cidr = match get(self.pod_cidr) {
-            None => d.pod_cidr,
-            Some(c) => {
-                sandbox_subnet_check(&c).map_err(|e| invalid("podCIDR", e))?;
-                c
-            }
-        };
-
-        // Upstream: unset, serializeImagePulls is true unless maxParallelImagePulls asks for
-        // more than one pull at a time; set true, it cannot.
-        let max_parallel_image_pulls = match get(self.max_parallel_image_pulls) {
-            None => None,
-            Some(n) if n < 1 => {
-                return Err(invalid(
-                    "maxParallelImagePulls",
-                    format!("{n} must be a positive number"),
-                ));
-            }
-            Some(n) => Some(int32("maxParallelImagePulls", n)?),
-        };
-        let many_pulls = max_parallel_image_pulls.is_some_and(|n| n > 1);
-        let serialize_image_pulls = get(self.serialize_image_pulls).unwrap_or(!many_pulls);
-        if serialize_image_pulls && many_pulls {
-            return Err(invalid(
-                "maxParallelImagePulls",
-                "cannot be larger than 1 unless serializeImagePulls is false".to_string(),
-            ));
-        }
+        let pod_pids_limit = pod_pids_limit(self.pod_pids_limit, d.pod_pids_limit)?;
+        let pod_logs_dir = absolute_path("podLogsDir", self.pod_logs_dir, d.pod_logs_dir)?;
+        let eviction_hard = eviction_hard(self.eviction_hard, d.eviction_hard)?;
+        let pod_cidr = pod_cidr(self.pod_cidr, d.pod_cidr)?;
+        let (serialize_image_pulls, max_parallel_image_pulls) =
+            image_pulls(self.serialize_image_pulls, self.max_parallel_image_pulls)?;
 
         let cfg = KubeletConfig {
             static_pod_path: get(self.static_pod_path).map_or(d.static_pod_path, PathBuf::from),
@@ -450,8 +411,102 @@ impl RawConfig {
     }
 }
 
+/// `nodeletTesting`, its unknown fields added to `warnings`.
+fn testing(
+    field: Option<Testing>,
+    default: TestingConfig,
+    warnings: &mut Vec<String>,
+) -> Result<TestingConfig, Error> {
+    let Some(Testing(t)) = field else {
+        return Ok(default);
+    };
+    warnings.extend(
+        t.other
+            .keys()
+            .map(|k| unknown(&format!("nodeletTesting.{k}"))),
+    );
+    t.into_config()
+}
+
+/// `podPidsLimit`: -1 (unlimited) or at least 1.
+fn pod_pids_limit(field: Option<Typed<i64>>, default: i64) -> Result<i64, Error> {
+    match get(field) {
+        None => Ok(default),
+        Some(n) if n == -1 || n >= 1 => Ok(n),
+        Some(_) => Err(invalid("podPidsLimit", "must be -1 (unlimited) or >= 1")),
+    }
+}
+
+/// A field holding an absolute path.
+fn absolute_path(
+    k: &str,
+    field: Option<Typed<String>>,
+    default: PathBuf,
+) -> Result<PathBuf, Error> {
+    match get(field) {
+        None => Ok(default),
+        Some(s) if s.starts_with('/') => Ok(PathBuf::from(s)),
+        Some(s) => Err(invalid(k, format!("{s:?} is not an absolute path"))),
+    }
+}
+
+/// `evictionHard`: known signals, each with a percentage or a quantity.
+fn eviction_hard(
+    field: Option<Thresholds>,
+    default: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, Error> {
+    let Some(Thresholds(map)) = field else {
+        return Ok(default);
+    };
+    for (signal, threshold) in &map {
+        let field = format!("evictionHard.{signal}");
+        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+            return Err(invalid(&field, "unknown eviction signal"));
+        }
+        check_threshold(threshold).map_err(|e| invalid(&field, e))?;
+    }
+    Ok(map)
+}
+
+/// `podCIDR`: a pod CIDR the built-in runtime can use (one IPv4 subnet).
+fn pod_cidr(field: Option<Typed<String>>, default: String) -> Result<String, Error> {
+    let Some(cidr) = get(field) else {
+        return Ok(default);
+    };
+    runtime::builtin::parse_pod_cidr(&cidr).map_err(|e| invalid("podCIDR", e.message()))?;
+    Ok(cidr)
+}
+
+/// `serializeImagePulls` and `maxParallelImagePulls`. Upstream: unset, serializeImagePulls is
+/// true unless maxParallelImagePulls asks for more than one pull at a time; set true, it
+/// cannot.
+fn image_pulls(
+    serialize: Option<Typed<bool>>,
+    max_parallel: Option<Typed<i64>>,
+) -> Result<(bool, Option<u32>), Error> {
+    let max_parallel = match get(max_parallel) {
+        None => None,
+        Some(n) if n < 1 => {
+            return Err(invalid(
+                "maxParallelImagePulls",
+                format!("{n} must be a positive number"),
+            ));
+        }
+        Some(n) => Some(int32("maxParallelImagePulls", n)?),
+    };
+    let many_pulls = max_parallel.is_some_and(|n| n > 1);
+    let serialize = get(serialize).unwrap_or(!many_pulls);
+    if serialize && many_pulls {
+        return Err(invalid(
+            "maxParallelImagePulls",
+            "cannot be larger than 1 unless serializeImagePulls is false",
+        ));
+    }
+    Ok((serialize, max_parallel))
+}
+
 impl RawTesting {
-    fn into_config(self) -> Result<TestingConfig, ConfigError> {
+    fn into_config(self) -> Result<TestingConfig, Error> {
         let d = TestingConfig::default();
         let t = TestingConfig {
             crash_loop_back_off_initial: positive(
@@ -468,7 +523,7 @@ impl RawTesting {
         if t.crash_loop_back_off_max < t.crash_loop_back_off_initial {
             return Err(invalid(
                 "nodeletTesting.crashLoopBackOffMax",
-                "must be >= crashLoopBackOffInitial".to_string(),
+                "must be >= crashLoopBackOffInitial",
             ));
         }
         Ok(t)
@@ -479,8 +534,12 @@ fn unknown(path: &str) -> String {
     format!("unknown field {path:?} ignored")
 }
 
-fn invalid(field: &str, what: String) -> ConfigError {
-    ConfigError::Invalid(format!("{field}: {what}"))
+/// The field's value is refused, for `reason`.
+fn invalid(field: &str, reason: impl fmt::Display) -> Error {
+    Error::Invalid {
+        field: field.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 /// A set field's value.
@@ -488,237 +547,36 @@ fn get<T>(field: Option<Typed<T>>) -> Option<T> {
     field.map(|Typed(v)| v)
 }
 
-fn positive(
-    k: &str,
-    field: Option<Typed<Duration>>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
+fn positive(k: &str, field: Option<Typed<Duration>>, default: Duration) -> Result<Duration, Error> {
     match get(field) {
         None => Ok(default),
-        Some(d) if d.is_zero() => Err(invalid(k, "must be greater than zero".to_string())),
+        Some(d) if d.is_zero() => Err(invalid(k, "must be greater than zero")),
         Some(d) => Ok(d),
     }
 }
 
-fn at_least_one(k: &str, field: Option<Typed<i64>>, default: u32) -> Result<u32, ConfigError> {
+fn at_least_one(k: &str, field: Option<Typed<i64>>, default: u32) -> Result<u32, Error> {
     match get(field) {
         None => Ok(default),
-        Some(n) if n < 1 => Err(invalid(k, "must be >= 1".to_string())),
+        Some(n) if n < 1 => Err(invalid(k, "must be >= 1")),
         Some(n) => u32::try_from(n).map_err(|_| invalid(k, format!("{n} is too large"))),
     }
 }
 
 /// A positive `int32` (upstream's type) as a `u32`.
-fn int32(k: &str, n: i64) -> Result<u32, ConfigError> {
+fn int32(k: &str, n: i64) -> Result<u32, Error> {
     i32::try_from(n)
         .ok()
         .and_then(|n| u32::try_from(n).ok())
         .ok_or_else(|| invalid(k, format!("{n} is too large")))
 }
 
-/// A pod CIDR the built-in runtime can use (one IPv4 subnet).
-fn sandbox_subnet_check(cidr: &str) -> Result<(), String> {
-    runtime::builtin::parse_pod_cidr(cidr)
-        .map(drop)
-        .map_err(|e| e.message().to_string())
-}
-
-/// A scalar field's value: read as whatever the file holds, then checked, so a value of the
-/// wrong type is refused in the file's terms (`must be an integer, not "many"`) rather than
-/// serde's; [`parse`] puts the field's path in front.
-struct Typed<T>(T);
-
-/// How a scalar is read from the file's value.
-trait FromValue: Sized {
-    fn from_value(v: Value) -> Result<Self, String>;
-}
-
-impl<'de, T: FromValue> Deserialize<'de> for Typed<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        T::from_value(Value::deserialize(d)?)
-            .map(Typed)
-            .map_err(de::Error::custom)
-    }
-}
-
-impl FromValue for String {
-    fn from_value(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => Ok(s),
-            // A list item or mapping value written as `null` (a field is then unset).
-            Value::Null => Ok(String::new()),
-            other => Err(format!("must be a string, not {other}")),
-        }
-    }
-}
-
-/// A list of non-empty strings.
-impl FromValue for Vec<String> {
-    fn from_value(v: Value) -> Result<Self, String> {
-        match v {
-            Value::Null => Ok(Vec::new()),
-            Value::Array(items) => items
-                .into_iter()
-                .map(|i| match i {
-                    Value::String(s) if !s.is_empty() => Ok(s),
-                    other => Err(format!("must be a list of non-empty strings, not {other}")),
-                })
-                .collect(),
-            other => Err(format!("must be a list of strings, not {other}")),
-        }
-    }
-}
-
-impl FromValue for bool {
-    fn from_value(v: Value) -> Result<Self, String> {
-        v.as_bool()
-            .ok_or_else(|| format!("must be true or false, not {v}"))
-    }
-}
-
-impl FromValue for i64 {
-    fn from_value(v: Value) -> Result<Self, String> {
-        v.as_i64()
-            .ok_or_else(|| format!("must be an integer, not {v}"))
-    }
-}
-
-/// A Go duration string (`"1m30s"`).
-impl FromValue for Duration {
-    fn from_value(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => parse_duration(&s),
-            other => Err(format!(
-                "must be a duration string like \"10s\", not {other}"
-            )),
-        }
-    }
-}
-
-impl FromValue for IpAddr {
-    fn from_value(v: Value) -> Result<Self, String> {
-        let s = String::from_value(v)?;
-        s.parse().map_err(|_| format!("invalid IP address {s:?}"))
-    }
-}
-
-/// `clusterDNS`.
-struct IpList(Vec<IpAddr>);
-
-impl<'de> Deserialize<'de> for IpList {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let ips: Vec<Typed<IpAddr>> = d.deserialize_any(Shaped::list("a list of IP addresses"))?;
-        Ok(IpList(ips.into_iter().map(|Typed(ip)| ip).collect()))
-    }
-}
-
-/// `evictionHard`: signal → threshold, checked by [`RawConfig::into_config`].
-struct Thresholds(BTreeMap<String, String>);
-
-impl<'de> Deserialize<'de> for Thresholds {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map: BTreeMap<String, Typed<String>> =
-            d.deserialize_any(Shaped::mapping("a mapping of signal to threshold"))?;
-        Ok(Thresholds(
-            map.into_iter().map(|(k, Typed(v))| (k, v)).collect(),
-        ))
-    }
-}
-
-/// `nodeletTesting`.
-struct Testing(RawTesting);
-
-impl<'de> Deserialize<'de> for Testing {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Shaped::mapping("a mapping")).map(Testing)
-    }
-}
-
-/// Reads a `T` written as a list (or as a mapping), through the file's own sequence (or map)
-/// so that errors inside keep their path (`clusterDNS[1]`, `nodeletTesting.crashLoopBackOffMax`);
-/// refuses anything else as `must be {what}, not ...`.
-struct Shaped<T> {
-    what: &'static str,
-    list: bool,
-    t: PhantomData<T>,
-}
-
-impl<T> Shaped<T> {
-    fn list(what: &'static str) -> Self {
-        Shaped {
-            what,
-            list: true,
-            t: PhantomData,
-        }
-    }
-
-    fn mapping(what: &'static str) -> Self {
-        Shaped {
-            what,
-            list: false,
-            t: PhantomData,
-        }
-    }
-
-    fn refuse<E: de::Error>(&self, got: impl fmt::Display) -> E {
-        E::custom(format!("must be {}, not {got}", self.what))
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Visitor<'de> for Shaped<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(self.what)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
-        if self.list {
-            T::deserialize(SeqAccessDeserializer::new(seq))
-        } else {
-            Err(self.refuse("a list"))
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-        if self.list {
-            Err(self.refuse("a mapping"))
-        } else {
-            T::deserialize(MapAccessDeserializer::new(map))
-        }
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<T, E> {
-        Err(self.refuse(Value::Null))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<T, E> {
-        Err(self.refuse(v))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
-        Err(self.refuse(v))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
-        Err(self.refuse(v))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
-        Err(self.refuse(Value::from(v)))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
-        Err(self.refuse(Value::from(v)))
-    }
-}
-
 /// A threshold is a percentage (`"10%"`) or a quantity (`"100Mi"`, `"1G"`, `"500"`).
-fn check_threshold(s: &str) -> Result<(), String> {
+fn check_threshold(s: &str) -> Result<(), Error> {
     if let Some(p) = s.strip_suffix('%') {
         return match p.parse::<f64>() {
             Ok(x) if (0.0..=100.0).contains(&x) => Ok(()),
-            _ => Err(format!("invalid percentage {s:?}")),
+            _ => Err(Error::Percentage(s.to_string())),
         };
     }
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
@@ -730,70 +588,8 @@ fn check_threshold(s: &str) -> Result<(), String> {
     if !digits.is_empty() && ok_suffix && digits.parse::<f64>().is_ok_and(|x| x >= 0.0) {
         Ok(())
     } else {
-        Err(format!("invalid quantity {s:?}"))
+        Err(Error::Quantity(s.to_string()))
     }
-}
-
-/// Parses a Go duration (`"1m30s"`, `"500ms"`, `"2h"`, `"1.5s"`, `"0"`). Units: ns, us, µs,
-/// ms, s, m, h. Negative durations are rejected (nothing nodelet configures can be negative).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("invalid duration {s:?}");
-    if let Some(abs) = s.strip_prefix('-') {
-        return match parse_duration(abs) {
-            Ok(d) if d.is_zero() => Ok(d),
-            Ok(_) => Err(format!("invalid duration {s:?}: must not be negative")),
-            Err(_) => Err(err()),
-        };
-    }
-    let mut rest = s.strip_prefix('+').unwrap_or(s);
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(err());
-    }
-    let mut total: u128 = 0; // nanoseconds
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
-        let (num, after) = rest.split_at(num_len);
-        if num.is_empty() || num == "." || num.matches('.').count() > 1 {
-            return Err(err());
-        }
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let scale: u128 = match unit {
-            "ns" => 1,
-            "us" | "µs" | "μs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return Err(err()),
-        };
-        let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-        let int: u128 = if int.is_empty() {
-            0
-        } else {
-            int.parse().map_err(|_| err())?
-        };
-        let mut nanos = int.checked_mul(scale).ok_or_else(err)?;
-        // Fractional part: at most 9 + 13 digits matter; truncate like Go does.
-        let mut place = scale;
-        for c in frac.chars().take(24) {
-            place /= 10;
-            let digit = u128::from(c.to_digit(10).ok_or_else(err)?);
-            nanos = nanos.checked_add(digit * place).ok_or_else(err)?;
-        }
-        total = total.checked_add(nanos).ok_or_else(err)?;
-        rest = after;
-    }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| err())?;
-    let nanos = u32::try_from(total % 1_000_000_000).map_err(|_| err())?;
-    Ok(Duration::new(secs, nanos))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Typed, get, invalid};
+use super::{Error, Typed, get, invalid};
 
 /// How the kubelet rotates the containers' CRI log files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub(super) struct RawContainerLogs {
 }
 
 impl RawContainerLogs {
-    pub(super) fn into_config(self) -> Result<ContainerLogConfig, ConfigError> {
+    pub(super) fn into_config(self) -> Result<ContainerLogConfig, Error> {
         let d = ContainerLogConfig::default();
         let max_size = match get(self.container_log_max_size) {
             None => d.max_size,

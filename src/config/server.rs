@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::Deserializer;
 use serde_json::Value;
 
-use super::{ConfigError, Shaped, Typed, get, invalid, unknown};
+use super::{Error, Shaped, Typed, get, invalid, unknown, wrong_type};
 
 /// How the server authorizes requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +147,7 @@ impl<'de> Deserialize<'de> for Nested {
     }
 }
 
-fn port(field: &str, v: Option<i64>, default: u16, zero_ok: bool) -> Result<u16, ConfigError> {
+fn port(field: &str, v: Option<i64>, default: u16, zero_ok: bool) -> Result<u16, Error> {
     match v {
         None => Ok(default),
         Some(0) if zero_ok => Ok(0),
@@ -163,39 +163,33 @@ fn take(map: &mut serde_json::Map<String, Value>, key: &str) -> Option<Value> {
     map.remove(key).filter(|v| !v.is_null())
 }
 
-fn bool_at(v: Option<Value>, field: &str) -> Result<Option<bool>, ConfigError> {
+fn bool_at(v: Option<Value>, field: &str) -> Result<Option<bool>, Error> {
     match v {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(b)),
-        Some(other) => Err(invalid(
-            field,
-            format!("must be true or false, not {other}"),
-        )),
+        Some(other) => Err(invalid(field, wrong_type("true or false", other))),
     }
 }
 
-fn string_at(v: Option<Value>, field: &str) -> Result<Option<String>, ConfigError> {
+fn string_at(v: Option<Value>, field: &str) -> Result<Option<String>, Error> {
     match v {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(invalid(field, format!("must be a string, not {other}"))),
+        Some(other) => Err(invalid(field, wrong_type("a string", other))),
     }
 }
 
-fn duration_at(v: Option<Value>, field: &str) -> Result<Option<Duration>, ConfigError> {
+fn duration_at(v: Option<Value>, field: &str) -> Result<Option<Duration>, Error> {
     string_at(v, field)?
         .map(|s| super::parse_duration(&s).map_err(|e| invalid(field, e)))
         .transpose()
 }
 
-fn mapping_at(
-    v: Option<Value>,
-    field: &str,
-) -> Result<serde_json::Map<String, Value>, ConfigError> {
+fn mapping_at(v: Option<Value>, field: &str) -> Result<serde_json::Map<String, Value>, Error> {
     match v {
         None => Ok(serde_json::Map::new()),
         Some(Value::Object(m)) => Ok(m),
-        Some(other) => Err(invalid(field, format!("must be a mapping, not {other}"))),
+        Some(other) => Err(invalid(field, wrong_type("a mapping", other))),
     }
 }
 
@@ -204,10 +198,7 @@ fn leftovers(map: &serde_json::Map<String, Value>, prefix: &str, warnings: &mut 
 }
 
 impl RawServer {
-    pub(super) fn into_config(
-        self,
-        warnings: &mut Vec<String>,
-    ) -> Result<ServerConfig, ConfigError> {
+    pub(super) fn into_config(self, warnings: &mut Vec<String>) -> Result<ServerConfig, Error> {
         let d = ServerConfig::default();
         let tls13_only = match get(self.tls_min_version).as_deref() {
             None | Some("") | Some("VersionTLS12") => false,
@@ -239,7 +230,7 @@ impl RawServer {
         if c.tls_cert_file.is_some() != c.tls_private_key_file.is_some() {
             return Err(invalid(
                 "tlsCertFile",
-                "tlsCertFile and tlsPrivateKeyFile go together".to_string(),
+                "tlsCertFile and tlsPrivateKeyFile go together",
             ));
         }
         if let Some(Nested(mut authn)) = self.authentication {

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
 use std::path::Path;
 
-use anyhow::Context;
-
+use super::Error;
 use crate::config::KubeletConfig;
 
 pub use crate::version::{KUBERNETES_VERSION, goarch, kubelet_version};
@@ -54,10 +53,9 @@ impl NodeFacts {
         cfg: &KubeletConfig,
         runtime_name: &str,
         runtime_version: &str,
-    ) -> anyhow::Result<NodeFacts> {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-        let memory_bytes =
-            meminfo_bytes(&meminfo, "MemTotal").context("no MemTotal in /proc/meminfo")?;
+    ) -> Result<NodeFacts, Error> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").map_err(Error::ReadMeminfo)?;
+        let memory_bytes = meminfo_bytes(&meminfo, "MemTotal").ok_or(Error::NoMemTotal)?;
         let os_release = std::fs::read_to_string("/etc/os-release")
             .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
             .unwrap_or_default();
@@ -91,10 +89,10 @@ fn read_trimmed(path: &str) -> String {
 }
 
 /// CPUs in this process's affinity mask, as Go's `runtime.NumCPU` counts them.
-fn cpu_count() -> anyhow::Result<u32> {
+fn cpu_count() -> Result<u32, Error> {
     use nix::sched::{CpuSet, sched_getaffinity};
     use nix::unistd::Pid;
-    let set = sched_getaffinity(Pid::from_raw(0)).context("sched_getaffinity")?;
+    let set = sched_getaffinity(Pid::from_raw(0)).map_err(Error::CpuAffinity)?;
     let n = (0..CpuSet::count())
         .filter(|&i| set.is_set(i).unwrap_or(false))
         .count();
@@ -152,13 +150,15 @@ pub fn pretty_name(os_release: &str) -> String {
 
 /// Size of the filesystem holding `dir` (or its nearest existing ancestor, so the root
 /// directory need not exist yet).
-fn fs_capacity(dir: &Path) -> anyhow::Result<u64> {
+fn fs_capacity(dir: &Path) -> Result<u64, Error> {
     let mut path = dir;
     while !path.exists() {
         path = path.parent().unwrap_or(Path::new("/"));
     }
-    let st =
-        nix::sys::statvfs::statvfs(path).with_context(|| format!("statvfs {}", path.display()))?;
+    let st = nix::sys::statvfs::statvfs(path).map_err(|source| Error::Statvfs {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(st.blocks().saturating_mul(st.fragment_size()))
 }
 

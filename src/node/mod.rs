@@ -36,6 +36,30 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::config::KubeletConfig;
 use crate::util::quantity;
 
+/// Why the node's facts could not be read from the machine ([`NodeFacts::gather`]). Each
+/// message names what failed and the cause is its source, so `{:#}` prints
+/// `reading /proc/meminfo: <cause>`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading /proc/meminfo")]
+    ReadMeminfo(#[source] std::io::Error),
+    #[error("no MemTotal in /proc/meminfo")]
+    NoMemTotal,
+    /// The CPU affinity mask cannot be read.
+    #[error("sched_getaffinity")]
+    CpuAffinity(#[source] nix::Error),
+    /// More CPUs than a `u32` counts.
+    #[error(transparent)]
+    CpuCount(#[from] std::num::TryFromIntError),
+    /// The filesystem holding the root directory cannot be measured.
+    #[error("statvfs {}", path.display())]
+    Statvfs {
+        path: std::path::PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+}
+
 /// How long one heartbeat request (a status write or a Lease renewal, and the reads before
 /// them) may take: upstream gives its heartbeat client the shorter of
 /// `nodeStatusUpdateFrequency` and the Lease duration; nodelet never less than a second.

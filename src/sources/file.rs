@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc::Sender;
 
-use super::{FILE_SOURCE, PodOp, PodUpdate, pod};
+use super::{Error, FILE_SOURCE, PodOp, PodUpdate, pod};
 
 /// One scan of the directory.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -73,7 +73,7 @@ impl FileSource {
         let files = match self.manifest_files() {
             Ok(files) => files,
             Err(e) => {
-                result.errors.push(e);
+                result.errors.push(e.to_string());
                 result.listed = false;
                 self.report(&result.errors);
                 return result;
@@ -159,21 +159,23 @@ impl FileSource {
     }
 
     /// The manifest files to read, sorted; an absent directory has none.
-    fn manifest_files(&self) -> Result<Vec<PathBuf>, String> {
+    fn manifest_files(&self) -> Result<Vec<PathBuf>, Error> {
+        let unreadable = |source| Error::ListDirectory {
+            path: self.dir.clone(),
+            source,
+        };
         let meta = match std::fs::metadata(&self.dir) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(format!("static pod path {}: {e}", self.dir.display())),
+            Err(e) => return Err(unreadable(e)),
         };
         if meta.is_file() {
             return Ok(vec![self.dir.clone()]);
         }
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| format!("static pod path {}: {e}", self.dir.display()))?;
+        let entries = std::fs::read_dir(&self.dir).map_err(unreadable)?;
         let mut files = Vec::new();
         for entry in entries {
-            let entry =
-                entry.map_err(|e| format!("static pod path {}: {e}", self.dir.display()))?;
+            let entry = entry.map_err(unreadable)?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
             if name.starts_with('.') || !is_manifest_name(&name) {
@@ -190,8 +192,8 @@ impl FileSource {
     }
 
     /// Reads, decodes, validates and defaults one manifest (or reuses the cached pod).
-    fn load(&self, path: &Path) -> Result<(String, Pod), String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading: {e}"))?;
+    fn load(&self, path: &Path) -> Result<(String, Pod), Error> {
+        let text = std::fs::read_to_string(path).map_err(Error::ReadManifest)?;
         if let Some((cached, pod)) = self.cache.get(path) {
             if *cached == text {
                 return Ok((text, pod.clone()));

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::Sender;
 
-use super::{HTTP_SOURCE, PodOp, PodUpdate, pod};
+use super::{Error, HTTP_SOURCE, PodOp, PodUpdate, pod};
 
 /// Largest body accepted.
 const MAX_RESPONSE: u64 = 16 << 20;
@@ -53,16 +53,21 @@ impl HttpSource {
     }
 
     /// Fetches and decodes the URL once: the defaulted, valid pods, or why not.
-    pub async fn fetch(&mut self) -> Result<Vec<Pod>, String> {
+    pub async fn fetch(&mut self) -> Result<Vec<Pod>, Error> {
+        let at_url = |source| Error::Url {
+            url: self.url.clone(),
+            source: Box::new(source),
+        };
         let body = tokio::time::timeout(TIMEOUT, get(&self.url))
             .await
-            .map_err(|_| format!("{}: timed out after {TIMEOUT:?}", self.url))??;
+            .unwrap_or(Err(Error::Timeout(TIMEOUT)))
+            .map_err(at_url)?;
         if let Some((last, pods)) = &self.last {
             if *last == body {
                 return Ok(pods.clone());
             }
         }
-        let pods = self.decode(&body)?;
+        let pods = self.decode(&body).map_err(at_url)?;
         self.last = Some((body, pods.clone()));
         Ok(pods)
     }
@@ -83,6 +88,7 @@ impl HttpSource {
             let pods = match self.fetch().await {
                 Ok(pods) => pods,
                 Err(e) => {
+                    let e = e.to_string();
                     tracing::warn!("static pod URL: {e}");
                     if let Some(tx) = self.problems.as_ref().filter(|_| e != last_error) {
                         let _ = tx.send(format!("static pod URL: {e}"));
@@ -107,20 +113,21 @@ impl HttpSource {
         }
     }
 
-    fn decode(&self, body: &[u8]) -> Result<Vec<Pod>, String> {
+    /// The pods of a body, defaulted and valid. The errors do not name the URL.
+    fn decode(&self, body: &[u8]) -> Result<Vec<Pod>, Error> {
         let url = &self.url;
-        let text = std::str::from_utf8(body).map_err(|_| format!("{url}: body is not UTF-8"))?;
+        let text = std::str::from_utf8(body).map_err(Error::NotUtf8)?;
         if text.trim().is_empty() {
             tracing::warn!("static pod URL {url}: empty response, no pods");
             return Ok(Vec::new());
         }
-        let value: Value =
-            serde_norway::from_str(text).map_err(|e| format!("{url}: not YAML/JSON: {e}"))?;
+        let value: Value = serde_norway::from_str(text).map_err(Error::NotYaml)?;
         let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
         let items = match kind {
             "PodList" | "List" => {
                 let Some(Value::Array(items)) = value.get("items") else {
-                    return Err(format!("{url}: {kind} without items"));
+                    let kind = kind.to_string();
+                    return Err(Error::ListWithoutItems { kind });
                 };
                 let mut items = items.clone();
                 for item in &mut items {
@@ -131,7 +138,8 @@ impl HttpSource {
                     }
                 }
                 if value.get("apiVersion").and_then(Value::as_str) != Some("v1") {
-                    return Err(format!("{url}: {kind} apiVersion must be \"v1\""));
+                    let kind = kind.to_string();
+                    return Err(Error::ListApiVersion { kind });
                 }
                 items
             }
@@ -139,8 +147,11 @@ impl HttpSource {
         };
         let seen = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
         let mut pods = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            let what = |e: String| format!("{url}: pod #{i}: {e}");
+        for (index, item) in items.into_iter().enumerate() {
+            let what = |e| Error::Item {
+                index,
+                source: Box::new(e),
+            };
             let mut p = pod::decode_value(item).map_err(what)?;
             pod::validate(&p).map_err(what)?;
             pod::apply_defaults(&mut p, url, &self.node_name, HTTP_SOURCE, &seen);
@@ -151,17 +162,18 @@ impl HttpSource {
     }
 }
 
-/// GET `url` (`http://host[:port][/path]`): the body of a 200 answer.
-async fn get(url: &str) -> Result<Vec<u8>, String> {
+/// GET `url` (`http://host[:port][/path]`): the body of a 200 answer. The errors do not name
+/// the URL.
+async fn get(url: &str) -> Result<Vec<u8>, Error> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
+        .ok_or(Error::UnsupportedScheme)?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
     if authority.is_empty() || authority.contains('@') {
-        return Err(format!("{url}: invalid host"));
+        return Err(Error::InvalidHost);
     }
     let addr = if authority
         .rsplit(':')
@@ -175,37 +187,37 @@ async fn get(url: &str) -> Result<Vec<u8>, String> {
     };
     let mut stream = tokio::net::TcpStream::connect(&addr)
         .await
-        .map_err(|e| format!("{url}: connecting: {e}"))?;
+        .map_err(Error::Connect)?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json, application/yaml, */*\r\nUser-Agent: nodelet\r\nConnection: close\r\n\r\n"
     );
     stream
         .write_all(request.as_bytes())
         .await
-        .map_err(|e| format!("{url}: sending: {e}"))?;
+        .map_err(Error::SendRequest)?;
     let mut response = Vec::new();
     (&mut stream)
         .take(MAX_RESPONSE + 64 * 1024)
         .read_to_end(&mut response)
         .await
-        .map_err(|e| format!("{url}: reading: {e}"))?;
-    parse_response(&response).map_err(|e| format!("{url}: {e}"))
+        .map_err(Error::ReadResponse)?;
+    parse_response(&response)
 }
 
 /// The body of a complete HTTP/1.x response with status 200 (identity, Content-Length or
 /// chunked).
-fn parse_response(response: &[u8]) -> Result<Vec<u8>, String> {
+fn parse_response(response: &[u8]) -> Result<Vec<u8>, Error> {
     let end = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or("incomplete response")?;
+        .ok_or(Error::IncompleteResponse)?;
     let head = String::from_utf8_lossy(&response[..end]);
     let body = &response[end + 4..];
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or("");
     let status = status_line.split_whitespace().nth(1).unwrap_or("");
     if status != "200" {
-        return Err(format!("HTTP status {}", status_line.trim()));
+        return Err(Error::Status(status_line.trim().to_string()));
     }
     let mut chunked = false;
     let mut length = None;
@@ -217,38 +229,42 @@ fn parse_response(response: &[u8]) -> Result<Vec<u8>, String> {
         if name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked") {
             chunked = true;
         } else if name == "content-length" {
-            length = Some(value.parse::<usize>().map_err(|_| "bad Content-Length")?);
+            length = Some(
+                value
+                    .parse::<usize>()
+                    .map_err(|_| Error::BadContentLength)?,
+            );
         }
     }
     let body = if chunked {
         dechunk(body)?
     } else if let Some(n) = length {
-        body.get(..n).ok_or("truncated body")?.to_vec()
+        body.get(..n).ok_or(Error::TruncatedBody)?.to_vec()
     } else {
         body.to_vec()
     };
     if body.len() as u64 > MAX_RESPONSE {
-        return Err(format!("body larger than {MAX_RESPONSE} bytes"));
+        return Err(Error::BodyTooLarge(MAX_RESPONSE));
     }
     Ok(body)
 }
 
-fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, Error> {
     let mut out = Vec::new();
     loop {
         let eol = data
             .windows(2)
             .position(|w| w == b"\r\n")
-            .ok_or("truncated chunk")?;
+            .ok_or(Error::TruncatedChunk)?;
         let size_text = String::from_utf8_lossy(&data[..eol]);
         let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| "bad chunk size")?;
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| Error::BadChunkSize)?;
         data = &data[eol + 2..];
         if size == 0 {
             return Ok(out);
         }
-        out.extend_from_slice(data.get(..size).ok_or("truncated chunk")?);
-        data = data.get(size + 2..).ok_or("truncated chunk")?;
+        out.extend_from_slice(data.get(..size).ok_or(Error::TruncatedChunk)?);
+        data = data.get(size + 2..).ok_or(Error::TruncatedChunk)?;
     }
 }
 

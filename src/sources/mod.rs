@@ -6,12 +6,15 @@
 //! [`PodOp::Reconcile`]. Static pods are decoded, checked and defaulted in [`pod`].
 
 pub mod api;
+mod error;
 pub mod file;
 pub mod http;
 pub mod merge;
 pub mod pod;
 
 use k8s_openapi::api::core::v1::Pod;
+
+pub use error::Error;
 
 /// The source name of pods read from the static pod directory.
 pub const FILE_SOURCE: &str = "file";

@@ -9,44 +9,42 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Toleration};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{CONFIG_HASH_ANNOTATION, CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use super::{CONFIG_HASH_ANNOTATION, CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION, Error};
 use crate::model::PullPolicy;
 
 /// Decodes one manifest: YAML (or JSON, which YAML includes) holding a single `v1` `Pod`.
-pub fn decode(text: &str) -> Result<Pod, String> {
-    let value: Value = serde_norway::from_str(text).map_err(|e| format!("not YAML/JSON: {e}"))?;
+pub fn decode(text: &str) -> Result<Pod, Error> {
+    let value: Value = serde_norway::from_str(text).map_err(Error::NotYaml)?;
     decode_value(value)
 }
 
 /// Like [`decode`], from an already parsed document.
-pub fn decode_value(value: Value) -> Result<Pod, String> {
+pub fn decode_value(value: Value) -> Result<Pod, Error> {
     if !value.is_object() {
-        return Err("not a Pod: the manifest is not a mapping".to_string());
+        return Err(Error::NotAMapping);
     }
     match value.get("kind").and_then(Value::as_str) {
         Some("Pod") => {}
-        Some(kind) => return Err(format!("kind is {kind:?}, want \"Pod\"")),
-        None => return Err("kind is missing, want \"Pod\"".to_string()),
+        Some(kind) => return Err(Error::WrongKind(kind.to_string())),
+        None => return Err(Error::KindMissing),
     }
     match value.get("apiVersion").and_then(Value::as_str) {
         Some("v1") => {}
-        Some(v) => return Err(format!("apiVersion is {v:?}, want \"v1\"")),
-        None => return Err("apiVersion is missing, want \"v1\"".to_string()),
+        Some(v) => return Err(Error::WrongApiVersion(v.to_string())),
+        None => return Err(Error::ApiVersionMissing),
     }
-    serde_json::from_value(value).map_err(|e| format!("invalid Pod: {e}"))
+    serde_json::from_value(value).map_err(Error::InvalidPod)
 }
 
 /// Checks what the kubelet relies on: a DNS-1123 subdomain name, a DNS-1123 label namespace,
 /// at least one container, unique DNS-1123 label container names, non-empty images.
-pub fn validate(pod: &Pod) -> Result<(), String> {
+pub fn validate(pod: &Pod) -> Result<(), Error> {
     let name = pod.metadata.name.as_deref().unwrap_or("");
     if name.is_empty() {
-        return Err("metadata.name is required".to_string());
+        return Err(Error::NameRequired);
     }
     if !is_dns1123_subdomain(name) {
-        return Err(format!(
-            "metadata.name {name:?} is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)"
-        ));
+        return Err(Error::NameNotSubdomain(name.to_string()));
     }
     if let Some(ns) = pod
         .metadata
@@ -55,38 +53,47 @@ pub fn validate(pod: &Pod) -> Result<(), String> {
         .filter(|ns| !ns.is_empty())
     {
         if !is_dns1123_label(ns) {
-            return Err(format!("metadata.namespace {ns:?} is not a DNS-1123 label"));
+            return Err(Error::NamespaceNotLabel(ns.to_string()));
         }
     }
     let Some(spec) = &pod.spec else {
-        return Err("spec is required".to_string());
+        return Err(Error::SpecRequired);
     };
     if spec.containers.is_empty() {
-        return Err("spec.containers: at least one container is required".to_string());
+        return Err(Error::NoContainers);
     }
     let mut names = HashSet::new();
     let init = spec.init_containers.iter().flatten();
     let all = init
         .map(|c| ("spec.initContainers", c))
         .chain(spec.containers.iter().map(|c| ("spec.containers", c)));
-    for (i, (field, c)) in all.enumerate() {
+    for (index, (field, c)) in all.enumerate() {
         let n = c.name.as_str();
+        let name = || n.to_string();
         if n.is_empty() {
-            return Err(format!("{field}: container #{i} has no name"));
+            return Err(Error::ContainerWithoutName { field, index });
         }
         if !is_dns1123_label(n) {
-            return Err(format!(
-                "{field}: container name {n:?} is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)"
-            ));
+            return Err(Error::ContainerNameNotLabel {
+                field,
+                name: name(),
+            });
         }
         if !names.insert(n) {
-            return Err(format!("{field}: duplicate container name {n:?}"));
+            return Err(Error::DuplicateContainer {
+                field,
+                name: name(),
+            });
         }
         if c.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
-            return Err(format!("{field}: container {n:?} has no image"));
+            return Err(Error::NoImage {
+                field,
+                name: name(),
+            });
         }
         let regular_init = field == "spec.initContainers" && !crate::model::is_sidecar(c);
-        crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)?;
+        crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)
+            .map_err(Error::InvalidProbe)?;
     }
     Ok(())
 }

@@ -125,7 +125,7 @@ async fn single_pod_lists_and_errors() {
     ];
     for (resp, want) in cases {
         set(resp);
-        let e = src.fetch().await.unwrap_err();
+        let e = src.fetch().await.unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("{url}: {want}")),
             "got {e:?}, want {want:?}"
@@ -133,7 +133,8 @@ async fn single_pod_lists_and_errors() {
     }
 
     let mut bad = HttpSource::new("https://example.com/x", "n", Duration::from_secs(1));
-    assert!(bad.fetch().await.unwrap_err().contains("only http:// URLs"));
+    let e = bad.fetch().await.unwrap_err().to_string();
+    assert!(e.contains("only http:// URLs"), "{e}");
 }
 
 #[tokio::test]

@@ -48,7 +48,7 @@ fn decode_errors() {
         ),
     ];
     for (text, want) in cases {
-        let got = decode(text).unwrap_err();
+        let got = decode(text).unwrap_err().to_string();
         assert!(got.starts_with(want), "{text:?}: got {got:?}");
     }
 }
@@ -110,7 +110,10 @@ fn validation() {
         let pod: Pod = serde_json::from_value(v).unwrap();
         match (validate(&pod), want) {
             (Ok(()), None) => {}
-            (Err(e), Some(w)) => assert!(e.starts_with(w), "{patch}: got {e:?}, want {w:?}"),
+            (Err(e), Some(w)) => {
+                let e = e.to_string();
+                assert!(e.starts_with(w), "{patch}: got {e:?}, want {w:?}")
+            }
             (got, _) => panic!("{patch}: got {got:?}, want {want:?}"),
         }
     }
