@@ -13,92 +13,21 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use runtime::{Error, Result, RuntimeService, cri};
+use runtime::{Error, Result, cri};
 
 use super::actions::{PodActions, RunState, RuntimePodStatus, is_sidecar};
 use super::backoff;
 use super::container::{ContainerOptions, container_config};
+use super::container_hash;
 pub use super::images::ImagePulls;
 use super::images::ImageRequest;
 use super::kill::{kill_pod, stop_one};
 use super::manager::RuntimeManager;
+pub use super::manager::{RuntimeSnapshot, runtime_pod_status};
 use super::spec::{pod_spec, sandbox_config};
-use super::termination;
 use super::types::{StopError, SyncError};
-use super::{LABEL_POD_UID, container_hash};
 pub use crate::api::events::{EventType, NoEvents, PodEvents, Reason};
 use crate::model::{PodRef, PullPolicy, Waiting, WaitingReason};
-
-/// What the runtime knows about one pod.
-#[derive(Debug, Clone, Default)]
-pub struct RuntimeSnapshot {
-    /// The digest [`super::compute_pod_actions`] works on.
-    pub status: RuntimePodStatus,
-    /// CRI statuses of the pod's sandboxes, newest first.
-    pub sandboxes: Vec<cri::PodSandboxStatus>,
-    /// CRI statuses of all the pod's containers.
-    pub containers: Vec<cri::ContainerStatus>,
-}
-
-/// Lists the sandboxes and containers labelled with `pod_uid` and reads their statuses.
-/// Objects that vanish between the list and the status call are skipped. An exited container's
-/// status `message` gets its termination message ([`termination::fill_messages`]).
-pub async fn runtime_pod_status(rt: &dyn RuntimeService, pod_uid: &str) -> Result<RuntimeSnapshot> {
-    let selector: HashMap<String, String> =
-        [(LABEL_POD_UID.to_string(), pod_uid.to_string())].into();
-    let listed = rt
-        .list_pod_sandbox(cri::ListPodSandboxRequest {
-            filter: Some(cri::PodSandboxFilter {
-                label_selector: selector.clone(),
-                ..Default::default()
-            }),
-        })
-        .await?;
-    let mut sandboxes = Vec::new();
-    for sb in listed.items {
-        match rt
-            .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: sb.id,
-                verbose: false,
-            })
-            .await
-        {
-            Ok(r) => sandboxes.extend(r.status),
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-    }
-    sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
-    let listed = rt
-        .list_containers(cri::ListContainersRequest {
-            filter: Some(cri::ContainerFilter {
-                label_selector: selector,
-                ..Default::default()
-            }),
-        })
-        .await?;
-    let mut containers = Vec::new();
-    for c in listed.containers {
-        match rt
-            .container_status(cri::ContainerStatusRequest {
-                container_id: c.id,
-                verbose: false,
-            })
-            .await
-        {
-            Ok(r) => containers.extend(r.status),
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-    }
-    // Exited containers: what they left in their termination message file (or log).
-    termination::fill_messages(&mut containers);
-    Ok(RuntimeSnapshot {
-        status: RuntimePodStatus::from_cri(&sandboxes, &containers),
-        sandboxes,
-        containers,
-    })
-}
 
 /// The outcome of one [`RuntimeManager::sync_pod`].
 #[derive(Debug, Default)]

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Api;
 
+use super::error::ClaimError;
 use super::plugins::{self as local, ClaimMount};
 use super::{PluginError, VolumeManager};
 use crate::model::pod_identity;
@@ -27,55 +28,6 @@ const PV_SPEC_FIELDS: [&str; 8] = [
     "storageClassName",
     "volumeMode",
 ];
-
-/// Why a claim and its PersistentVolume are not (yet) usable: upstream's messages, which a
-/// [`PluginError::Claim`] prefixes with the claim's name.
-#[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
-    /// The node has no API server to read the claim from.
-    #[error("the node has no API server (standalone) to read it from")]
-    Standalone,
-    /// Reading the claim (`what`: `PVC`) or its volume (`PV <name>`) took too long.
-    #[error("failed to fetch {what} from API server: timed out")]
-    Timeout { what: String },
-    /// Reading the claim or its volume failed: the API server's message, or the client's error.
-    #[error("failed to fetch {what} from API server: {}", api_message(.source))]
-    Fetch {
-        what: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
-    #[error("PVC is being deleted")]
-    Deleting,
-    #[error("PVC is not bound")]
-    NotBound,
-    #[error("PVC has empty pvc.Spec.VolumeName")]
-    NoVolumeName,
-    /// The claim's PersistentVolume is bound to no claim.
-    #[error(
-        "found PV object {0} but it has a nil pv.Spec.ClaimRef indicating it is not yet bound \
-         to the claim"
-    )]
-    VolumeUnbound(String),
-    /// The claim's PersistentVolume is bound to another claim.
-    #[error(
-        "found PV object {volume} but its pv.Spec.ClaimRef.UID {uid} does not point to \
-         claim.UID {claim_uid}"
-    )]
-    VolumeOfOtherClaim {
-        volume: String,
-        uid: String,
-        claim_uid: String,
-    },
-}
-
-/// The API server's message for a refusal, else the client's error.
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.message.clone(),
-        e => e.to_string(),
-    }
-}
 
 /// Reads the object `name` through `api` within [`API_TIMEOUT`]; `what` names it in errors.
 async fn fetch<K>(api: &Api<K>, name: &str, what: String) -> Result<K, ClaimError>

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 use super::MOUNTINFO;
 use super::atomic_writer::WriteError;
-use super::claims::ClaimError;
 use super::projection::{ProjectionError, bracketed};
 use crate::api::objects::ObjectError;
 use crate::api::tokens::TokenError;
@@ -220,4 +219,53 @@ fn sub_path_reason(e: &rustix::io::Errno) -> String {
 fn semicolons(errors: &[PluginError]) -> String {
     let texts: Vec<String> = errors.iter().map(PluginError::to_string).collect();
     texts.join("; ")
+}
+
+/// Why a claim and its PersistentVolume are not (yet) usable: upstream's messages, which a
+/// [`PluginError::Claim`] prefixes with the claim's name.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The node has no API server to read the claim from.
+    #[error("the node has no API server (standalone) to read it from")]
+    Standalone,
+    /// Reading the claim (`what`: `PVC`) or its volume (`PV <name>`) took too long.
+    #[error("failed to fetch {what} from API server: timed out")]
+    Timeout { what: String },
+    /// Reading the claim or its volume failed: the API server's message, or the client's error.
+    #[error("failed to fetch {what} from API server: {}", api_message(.source))]
+    Fetch {
+        what: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("PVC is being deleted")]
+    Deleting,
+    #[error("PVC is not bound")]
+    NotBound,
+    #[error("PVC has empty pvc.Spec.VolumeName")]
+    NoVolumeName,
+    /// The claim's PersistentVolume is bound to no claim.
+    #[error(
+        "found PV object {0} but it has a nil pv.Spec.ClaimRef indicating it is not yet bound \
+         to the claim"
+    )]
+    VolumeUnbound(String),
+    /// The claim's PersistentVolume is bound to another claim.
+    #[error(
+        "found PV object {volume} but its pv.Spec.ClaimRef.UID {uid} does not point to \
+         claim.UID {claim_uid}"
+    )]
+    VolumeOfOtherClaim {
+        volume: String,
+        uid: String,
+        claim_uid: String,
+    },
+}
+
+/// The API server's message for a refusal, else the client's error.
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        e => e.to_string(),
+    }
 }

@@ -9,6 +9,7 @@ use crate::pod::Backoff;
 use crate::pod::compute_pod_actions;
 use crate::pod::images::ImageManager;
 use crate::pod::spec::tests::pod;
+use runtime::RuntimeService;
 use runtime::fake::FakeRuntime;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
