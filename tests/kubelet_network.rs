@@ -46,7 +46,7 @@ fn sandbox_of(fake: &FakeRuntime, pod: &str) -> bool {
 struct Kubelet {
     _dir: tempfile::TempDir,
     stop: tokio::sync::oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<anyhow::Result<()>>,
+    run: tokio::task::JoinHandle<Result<(), kubelet::Error>>,
 }
 
 impl Kubelet {

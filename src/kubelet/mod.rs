@@ -45,6 +45,20 @@ pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(2);
 /// How long shutdown waits for the background tasks before aborting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Why the kubelet could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The runtime did not answer, or refused the kubelet's user namespace range.
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
+    /// The node's facts could not be read.
+    #[error(transparent)]
+    Node(#[from] crate::node::Error),
+    /// The kubelet server could not start.
+    #[error(transparent)]
+    Server(#[from] crate::server::Error),
+}
+
 /// The runtime the kubelet drives.
 #[derive(Clone)]
 pub struct Runtime {
@@ -59,7 +73,7 @@ pub async fn run(
     rt: Runtime,
     client: Option<kube::Client>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let kubelet = Kubelet::start(cfg, rt, client).await?;
     shutdown.await;
     kubelet.stop().await;
@@ -81,7 +95,7 @@ impl Kubelet {
         cfg: KubeletConfig,
         rt: Runtime,
         client: Option<kube::Client>,
-    ) -> anyhow::Result<Kubelet> {
+    ) -> Result<Kubelet, Error> {
         let mut w = Wiring::new(cfg, rt, client);
         let version = w.runtime_version().await?;
         let (name, v) = (&version.runtime_name, &version.runtime_version);

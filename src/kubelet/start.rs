@@ -35,6 +35,9 @@ pub(super) struct Wiring {
     pub tasks: JoinSet<()>,
 }
 
+/// Where the sync loop publishes the pods the kubelet server lists.
+type PodsSender = watch::Sender<Arc<Vec<k8s_openapi::api::core::v1::Pod>>>;
+
 /// The channels between the PLEG, the probes, the sources and the sync loop.
 pub(super) struct Channels {
     pub updates: (mpsc::Sender<PodUpdate>, mpsc::Receiver<PodUpdate>),
@@ -181,10 +184,7 @@ impl Wiring {
         node_ip: IpAddr,
         status: &Arc<StatusManager>,
         health: &Arc<pleg::PlegHealth>,
-    ) -> anyhow::Result<(
-        u16,
-        watch::Sender<Arc<Vec<k8s_openapi::api::core::v1::Pod>>>,
-    )> {
+    ) -> Result<(u16, PodsSender), crate::server::Error> {
         let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
         let cfg = &self.cfg;
         let health = health.clone();
