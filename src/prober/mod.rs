@@ -117,18 +117,28 @@ impl ProbeParams {
     }
 }
 
+/// A probe or hook the API server's validation would refuse: the field and why, as its
+/// message says (`spec.containers[0].livenessProbe: must specify a handler type`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidHandler(pub String);
+
 /// Checks a container's probes and hooks as the API server's validation does: one handler per
 /// probe, positive periods, timeouts and thresholds, `successThreshold` 1 for liveness and
 /// startup probes, a positive probe-level `terminationGracePeriodSeconds`, non-negative hook
 /// sleeps; and no probes or hooks on regular init containers (`regular_init`).
-pub fn validate_container(field: &str, c: &Container, regular_init: bool) -> Result<(), String> {
+pub fn validate_container(
+    field: &str,
+    c: &Container,
+    regular_init: bool,
+) -> Result<(), InvalidHandler> {
     for kind in ProbeKind::ALL {
         let Some(p) = kind.of(c) else { continue };
         let f = format!("{field}.{}Probe", kind.label().to_lowercase());
         if regular_init {
-            return Err(format!(
+            return Err(InvalidHandler(format!(
                 "{f}: may not be set for init containers without restartPolicy=Always"
-            ));
+            )));
         }
         let handlers = [
             p.exec.is_some(),
@@ -138,8 +148,12 @@ pub fn validate_container(field: &str, c: &Container, regular_init: bool) -> Res
         ];
         match handlers.iter().filter(|h| **h).count() {
             1 => {}
-            0 => return Err(format!("{f}: must specify a handler type")),
-            _ => return Err(format!("{f}: may not specify more than 1 handler type")),
+            0 => return Err(InvalidHandler(format!("{f}: must specify a handler type"))),
+            _ => {
+                return Err(InvalidHandler(format!(
+                    "{f}: may not specify more than 1 handler type"
+                )));
+            }
         }
         for (name, v) in [
             ("initialDelaySeconds", p.initial_delay_seconds),
@@ -149,42 +163,44 @@ pub fn validate_container(field: &str, c: &Container, regular_init: bool) -> Res
             ("failureThreshold", p.failure_threshold),
         ] {
             if v.is_some_and(|v| v < 0) {
-                return Err(format!("{f}.{name}: must be greater than or equal to 0"));
+                return Err(InvalidHandler(format!(
+                    "{f}.{name}: must be greater than or equal to 0"
+                )));
             }
         }
         if kind != ProbeKind::Readiness && p.success_threshold.is_some_and(|v| v > 1) {
-            return Err(format!("{f}.successThreshold: must be 1"));
+            return Err(InvalidHandler(format!("{f}.successThreshold: must be 1")));
         }
         if let Some(g) = p.termination_grace_period_seconds {
             if kind == ProbeKind::Readiness {
-                return Err(format!(
+                return Err(InvalidHandler(format!(
                     "{f}.terminationGracePeriodSeconds: must not be set for readinessProbes"
-                ));
+                )));
             }
             if g <= 0 {
-                return Err(format!(
+                return Err(InvalidHandler(format!(
                     "{f}.terminationGracePeriodSeconds: must be greater than 0"
-                ));
+                )));
             }
         }
         if let Some(e) = &p.exec {
             if e.command.as_ref().is_none_or(|c| c.is_empty()) {
-                return Err(format!("{f}.exec.command: Required value"));
+                return Err(InvalidHandler(format!("{f}.exec.command: Required value")));
             }
         }
         if let Some(g) = &p.grpc {
             if !(1..=65535).contains(&g.port) {
-                return Err(format!(
+                return Err(InvalidHandler(format!(
                     "{f}.grpc.port: must be between 1 and 65535, inclusive"
-                ));
+                )));
             }
         }
     }
     if let Some(l) = &c.lifecycle {
         if regular_init && (l.post_start.is_some() || l.pre_stop.is_some()) {
-            return Err(format!(
+            return Err(InvalidHandler(format!(
                 "{field}.lifecycle: may not be set for init containers without restartPolicy=Always"
-            ));
+            )));
         }
         for (name, h) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
             let Some(h) = h else { continue };
@@ -197,19 +213,23 @@ pub fn validate_container(field: &str, c: &Container, regular_init: bool) -> Res
             ];
             match handlers.iter().filter(|h| **h).count() {
                 1 => {}
-                0 => return Err(format!("{f}: must specify a handler type")),
-                _ => return Err(format!("{f}: may not specify more than 1 handler type")),
+                0 => return Err(InvalidHandler(format!("{f}: must specify a handler type"))),
+                _ => {
+                    return Err(InvalidHandler(format!(
+                        "{f}: may not specify more than 1 handler type"
+                    )));
+                }
             }
             if let Some(s) = &h.sleep {
                 if s.seconds < 0 {
-                    return Err(format!(
+                    return Err(InvalidHandler(format!(
                         "{f}.sleep.seconds: must be greater than or equal to 0"
-                    ));
+                    )));
                 }
             }
             if let Some(e) = &h.exec {
                 if e.command.as_ref().is_none_or(|c| c.is_empty()) {
-                    return Err(format!("{f}.exec.command: Required value"));
+                    return Err(InvalidHandler(format!("{f}.exec.command: Required value")));
                 }
             }
         }

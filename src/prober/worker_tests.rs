@@ -438,7 +438,7 @@ fn validation_follows_the_api_servers_rules() {
         }
         serde_json::from_value(base).expect("container")
     };
-    let check = |v| validate_container("spec.containers[0]", &c(v), false);
+    let check = |v| validate_container("spec.containers[0]", &c(v), false).map_err(|e| e.0);
     assert!(check(json!({"livenessProbe": {"exec": {"command": ["true"]}}})).is_ok());
     assert_eq!(
         check(json!({"livenessProbe": {"exec": {"command": ["true"]}, "successThreshold": 2}})),

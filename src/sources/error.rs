@@ -61,7 +61,7 @@ pub enum Error {
     /// A container's probe or lifecycle handler is invalid; the prober's reason, which names
     /// the field.
     #[error("{0}")]
-    InvalidProbe(String),
+    InvalidProbe(#[from] crate::prober::InvalidHandler),
 
     // The static pod directory.
     /// The directory (or file) named by `staticPodPath` cannot be read.

@@ -92,8 +92,7 @@ pub fn validate(pod: &Pod) -> Result<(), Error> {
             });
         }
         let regular_init = field == "spec.initContainers" && !crate::model::is_sidecar(c);
-        crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)
-            .map_err(Error::InvalidProbe)?;
+        crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)?;
     }
     Ok(())
 }
