@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 
-use crate::model::{env_references, is_api_pod, pod_identity};
+use crate::model::{PodRef, env_references, is_api_pod};
 use crate::pod::env::EnvObjects;
 use crate::volumes::VolumeManager;
 
@@ -26,8 +26,8 @@ impl PodInputs {
 
     /// The pod's `imagePullSecrets` as they are now (registered with its last
     /// [`VolumeManager::set_up`]), and the names of those that could not be read.
-    pub async fn pull_secrets(&self, pod: &Pod) -> (Vec<Secret>, Vec<String>) {
-        let ns = pod_identity(pod).2;
+    pub async fn pull_secrets(&self, pod: &Pod, who: &PodRef) -> (Vec<Secret>, Vec<String>) {
+        let ns = who.namespace.as_str();
         let (mut found, mut failed) = (Vec::new(), Vec::new());
         let refs = pod
             .spec
@@ -44,8 +44,8 @@ impl PodInputs {
 
     /// The ConfigMaps and Secrets the environments of `pod`'s containers reference, read now
     /// (the pod registered them with its last [`VolumeManager::set_up`]), and its service variables.
-    pub async fn env_objects(&self, pod: &Pod) -> EnvObjects {
-        let ns = pod_identity(pod).2;
+    pub async fn env_objects(&self, pod: &Pod, who: &PodRef) -> EnvObjects {
+        let ns = who.namespace.as_str();
         let (cms, secrets) = env_references(pod);
         let mut out = EnvObjects {
             allocatable: self.objects.allocatable().clone(),

@@ -210,7 +210,7 @@ impl Syncer {
         let now = runtime::clock::now();
         let actions = {
             let backoff = self.manager.backoff();
-            pod::compute_pod_actions_with(pod, &snapshot.status, &backoff, now, &probed)
+            pod::compute_pod_actions_with(pod, &who, &snapshot.status, &backoff, now, &probed)
         };
         let sync = PodSync {
             pod,
@@ -277,11 +277,11 @@ impl Syncer {
         // removes them once the pod is gone).
         make_pod_dirs(&self.opts.pods_dir, &who.uid)?;
         let events = self.manager.events();
-        opts.claims = self.volumes.set_up(pod, events).await?;
+        opts.volumes = self.volumes.set_up(pod, who, events).await?;
         let inputs = PodInputs::new(self.volumes.clone());
-        opts.env_objects = inputs.env_objects(pod).await;
+        opts.env_objects = inputs.env_objects(pod, who).await;
         // Its image pull secrets: one that cannot be read is a warning, the pull goes on.
-        let (pull_secrets, failed) = inputs.pull_secrets(pod).await;
+        let (pull_secrets, failed) = inputs.pull_secrets(pod, who).await;
         if !failed.is_empty() {
             let message = format!(
                 "Unable to retrieve some image pull secrets ({}); attempting to pull the image \

@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::backoff::{self, Backoff};
-use super::{container_hash, host_network, pod_identity, restart_policy};
+use super::{container_hash, host_network, restart_policy};
+use crate::model::PodRef;
 use crate::model::{RestartPolicy, Waiting, WaitingReason};
 use crate::prober::ProbeView;
 
@@ -83,16 +84,10 @@ fn succeeded(c: &ContainerInfo) -> bool {
     c.state == RunState::Exited && c.exit_code == 0
 }
 
-/// The pod as upstream names it in back-off messages: `name_namespace(uid)`.
-fn pod_desc(pod: &Pod) -> String {
-    let (uid, name, namespace) = pod_identity(pod);
-    format!("{name}_{namespace}({uid})")
-}
-
 /// Decides whether `c` (whose newest instance is `latest`) may start now. `Err` holds the
 /// time left in its CrashLoopBackOff and the waiting state to show meanwhile.
 fn check_backoff(
-    pod: &Pod,
+    who: &PodRef,
     c: &Container,
     latest: Option<&ContainerInfo>,
     backoff: &Backoff,
@@ -104,7 +99,7 @@ fn check_backoff(
     else {
         return Ok(());
     };
-    let key = backoff::key(pod_identity(pod).0, &c.name, &container_hash(c));
+    let key = backoff::key(&who.uid, &c.name, &container_hash(c));
     let Some(left) = backoff.next_start(&key, finished, now) else {
         return Ok(());
     };
@@ -113,7 +108,7 @@ fn check_backoff(
         "back-off {} restarting failed container={} pod={}",
         crate::util::go_duration(delay),
         c.name,
-        pod_desc(pod)
+        who.desc()
     );
     Err((left, Waiting::new(WaitingReason::CrashLoopBackOff, message)))
 }
@@ -127,7 +122,7 @@ impl PodActions {
 
 /// What every decision of one [`compute_pod_actions`] looks at besides the runtime's view.
 struct Decide<'a> {
-    pod: &'a Pod,
+    who: &'a PodRef,
     policy: RestartPolicy,
     backoff: &'a Backoff,
     now: SystemTime,
@@ -140,7 +135,7 @@ impl Decide<'_> {
         c: &Container,
         latest: Option<&ContainerInfo>,
     ) -> Result<(), (Duration, Waiting)> {
-        check_backoff(self.pod, c, latest, self.backoff, self.now)
+        check_backoff(self.who, c, latest, self.backoff, self.now)
     }
 
     /// The kill a failed liveness or startup probe asks for the running container `l` of
@@ -252,11 +247,12 @@ fn init_actions(
 /// Computes what to do for `pod` given what the runtime reports, without probe results.
 pub fn compute_pod_actions(
     pod: &Pod,
+    who: &PodRef,
     status: &RuntimePodStatus,
     backoff: &Backoff,
     now: SystemTime,
 ) -> PodActions {
-    compute_pod_actions_with(pod, status, backoff, now, &ProbeView::default())
+    compute_pod_actions_with(pod, who, status, backoff, now, &ProbeView::default())
 }
 
 /// Computes what to do for `pod` given what the runtime reports and its probe results: a
@@ -265,6 +261,7 @@ pub fn compute_pod_actions(
 /// not passed holds back the init containers after it.
 pub fn compute_pod_actions_with(
     pod: &Pod,
+    who: &PodRef,
     status: &RuntimePodStatus,
     backoff: &Backoff,
     now: SystemTime,
@@ -276,7 +273,7 @@ pub fn compute_pod_actions_with(
     };
     let policy = restart_policy(pod);
     let d = Decide {
-        pod,
+        who,
         policy,
         backoff,
         now,

@@ -15,9 +15,9 @@
 //! its volume through a symbolic link).
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use runtime::cri;
 use runtime::{Error, Result};
 
@@ -28,23 +28,17 @@ use super::termination;
 use super::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, container_hash,
-    pod_identity,
 };
+use crate::model::PodRef;
 use crate::util::{expand, expand_all};
 use crate::volumes::plugins as volumes;
 
 pub use super::options::ContainerOptions;
 
-fn volume_host_path(pod: &Pod, v: &Volume, opts: &ContainerOptions) -> Result<PathBuf> {
-    if let Some(c) = opts.claims.get(&v.name) {
-        return Ok(c.path.clone());
-    }
-    volumes::host_path(&opts.pods_dir, pod, v)
-        .map_err(|e| Error::unimplemented(format!("spec.volumes[{}]: {e}", v.name)))
-}
-
+/// The CRI mounts of `c`: each binds what the sync set the volume up as (`opts.volumes`).
 fn mounts(
     pod: &Pod,
+    who: &PodRef,
     c: &Container,
     opts: &ContainerOptions,
     vars: &HashMap<String, String>,
@@ -63,7 +57,11 @@ fn mounts(
             .ok_or_else(|| {
                 Error::invalid_argument(format!("{field}.name: no volume {:?}", m.name))
             })?;
-        let mut host_path = volume_host_path(pod, v, opts)?;
+        let mounted = opts.volumes.get(&v.name).ok_or_else(|| {
+            let why = volumes::not_set_up(v);
+            Error::unimplemented(format!("spec.volumes[{}]: {why}", v.name))
+        })?;
+        let mut host_path = mounted.path.clone();
         let expanded = match m.sub_path_expr.as_deref().filter(|s| !s.is_empty()) {
             Some(expr) => Some(
                 expand_all(expr, vars)
@@ -84,8 +82,7 @@ fn mounts(
                     "{field}.subPath: {sub:?} must be a relative path without '..'"
                 )));
             }
-            let uid = crate::model::pod_uid(pod);
-            let target = volumes::sub_path_target(&opts.pods_dir, uid, &v.name, &c.name, i);
+            let target = volumes::sub_path_target(&opts.pods_dir, &who.uid, &v.name, &c.name, i);
             volumes::sub_path(&host_path, p)
                 .and_then(|fd| volumes::bind_sub_path(&fd, &target))
                 .map_err(|e| Error::invalid_argument(format!("{field}.subPath: {e}")))?;
@@ -117,10 +114,8 @@ fn mounts(
             container_path: m.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
             // The volumes the kubelet writes are read-only in every container (upstream's
-            // mustMountRO).
-            readonly: m.read_only.unwrap_or(false)
-                || volumes::read_only(v)
-                || opts.claims.get(&v.name).is_some_and(|c| c.read_only),
+            // mustMountRO), as is a claim the pod asks for read-only.
+            readonly: m.read_only.unwrap_or(false) || mounted.read_only,
             propagation: propagation as i32,
             uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
             gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),
@@ -228,6 +223,7 @@ fn security(
 /// The CRI config to create `container` of `pod` for its `restart_count`-th restart.
 pub fn container_config(
     pod: &Pod,
+    who: &PodRef,
     container: &Container,
     restart_count: u32,
     opts: &ContainerOptions,
@@ -266,16 +262,15 @@ pub fn container_config(
                 container.name
             ))
         })?;
-    let (uid, name, namespace) = pod_identity(pod);
-    let env = super::env::envs(pod, container, opts)?;
+    let env = super::env::envs(pod, who, container, opts)?;
     let vars: HashMap<String, String> = env.iter().cloned().collect();
     let expand_all =
         |v: &Option<Vec<String>>| v.iter().flatten().map(|s| expand(s, &vars)).collect();
     let labels = HashMap::from([
         (LABEL_CONTAINER_NAME.to_string(), container.name.clone()),
-        (LABEL_POD_NAME.to_string(), name.to_string()),
-        (LABEL_POD_NAMESPACE.to_string(), namespace.to_string()),
-        (LABEL_POD_UID.to_string(), uid.to_string()),
+        (LABEL_POD_NAME.to_string(), who.name.clone()),
+        (LABEL_POD_NAMESPACE.to_string(), who.namespace.clone()),
+        (LABEL_POD_UID.to_string(), who.uid.clone()),
     ]);
     let termination_path = termination::message_path(container).unwrap_or_default();
     let termination_policy = container
@@ -303,7 +298,7 @@ pub fn container_config(
     if let Some(sig) = stop_signal {
         annotations.insert(runtime::builtin::ANNOTATION_STOP_SIGNAL.to_string(), sig);
     }
-    let mut mounts = mounts(pod, container, opts, &vars)?;
+    let mut mounts = mounts(pod, who, container, opts, &vars)?;
     let linux = cri::LinuxContainerConfig {
         resources: Some(resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),
@@ -311,7 +306,7 @@ pub fn container_config(
     // Last, once nothing else can fail: the termination message file on the host.
     mounts.extend(termination::prepare_mount(
         &opts.pods_dir,
-        uid,
+        &who.uid,
         container,
         restart_count,
     )?);

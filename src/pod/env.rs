@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 use runtime::{Error, Result};
 
 use super::options::ContainerOptions;
-use super::pod_identity;
+use crate::model::PodRef;
 use crate::util::expand;
 use crate::volumes::projection::{self, Allocatable};
 
@@ -37,8 +37,8 @@ pub fn is_env_var_name(s: &str) -> bool {
 /// `InvalidEnvironmentVariableNames` event words them (`Keys [1bad, 2bad] from the EnvFrom
 /// configMap ns/name were skipped since they are considered invalid environment variable
 /// names.`).
-pub fn invalid_env_from_keys(pod: &Pod, c: &Container, objects: &EnvObjects) -> Vec<String> {
-    let ns = pod_identity(pod).2;
+pub fn invalid_env_from_keys(who: &PodRef, c: &Container, objects: &EnvObjects) -> Vec<String> {
+    let ns = &who.namespace;
     let mut out = Vec::new();
     for f in c.env_from.iter().flatten() {
         let prefix = f.prefix.as_deref().unwrap_or("");
@@ -122,8 +122,13 @@ fn object<'a, T>(
 }
 
 /// The container's environment, in the order variables are first defined.
-pub fn envs(pod: &Pod, c: &Container, opts: &ContainerOptions) -> Result<Vec<(String, String)>> {
-    let ns = pod_identity(pod).2;
+pub fn envs(
+    pod: &Pod,
+    who: &PodRef,
+    c: &Container,
+    opts: &ContainerOptions,
+) -> Result<Vec<(String, String)>> {
+    let ns = who.namespace.as_str();
     let objects = &opts.env_objects;
     if let Some(e) = &objects.service_env_error {
         return Err(Error::invalid_argument(e.to_string()));

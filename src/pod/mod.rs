@@ -44,5 +44,5 @@ pub use types::SyncError;
 pub use crate::model::{
     ANNOTATION_CONTAINER_HASH, ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_MESSAGE_PATH,
     LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, host_network,
-    pod_identity, restart_policy,
+    restart_policy,
 };

@@ -32,8 +32,8 @@ pub struct ContainerOptions {
     pub stop_signal_annotation: bool,
     /// The ConfigMaps and Secrets the pod's environments reference, read for this sync.
     pub env_objects: EnvObjects,
-    /// The pod's persistentVolumeClaim volumes by name, resolved for this sync.
-    pub claims: std::collections::BTreeMap<String, crate::volumes::ClaimMount>,
+    /// The pod's volumes set up for this sync, by name: what its containers' mounts bind.
+    pub volumes: std::collections::BTreeMap<String, crate::volumes::MountedVolume>,
     /// The pod's `imagePullSecrets` read for this sync.
     pub pull_secrets: Vec<k8s_openapi::api::core::v1::Secret>,
 }
@@ -49,7 +49,7 @@ impl Default for ContainerOptions {
             node_memory_bytes: 0,
             stop_signal_annotation: false,
             env_objects: Default::default(),
-            claims: Default::default(),
+            volumes: Default::default(),
             pull_secrets: Vec::new(),
         }
     }

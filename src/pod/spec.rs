@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SeccompProfile};
 use runtime::cri;
 use runtime::{Error, Result};
 
-use super::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, host_network, pod_identity};
+use super::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID, host_network};
+use crate::model::PodRef;
 use crate::util::quantity;
 
 /// What the kubelet knows that the pod does not say.
@@ -69,22 +70,25 @@ pub(crate) fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container>
 
 /// The pod's hostname: `spec.hostname` or the pod name, at most 63 characters, without trailing
 /// `-` or `.`.
-pub fn hostname(pod: &Pod) -> String {
+pub fn hostname(pod: &Pod, who: &PodRef) -> String {
     let explicit = pod
         .spec
         .as_ref()
         .and_then(|s| s.hostname.as_deref())
         .filter(|h| !h.is_empty());
-    let name = explicit.unwrap_or_else(|| pod_identity(pod).1);
+    let name = explicit.unwrap_or(&who.name);
     let truncated: String = name.chars().take(63).collect();
     truncated.trim_end_matches(['-', '.']).to_string()
 }
 
-/// The sandbox config of `pod` (upstream `generatePodSandboxConfig`).
-pub fn sandbox_config(pod: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandboxConfig> {
+/// The sandbox config of `pod`, who is `who` (upstream `generatePodSandboxConfig`).
+pub fn sandbox_config(
+    pod: &Pod,
+    who: &PodRef,
+    opts: &SandboxOptions,
+) -> Result<cri::PodSandboxConfig> {
     let spec = pod_spec(pod)?;
-    let (uid, name, namespace) = pod_identity(pod);
-    if uid.is_empty() || name.is_empty() {
+    if who.uid.is_empty() || who.name.is_empty() {
         return Err(Error::invalid_argument(
             "metadata.name and metadata.uid are required",
         ));
@@ -96,9 +100,9 @@ pub fn sandbox_config(pod: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandbo
         .unwrap_or_default()
         .into_iter()
         .collect();
-    labels.insert(LABEL_POD_NAME.into(), name.into());
-    labels.insert(LABEL_POD_NAMESPACE.into(), namespace.into());
-    labels.insert(LABEL_POD_UID.into(), uid.into());
+    labels.insert(LABEL_POD_NAME.into(), who.name.clone());
+    labels.insert(LABEL_POD_NAMESPACE.into(), who.namespace.clone());
+    labels.insert(LABEL_POD_UID.into(), who.uid.clone());
     let annotations = pod
         .metadata
         .annotations
@@ -167,22 +171,22 @@ pub fn sandbox_config(pod: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandbo
 
     Ok(cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
-            name: name.into(),
-            uid: uid.into(),
-            namespace: namespace.into(),
+            name: who.name.clone(),
+            uid: who.uid.clone(),
+            namespace: who.namespace.clone(),
             attempt: opts.attempt,
         }),
         hostname: if host_network(pod) {
             String::new()
         } else {
-            hostname(pod)
+            hostname(pod, who)
         },
         log_directory: opts
             .pod_logs_dir
-            .join(format!("{namespace}_{name}_{uid}"))
+            .join(format!("{}_{}_{}", who.namespace, who.name, who.uid))
             .to_string_lossy()
             .into_owned(),
-        dns_config: dns_config(pod, opts),
+        dns_config: dns_config(pod, &who.namespace, opts),
         port_mappings,
         labels,
         annotations,
@@ -267,7 +271,7 @@ pub(crate) fn seccomp_profile(
 }
 
 /// DNS for the sandbox; `None` means the runtime's (host's) resolv.conf.
-fn dns_config(pod: &Pod, opts: &SandboxOptions) -> Option<cri::DnsConfig> {
+fn dns_config(pod: &Pod, ns: &str, opts: &SandboxOptions) -> Option<cri::DnsConfig> {
     let spec = pod.spec.as_ref()?;
     let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
     let cluster_first = match policy {
@@ -278,7 +282,6 @@ fn dns_config(pod: &Pod, opts: &SandboxOptions) -> Option<cri::DnsConfig> {
     };
     let mut cfg = cri::DnsConfig::default();
     if cluster_first && !opts.cluster_dns.is_empty() {
-        let ns = pod_identity(pod).2;
         let d = opts.cluster_domain.trim_end_matches('.');
         cfg.servers = opts.cluster_dns.clone();
         cfg.searches = vec![format!("{ns}.svc.{d}"), format!("svc.{d}"), d.to_string()];

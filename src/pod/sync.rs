@@ -188,7 +188,7 @@ impl RuntimeManager {
         let mut opts = s.opts.clone();
         let id = if s.actions.create_sandbox {
             sb_opts.attempt = s.actions.sandbox_attempt;
-            let config = sandbox_config(s.pod, &sb_opts)?;
+            let config = sandbox_config(s.pod, s.who, &sb_opts)?;
             let (id, ips) = self.run_sandbox(s, config.clone()).await?;
             if !ips.is_empty() {
                 opts.pod_ips = ips;
@@ -204,7 +204,7 @@ impl RuntimeManager {
         } else {
             return Ok(None);
         };
-        let config = sandbox_config(s.pod, &sb_opts)?;
+        let config = sandbox_config(s.pod, s.who, &sb_opts)?;
         Ok(Some(self.sandbox_with(s, id, config, opts)))
     }
 
@@ -342,7 +342,7 @@ impl RuntimeManager {
             .await?;
         // As upstream, `envFrom` keys that are no variable names are skipped, with an event.
         let env_objects = &sandbox.opts.env_objects;
-        for message in super::env::invalid_env_from_keys(s.pod, container, env_objects) {
+        for message in super::env::invalid_env_from_keys(s.who, container, env_objects) {
             say(
                 EventType::Warning,
                 Reason::InvalidEnvironmentVariableNames,
@@ -351,8 +351,8 @@ impl RuntimeManager {
         }
         let restart_count = s.snapshot.status.latest(name).map_or(0, |p| p.attempt + 1);
         // The reason's message is the error's own, as upstream's (`configmap "x" not found`).
-        let mut config =
-            container_config(s.pod, container, restart_count, &sandbox.opts).map_err(|e| {
+        let mut config = container_config(s.pod, s.who, container, restart_count, &sandbox.opts)
+            .map_err(|e| {
                 let msg = format!("Error: {}", e.message());
                 say(EventType::Warning, Reason::Failed, msg);
                 let reason = WaitingReason::CreateContainerConfigError;

@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{
 use kube::Api;
 
 use super::error::ClaimError;
-use super::plugins::{self as local, ClaimMount};
+use super::plugins::{self as local, MountedVolume};
 use super::{PluginError, VolumeManager};
-use crate::model::pod_identity;
+use crate::model::PodRef;
 
 /// How long a sync waits for one API request of a volume (a claim, its volume).
 const API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -51,13 +51,14 @@ impl VolumeManager {
     pub(super) async fn claim(
         &self,
         pod: &Pod,
+        who: &PodRef,
         c: &PersistentVolumeClaimVolumeSource,
-    ) -> Result<ClaimMount, PluginError> {
+    ) -> Result<MountedVolume, PluginError> {
         let (pv_name, spec) = self
-            .bound_volume(pod, &c.claim_name)
+            .bound_volume(who, &c.claim_name)
             .await
             .map_err(|source| PluginError::Claim {
-                namespace: pod_identity(pod).2.to_string(),
+                namespace: who.namespace.clone(),
                 name: c.claim_name.clone(),
                 source,
             })?;
@@ -75,7 +76,7 @@ impl VolumeManager {
             // A local volume is given to the pod's fsGroup when the pod first mounts it (a
             // hostPath one never is), as upstream's local plugin.
             let read_only = c.read_only.unwrap_or(false);
-            self.own_once(pod, &pv_name, &p, read_only)?;
+            self.own_once(pod, who, &pv_name, &p, read_only)?;
             p
         } else {
             return Err(PluginError::UnsupportedVolume {
@@ -83,7 +84,7 @@ impl VolumeManager {
                 what: volume_type(&spec),
             });
         };
-        Ok(ClaimMount {
+        Ok(MountedVolume {
             path,
             read_only: c.read_only.unwrap_or(false),
         })
@@ -93,12 +94,11 @@ impl VolumeManager {
     /// the volume's name and spec.
     async fn bound_volume(
         &self,
-        pod: &Pod,
+        who: &PodRef,
         name: &str,
     ) -> Result<(String, k8s_openapi::api::core::v1::PersistentVolumeSpec), ClaimError> {
         let client = self.client.as_ref().ok_or(ClaimError::Standalone)?;
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(client.clone(), pod_identity(pod).2);
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &who.namespace);
         let pvc = fetch(&claims, name, "PVC".into()).await?;
         if pvc.metadata.deletion_timestamp.is_some() {
             return Err(ClaimError::Deleting);

@@ -26,6 +26,9 @@ pub enum PluginError {
     /// A volume type (by its API field name) this kubelet does not support.
     #[error("volume type {0} is not supported by nodelet yet")]
     Unsupported(String),
+    /// A mount of a volume the sync did not set up.
+    #[error("volume {0:?} was not set up for this sync")]
+    NotSetUp(String),
     /// A mount of a claim the sync did not resolve.
     #[error("persistentVolumeClaim {0:?} was not resolved for this sync")]
     ClaimNotResolved(String),

@@ -47,7 +47,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Volume};
 use crate::api::events::PodEvents;
 use crate::api::objects::{ObjectKey, ObjectManager};
 use crate::api::tokens::TokenManager;
-use crate::model::pod_identity;
+use crate::model::PodRef;
 use crate::util::lock;
 use crate::util::quantity;
 use atomic_writer::Payload;
@@ -55,7 +55,7 @@ pub(crate) use disk::is_mount_point;
 use disk::{memory_size, mount_tmpfs, pod_memory_limit, tear_down_dirs};
 pub use error::ClaimError;
 pub use error::{PluginError, VolumeError};
-pub use plugins::ClaimMount;
+pub use plugins::MountedVolume;
 use plugins::{self as local, Failure, Source};
 use projection::Allocatable;
 
@@ -105,51 +105,56 @@ impl VolumeManager {
         (self.config_maps.watched(), self.secrets.watched())
     }
 
-    /// Sets up the volumes `pod`'s containers use; those that fail are `FailedMount` events and
-    /// a [`VolumeError`]. Returns the claims resolved, by volume name.
+    /// Sets up the volumes the containers of `pod` (who is `who`) use; those that fail are
+    /// `FailedMount` events and a [`VolumeError`]. Returns where each is mounted from, by
+    /// volume name: what the containers' mounts bind.
     pub async fn set_up(
         &self,
         pod: &Pod,
+        who: &PodRef,
         events: &dyn PodEvents,
-    ) -> Result<BTreeMap<String, ClaimMount>, VolumeError> {
-        self.register(pod);
+    ) -> Result<BTreeMap<String, MountedVolume>, VolumeError> {
+        self.register(pod, who);
         let used = local::used_volumes(pod);
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
         let mut failed = Vec::new();
-        let mut claims = BTreeMap::new();
+        let mut mounted = BTreeMap::new();
         for v in volumes.into_iter().flatten() {
             if !used.contains(v.name.as_str()) {
                 continue;
             }
             let src = local::source(v);
             if let Source::Claim(c) = src {
-                match self.claim(pod, c).await {
+                match self.claim(pod, who, c).await {
                     Ok(m) => {
-                        claims.insert(v.name.clone(), m);
+                        mounted.insert(v.name.clone(), m);
                     }
                     Err(e) => failed.push(Failure::new(&v.name, &e)),
                 }
                 continue;
             }
             let r = match local::written_plugin(&src) {
-                Some((plugin, tmpfs)) => match self.payload(pod, &src).await {
-                    Ok(payload) => self.write(pod, v, plugin, tmpfs, &payload),
+                Some((plugin, tmpfs)) => match self.payload(pod, who, &src).await {
+                    Ok(payload) => self.write(pod, who, v, plugin, tmpfs, &payload),
                     Err(e) => Err(e),
                 },
-                None if local::managed(&src) => self.memory_empty_dir(pod, v),
-                None => local::set_up_one(&self.pods_dir, pod, v),
+                None if local::managed(&src) => self.memory_empty_dir(pod, who, v),
+                None => local::set_up_one(&self.pods_dir, &who.uid, pod, v),
             };
-            if let Err(e) = r {
-                failed.push(Failure::new(&v.name, &e));
+            match r.and_then(|()| local::mounted(&self.pods_dir, &who.uid, v)) {
+                Ok(m) => {
+                    mounted.insert(v.name.clone(), m);
+                }
+                Err(e) => failed.push(Failure::new(&v.name, &e)),
             }
         }
-        local::report(pod, &failed, events).map(|()| claims)
+        local::report(pod, &failed, events).map(|()| mounted)
     }
 
     /// Registers the ConfigMaps and Secrets the pod's volumes and environments reference with
     /// their managers.
-    fn register(&self, pod: &Pod) {
-        let (uid, _, ns) = pod_identity(pod);
+    fn register(&self, pod: &Pod, who: &PodRef) {
+        let (uid, ns) = (who.uid.as_str(), who.namespace.as_str());
         let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
         let key = |name: &str| -> ObjectKey { (ns.to_string(), name.to_string()) };
         let used = local::used_volumes(pod);
@@ -222,6 +227,7 @@ impl VolumeManager {
     fn own_once(
         &self,
         pod: &Pod,
+        who: &PodRef,
         name: &str,
         dir: &Path,
         read_only: bool,
@@ -229,7 +235,7 @@ impl VolumeManager {
         let Some(group) = local::fs_group(pod)? else {
             return Ok(());
         };
-        let key = (pod_identity(pod).0.to_string(), name.to_string());
+        let key = (who.uid.clone(), name.to_string());
         if lock(&self.owned).contains(&key) {
             return Ok(());
         }
@@ -251,12 +257,13 @@ impl VolumeManager {
     fn write(
         &self,
         pod: &Pod,
+        who: &PodRef,
         v: &Volume,
         plugin: &str,
         tmpfs: bool,
         payload: &Payload,
     ) -> Result<(), PluginError> {
-        let dir = local::plugin_dir(&self.pods_dir, pod_identity(pod).0, plugin).join(&v.name);
+        let dir = local::plugin_dir(&self.pods_dir, &who.uid, plugin).join(&v.name);
         // Mode 0777 as an emptyDir's (upstream's wrapped emptyDir), its parents 0750.
         local::make_empty_dir(&dir, None)?;
         if tmpfs && !is_mount_point(&dir)? {
@@ -270,8 +277,8 @@ impl VolumeManager {
     /// An emptyDir with `medium: Memory`: its directory (0777) with a tmpfs mounted on it,
     /// sized as upstream (the node's allocatable memory, or less: the pod's memory limit, the
     /// volume's `sizeLimit`).
-    fn memory_empty_dir(&self, pod: &Pod, v: &Volume) -> Result<(), PluginError> {
-        let dir = local::empty_dir_path(&self.pods_dir, pod, &v.name);
+    fn memory_empty_dir(&self, pod: &Pod, who: &PodRef, v: &Volume) -> Result<(), PluginError> {
+        let dir = local::empty_dir_path(&self.pods_dir, &who.uid, &v.name);
         let group = local::fs_group(pod)?;
         local::make_empty_dir(&dir, group)?;
         if is_mount_point(&dir)? {

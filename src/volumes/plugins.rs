@@ -33,7 +33,6 @@ use k8s_openapi::api::core::v1::{
 
 use super::{PluginError, VolumeError};
 use crate::api::events::{EventType, PodEvents, Reason};
-use crate::model::pod_identity;
 
 /// What a volume is, as far as this kubelet is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,8 +91,8 @@ pub fn source(v: &Volume) -> Source<'_> {
 }
 
 /// `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`.
-pub fn empty_dir_path(pods_dir: &Path, pod: &Pod, name: &str) -> PathBuf {
-    plugin_dir(pods_dir, pod_identity(pod).0, "kubernetes.io~empty-dir").join(name)
+pub fn empty_dir_path(pods_dir: &Path, uid: &str, name: &str) -> PathBuf {
+    plugin_dir(pods_dir, uid, "kubernetes.io~empty-dir").join(name)
 }
 
 /// `<pods dir>/<uid>/volumes/<plugin>`: the directory of a pod's volumes of one type
@@ -122,18 +121,17 @@ pub const WRITTEN_PLUGINS: [&str; 4] = [
     "kubernetes.io~projected",
 ];
 
-/// The host directory (or file) a mount of `v` binds: the hostPath's path, or the emptyDir's
-/// directory. `Err` names the volume type this kubelet does not support.
-pub fn host_path(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<PathBuf, PluginError> {
+/// The host directory (or file) a mount of `v`, a volume of pod `uid`, binds: the hostPath's
+/// path, the emptyDir's directory or the directory the kubelet writes. `Err` names the volume
+/// type this kubelet does not support, or a claim (resolved by the volume manager).
+pub fn host_path(pods_dir: &Path, uid: &str, v: &Volume) -> Result<PathBuf, PluginError> {
     match source(v) {
         Source::HostPath(h) => Ok(PathBuf::from(&h.path)),
-        Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, pod, &v.name)),
+        Source::EmptyDir { .. } => Ok(empty_dir_path(pods_dir, uid, &v.name)),
         Source::Unsupported(t) => Err(PluginError::Unsupported(t)),
         Source::Claim(c) => Err(PluginError::ClaimNotResolved(c.claim_name.clone())),
         written => match written_plugin(&written) {
-            Some((plugin, _)) => {
-                Ok(plugin_dir(pods_dir, pod_identity(pod).0, plugin).join(&v.name))
-            }
+            Some((plugin, _)) => Ok(plugin_dir(pods_dir, uid, plugin).join(&v.name)),
             None => Err(PluginError::Unsupported(v.name.clone())),
         },
     }
@@ -145,12 +143,30 @@ pub fn read_only(v: &Volume) -> bool {
     written_plugin(&source(v)).is_some()
 }
 
-/// A persistentVolumeClaim volume resolved to its PersistentVolume: the host path to bind and
-/// whether the pod's volume asks for it read-only.
+/// A volume set up for a sync: the host path its mounts bind, and whether every mount of it is
+/// read-only (one the kubelet writes, or a claim the pod asks for read-only).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimMount {
+pub struct MountedVolume {
     pub path: PathBuf,
     pub read_only: bool,
+}
+
+/// The [`MountedVolume`] of `v`, a volume of pod `uid` set up here or by the volume manager
+/// (a claim aside, which the volume manager resolves).
+pub fn mounted(pods_dir: &Path, uid: &str, v: &Volume) -> Result<MountedVolume, PluginError> {
+    Ok(MountedVolume {
+        path: host_path(pods_dir, uid, v)?,
+        read_only: read_only(v),
+    })
+}
+
+/// Why `v`, which a container mounts, is not among the volumes its sync set up.
+pub fn not_set_up(v: &Volume) -> PluginError {
+    match source(v) {
+        Source::Claim(c) => PluginError::ClaimNotResolved(c.claim_name.clone()),
+        Source::Unsupported(t) => PluginError::Unsupported(t),
+        _ => PluginError::NotSetUp(v.name.clone()),
+    }
 }
 
 /// A volume that could not be set up, and why (the [`PluginError`]'s text: the event's reason).
@@ -210,9 +226,9 @@ pub fn managed(s: &Source<'_>) -> bool {
         || matches!(s, Source::Claim(_))
 }
 
-/// Sets up the volumes `pod`'s containers use but the [`managed`] ones; the ones that failed,
-/// in spec order.
-pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
+/// Sets up the volumes the containers of `pod` (whose UID is `uid`) use but the [`managed`]
+/// ones; the ones that failed, in spec order.
+pub fn set_up_volumes(pods_dir: &Path, uid: &str, pod: &Pod) -> Vec<Failure> {
     let used = used_volumes(pod);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     volumes
@@ -221,17 +237,17 @@ pub fn set_up_volumes(pods_dir: &Path, pod: &Pod) -> Vec<Failure> {
         .filter(|v| used.contains(v.name.as_str()))
         .filter(|v| !managed(&source(v)))
         .filter_map(|v| {
-            let e = set_up_one(pods_dir, pod, v).err()?;
+            let e = set_up_one(pods_dir, uid, pod, v).err()?;
             Some(Failure::new(&v.name, &e))
         })
         .collect()
 }
 
 /// Sets up an emptyDir or hostPath volume; refuses the types not supported.
-pub fn set_up_one(pods_dir: &Path, pod: &Pod, v: &Volume) -> Result<(), PluginError> {
+pub fn set_up_one(pods_dir: &Path, uid: &str, pod: &Pod, v: &Volume) -> Result<(), PluginError> {
     match source(v) {
         Source::EmptyDir { medium: "" } => {
-            make_empty_dir(&empty_dir_path(pods_dir, pod, &v.name), fs_group(pod)?)
+            make_empty_dir(&empty_dir_path(pods_dir, uid, &v.name), fs_group(pod)?)
         }
         Source::EmptyDir { medium } if medium.starts_with("HugePages") => {
             Err(PluginError::HugePages(medium.to_string()))

@@ -12,7 +12,7 @@ use super::plugins::{self as local, Source};
 use super::projection::{self, DEFAULT_MODE, aggregate};
 use super::{PluginError, VolumeManager};
 use crate::api::tokens::TokenKey;
-use crate::model::pod_identity;
+use crate::model::PodRef;
 
 impl VolumeManager {
     pub(super) async fn config_map(
@@ -51,9 +51,10 @@ impl VolumeManager {
     pub(super) async fn payload(
         &self,
         pod: &Pod,
+        who: &PodRef,
         src: &Source<'_>,
     ) -> Result<Payload, PluginError> {
-        let (_, _, ns) = pod_identity(pod);
+        let ns = who.namespace.as_str();
         match src {
             Source::ConfigMap(c) => {
                 let default = projection::mode(c.default_mode, DEFAULT_MODE as u32)?;
@@ -76,7 +77,7 @@ impl VolumeManager {
                 projection::downward_api_payload(items, pod, &self.allocatable, default)
                     .map_err(PluginError::from)
             }
-            Source::Projected(p) => self.projected(pod, p).await,
+            Source::Projected(p) => self.projected(pod, who, p).await,
             _ => Err(PluginError::NotWritten),
         }
     }
@@ -86,6 +87,7 @@ impl VolumeManager {
     async fn projected(
         &self,
         pod: &Pod,
+        who: &PodRef,
         p: &ProjectedVolumeSource,
     ) -> Result<Payload, PluginError> {
         let default = projection::mode(p.default_mode, DEFAULT_MODE as u32)?;
@@ -93,15 +95,15 @@ impl VolumeManager {
         let mut errors = Vec::new();
         for s in p.sources.iter().flatten() {
             let part = if let Some(c) = &s.config_map {
-                self.projected_config_map(pod, c, default).await
+                self.projected_config_map(who, c, default).await
             } else if let Some(sec) = &s.secret {
-                self.projected_secret(pod, sec, default).await
+                self.projected_secret(who, sec, default).await
             } else if let Some(d) = &s.downward_api {
                 let items = d.items.as_deref().unwrap_or_default();
                 projection::downward_api_payload(items, pod, &self.allocatable, default)
                     .map_err(PluginError::from)
             } else if let Some(t) = &s.service_account_token {
-                self.token_file(pod, t, default).await
+                self.token_file(pod, who, t, default).await
             } else {
                 let what = serde_json::to_value(s)
                     .ok()
@@ -119,26 +121,24 @@ impl VolumeManager {
 
     async fn projected_config_map(
         &self,
-        pod: &Pod,
+        who: &PodRef,
         c: &ConfigMapProjection,
         default: u32,
     ) -> Result<Payload, PluginError> {
         let optional = c.optional.unwrap_or(false);
-        let cm = self
-            .config_map(pod_identity(pod).2, &c.name, optional)
-            .await?;
+        let cm = self.config_map(&who.namespace, &c.name, optional).await?;
         projection::config_map_payload(c.items.as_deref(), &cm, default, optional)
             .map_err(PluginError::from)
     }
 
     async fn projected_secret(
         &self,
-        pod: &Pod,
+        who: &PodRef,
         s: &SecretProjection,
         default: u32,
     ) -> Result<Payload, PluginError> {
         let optional = s.optional.unwrap_or(false);
-        let secret = self.secret(pod_identity(pod).2, &s.name, optional).await?;
+        let secret = self.secret(&who.namespace, &s.name, optional).await?;
         projection::secret_payload(s.items.as_deref(), &secret, default, optional)
             .map_err(PluginError::from)
     }
@@ -147,10 +147,10 @@ impl VolumeManager {
     async fn token_file(
         &self,
         pod: &Pod,
+        who: &PodRef,
         t: &ServiceAccountTokenProjection,
         mode: u32,
     ) -> Result<Payload, PluginError> {
-        let (uid, name, ns) = pod_identity(pod);
         let sa = pod
             .spec
             .as_ref()
@@ -158,7 +158,7 @@ impl VolumeManager {
             .filter(|s| !s.is_empty())
             .ok_or(PluginError::NoServiceAccount)?;
         let key = TokenKey {
-            namespace: ns.to_string(),
+            namespace: who.namespace.clone(),
             service_account: sa.to_string(),
             audiences: t
                 .audience
@@ -167,8 +167,8 @@ impl VolumeManager {
                 .cloned()
                 .collect(),
             expiration_seconds: t.expiration_seconds,
-            pod_name: name.to_string(),
-            pod_uid: uid.to_string(),
+            pod_name: who.name.clone(),
+            pod_uid: who.uid.clone(),
         };
         let token = self.tokens.token(&key).await?;
         // With an fsGroup, the token is the owner's and the group's only (upstream's 0600,

@@ -28,7 +28,10 @@ async fn standalone_object_volumes_fail_clearly_and_downward_api_is_written() {
     }))
     .expect("a pod");
     let events = Recorded::default();
-    let err = vm.set_up(&pod, &events).await.expect_err("no API server");
+    let err = vm
+        .set_up(&pod, &crate::model::PodRef::of(&pod), &events)
+        .await
+        .expect_err("no API server");
     assert!(
         err.to_string()
             .starts_with("unable to attach or mount volumes: "),

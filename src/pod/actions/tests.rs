@@ -70,7 +70,13 @@ impl Setup {
         status
             .containers
             .sort_by_key(|c| std::cmp::Reverse(c.created_at));
-        compute_pod_actions(&self.pod, &status, &Backoff::default(), t(1000))
+        compute_pod_actions(
+            &self.pod,
+            &PodRef::of(&self.pod),
+            &status,
+            &Backoff::default(),
+            t(1000),
+        )
     }
 }
 
@@ -243,7 +249,7 @@ fn probed(
     status
         .containers
         .sort_by_key(|c| std::cmp::Reverse(c.created_at));
-    compute_pod_actions_with(&s.pod, &status, backoff, t(1000), view)
+    compute_pod_actions_with(&s.pod, &PodRef::of(&s.pod), &status, backoff, t(1000), view)
 }
 
 #[test]
@@ -281,7 +287,7 @@ fn a_failed_liveness_probe_kills_and_restarts_per_policy() {
 
     // After an earlier run exited, the restart waits for its back-off (CrashLoopBackOff).
     let mut backoff = Backoff::default();
-    let key = backoff::key(pod_identity(&s.pod).0, "a", &s.hash("a"));
+    let key = backoff::key(&PodRef::of(&s.pod).uid, "a", &s.hash("a"));
     backoff.record_restart(&key, t(995));
     let mut again = running();
     again[0] = s.c("a", 1, RunState::Running, 0);
@@ -423,14 +429,14 @@ fn crash_loop_backoff_delays_start() {
         ],
     };
     status.containers[0].finished_at = Some(t(100));
-    let a = compute_pod_actions(&s.pod, &status, &backoff, t(105));
+    let a = compute_pod_actions(&s.pod, &PodRef::of(&s.pod), &status, &backoff, t(105));
     assert_eq!(a.start_containers, names(&["b"]));
     assert_eq!(a.wait, Some(Duration::from_secs(15)));
     assert!(!a.kill_pod);
     // The held container shows CrashLoopBackOff with upstream's message.
     let w = &a.waiting["a"];
     assert_eq!(w.reason, WaitingReason::CrashLoopBackOff);
-    let (uid, name, ns) = crate::pod::pod_identity(&s.pod);
+    let (uid, name, ns) = crate::model::pod_identity(&s.pod);
     assert_eq!(
         w.message,
         format!("back-off 20s restarting failed container=a pod={name}_{ns}({uid})")
@@ -440,9 +446,9 @@ fn crash_loop_backoff_delays_start() {
     if let Some(spec) = changed.spec.as_mut() {
         spec.containers[0].args = Some(vec!["new".into()]);
     }
-    let a = compute_pod_actions(&changed, &status, &backoff, t(105));
+    let a = compute_pod_actions(&changed, &PodRef::of(&changed), &status, &backoff, t(105));
     assert_eq!(a.start_containers, names(&["a", "b"]));
-    let a = compute_pod_actions(&s.pod, &status, &backoff, t(120));
+    let a = compute_pod_actions(&s.pod, &PodRef::of(&s.pod), &status, &backoff, t(120));
     assert_eq!((a.start_containers, a.wait), (names(&["a", "b"]), None));
 }
 
@@ -532,14 +538,14 @@ fn a_sidecar_in_back_off_holds_the_init_containers_after_it() {
         containers: vec![s.c("s1", 0, RunState::Exited, 1)],
     };
     status.containers[0].finished_at = Some(t(100));
-    let a = compute_pod_actions(&s.pod, &status, &backoff, t(102));
+    let a = compute_pod_actions(&s.pod, &PodRef::of(&s.pod), &status, &backoff, t(102));
     assert!(a.start_init.is_empty());
     assert_eq!(a.waiting["s1"].reason, WaitingReason::CrashLoopBackOff);
     assert_eq!(a.wait, Some(Duration::from_secs(8)));
     // Once the app containers ran, a sidecar in back-off holds nothing else.
     status.containers.push(s.c("a", 0, RunState::Exited, 1));
     status.containers.push(s.c("i1", 0, RunState::Exited, 0));
-    let a = compute_pod_actions(&s.pod, &status, &backoff, t(102));
+    let a = compute_pod_actions(&s.pod, &PodRef::of(&s.pod), &status, &backoff, t(102));
     assert_eq!(a.start_containers, names(&["a"]));
     assert!(a.waiting.contains_key("s1"));
 }

@@ -4,6 +4,25 @@ use super::*;
 use crate::pod::spec::tests::pod;
 use serde_json::json;
 
+/// The container config of `c` in `p`, with `p`'s volumes (claims aside) mounted from where
+/// the volume manager sets them up under `opts.pods_dir`.
+fn config_of(
+    p: &Pod,
+    c: &Container,
+    restart: u32,
+    opts: &ContainerOptions,
+) -> Result<cri::ContainerConfig> {
+    let who = PodRef::of(p);
+    let mut opts = opts.clone();
+    let volumes = p.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    for v in volumes.into_iter().flatten() {
+        if let Ok(m) = volumes::mounted(&opts.pods_dir, &who.uid, v) {
+            opts.volumes.insert(v.name.clone(), m);
+        }
+    }
+    container_config(p, &who, c, restart, &opts)
+}
+
 fn config(spec: serde_json::Value, restart: u32) -> Result<cri::ContainerConfig> {
     let p = pod(spec);
     let c = p
@@ -23,7 +42,7 @@ fn config(spec: serde_json::Value, restart: u32) -> Result<cri::ContainerConfig>
         node_memory_bytes: 8 << 30,
         ..Default::default()
     };
-    let cfg = container_config(&p, &c, restart, &opts);
+    let cfg = config_of(&p, &c, restart, &opts);
     // subPath binds were made under the temporary pods dir: undone before it goes.
     unbind_all(&opts.pods_dir);
     let mut cfg = cfg?;
@@ -398,7 +417,7 @@ fn rejects_bad_input() {
         image: Some("x".into()),
         ..Default::default()
     };
-    assert!(container_config(&p, &other, 0, &ContainerOptions::default()).is_err());
+    assert!(config_of(&p, &other, 0, &ContainerOptions::default()).is_err());
 }
 
 #[test]
@@ -421,7 +440,7 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
     };
     let (_dir, mut opts) = temp_opts();
     opts.sandbox.user_namespace = Some(userns.clone());
-    let cfg = container_config(&p, &c, 0, &opts).unwrap();
+    let cfg = config_of(&p, &c, 0, &opts).unwrap();
     let ns = cfg
         .linux
         .as_ref()
@@ -437,9 +456,9 @@ fn a_pod_user_namespace_reaches_the_container_and_its_mounts() {
     assert_eq!(cfg.mounts[1].container_path, "/dev/termination-log");
     // Without one, neither.
     let (_plain_dir, plain) = temp_opts();
-    let cfg = container_config(&p, &c, 0, &plain).unwrap();
+    let cfg = config_of(&p, &c, 0, &plain).unwrap();
     assert!(cfg.mounts[0].uid_mappings.is_empty());
-    let sb = crate::pod::sandbox_config(&p, &opts.sandbox).unwrap();
+    let sb = crate::pod::sandbox_config(&p, &PodRef::of(&p), &opts.sandbox).unwrap();
     let sb_ns = sb
         .linux
         .and_then(|l| l.security_context)
@@ -458,7 +477,7 @@ fn a_stop_signal_goes_to_a_runtime_that_takes_it_and_is_refused_otherwise() {
         pods_dir: dir.path().to_path_buf(),
         ..Default::default()
     };
-    let err = container_config(&p, &c, 0, &opts)
+    let err = config_of(&p, &c, 0, &opts)
         .expect_err("refused")
         .to_string();
     assert!(
@@ -468,7 +487,7 @@ fn a_stop_signal_goes_to_a_runtime_that_takes_it_and_is_refused_otherwise() {
         "{err}"
     );
     opts.stop_signal_annotation = true;
-    let cfg = container_config(&p, &c, 0, &opts).expect("config");
+    let cfg = config_of(&p, &c, 0, &opts).expect("config");
     assert_eq!(
         cfg.annotations
             .get(runtime::builtin::ANNOTATION_STOP_SIGNAL)
@@ -479,7 +498,7 @@ fn a_stop_signal_goes_to_a_runtime_that_takes_it_and_is_refused_otherwise() {
     let plain = crate::pod::spec::tests::pod(serde_json::json!({"containers": [
         {"name": "a", "image": "busybox"}]}));
     let c = plain.spec.as_ref().expect("spec").containers[0].clone();
-    let cfg = container_config(&plain, &c, 0, &opts).expect("config");
+    let cfg = config_of(&plain, &c, 0, &opts).expect("config");
     assert!(
         !cfg.annotations
             .contains_key(runtime::builtin::ANNOTATION_STOP_SIGNAL)
@@ -545,7 +564,7 @@ fn the_termination_message_file_exists_on_the_host() {
     let p = pod(json!({"containers": [{"name": "app", "image": "x"}]}));
     let c = p.spec.as_ref().expect("spec").containers[0].clone();
     let (dir, opts) = temp_opts();
-    let cfg = container_config(&p, &c, 0, &opts).expect("config");
+    let cfg = config_of(&p, &c, 0, &opts).expect("config");
     let m = cfg.mounts.last().expect("a mount");
     let meta = std::fs::metadata(&m.host_path).expect("the file");
     assert!(meta.is_file() && meta.len() == 0);
@@ -556,14 +575,14 @@ fn the_termination_message_file_exists_on_the_host() {
     );
     let bad = bad_pod.spec.as_ref().expect("spec").containers[0].clone();
     let (bad_dir, opts) = temp_opts();
-    assert!(container_config(&bad_pod, &bad, 0, &opts).is_err());
+    assert!(config_of(&bad_pod, &bad, 0, &opts).is_err());
     assert!(!bad_dir.path().join("u-1").exists());
     // A file that cannot be made is a config error naming the field.
     let (dir, mut opts) = temp_opts();
     let blocker = dir.path().join("blocker");
     std::fs::write(&blocker, b"").expect("a file");
     opts.pods_dir = blocker;
-    let err = container_config(&p, &c, 0, &opts).expect_err("no dir");
+    let err = config_of(&p, &c, 0, &opts).expect_err("no dir");
     assert!(err.message().contains("terminationMessagePath"), "{err}");
 }
 

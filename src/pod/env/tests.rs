@@ -6,6 +6,7 @@ use serde_json::json;
 use super::*;
 use crate::api::objects::ObjectError;
 use crate::api::services::ServicesError;
+use crate::model::PodRef;
 use crate::pod::spec::tests::pod;
 
 fn objects() -> EnvObjects {
@@ -64,7 +65,7 @@ fn run(container: serde_json::Value) -> Result<Vec<(String, String)>> {
         ..Default::default()
     };
     let c = p.spec.as_ref().expect("spec").containers[0].clone();
-    envs(&p, &c, &opts)
+    envs(&p, &PodRef::of(&p), &c, &opts)
 }
 
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -133,7 +134,7 @@ fn no_environment_before_the_services_are_read() {
         ..Default::default()
     };
     let c = p.spec.as_ref().expect("spec").containers[0].clone();
-    let e = envs(&p, &c, &opts).expect_err("not read");
+    let e = envs(&p, &PodRef::of(&p), &c, &opts).expect_err("not read");
     assert_eq!(
         e.message(),
         "services have not yet been read at least once, cannot construct envvars"
@@ -185,7 +186,7 @@ fn invalid_env_from_names_are_reported() {
         "envFrom": [{"configMapRef": {"name": "cfg"}}, {"secretRef": {"name": "creds"}}]}]}));
     let c = &p.spec.as_ref().expect("spec").containers[0];
     assert_eq!(
-        invalid_env_from_keys(&p, c, &objects()),
+        invalid_env_from_keys(&PodRef::of(&p), c, &objects()),
         [
             "Keys [1bad] from the EnvFrom configMap prod/cfg were skipped since they are \
           considered invalid environment variable names."

@@ -3,6 +3,11 @@
 use super::*;
 use serde_json::json;
 
+/// The sandbox config of `p`, whose identity is read from it.
+fn sandbox(p: &Pod, opts: &SandboxOptions) -> Result<cri::PodSandboxConfig> {
+    sandbox_config(p, &PodRef::of(p), opts)
+}
+
 pub(crate) fn pod(spec: serde_json::Value) -> Pod {
     let v = json!({
         "metadata": {"name": "web", "namespace": "prod", "uid": "u-1", "labels": {"app": "web"}, "annotations": {"a": "b"}},
@@ -36,7 +41,7 @@ fn sandbox_basics() {
         cgroup_parent: "/kubepods/pod-u-1".into(),
         ..Default::default()
     };
-    let c = sandbox_config(&p, &opts).expect("config");
+    let c = sandbox(&p, &opts).expect("config");
     let m = c.metadata.clone().expect("metadata");
     assert_eq!(
         (
@@ -86,7 +91,7 @@ fn namespaces_table() {
         for (k, v) in extra.as_object().cloned().unwrap_or_default() {
             spec[k] = v;
         }
-        let c = sandbox_config(&pod(spec.clone()), &SandboxOptions::default()).expect("config");
+        let c = sandbox(&pod(spec.clone()), &SandboxOptions::default()).expect("config");
         assert_eq!(ns(&c), (n as i32, p as i32, i as i32), "{spec}");
         if spec.get("hostNetwork").is_some() {
             assert_eq!(c.hostname, "");
@@ -99,9 +104,9 @@ fn hostname_truncated() {
     let long = format!("{}-abc", "a".repeat(62));
     let mut p = pod(json!({"containers": []}));
     p.metadata.name = Some(long);
-    assert_eq!(hostname(&p), "a".repeat(62));
+    assert_eq!(hostname(&p, &PodRef::of(&p)), "a".repeat(62));
     let p = pod(json!({"hostname": "db-0", "containers": []}));
-    assert_eq!(hostname(&p), "db-0");
+    assert_eq!(hostname(&p, &PodRef::of(&p)), "db-0");
 }
 
 #[test]
@@ -110,7 +115,7 @@ fn dns_table() {
         cluster_dns: vec!["10.0.0.10".into()],
         ..Default::default()
     };
-    let c = sandbox_config(&pod(json!({"containers": []})), &cluster).expect("config");
+    let c = sandbox(&pod(json!({"containers": []})), &cluster).expect("config");
     let dns = c.dns_config.expect("cluster dns");
     assert_eq!(dns.servers, ["10.0.0.10"]);
     assert_eq!(
@@ -123,7 +128,7 @@ fn dns_table() {
     );
     assert_eq!(dns.options, ["ndots:5"]);
     // hostNetwork + ClusterFirst: host resolv.conf; ClusterFirstWithHostNet: cluster DNS.
-    let c = sandbox_config(
+    let c = sandbox(
         &pod(json!({"hostNetwork": true, "containers": []})),
         &cluster,
     )
@@ -131,22 +136,14 @@ fn dns_table() {
     assert_eq!(c.dns_config, None);
     let p =
         pod(json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet", "containers": []}));
-    assert!(
-        sandbox_config(&p, &cluster)
-            .expect("config")
-            .dns_config
-            .is_some()
-    );
+    assert!(sandbox(&p, &cluster).expect("config").dns_config.is_some());
     let p = pod(json!({"dnsPolicy": "Default", "containers": []}));
-    assert_eq!(
-        sandbox_config(&p, &cluster).expect("config").dns_config,
-        None
-    );
+    assert_eq!(sandbox(&p, &cluster).expect("config").dns_config, None);
     let p = pod(
         json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["1.1.1.1"], "searches": ["x.y"],
         "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}]}, "containers": []}),
     );
-    let dns = sandbox_config(&p, &cluster)
+    let dns = sandbox(&p, &cluster)
         .expect("config")
         .dns_config
         .expect("dns");
@@ -160,7 +157,7 @@ fn dns_table() {
     );
     let p =
         pod(json!({"dnsConfig": {"options": [{"name": "ndots", "value": "1"}]}, "containers": []}));
-    let dns = sandbox_config(&p, &cluster)
+    let dns = sandbox(&p, &cluster)
         .expect("config")
         .dns_config
         .expect("dns");
@@ -175,7 +172,7 @@ fn pod_security() {
         "initContainers": [{"name": "i", "image": "x", "securityContext": {"privileged": true}}],
         "containers": [{"name": "a", "image": "x"}]
     }));
-    let c = sandbox_config(&p, &SandboxOptions::default()).expect("config");
+    let c = sandbox(&p, &SandboxOptions::default()).expect("config");
     let l = c.linux.expect("linux");
     assert_eq!(
         l.sysctls.get("net.core.somaxconn").map(String::as_str),
@@ -194,12 +191,12 @@ fn pod_security() {
     let p = pod(
         json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "../x"}}, "containers": []}),
     );
-    let err = sandbox_config(&p, &SandboxOptions::default()).expect_err("escape");
+    let err = sandbox(&p, &SandboxOptions::default()).expect_err("escape");
     assert_eq!(err.code(), runtime::Code::InvalidArgument);
     let p = pod(
         json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}, "containers": []}),
     );
-    let c = sandbox_config(&p, &SandboxOptions::default()).expect("config");
+    let c = sandbox(&p, &SandboxOptions::default()).expect("config");
     let s = c
         .linux
         .and_then(|l| l.security_context)
@@ -213,13 +210,13 @@ fn missing_identity_is_invalid() {
     let mut p = pod(json!({"containers": []}));
     p.metadata.uid = None;
     assert_eq!(
-        sandbox_config(&p, &SandboxOptions::default())
+        sandbox(&p, &SandboxOptions::default())
             .expect_err("no uid")
             .code(),
         runtime::Code::InvalidArgument
     );
     p.spec = None;
-    assert!(sandbox_config(&p, &SandboxOptions::default()).is_err());
+    assert!(sandbox(&p, &SandboxOptions::default()).is_err());
 }
 
 #[test]

@@ -48,7 +48,8 @@ impl Harness {
         let snapshot = runtime_pod_status(self.rt.as_ref(), "u-1")
             .await
             .expect("status");
-        let actions = compute_pod_actions(p, &snapshot.status, &self.m.backoff(), now);
+        let actions =
+            compute_pod_actions(p, &PodRef::of(p), &snapshot.status, &self.m.backoff(), now);
         self.rt.clear_calls();
         // Containers get termination message files under the pods dir: a temporary one.
         let pods = tempfile::tempdir().expect("pods dir");
@@ -146,6 +147,7 @@ async fn lifecycle_against_the_fake() {
         .expect("finished");
     let a = compute_pod_actions(
         &p,
+        &PodRef::of(&p),
         &snap.status,
         &h.m.backoff(),
         finished + Duration::from_secs(4),

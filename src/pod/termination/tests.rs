@@ -404,8 +404,8 @@ async fn through_the_sync_and_the_status() {
     let snap = runtime_pod_status(rt.as_ref(), "u-1")
         .await
         .expect("status");
-    let actions = compute_pod_actions(&p, &snap.status, &m.backoff(), now);
     let who = PodRef::of(&p);
+    let actions = compute_pod_actions(&p, &who, &snap.status, &m.backoff(), now);
     let sync = PodSync {
         pod: &p,
         who: &who,

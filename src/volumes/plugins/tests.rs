@@ -6,6 +6,7 @@ use crate::api::events::Recorded;
 use std::os::unix::fs::PermissionsExt;
 
 use super::*;
+use crate::model::pod_uid;
 use crate::pod::spec::tests::pod;
 use crate::volumes::VolumeError;
 use serde_json::json;
@@ -107,7 +108,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
         ]),
         &["cfg", "token", "claim", "scratch"],
     );
-    let failed = set_up_volumes(dir.path(), &p);
+    let failed = set_up_volumes(dir.path(), pod_uid(&p), &p);
     let got: Vec<(&str, &str)> = failed
         .iter()
         .map(|f| (f.volume.as_str(), f.message.as_str()))
@@ -118,7 +119,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
         [("claim", "volume type nfs is not supported by nodelet yet")]
     );
     // What can be set up still is.
-    assert!(empty_dir_path(dir.path(), &p, "scratch").is_dir());
+    assert!(empty_dir_path(dir.path(), pod_uid(&p), "scratch").is_dir());
     // Nothing is made for the refused ones.
     let plugins: Vec<String> = std::fs::read_dir(dir.path().join("u-1/volumes"))
         .expect("volumes dir")
@@ -128,7 +129,7 @@ fn unsupported_types_are_refused_and_unused_volumes_ignored() {
 
     // As an event per volume and one sync error naming them.
     let events = Recorded::default();
-    let mut failed = set_up_volumes(dir.path(), &p);
+    let mut failed = set_up_volumes(dir.path(), pod_uid(&p), &p);
     failed.insert(
         0,
         Failure {
@@ -167,13 +168,14 @@ fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
         &["scratch", "ram", "huge", "odd"],
     );
     let events = Recorded::default();
-    let err = report(&p, &set_up_volumes(dir.path(), &p), &events).expect_err("huge pages");
+    let err =
+        report(&p, &set_up_volumes(dir.path(), pod_uid(&p), &p), &events).expect_err("huge pages");
     assert!(
         err.to_string()
             .starts_with("unable to attach or mount volumes: "),
         "{err:?}"
     );
-    let scratch = empty_dir_path(dir.path(), &p, "scratch");
+    let scratch = empty_dir_path(dir.path(), pod_uid(&p), "scratch");
     assert_eq!(
         scratch,
         dir.path()
@@ -185,7 +187,7 @@ fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
         .mode();
     assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
     // Memory-backed: the volume manager's (a tmpfs), not made here.
-    assert!(!empty_dir_path(dir.path(), &p, "ram").exists());
+    assert!(!empty_dir_path(dir.path(), pod_uid(&p), "ram").exists());
     let messages: Vec<String> = events.all().into_iter().map(|e| e.3).collect();
     assert_eq!(
         messages,
@@ -198,7 +200,7 @@ fn empty_dir_on_disk_is_made_0777_and_huge_pages_are_refused() {
     // Set up again: the same directory, nothing fails for it.
     std::fs::write(scratch.join("kept"), "x").expect("a file in it");
     let only = pod_with(json!([{"name": "scratch", "emptyDir": {}}]), &["scratch"]);
-    assert_eq!(set_up_volumes(dir.path(), &only), []);
+    assert_eq!(set_up_volumes(dir.path(), pod_uid(&only), &only), []);
     assert!(scratch.join("kept").is_file());
 }
 
@@ -317,7 +319,7 @@ fn host_path_volume_failures_are_per_volume() {
         ]),
         &["conf", "any"],
     );
-    let failed = set_up_volumes(dir.path(), &p);
+    let failed = set_up_volumes(dir.path(), pod_uid(&p), &p);
     assert_eq!(
         failed,
         [Failure {

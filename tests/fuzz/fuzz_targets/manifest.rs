@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use libfuzzer_sys::fuzz_target;
+use nodelet::model::PodRef;
 use nodelet::pod::container::{ContainerOptions, container_config};
 use nodelet::pod::spec::{SandboxOptions, qos_class, sandbox_config};
 use nodelet::sources::file::FileSource;
@@ -52,7 +53,8 @@ fuzz_target!(|data: &[u8]| {
     for pod in &scan.pods {
         let _ = nodelet::admission::admit(pod, &[], &f.node);
         let _ = qos_class(pod);
-        let _ = sandbox_config(pod, &SandboxOptions::default());
+        let who = PodRef::of(pod);
+        let _ = sandbox_config(pod, &who, &SandboxOptions::default());
         let opts = ContainerOptions::default();
         let spec = pod.spec.as_ref().expect("a validated pod has a spec");
         let containers = spec
@@ -61,7 +63,7 @@ fuzz_target!(|data: &[u8]| {
             .flatten()
             .chain(&spec.containers);
         for (i, c) in containers.enumerate() {
-            let _ = container_config(pod, c, i as u32, &opts);
+            let _ = container_config(pod, &who, c, i as u32, &opts);
         }
     }
 });
