@@ -105,8 +105,9 @@ pub(super) fn labels_match(
 
 impl BuiltinRuntime {
     /// RunPodSandbox: checks the request and reserves the pod's name, then picks the pod's
-    /// cgroup parent and address, launches the sandbox process and records it. What a failed
-    /// launch or record leaves is undone at the end.
+    /// cgroup parent and address, makes its log directory, launches the sandbox process and
+    /// records it. What a failed log directory, launch or record leaves (the address taken
+    /// first of all) is undone at the end.
     pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
         let want = SandboxRequest::check(req)?;
         let _reserved = self.reserve_sandbox_name(&want.meta)?;
@@ -115,8 +116,11 @@ impl BuiltinRuntime {
         let network = self.pod_network(&id, &want).await?;
         let ip = network.as_ref().map(|n| n.address);
         let spec = want.spec(&id, &cgroup_parent, network);
-        create_log_directory(&want.config)?;
-        let launched = self.launch(&spec).await;
+        let launched = async {
+            create_log_directory(&want.config)?;
+            self.launch(&spec).await
+        }
+        .await;
         let was_launched = launched.is_ok();
         let recorded = launched.and_then(|()| {
             self.inner
@@ -333,5 +337,56 @@ impl BuiltinRuntime {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::{Config, NetworkConfig};
+
+    /// A runtime on temporary dirs, whose pod network takes addresses from a temporary IPAM
+    /// dir and is taken as set up (no bridge is made, so no root is needed).
+    async fn runtime(dir: &std::path::Path) -> BuiltinRuntime {
+        let mut cfg = Config::new(dir.join("root")).unwrap();
+        cfg.state_dir = Some(dir.join("state"));
+        cfg.network = Some(NetworkConfig {
+            ipam_dir: dir.join("ipam"),
+            ..NetworkConfig::default()
+        });
+        let rt = BuiltinRuntime::new(cfg).await.unwrap();
+        if let Some(net) = &rt.inner.network {
+            net.assume_set_up();
+        }
+        rt
+    }
+
+    #[tokio::test]
+    async fn a_run_that_fails_at_its_log_directory_gives_the_address_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path()).await;
+        // A log directory below a file cannot be made, root or not.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let req = cri::RunPodSandboxRequest {
+            config: Some(cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: "p".into(),
+                    namespace: "ns".into(),
+                    uid: "u".into(),
+                    attempt: 0,
+                }),
+                log_directory: file.join("logs").to_string_lossy().into_owned(),
+                ..Default::default()
+            }),
+            runtime_handler: String::new(),
+        };
+        let err = rt.run_sandbox(req).await.unwrap_err();
+        assert_eq!(err.code(), crate::Code::InvalidArgument);
+        assert!(err.message().contains("creating log directory"), "{err}");
+        let net = rt.inner.network.as_ref().unwrap();
+        assert_eq!(net.ipam.leases(), [], "the pod's address is still taken");
+        assert!(rt.inner.records.all_sandboxes().is_empty());
+        rt.leave();
     }
 }

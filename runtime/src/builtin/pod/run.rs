@@ -288,9 +288,9 @@ impl BuiltinRuntime {
         Ok(())
     }
 
-    /// Undoes a RunPodSandbox that failed at its launch or its record: ends the sandbox process
-    /// if it was `launched`, else removes the cgroups made for it; its state dir and its
-    /// address go either way.
+    /// Undoes a RunPodSandbox that failed after taking the pod's address (at its log
+    /// directory, its launch or its record): ends the sandbox process if it was `launched`,
+    /// else removes the cgroups made for it; its state dir and its address go either way.
     pub(super) async fn undo_run(&self, spec: &sandbox::Spec, launched: bool) {
         let id = &spec.id;
         if launched {
