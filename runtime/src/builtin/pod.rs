@@ -4,6 +4,7 @@
 
 mod run;
 
+use super::network::NetworkError;
 use super::store;
 use super::{BuiltinRuntime, new_id, sandbox_error};
 use crate::{Error, Result, cri};
@@ -261,14 +262,13 @@ impl BuiltinRuntime {
 
     /// [`super::network::Network::ensure`], off the async threads (netlink and nftables
     /// requests); Ok without a pod network.
-    pub(super) async fn ensure_network(&self) -> std::result::Result<(), String> {
+    pub(super) async fn ensure_network(&self) -> std::result::Result<(), NetworkError> {
         let rt = self.clone();
         tokio::task::spawn_blocking(move || match &rt.inner.network {
             Some(net) => net.ensure(),
             None => Ok(()),
         })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
+        .await?
     }
 
     /// Frees the pod address `ip` of sandbox `id`, if it has one.
