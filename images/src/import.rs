@@ -12,7 +12,7 @@ use crate::spec::{
     self, ANNOTATION_CONTAINERD_NAME, ANNOTATION_REF_NAME, Descriptor, Manifest, media,
 };
 use crate::stage::{Candidate, Layer, Stage};
-use crate::unpack::{Compression, detect_compression};
+use crate::unpack::{Compression, UnsupportedCompression, detect_compression};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -464,11 +464,22 @@ fn repo_tag_names(entry: &DockerEntry) -> Vec<String> {
     names
 }
 
+/// Why the media type of a layer file cannot be told.
+#[derive(Debug, thiserror::Error)]
+enum LayerTypeError {
+    /// The file could not be opened or read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// It is compressed in a way the store cannot unpack.
+    #[error(transparent)]
+    Compression(#[from] UnsupportedCompression),
+}
+
 /// The docker media type of a layer file, from its first bytes.
-fn layer_media_type(path: &Path) -> Result<&'static str, String> {
+fn layer_media_type(path: &Path) -> Result<&'static str, LayerTypeError> {
     let mut head = [0u8; 8];
-    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let n = file.read(&mut head).map_err(|e| e.to_string())?;
+    let mut file = std::fs::File::open(path)?;
+    let n = file.read(&mut head)?;
     Ok(match detect_compression(&head[..n])? {
         Compression::None => media::DOCKER_LAYER_TAR,
         Compression::Gzip => media::DOCKER_LAYER_GZIP,

@@ -28,13 +28,22 @@ pub(crate) enum Compression {
     Zstd,
 }
 
+/// A layer compression the store recognises but cannot unpack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnsupportedCompression {
+    #[error("bzip2 layers are not supported")]
+    Bzip2,
+    #[error("xz layers are not supported")]
+    Xz,
+}
+
 /// Detects the compression of a blob from its magic bytes.
-pub(crate) fn detect_compression(head: &[u8]) -> Result<Compression, String> {
+pub(crate) fn detect_compression(head: &[u8]) -> Result<Compression, UnsupportedCompression> {
     match head {
         [0x1f, 0x8b, ..] => Ok(Compression::Gzip),
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(Compression::Zstd),
-        [b'B', b'Z', b'h', ..] => Err("bzip2 layers are not supported".to_string()),
-        [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Err("xz layers are not supported".to_string()),
+        [b'B', b'Z', b'h', ..] => Err(UnsupportedCompression::Bzip2),
+        [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Err(UnsupportedCompression::Xz),
         _ => Ok(Compression::None),
     }
 }
@@ -48,7 +57,7 @@ pub(crate) fn open_decompressed(blob: &Path, layer: &str) -> Result<Box<dyn Read
     let compression = detect_compression(head).map_err(|reason| Error::UnsafeLayerEntry {
         layer: layer.to_string(),
         entry: String::new(),
-        reason,
+        reason: reason.to_string(),
     })?;
     Ok(match compression {
         Compression::None => Box::new(reader),

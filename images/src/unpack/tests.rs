@@ -350,5 +350,8 @@ fn detects_compression() {
         Compression::Zstd
     );
     assert_eq!(detect_compression(b"hello").unwrap(), Compression::None);
-    assert!(detect_compression(b"BZh91AY").is_err());
+    let bzip2 = detect_compression(b"BZh91AY").unwrap_err();
+    assert_eq!(bzip2.to_string(), "bzip2 layers are not supported");
+    let xz = detect_compression(&[0xfd, b'7', b'z', b'X', b'Z', 0]).unwrap_err();
+    assert_eq!(xz.to_string(), "xz layers are not supported");
 }
