@@ -216,7 +216,7 @@ impl OciReader<'_> {
         let mut staged = Vec::new();
         for (desc, diff_id) in layers.iter().zip(&config_file.rootfs.diff_ids) {
             let hex = digest::hex_of(&desc.digest, "layer digest")?;
-            let size = desc.size().map_err(|r| self.invalid(r))?;
+            let size = desc.size().map_err(|r| self.invalid(r.to_string()))?;
             if !self.stage.has_blob(&desc.digest) {
                 let path = self.src.resolve(&format!("blobs/sha256/{hex}"))?;
                 let what = format!("layer {}", desc.digest);
@@ -239,7 +239,7 @@ impl OciReader<'_> {
             target_digest: manifest.digest.clone(),
             manifest_digest: manifest.digest.clone(),
             config_digest: config.digest.clone(),
-            config_size: config.size().map_err(|r| self.invalid(r))?,
+            config_size: config.size().map_err(|r| self.invalid(r.to_string()))?,
             config: config_file,
             layers: staged,
             blobs,
@@ -249,7 +249,7 @@ impl OciReader<'_> {
     /// Reads, verifies and stages a small JSON blob.
     fn json_blob(&mut self, desc: &Descriptor, what: &str) -> Result<Vec<u8>> {
         let hex = digest::hex_of(&desc.digest, what)?;
-        let size = desc.size().map_err(|r| self.invalid(r))?;
+        let size = desc.size().map_err(|r| self.invalid(r.to_string()))?;
         if size > MAX_JSON {
             return Err(self.invalid(format!(
                 "{what} {} is too large ({size} bytes)",
