@@ -145,7 +145,9 @@ impl Unpacker<'_> {
             return Ok(());
         }
         let raw_path = entry.path().map_err(|e| self.corrupt(e))?.into_owned();
-        let Some(rel) = clean_path(&raw_path).map_err(|r| self.unsafe_entry(&raw_path, r))? else {
+        let Some(rel) =
+            clean_path(&raw_path).map_err(|r| self.unsafe_entry(&raw_path, r.to_string()))?
+        else {
             // The layer's root directory itself.
             if kind == EntryType::Directory {
                 let meta = self.meta(entry)?;
@@ -410,16 +412,25 @@ impl Unpacker<'_> {
     }
 }
 
+/// Why a tar path cannot be made relative and clean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum UncleanPath {
+    #[error("path contains '..'")]
+    ParentDir,
+    #[error("path has a prefix")]
+    Prefix,
+}
+
 /// Makes a tar path relative and clean: `./a//b` → `a/b`, `/a` → `a`; `..` is refused. None is
 /// the root itself.
-fn clean_path(path: &Path) -> Result<Option<PathBuf>, String> {
+fn clean_path(path: &Path) -> Result<Option<PathBuf>, UncleanPath> {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
             Component::Normal(c) => out.push(c),
             Component::CurDir | Component::RootDir => {}
-            Component::ParentDir => return Err("path contains '..'".to_string()),
-            Component::Prefix(_) => return Err("path has a prefix".to_string()),
+            Component::ParentDir => return Err(UncleanPath::ParentDir),
+            Component::Prefix(_) => return Err(UncleanPath::Prefix),
         }
     }
     Ok(if out.as_os_str().is_empty() {
