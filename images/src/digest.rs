@@ -12,7 +12,7 @@ pub(crate) fn hex_of<'a>(digest: &'a str, what: &str) -> Result<&'a str> {
     crate::reference::check_digest(digest).map_err(|reason| Error::DigestMismatch {
         what: what.to_string(),
         expected: "a sha256 digest".to_string(),
-        actual: reason,
+        actual: reason.to_string(),
     })?;
     Ok(&digest["sha256:".len()..])
 }

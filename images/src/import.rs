@@ -12,7 +12,7 @@ use crate::spec::{
     self, ANNOTATION_CONTAINERD_NAME, ANNOTATION_REF_NAME, Descriptor, Manifest, media,
 };
 use crate::stage::{Candidate, Layer, Stage};
-use crate::unpack::{Compression, detect_compression};
+use crate::unpack::{Compression, UnsupportedCompression, detect_compression};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -216,7 +216,7 @@ impl OciReader<'_> {
         let mut staged = Vec::new();
         for (desc, diff_id) in layers.iter().zip(&config_file.rootfs.diff_ids) {
             let hex = digest::hex_of(&desc.digest, "layer digest")?;
-            let size = desc.size().map_err(|r| self.invalid(r))?;
+            let size = desc.size().map_err(|r| self.invalid(r.to_string()))?;
             if !self.stage.has_blob(&desc.digest) {
                 let path = self.src.resolve(&format!("blobs/sha256/{hex}"))?;
                 let what = format!("layer {}", desc.digest);
@@ -239,7 +239,7 @@ impl OciReader<'_> {
             target_digest: manifest.digest.clone(),
             manifest_digest: manifest.digest.clone(),
             config_digest: config.digest.clone(),
-            config_size: config.size().map_err(|r| self.invalid(r))?,
+            config_size: config.size().map_err(|r| self.invalid(r.to_string()))?,
             config: config_file,
             layers: staged,
             blobs,
@@ -249,7 +249,7 @@ impl OciReader<'_> {
     /// Reads, verifies and stages a small JSON blob.
     fn json_blob(&mut self, desc: &Descriptor, what: &str) -> Result<Vec<u8>> {
         let hex = digest::hex_of(&desc.digest, what)?;
-        let size = desc.size().map_err(|r| self.invalid(r))?;
+        let size = desc.size().map_err(|r| self.invalid(r.to_string()))?;
         if size > MAX_JSON {
             return Err(self.invalid(format!(
                 "{what} {} is too large ({size} bytes)",
@@ -464,11 +464,22 @@ fn repo_tag_names(entry: &DockerEntry) -> Vec<String> {
     names
 }
 
+/// Why the media type of a layer file cannot be told.
+#[derive(Debug, thiserror::Error)]
+enum LayerTypeError {
+    /// The file could not be opened or read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// It is compressed in a way the store cannot unpack.
+    #[error(transparent)]
+    Compression(#[from] UnsupportedCompression),
+}
+
 /// The docker media type of a layer file, from its first bytes.
-fn layer_media_type(path: &Path) -> Result<&'static str, String> {
+fn layer_media_type(path: &Path) -> Result<&'static str, LayerTypeError> {
     let mut head = [0u8; 8];
-    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let n = file.read(&mut head).map_err(|e| e.to_string())?;
+    let mut file = std::fs::File::open(path)?;
+    let n = file.read(&mut head)?;
     Ok(match detect_compression(&head[..n])? {
         Compression::None => media::DOCKER_LAYER_TAR,
         Compression::Gzip => media::DOCKER_LAYER_GZIP,

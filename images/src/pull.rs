@@ -341,7 +341,7 @@ async fn fetch_image(
     let mut depth = 0;
     let (config_desc, layer_descs) = loop {
         stage.add_bytes("manifest", &digest, None, &bytes)?;
-        match spec::parse_manifest(&bytes, None).map_err(|r| fetch.invalid(r))? {
+        match spec::parse_manifest(&bytes, None).map_err(|r| fetch.invalid(r.to_string()))? {
             Manifest::Image { config, layers } => break (config, layers),
             Manifest::Index(children) => {
                 depth += 1;
@@ -356,7 +356,7 @@ async fn fetch_image(
                 })?;
                 chain.insert(digest.clone());
                 let (child_bytes, child_digest) = fetch.manifest(Some(&child.digest)).await?;
-                let size = child.size().map_err(|r| fetch.invalid(r))?;
+                let size = child.size().map_err(|r| fetch.invalid(r.to_string()))?;
                 digest::verify(
                     "manifest",
                     &child.digest,
@@ -378,7 +378,9 @@ async fn fetch_image(
         )));
     }
     digest::hex_of(&config_desc.digest, "config")?;
-    let config_size = config_desc.size().map_err(|r| fetch.invalid(r))?;
+    let config_size = config_desc
+        .size()
+        .map_err(|r| fetch.invalid(r.to_string()))?;
     if config_size > crate::source::MAX_JSON {
         return Err(fetch.invalid("image config is too large"));
     }
@@ -386,7 +388,7 @@ async fn fetch_image(
     let (_, config_path) = fetch.blob(&config_desc, config_size, config_path).await?;
     stage.add_verified(&config_desc.digest, &config_path)?;
     let config_bytes = stage.read_blob(&config_desc.digest, crate::source::MAX_JSON)?;
-    let config = spec::parse_config(&config_bytes).map_err(|r| fetch.invalid(r))?;
+    let config = spec::parse_config(&config_bytes).map_err(|r| fetch.invalid(r.to_string()))?;
     if config.rootfs.diff_ids.len() != layer_descs.len() {
         return Err(fetch.invalid(format!(
             "manifest has {} layers but its config {} diff_ids",
@@ -398,7 +400,7 @@ async fn fetch_image(
     let mut downloads = Vec::new();
     for (desc, diff_id) in layer_descs.iter().zip(&config.rootfs.diff_ids) {
         digest::hex_of(&desc.digest, "layer")?;
-        let size = desc.size().map_err(|r| fetch.invalid(r))?;
+        let size = desc.size().map_err(|r| fetch.invalid(r.to_string()))?;
         layers.push(Layer {
             digest: desc.digest.clone(),
             size,

@@ -46,6 +46,49 @@ impl fmt::Display for Reference {
     }
 }
 
+/// Why a part of a reference (its digest, tag, registry or repository path) is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum InvalidPart {
+    #[error("digest {0:?} has no algorithm")]
+    DigestWithoutAlgorithm(String),
+    #[error("unsupported digest algorithm {0:?} (only sha256)")]
+    DigestAlgorithm(String),
+    #[error("digest {0:?} is not 64 lower-case hex characters")]
+    DigestHex(String),
+    #[error("tag {0:?} must start with a letter, digit or '_'")]
+    TagStart(String),
+    #[error("tag {0:?} is longer than 128 characters")]
+    TagLength(String),
+    #[error("tag {0:?} may only contain [A-Za-z0-9_.-]")]
+    TagCharacters(String),
+    #[error("domain {0:?} has an unclosed '['")]
+    UnclosedBracket(String),
+    #[error("domain {0:?} is not a valid IPv6 address")]
+    Ipv6(String),
+    #[error("domain {0:?} has junk after ']'")]
+    AfterBracket(String),
+    #[error("domain {0:?} has an invalid port")]
+    Port(String),
+    #[error("empty registry host")]
+    EmptyHost,
+    #[error("registry host {0:?} is not a valid host name")]
+    Host(String),
+    #[error("repository path {0:?} has an empty component")]
+    EmptyComponent(String),
+    #[error(
+        "repository component {0:?} must start and end with [a-z0-9] and use only '.', '_', \
+         '__' or '-' between them"
+    )]
+    ComponentStart(String),
+    #[error("repository component {component:?} has invalid separator {separator:?}")]
+    Separator {
+        component: String,
+        separator: String,
+    },
+    #[error("repository component {0:?} must end with [a-z0-9]")]
+    ComponentEnd(String),
+}
+
 /// Normalises an image reference like containerd does: adds the `docker.io` domain and the
 /// `library/` prefix to short names and the `latest` tag when there is neither tag nor digest.
 /// `"busybox"` → `"docker.io/library/busybox:latest"`, `"foo/bar:1"` → `"docker.io/foo/bar:1"`,
@@ -68,7 +111,7 @@ pub(crate) fn parse(s: &str) -> Result<Reference> {
     }
     let (rest, digest) = match s.split_once('@') {
         Some((rest, digest)) => {
-            check_digest(digest).map_err(|r| invalid(&r))?;
+            check_digest(digest).map_err(|r| invalid(&r.to_string()))?;
             (rest, Some(digest.to_string()))
         }
         None => (s, None),
@@ -83,7 +126,7 @@ pub(crate) fn parse(s: &str) -> Result<Reference> {
         None => (rest, None),
     };
     if let Some(tag) = tag {
-        check_tag(tag).map_err(|r| invalid(&r))?;
+        check_tag(tag).map_err(|r| invalid(&r.to_string()))?;
     }
     if name.is_empty() {
         return Err(invalid("empty repository name"));
@@ -92,11 +135,11 @@ pub(crate) fn parse(s: &str) -> Result<Reference> {
         return Err(invalid("repository name longer than 255 characters"));
     }
     let (domain, path) = split_domain(name);
-    check_domain(&domain).map_err(|r| invalid(&r))?;
+    check_domain(&domain).map_err(|r| invalid(&r.to_string()))?;
     if path.chars().any(|c| c.is_ascii_uppercase()) {
         return Err(invalid("repository name must be lowercase"));
     }
-    check_path(&path).map_err(|r| invalid(&r))?;
+    check_path(&path).map_err(|r| invalid(&r.to_string()))?;
     if s.len() == 64 && is_lower_hex(s) {
         return Err(invalid(
             "a 64-character hexadecimal string is an image id, not a repository name",
@@ -143,56 +186,50 @@ fn is_lower_hex(s: &str) -> bool {
 }
 
 /// Checks `sha256:<64 lower-case hex>`, the only digest algorithm the store supports.
-pub(crate) fn check_digest(digest: &str) -> Result<(), String> {
+pub(crate) fn check_digest(digest: &str) -> Result<(), InvalidPart> {
     let Some((alg, hex)) = digest.split_once(':') else {
-        return Err(format!("digest {digest:?} has no algorithm"));
+        return Err(InvalidPart::DigestWithoutAlgorithm(digest.to_string()));
     };
     if alg != "sha256" {
-        return Err(format!(
-            "unsupported digest algorithm {alg:?} (only sha256)"
-        ));
+        return Err(InvalidPart::DigestAlgorithm(alg.to_string()));
     }
     if hex.len() != 64 || !is_lower_hex(hex) {
-        return Err(format!(
-            "digest {digest:?} is not 64 lower-case hex characters"
-        ));
+        return Err(InvalidPart::DigestHex(digest.to_string()));
     }
     Ok(())
 }
 
-fn check_tag(tag: &str) -> Result<(), String> {
+fn check_tag(tag: &str) -> Result<(), InvalidPart> {
     let mut chars = tag.chars();
     let first_ok = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     if !first_ok {
-        return Err(format!(
-            "tag {tag:?} must start with a letter, digit or '_'"
-        ));
+        return Err(InvalidPart::TagStart(tag.to_string()));
     }
     if tag.len() > MAX_TAG_LEN {
-        return Err(format!("tag {tag:?} is longer than 128 characters"));
+        return Err(InvalidPart::TagLength(tag.to_string()));
     }
     if !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
-        return Err(format!("tag {tag:?} may only contain [A-Za-z0-9_.-]"));
+        return Err(InvalidPart::TagCharacters(tag.to_string()));
     }
     Ok(())
 }
 
-fn check_domain(domain: &str) -> Result<(), String> {
+fn check_domain(domain: &str) -> Result<(), InvalidPart> {
     let (host, port) = if let Some(inner) = domain.strip_prefix('[') {
         // [IPv6]:port
         let Some((v6, rest)) = inner.split_once(']') else {
-            return Err(format!("domain {domain:?} has an unclosed '['"));
+            return Err(InvalidPart::UnclosedBracket(domain.to_string()));
         };
         if v6.is_empty() || !v6.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-            return Err(format!("domain {domain:?} is not a valid IPv6 address"));
+            return Err(InvalidPart::Ipv6(domain.to_string()));
         }
         match rest {
             "" => return Ok(()),
             _ => match rest.strip_prefix(':') {
                 Some(port) => (None, Some(port)),
-                None => return Err(format!("domain {domain:?} has junk after ']'")),
+                None => return Err(InvalidPart::AfterBracket(domain.to_string())),
             },
         }
     } else {
@@ -203,12 +240,12 @@ fn check_domain(domain: &str) -> Result<(), String> {
     };
     if let Some(port) = port {
         if port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
-            return Err(format!("domain {domain:?} has an invalid port"));
+            return Err(InvalidPart::Port(domain.to_string()));
         }
     }
     if let Some(host) = host {
         if host.is_empty() {
-            return Err("empty registry host".to_string());
+            return Err(InvalidPart::EmptyHost);
         }
         for component in host.split('.') {
             let ok = !component.is_empty()
@@ -218,7 +255,7 @@ fn check_domain(domain: &str) -> Result<(), String> {
                 && !component.starts_with('-')
                 && !component.ends_with('-');
             if !ok {
-                return Err(format!("registry host {host:?} is not a valid host name"));
+                return Err(InvalidPart::Host(host.to_string()));
             }
         }
     }
@@ -226,10 +263,10 @@ fn check_domain(domain: &str) -> Result<(), String> {
 }
 
 /// Path components: `[a-z0-9]+` separated by `.`, `_`, `__` or any number of `-`.
-fn check_path(path: &str) -> Result<(), String> {
+fn check_path(path: &str) -> Result<(), InvalidPart> {
     for component in path.split('/') {
         if component.is_empty() {
-            return Err(format!("repository path {path:?} has an empty component"));
+            return Err(InvalidPart::EmptyComponent(path.to_string()));
         }
         let bytes = component.as_bytes();
         let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
@@ -243,10 +280,7 @@ fn check_path(path: &str) -> Result<(), String> {
                 continue;
             }
             if need_alnum {
-                return Err(format!(
-                    "repository component {component:?} must start and end with [a-z0-9] \
-                     and use only '.', '_', '__' or '-' between them"
-                ));
+                return Err(InvalidPart::ComponentStart(component.to_string()));
             }
             // A separator run.
             let start = i;
@@ -256,16 +290,15 @@ fn check_path(path: &str) -> Result<(), String> {
             let sep = &component[start..i];
             let valid = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|c| c == b'-');
             if !valid {
-                return Err(format!(
-                    "repository component {component:?} has invalid separator {sep:?}"
-                ));
+                return Err(InvalidPart::Separator {
+                    component: component.to_string(),
+                    separator: sep.to_string(),
+                });
             }
             need_alnum = true;
         }
         if need_alnum {
-            return Err(format!(
-                "repository component {component:?} must end with [a-z0-9]"
-            ));
+            return Err(InvalidPart::ComponentEnd(component.to_string()));
         }
     }
     Ok(())
@@ -339,6 +372,51 @@ mod tests {
                     assert!(e.to_string().contains("invalid image reference"), "{e}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn invalid_references_say_which_part_is_wrong() {
+        for (input, reason) in [
+            ("busybox@sha256", "digest \"sha256\" has no algorithm"),
+            (
+                "busybox@md5:00",
+                "unsupported digest algorithm \"md5\" (only sha256)",
+            ),
+            (
+                "busybox@sha256:12",
+                "digest \"sha256:12\" is not 64 lower-case hex characters",
+            ),
+            (
+                "busybox:-x",
+                "tag \"-x\" must start with a letter, digit or '_'",
+            ),
+            ("busybox:a+b", "tag \"a+b\" may only contain [A-Za-z0-9_.-]"),
+            ("[::1/x", "domain \"[::1\" has an unclosed '['"),
+            ("[::1]x/y", "domain \"[::1]x\" has junk after ']'"),
+            ("host:port/x", "domain \"host:port\" has an invalid port"),
+            (":5000/x", "empty registry host"),
+            (
+                "a_b.io/x",
+                "registry host \"a_b.io\" is not a valid host name",
+            ),
+            ("a//b", "repository path \"a//b\" has an empty component"),
+            (
+                "-a",
+                "repository component \"-a\" must start and end with [a-z0-9] and use only \
+                 '.', '_', '__' or '-' between them",
+            ),
+            (
+                "a___b",
+                "repository component \"a___b\" has invalid separator \"___\"",
+            ),
+            ("a-", "repository component \"a-\" must end with [a-z0-9]"),
+        ] {
+            let e = normalize_reference(input).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("invalid image reference {input:?}: {reason}")
+            );
         }
     }
 

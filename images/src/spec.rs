@@ -2,9 +2,36 @@
 //! indexes/manifest lists and image configs, parsed leniently (unknown fields ignored) and
 //! checked for the parts the store relies on.
 
+use crate::reference::InvalidPart;
 use crate::types::ImageConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Why a descriptor, manifest or image config cannot be used. The caller says which document
+/// it was in its own error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DocumentError {
+    #[error("descriptor {0} has negative size")]
+    NegativeSize(String),
+    #[error("manifest is not valid JSON: {0}")]
+    ManifestJson(#[source] serde_json::Error),
+    #[error("docker schema 1 manifests are not supported")]
+    Schema1,
+    #[error("unsupported manifest schemaVersion {0}")]
+    SchemaVersion(i64),
+    #[error("unsupported manifest media type {0:?}")]
+    MediaType(String),
+    #[error("index has no \"manifests\"")]
+    NoManifests,
+    #[error("image manifest has no \"config\"")]
+    NoConfig,
+    #[error("image config is not valid: {0}")]
+    ConfigJson(#[source] serde_json::Error),
+    #[error("image config rootfs type is {0:?}, not \"layers\"")]
+    RootfsType(String),
+    #[error("image config diff_id: {0}")]
+    DiffId(#[source] InvalidPart),
+}
 
 /// Media types the store understands.
 pub(crate) mod media {
@@ -47,9 +74,8 @@ pub(crate) struct Descriptor {
 
 impl Descriptor {
     /// The size, which must not be negative.
-    pub fn size(&self) -> Result<u64, String> {
-        u64::try_from(self.size)
-            .map_err(|_| format!("descriptor {} has negative size", self.digest))
+    pub fn size(&self) -> Result<u64, DocumentError> {
+        u64::try_from(self.size).map_err(|_| DocumentError::NegativeSize(self.digest.clone()))
     }
 
     pub fn annotation(&self, key: &str) -> Option<&str> {
@@ -94,9 +120,11 @@ pub(crate) enum Manifest {
 }
 
 /// Parses a manifest or index. `declared` is the media type from the descriptor or HTTP header.
-pub(crate) fn parse_manifest(bytes: &[u8], declared: Option<&str>) -> Result<Manifest, String> {
-    let raw: RawManifest =
-        serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
+pub(crate) fn parse_manifest(
+    bytes: &[u8],
+    declared: Option<&str>,
+) -> Result<Manifest, DocumentError> {
+    let raw: RawManifest = serde_json::from_slice(bytes).map_err(DocumentError::ManifestJson)?;
     let media_type = raw
         .media_type
         .as_deref()
@@ -107,29 +135,22 @@ pub(crate) fn parse_manifest(bytes: &[u8], declared: Option<&str>) -> Result<Man
         Some(media::DOCKER_SCHEMA1) | Some(media::DOCKER_SCHEMA1_SIGNED)
     ) || raw.schema_version == 1
     {
-        return Err("docker schema 1 manifests are not supported".to_string());
+        return Err(DocumentError::Schema1);
     }
     if raw.schema_version != 2 {
-        return Err(format!(
-            "unsupported manifest schemaVersion {}",
-            raw.schema_version
-        ));
+        return Err(DocumentError::SchemaVersion(raw.schema_version));
     }
     let is_index = match media_type {
         Some(media::OCI_INDEX) | Some(media::DOCKER_LIST) => true,
         Some(media::OCI_MANIFEST) | Some(media::DOCKER_MANIFEST) => false,
-        Some(other) => return Err(format!("unsupported manifest media type {other:?}")),
+        Some(other) => return Err(DocumentError::MediaType(other.to_string())),
         None => raw.manifests.is_some() && raw.config.is_none(),
     };
     if is_index {
-        let manifests = raw
-            .manifests
-            .ok_or_else(|| "index has no \"manifests\"".to_string())?;
+        let manifests = raw.manifests.ok_or(DocumentError::NoManifests)?;
         return Ok(Manifest::Index(manifests));
     }
-    let config = raw
-        .config
-        .ok_or_else(|| "image manifest has no \"config\"".to_string())?;
+    let config = raw.config.ok_or(DocumentError::NoConfig)?;
     Ok(Manifest::Image {
         config,
         layers: raw.layers.unwrap_or_default(),
@@ -182,18 +203,13 @@ pub(crate) struct RunConfig {
 }
 
 /// Parses a config blob and checks its rootfs.
-pub(crate) fn parse_config(bytes: &[u8]) -> Result<ConfigFile, String> {
-    let config: ConfigFile =
-        serde_json::from_slice(bytes).map_err(|e| format!("image config is not valid: {e}"))?;
+pub(crate) fn parse_config(bytes: &[u8]) -> Result<ConfigFile, DocumentError> {
+    let config: ConfigFile = serde_json::from_slice(bytes).map_err(DocumentError::ConfigJson)?;
     if config.rootfs.kind != "layers" {
-        return Err(format!(
-            "image config rootfs type is {:?}, not \"layers\"",
-            config.rootfs.kind
-        ));
+        return Err(DocumentError::RootfsType(config.rootfs.kind));
     }
     for diff_id in &config.rootfs.diff_ids {
-        crate::reference::check_digest(diff_id)
-            .map_err(|e| format!("image config diff_id: {e}"))?;
+        crate::reference::check_digest(diff_id).map_err(DocumentError::DiffId)?;
     }
     Ok(config)
 }
@@ -246,14 +262,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let s1 = br#"{"schemaVersion":1,"fsLayers":[]}"#;
-        assert!(parse_manifest(s1, None).unwrap_err().contains("schema 1"));
+        assert_eq!(
+            parse_manifest(s1, None).unwrap_err().to_string(),
+            "docker schema 1 manifests are not supported"
+        );
         assert!(parse_manifest(b"{", None).is_err());
         let odd =
             br#"{"schemaVersion":2,"mediaType":"text/plain","config":{"digest":"x","size":1}}"#;
-        assert!(
-            parse_manifest(odd, None)
-                .unwrap_err()
-                .contains("media type")
+        assert_eq!(
+            parse_manifest(odd, None).unwrap_err().to_string(),
+            "unsupported manifest media type \"text/plain\""
         );
     }
 
@@ -274,5 +292,53 @@ mod tests {
         assert_eq!(cfg.exposed_ports, vec!["80/tcp"]);
         let bad = br#"{"rootfs":{"type":"layers","diff_ids":["sha256:zz"]}}"#;
         assert!(parse_config(bad).is_err());
+    }
+
+    #[test]
+    fn unusable_documents_say_why() {
+        let negative = Descriptor {
+            digest: "sha256:aa".into(),
+            size: -1,
+            ..Descriptor::default()
+        };
+        let manifest = |json: &str| {
+            parse_manifest(json.as_bytes(), None)
+                .unwrap_err()
+                .to_string()
+        };
+        let config = |json: &str| parse_config(json.as_bytes()).unwrap_err().to_string();
+        for (got, want) in [
+            (
+                negative.size().unwrap_err().to_string(),
+                "descriptor sha256:aa has negative size",
+            ),
+            (manifest("{}"), "unsupported manifest schemaVersion 0"),
+            (
+                manifest(&format!(
+                    r#"{{"schemaVersion":2,"mediaType":"{}"}}"#,
+                    media::OCI_INDEX
+                )),
+                r#"index has no "manifests""#,
+            ),
+            (
+                manifest(&format!(
+                    r#"{{"schemaVersion":2,"mediaType":"{}"}}"#,
+                    media::OCI_MANIFEST
+                )),
+                r#"image manifest has no "config""#,
+            ),
+            (
+                config(r#"{"rootfs":{"type":"other","diff_ids":[]}}"#),
+                r#"image config rootfs type is "other", not "layers""#,
+            ),
+            (
+                config(r#"{"rootfs":{"type":"layers","diff_ids":["sha256:zz"]}}"#),
+                r#"image config diff_id: digest "sha256:zz" is not 64 lower-case hex characters"#,
+            ),
+        ] {
+            assert_eq!(got, want);
+        }
+        assert!(manifest("{").starts_with("manifest is not valid JSON: "));
+        assert!(config("[").starts_with("image config is not valid: "));
     }
 }

@@ -28,13 +28,22 @@ pub(crate) enum Compression {
     Zstd,
 }
 
+/// A layer compression the store recognises but cannot unpack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnsupportedCompression {
+    #[error("bzip2 layers are not supported")]
+    Bzip2,
+    #[error("xz layers are not supported")]
+    Xz,
+}
+
 /// Detects the compression of a blob from its magic bytes.
-pub(crate) fn detect_compression(head: &[u8]) -> Result<Compression, String> {
+pub(crate) fn detect_compression(head: &[u8]) -> Result<Compression, UnsupportedCompression> {
     match head {
         [0x1f, 0x8b, ..] => Ok(Compression::Gzip),
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Ok(Compression::Zstd),
-        [b'B', b'Z', b'h', ..] => Err("bzip2 layers are not supported".to_string()),
-        [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Err("xz layers are not supported".to_string()),
+        [b'B', b'Z', b'h', ..] => Err(UnsupportedCompression::Bzip2),
+        [0xfd, b'7', b'z', b'X', b'Z', 0x00, ..] => Err(UnsupportedCompression::Xz),
         _ => Ok(Compression::None),
     }
 }
@@ -48,7 +57,7 @@ pub(crate) fn open_decompressed(blob: &Path, layer: &str) -> Result<Box<dyn Read
     let compression = detect_compression(head).map_err(|reason| Error::UnsafeLayerEntry {
         layer: layer.to_string(),
         entry: String::new(),
-        reason,
+        reason: reason.to_string(),
     })?;
     Ok(match compression {
         Compression::None => Box::new(reader),
@@ -136,7 +145,9 @@ impl Unpacker<'_> {
             return Ok(());
         }
         let raw_path = entry.path().map_err(|e| self.corrupt(e))?.into_owned();
-        let Some(rel) = clean_path(&raw_path).map_err(|r| self.unsafe_entry(&raw_path, r))? else {
+        let Some(rel) =
+            clean_path(&raw_path).map_err(|r| self.unsafe_entry(&raw_path, r.to_string()))?
+        else {
             // The layer's root directory itself.
             if kind == EntryType::Directory {
                 let meta = self.meta(entry)?;
@@ -401,16 +412,25 @@ impl Unpacker<'_> {
     }
 }
 
+/// Why a tar path cannot be made relative and clean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum UncleanPath {
+    #[error("path contains '..'")]
+    ParentDir,
+    #[error("path has a prefix")]
+    Prefix,
+}
+
 /// Makes a tar path relative and clean: `./a//b` → `a/b`, `/a` → `a`; `..` is refused. None is
 /// the root itself.
-fn clean_path(path: &Path) -> Result<Option<PathBuf>, String> {
+fn clean_path(path: &Path) -> Result<Option<PathBuf>, UncleanPath> {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
             Component::Normal(c) => out.push(c),
             Component::CurDir | Component::RootDir => {}
-            Component::ParentDir => return Err("path contains '..'".to_string()),
-            Component::Prefix(_) => return Err("path has a prefix".to_string()),
+            Component::ParentDir => return Err(UncleanPath::ParentDir),
+            Component::Prefix(_) => return Err(UncleanPath::Prefix),
         }
     }
     Ok(if out.as_os_str().is_empty() {

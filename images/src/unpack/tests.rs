@@ -297,6 +297,20 @@ fn escapes_are_refused() {
 }
 
 #[test]
+fn a_dotdot_entry_says_why_it_is_refused() {
+    let mut t = Tar::new();
+    t.file("a/../../evil", 0o644, b"x");
+    let outside = tempfile::tempdir().unwrap();
+    let dir = outside.path().join("a");
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = unpack_stream(&t.bytes()[..], "l", &dir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"unpacking layer l: entry "a/../../evil": path contains '..'"#
+    );
+}
+
+#[test]
 fn compressed_layers_give_the_same_diff_id() {
     let mut t = Tar::new();
     t.dir("d/", 0o755).file("d/f", 0o644, &[7u8; 10_000]);
@@ -350,5 +364,8 @@ fn detects_compression() {
         Compression::Zstd
     );
     assert_eq!(detect_compression(b"hello").unwrap(), Compression::None);
-    assert!(detect_compression(b"BZh91AY").is_err());
+    let bzip2 = detect_compression(b"BZh91AY").unwrap_err();
+    assert_eq!(bzip2.to_string(), "bzip2 layers are not supported");
+    let xz = detect_compression(&[0xfd, b'7', b'z', b'X', b'Z', 0]).unwrap_err();
+    assert_eq!(xz.to_string(), "xz layers are not supported");
 }

@@ -51,6 +51,17 @@ pub fn remove_node_network(cfg: &NetworkConfig) -> Result<()> {
     sandbox::net::remove_node_network(&cfg.bridge).map_err(super::sandbox_error)
 }
 
+/// Why the node's pod network is not ready. Its message is the underlying error's.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NetworkError {
+    /// Setting up (or checking) the bridge or the masquerading failed.
+    #[error(transparent)]
+    Node(#[from] sandbox::Error),
+    /// The blocking task doing it panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// The network of a runtime: its settings and address book.
 pub(super) struct Network {
     pub cfg: NetworkConfig,
@@ -82,16 +93,23 @@ impl Network {
     /// masquerading when asked for. The first success rewrites the masquerade rule, so that a
     /// changed pod CIDR takes effect. Called on the first pod and by `Status`, never when the
     /// runtime is merely opened (`nodelet images`, `nodelet pods` leave the node's network be).
-    pub fn ensure(&self) -> std::result::Result<(), String> {
+    pub fn ensure(&self) -> std::result::Result<(), NetworkError> {
         let (bridge, cidr) = (&self.cfg.bridge, self.cfg.pod_cidr);
-        sandbox::net::ensure_bridge(bridge, cidr).map_err(|e| e.to_string())?;
+        sandbox::net::ensure_bridge(bridge, cidr)?;
         if self.cfg.masquerade {
-            sandbox::net::ensure_masquerade(bridge, cidr, !self.is_set_up())
-                .map_err(|e| e.to_string())?;
+            sandbox::net::ensure_masquerade(bridge, cidr, !self.is_set_up())?;
         }
         self.set_up
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Takes the node as set up, without touching it: for unit tests of the request path,
+    /// which must leave the node's network alone.
+    #[cfg(test)]
+    pub fn assume_set_up(&self) {
+        self.set_up
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The node end of a sandbox's veth pair: derived from its id, 15 bytes at most.

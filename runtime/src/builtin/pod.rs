@@ -1,11 +1,14 @@
 //! Pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus,
-//! ListPodSandbox.
+//! ListPodSandbox; what they share with CreateContainer (the pod's namespace options and user
+//! namespace) and the pod addresses' release. The steps RunPodSandbox runs are in `run`.
 
-use std::collections::BTreeMap;
+mod run;
 
-use super::store::{self, SandboxRecord};
-use super::{BuiltinRuntime, Reservation, new_id, sandbox_error};
+use super::network::NetworkError;
+use super::store;
+use super::{BuiltinRuntime, new_id, sandbox_error};
 use crate::{Error, Result, cri};
+use run::{SandboxRequest, create_log_directory};
 
 /// The CRI namespace mode (0 is POD, as in the proto) as the sandbox's own.
 pub(super) fn ns_mode(mode: i32) -> sandbox::NamespaceMode {
@@ -93,81 +96,6 @@ pub(super) fn user_namespace(opts: &cri::NamespaceOption) -> Result<Option<sandb
     Ok(Some(sandbox::IdMappings { uids, gids }))
 }
 
-/// Checks a DNS label-ish name from CRI metadata.
-fn check_name(what: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(Error::invalid_argument(format!("{what} is required")));
-    }
-    if value.len() > 253 || value.contains('/') || value.contains('\0') {
-        return Err(Error::invalid_argument(format!(
-            "{what} {value:?} is not a valid name"
-        )));
-    }
-    Ok(())
-}
-
-/// IPC-namespaced sysctls besides `fs.mqueue.*` (the list runc validates against).
-const IPC_SYSCTLS: &[&str] = &[
-    "kernel.msgmax",
-    "kernel.msgmnb",
-    "kernel.msgmni",
-    "kernel.sem",
-    "kernel.shmall",
-    "kernel.shmmax",
-    "kernel.shmmni",
-    "kernel.shm_rmid_forced",
-];
-
-/// Checks the pod's sysctls as runc checks a spec's: the sandbox process writes each one in
-/// the pod's namespaces, so it must be a namespaced sysctl whose namespace the pod has its own
-/// of (IPC ones need a pod IPC namespace; `net.*`, `kernel.hostname` and `kernel.domainname` a
-/// pod network namespace, which the UTS namespace follows). Anything else would change the
-/// node. Names may use `/` as separator, as in Kubernetes.
-fn check_sysctls(
-    sysctls: &std::collections::HashMap<String, String>,
-    opts: &cri::NamespaceOption,
-) -> Result<()> {
-    let own = |mode: i32| ns_mode(mode) != sandbox::NamespaceMode::Node;
-    for (key, value) in sysctls {
-        let bad_name = key.is_empty()
-            || key.starts_with(['.', '/'])
-            || key.contains("..")
-            || !key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '/' | '_' | '-'));
-        if bad_name {
-            return Err(Error::invalid_argument(format!(
-                "invalid sysctl name {key:?}"
-            )));
-        }
-        if value.contains(['\0', '\n']) {
-            return Err(Error::invalid_argument(format!(
-                "sysctl {key}: invalid value {value:?}"
-            )));
-        }
-        let name = key.replace('/', ".");
-        let (namespace, ok) =
-            if IPC_SYSCTLS.contains(&name.as_str()) || name.starts_with("fs.mqueue.") {
-                ("IPC", own(opts.ipc))
-            } else if name.starts_with("net.") {
-                ("network", own(opts.network))
-            } else if name == "kernel.hostname" || name == "kernel.domainname" {
-                ("UTS", own(opts.network))
-            } else {
-                return Err(Error::invalid_argument(format!(
-                    "sysctl {key} is not namespaced: setting it would change the node"
-                )));
-            };
-        if !ok {
-            return Err(Error::invalid_argument(format!(
-                "sysctl {key} needs the pod's own {namespace} namespace, and the pod uses the \
-                 node's"
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Whether `labels` carries every key/value of `selector`.
 pub(super) fn labels_match(
     labels: &std::collections::HashMap<String, String>,
@@ -176,122 +104,11 @@ pub(super) fn labels_match(
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// A RunPodSandbox request, checked.
-struct SandboxRequest {
-    config: cri::PodSandboxConfig,
-    meta: cri::PodSandboxMetadata,
-    runtime_handler: String,
-    opts: cri::NamespaceOption,
-    user_namespace: Option<sandbox::IdMappings>,
-}
-
-impl SandboxRequest {
-    /// Checks `req`: its metadata, runtime handler, user namespace and sysctls.
-    fn check(req: cri::RunPodSandboxRequest) -> Result<Self> {
-        let config = req
-            .config
-            .ok_or_else(|| Error::invalid_argument("RunPodSandbox needs a config"))?;
-        let meta = config
-            .metadata
-            .clone()
-            .ok_or_else(|| Error::invalid_argument("sandbox config needs metadata"))?;
-        check_name("sandbox name", &meta.name)?;
-        check_name("sandbox namespace", &meta.namespace)?;
-        if !req.runtime_handler.is_empty() && req.runtime_handler != "nodelet" {
-            return Err(Error::not_found(format!(
-                "no runtime handler {:?} (the built-in runtime has only the default one)",
-                req.runtime_handler
-            )));
-        }
-        let opts = namespace_options(&config);
-        let user_namespace = user_namespace(&opts)?;
-        if let Some(linux) = &config.linux {
-            check_sysctls(&linux.sysctls, &opts)?;
-        }
-        Ok(SandboxRequest {
-            config,
-            meta,
-            runtime_handler: req.runtime_handler,
-            opts,
-            user_namespace,
-        })
-    }
-
-    /// The spec of sandbox `id`, its pod under `cgroup_parent`, on `network`.
-    fn spec(
-        &self,
-        id: &str,
-        cgroup_parent: &str,
-        network: Option<sandbox::PodNetwork>,
-    ) -> sandbox::Spec {
-        let (config, opts) = (&self.config, &self.opts);
-        sandbox::Spec {
-            id: id.to_string(),
-            hostname: config.hostname.clone(),
-            namespaces: sandbox::Namespaces {
-                network: ns_mode(opts.network),
-                ipc: ns_mode(opts.ipc),
-                pid: ns_mode(opts.pid),
-            },
-            owns_cgroup_parent: !sandbox::cgroup::exists(cgroup_parent),
-            cgroup_parent: cgroup_parent.to_string(),
-            dns: config.dns_config.as_ref().map(|d| sandbox::Dns {
-                servers: d.servers.clone(),
-                searches: d.searches.clone(),
-                options: d.options.clone(),
-            }),
-            host_aliases: Vec::new(),
-            sysctls: config
-                .linux
-                .as_ref()
-                .map(|l| {
-                    l.sysctls
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_else(BTreeMap::new),
-            network,
-            user_namespace: self.user_namespace,
-        }
-    }
-
-    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip`.
-    fn into_record(
-        self,
-        id: &str,
-        cgroup_parent: String,
-        ip: Option<std::net::Ipv4Addr>,
-    ) -> SandboxRecord {
-        SandboxRecord {
-            id: id.to_string(),
-            config: self.config,
-            runtime_handler: self.runtime_handler,
-            created_at: sandbox::now_ns(),
-            stopped: false,
-            cgroup_parent,
-            ip,
-        }
-    }
-}
-
-/// Creates the pod's log directory, if it names one.
-fn create_log_directory(config: &cri::PodSandboxConfig) -> Result<()> {
-    if !config.log_directory.is_empty() {
-        std::fs::create_dir_all(&config.log_directory).map_err(|e| {
-            Error::invalid_argument(format!(
-                "creating log directory {}: {e}",
-                config.log_directory
-            ))
-        })?;
-    }
-    Ok(())
-}
-
 impl BuiltinRuntime {
     /// RunPodSandbox: checks the request and reserves the pod's name, then picks the pod's
-    /// cgroup parent and address, launches the sandbox process and records it. What a failed
-    /// launch or record leaves is undone at the end.
+    /// cgroup parent and address, makes its log directory, launches the sandbox process and
+    /// records it. What a failed log directory, launch or record leaves (the address taken
+    /// first of all) is undone at the end.
     pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
         let want = SandboxRequest::check(req)?;
         let _reserved = self.reserve_sandbox_name(&want.meta)?;
@@ -300,8 +117,11 @@ impl BuiltinRuntime {
         let network = self.pod_network(&id, &want).await?;
         let ip = network.as_ref().map(|n| n.address);
         let spec = want.spec(&id, &cgroup_parent, network);
-        create_log_directory(&want.config)?;
-        let launched = self.launch(&spec).await;
+        let launched = async {
+            create_log_directory(&want.config)?;
+            self.launch(&spec).await
+        }
+        .await;
         let was_launched = launched.is_ok();
         let recorded = launched.and_then(|()| {
             self.inner
@@ -316,109 +136,6 @@ impl BuiltinRuntime {
         self.emit(&id, cri::ContainerEventType::ContainerCreatedEvent);
         self.emit(&id, cri::ContainerEventType::ContainerStartedEvent);
         Ok(id)
-    }
-
-    /// Reserves the name `meta` gives a sandbox: taken while another sandbox has it.
-    fn reserve_sandbox_name(&self, meta: &cri::PodSandboxMetadata) -> Result<Reservation> {
-        let key = format!(
-            "sandbox {}_{}_{}_{}",
-            meta.name, meta.namespace, meta.uid, meta.attempt
-        );
-        self.reserve(key, || {
-            for other in self.inner.records.all_sandboxes() {
-                if let Some(m) = &other.config.metadata {
-                    if m.name == meta.name
-                        && m.namespace == meta.namespace
-                        && m.uid == meta.uid
-                        && m.attempt == meta.attempt
-                    {
-                        return Err(Error::already_exists(format!(
-                            "sandbox {}_{}_{}_{} already exists as {}",
-                            meta.name, meta.namespace, meta.uid, meta.attempt, other.id
-                        )));
-                    }
-                }
-            }
-            Ok(())
-        })
-    }
-
-    /// The cgroup the pod of sandbox `id` goes under: the one `config` gives (an absolute
-    /// cgroupfs path), else one of its own under the runtime's cgroup root.
-    fn cgroup_parent(&self, config: &cri::PodSandboxConfig, id: &str) -> Result<String> {
-        let given_parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
-            .unwrap_or_default();
-        if !given_parent.is_empty()
-            && (!given_parent.starts_with('/') || given_parent.contains(".."))
-        {
-            return Err(Error::invalid_argument(format!(
-                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
-            )));
-        }
-        Ok(if given_parent.is_empty() {
-            format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
-        } else {
-            given_parent
-        })
-    }
-
-    /// The pod network interface of sandbox `id`, with an address taken for it, when the pod
-    /// has its own network namespace and the runtime a pod network (set up on first use).
-    async fn pod_network(
-        &self,
-        id: &str,
-        want: &SandboxRequest,
-    ) -> Result<Option<sandbox::PodNetwork>> {
-        let own_network = ns_mode(want.opts.network) != sandbox::NamespaceMode::Node;
-        // hostNetwork pods' port mappings only document ports the pod opens on the node.
-        let ports = if own_network {
-            super::network::port_mappings(&want.config.port_mappings)?
-        } else {
-            Vec::new()
-        };
-        let Some(net) = self.inner.network.as_ref().filter(|_| own_network) else {
-            return Ok(None);
-        };
-        if !net.is_set_up() {
-            self.ensure_network().await.map_err(|e| {
-                Error::failed_precondition(format!("the pod network is not ready: {e}"))
-            })?;
-        }
-        let address = net
-            .ipam
-            .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
-            .map_err(sandbox_error)?;
-        Ok(Some(net.pod_network(id, address, ports)))
-    }
-
-    /// Starts the sandbox process for `spec` in its state dir.
-    async fn launch(&self, spec: &sandbox::Spec) -> Result<()> {
-        let dir = self.sandbox_dir(&spec.id);
-        let cfg = &self.inner.cfg;
-        let args: Vec<&str> = cfg.sandbox_args.iter().map(String::as_str).collect();
-        sandbox::launch(&cfg.sandbox_program, &args, &dir, spec)
-            .await
-            .map_err(sandbox_error)?;
-        Ok(())
-    }
-
-    /// Undoes a RunPodSandbox that failed at its launch or its record: ends the sandbox process
-    /// if it was `launched`, else removes the cgroups made for it; its state dir and its
-    /// address go either way.
-    async fn undo_run(&self, spec: &sandbox::Spec, launched: bool) {
-        let id = &spec.id;
-        if launched {
-            let _ = self.client(id).shutdown().await;
-        }
-        let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
-        self.release_address(id, spec.network.as_ref().map(|n| n.address));
-        if !launched && spec.owns_cgroup_parent {
-            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", spec.cgroup_parent));
-            let _ = sandbox::cgroup::remove(&spec.cgroup_parent);
-        }
     }
 
     pub(super) async fn stop_sandbox(&self, id: &str) -> Result<()> {
@@ -545,14 +262,13 @@ impl BuiltinRuntime {
 
     /// [`super::network::Network::ensure`], off the async threads (netlink and nftables
     /// requests); Ok without a pod network.
-    pub(super) async fn ensure_network(&self) -> std::result::Result<(), String> {
+    pub(super) async fn ensure_network(&self) -> std::result::Result<(), NetworkError> {
         let rt = self.clone();
         tokio::task::spawn_blocking(move || match &rt.inner.network {
             Some(net) => net.ensure(),
             None => Ok(()),
         })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
+        .await?
     }
 
     /// Frees the pod address `ip` of sandbox `id`, if it has one.
@@ -627,67 +343,50 @@ impl BuiltinRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builtin::{Config, NetworkConfig};
 
-    fn sysctls(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    /// A runtime on temporary dirs, whose pod network takes addresses from a temporary IPAM
+    /// dir and is taken as set up (no bridge is made, so no root is needed).
+    async fn runtime(dir: &std::path::Path) -> BuiltinRuntime {
+        let mut cfg = Config::new(dir.join("root")).unwrap();
+        cfg.state_dir = Some(dir.join("state"));
+        cfg.network = Some(NetworkConfig {
+            ipam_dir: dir.join("ipam"),
+            ..NetworkConfig::default()
+        });
+        let rt = BuiltinRuntime::new(cfg).await.unwrap();
+        if let Some(net) = &rt.inner.network {
+            net.assume_set_up();
+        }
+        rt
     }
 
-    fn opts(network: cri::NamespaceMode, ipc: cri::NamespaceMode) -> cri::NamespaceOption {
-        cri::NamespaceOption {
-            network: network as i32,
-            ipc: ipc as i32,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn only_sysctls_of_the_pods_own_namespaces_are_accepted() {
-        use cri::NamespaceMode::{Node, Pod};
-        let pod = opts(Pod, Pod);
-        let good = sysctls(&[
-            ("kernel.shm_rmid_forced", "1"),
-            ("kernel.sem", "250 32000 100 128"),
-            ("fs.mqueue.msg_max", "20"),
-            ("net.ipv4.ip_unprivileged_port_start", "80"),
-            ("net/ipv4/conf/lo.100/forwarding", "1"),
-            ("kernel.domainname", "example.org"),
-        ]);
-        check_sysctls(&good, &pod).unwrap();
-        let cases = [
-            (("vm.swappiness", "10"), pod.clone(), "not namespaced"),
-            (("kernel.panic", "1"), pod.clone(), "not namespaced"),
-            (
-                ("net.ipv4.ip_forward", "1"),
-                opts(Node, Pod),
-                "own network namespace",
-            ),
-            (
-                ("kernel.hostname", "x"),
-                opts(Node, Pod),
-                "own UTS namespace",
-            ),
-            (("kernel.shmmax", "1"), opts(Pod, Node), "own IPC namespace"),
-            (("net.ipv4.../x", "1"), pod.clone(), "invalid sysctl name"),
-            (
-                ("/net/ipv4/ip_forward", "1"),
-                pod.clone(),
-                "invalid sysctl name",
-            ),
-            (
-                ("net.ipv4.ip forward", "1"),
-                pod.clone(),
-                "invalid sysctl name",
-            ),
-            (("", "1"), pod.clone(), "invalid sysctl name"),
-            (("net.core.somaxconn", "1\n2"), pod.clone(), "invalid value"),
-        ];
-        for ((k, v), o, msg) in cases {
-            let err = check_sysctls(&sysctls(&[(k, v)]), &o).unwrap_err();
-            assert_eq!(err.code(), crate::Code::InvalidArgument, "{k}");
-            assert!(err.message().contains(msg), "{k}: {err}");
-        }
+    #[tokio::test]
+    async fn a_run_that_fails_at_its_log_directory_gives_the_address_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path()).await;
+        // A log directory below a file cannot be made, root or not.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let req = cri::RunPodSandboxRequest {
+            config: Some(cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: "p".into(),
+                    namespace: "ns".into(),
+                    uid: "u".into(),
+                    attempt: 0,
+                }),
+                log_directory: file.join("logs").to_string_lossy().into_owned(),
+                ..Default::default()
+            }),
+            runtime_handler: String::new(),
+        };
+        let err = rt.run_sandbox(req).await.unwrap_err();
+        assert_eq!(err.code(), crate::Code::InvalidArgument);
+        assert!(err.message().contains("creating log directory"), "{err}");
+        let net = rt.inner.network.as_ref().unwrap();
+        assert_eq!(net.ipam.leases(), [], "the pod's address is still taken");
+        assert!(rt.inner.records.all_sandboxes().is_empty());
+        rt.leave();
     }
 }

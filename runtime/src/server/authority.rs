@@ -54,8 +54,10 @@ struct Pending {
 }
 
 /// The input broke the protocol (a malformed header block or frame): the connection is closed.
-#[derive(Debug)]
-pub(super) struct Broken(pub String);
+/// Its message says how.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Broken(pub(super) String);
 
 impl Default for Rewriter {
     fn default() -> Self {

@@ -13,14 +13,16 @@ mod conn;
 /// wrappers of internal types, with no behaviour of their own.
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use super::authority::Broken;
+
     /// The HTTP/2 `:authority` rewriter every CRI connection's client bytes pass through.
     #[derive(Default)]
     pub struct AuthorityRewriter(super::authority::Rewriter);
 
     impl AuthorityRewriter {
         /// Feeds bytes read from the client; an error means the connection would be closed.
-        pub fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
-            self.0.feed(bytes).map_err(|e| e.0)
+        pub fn feed(&mut self, bytes: &[u8]) -> Result<(), Broken> {
+            self.0.feed(bytes)
         }
 
         /// Takes all the output so far (what the HTTP/2 server would read).

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runtime::server::fuzzing::AuthorityRewriter;
+use runtime::server::fuzzing::{AuthorityRewriter, Broken};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;
@@ -15,7 +15,7 @@ const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 
-fn run(data: &[u8], chunk: usize) -> (Result<(), String>, Vec<u8>) {
+fn run(data: &[u8], chunk: usize) -> (Result<(), Broken>, Vec<u8>) {
     let mut r = AuthorityRewriter::default();
     let mut out = Vec::new();
     for piece in data.chunks(chunk) {

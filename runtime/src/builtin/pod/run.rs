@@ -1,0 +1,374 @@
+//! The steps of RunPodSandbox: checking the request (names, runtime handler, user namespace,
+//! sysctls), reserving the pod's name, picking its cgroup parent and its address on the pod
+//! network, making its log directory, launching the sandbox process, and undoing what a failed
+//! step left. The RPC body that runs them in order is the parent's `run_sandbox`.
+
+use std::collections::BTreeMap;
+
+use super::{namespace_options, ns_mode, user_namespace};
+use crate::builtin::store::SandboxRecord;
+use crate::builtin::{BuiltinRuntime, Reservation, sandbox_error};
+use crate::{Error, Result, cri};
+
+/// Checks a DNS label-ish name from CRI metadata.
+fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid_argument(format!("{what} is required")));
+    }
+    if value.len() > 253 || value.contains('/') || value.contains('\0') {
+        return Err(Error::invalid_argument(format!(
+            "{what} {value:?} is not a valid name"
+        )));
+    }
+    Ok(())
+}
+
+/// IPC-namespaced sysctls besides `fs.mqueue.*` (the list runc validates against).
+const IPC_SYSCTLS: &[&str] = &[
+    "kernel.msgmax",
+    "kernel.msgmnb",
+    "kernel.msgmni",
+    "kernel.sem",
+    "kernel.shmall",
+    "kernel.shmmax",
+    "kernel.shmmni",
+    "kernel.shm_rmid_forced",
+];
+
+/// Checks the pod's sysctls as runc checks a spec's: the sandbox process writes each one in
+/// the pod's namespaces, so it must be a namespaced sysctl whose namespace the pod has its own
+/// of (IPC ones need a pod IPC namespace; `net.*`, `kernel.hostname` and `kernel.domainname` a
+/// pod network namespace, which the UTS namespace follows). Anything else would change the
+/// node. Names may use `/` as separator, as in Kubernetes.
+fn check_sysctls(
+    sysctls: &std::collections::HashMap<String, String>,
+    opts: &cri::NamespaceOption,
+) -> Result<()> {
+    let own = |mode: i32| ns_mode(mode) != sandbox::NamespaceMode::Node;
+    for (key, value) in sysctls {
+        let bad_name = key.is_empty()
+            || key.starts_with(['.', '/'])
+            || key.contains("..")
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '/' | '_' | '-'));
+        if bad_name {
+            return Err(Error::invalid_argument(format!(
+                "invalid sysctl name {key:?}"
+            )));
+        }
+        if value.contains(['\0', '\n']) {
+            return Err(Error::invalid_argument(format!(
+                "sysctl {key}: invalid value {value:?}"
+            )));
+        }
+        let name = key.replace('/', ".");
+        let (namespace, ok) =
+            if IPC_SYSCTLS.contains(&name.as_str()) || name.starts_with("fs.mqueue.") {
+                ("IPC", own(opts.ipc))
+            } else if name.starts_with("net.") {
+                ("network", own(opts.network))
+            } else if name == "kernel.hostname" || name == "kernel.domainname" {
+                ("UTS", own(opts.network))
+            } else {
+                return Err(Error::invalid_argument(format!(
+                    "sysctl {key} is not namespaced: setting it would change the node"
+                )));
+            };
+        if !ok {
+            return Err(Error::invalid_argument(format!(
+                "sysctl {key} needs the pod's own {namespace} namespace, and the pod uses the \
+                 node's"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A RunPodSandbox request, checked.
+pub(super) struct SandboxRequest {
+    pub config: cri::PodSandboxConfig,
+    pub meta: cri::PodSandboxMetadata,
+    runtime_handler: String,
+    opts: cri::NamespaceOption,
+    user_namespace: Option<sandbox::IdMappings>,
+}
+
+impl SandboxRequest {
+    /// Checks `req`: its metadata, runtime handler, user namespace and sysctls.
+    pub(super) fn check(req: cri::RunPodSandboxRequest) -> Result<Self> {
+        let config = req
+            .config
+            .ok_or_else(|| Error::invalid_argument("RunPodSandbox needs a config"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Error::invalid_argument("sandbox config needs metadata"))?;
+        check_name("sandbox name", &meta.name)?;
+        check_name("sandbox namespace", &meta.namespace)?;
+        if !req.runtime_handler.is_empty() && req.runtime_handler != "nodelet" {
+            return Err(Error::not_found(format!(
+                "no runtime handler {:?} (the built-in runtime has only the default one)",
+                req.runtime_handler
+            )));
+        }
+        let opts = namespace_options(&config);
+        let user_namespace = user_namespace(&opts)?;
+        if let Some(linux) = &config.linux {
+            check_sysctls(&linux.sysctls, &opts)?;
+        }
+        Ok(SandboxRequest {
+            config,
+            meta,
+            runtime_handler: req.runtime_handler,
+            opts,
+            user_namespace,
+        })
+    }
+
+    /// The spec of sandbox `id`, its pod under `cgroup_parent`, on `network`.
+    pub(super) fn spec(
+        &self,
+        id: &str,
+        cgroup_parent: &str,
+        network: Option<sandbox::PodNetwork>,
+    ) -> sandbox::Spec {
+        let (config, opts) = (&self.config, &self.opts);
+        sandbox::Spec {
+            id: id.to_string(),
+            hostname: config.hostname.clone(),
+            namespaces: sandbox::Namespaces {
+                network: ns_mode(opts.network),
+                ipc: ns_mode(opts.ipc),
+                pid: ns_mode(opts.pid),
+            },
+            owns_cgroup_parent: !sandbox::cgroup::exists(cgroup_parent),
+            cgroup_parent: cgroup_parent.to_string(),
+            dns: config.dns_config.as_ref().map(|d| sandbox::Dns {
+                servers: d.servers.clone(),
+                searches: d.searches.clone(),
+                options: d.options.clone(),
+            }),
+            host_aliases: Vec::new(),
+            sysctls: config
+                .linux
+                .as_ref()
+                .map(|l| {
+                    l.sysctls
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_else(BTreeMap::new),
+            network,
+            user_namespace: self.user_namespace,
+        }
+    }
+
+    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip`.
+    pub(super) fn into_record(
+        self,
+        id: &str,
+        cgroup_parent: String,
+        ip: Option<std::net::Ipv4Addr>,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            id: id.to_string(),
+            config: self.config,
+            runtime_handler: self.runtime_handler,
+            created_at: sandbox::now_ns(),
+            stopped: false,
+            cgroup_parent,
+            ip,
+        }
+    }
+}
+
+/// Creates the pod's log directory, if it names one.
+pub(super) fn create_log_directory(config: &cri::PodSandboxConfig) -> Result<()> {
+    if !config.log_directory.is_empty() {
+        std::fs::create_dir_all(&config.log_directory).map_err(|e| {
+            Error::invalid_argument(format!(
+                "creating log directory {}: {e}",
+                config.log_directory
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+impl BuiltinRuntime {
+    /// Reserves the name `meta` gives a sandbox: taken while another sandbox has it.
+    pub(super) fn reserve_sandbox_name(
+        &self,
+        meta: &cri::PodSandboxMetadata,
+    ) -> Result<Reservation> {
+        let key = format!(
+            "sandbox {}_{}_{}_{}",
+            meta.name, meta.namespace, meta.uid, meta.attempt
+        );
+        self.reserve(key, || {
+            for other in self.inner.records.all_sandboxes() {
+                if let Some(m) = &other.config.metadata {
+                    if m.name == meta.name
+                        && m.namespace == meta.namespace
+                        && m.uid == meta.uid
+                        && m.attempt == meta.attempt
+                    {
+                        return Err(Error::already_exists(format!(
+                            "sandbox {}_{}_{}_{} already exists as {}",
+                            meta.name, meta.namespace, meta.uid, meta.attempt, other.id
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The cgroup the pod of sandbox `id` goes under: the one `config` gives (an absolute
+    /// cgroupfs path), else one of its own under the runtime's cgroup root.
+    pub(super) fn cgroup_parent(&self, config: &cri::PodSandboxConfig, id: &str) -> Result<String> {
+        let given_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        if !given_parent.is_empty()
+            && (!given_parent.starts_with('/') || given_parent.contains(".."))
+        {
+            return Err(Error::invalid_argument(format!(
+                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
+            )));
+        }
+        Ok(if given_parent.is_empty() {
+            format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
+        } else {
+            given_parent
+        })
+    }
+
+    /// The pod network interface of sandbox `id`, with an address taken for it, when the pod
+    /// has its own network namespace and the runtime a pod network (set up on first use).
+    pub(super) async fn pod_network(
+        &self,
+        id: &str,
+        want: &SandboxRequest,
+    ) -> Result<Option<sandbox::PodNetwork>> {
+        let own_network = ns_mode(want.opts.network) != sandbox::NamespaceMode::Node;
+        // hostNetwork pods' port mappings only document ports the pod opens on the node.
+        let ports = if own_network {
+            crate::builtin::network::port_mappings(&want.config.port_mappings)?
+        } else {
+            Vec::new()
+        };
+        let Some(net) = self.inner.network.as_ref().filter(|_| own_network) else {
+            return Ok(None);
+        };
+        if !net.is_set_up() {
+            self.ensure_network().await.map_err(|e| {
+                Error::failed_precondition(format!("the pod network is not ready: {e}"))
+            })?;
+        }
+        let address = net
+            .ipam
+            .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
+            .map_err(sandbox_error)?;
+        Ok(Some(net.pod_network(id, address, ports)))
+    }
+
+    /// Starts the sandbox process for `spec` in its state dir.
+    pub(super) async fn launch(&self, spec: &sandbox::Spec) -> Result<()> {
+        let dir = self.sandbox_dir(&spec.id);
+        let cfg = &self.inner.cfg;
+        let args: Vec<&str> = cfg.sandbox_args.iter().map(String::as_str).collect();
+        sandbox::launch(&cfg.sandbox_program, &args, &dir, spec)
+            .await
+            .map_err(sandbox_error)?;
+        Ok(())
+    }
+
+    /// Undoes a RunPodSandbox that failed after taking the pod's address (at its log
+    /// directory, its launch or its record): ends the sandbox process if it was `launched`,
+    /// else removes the cgroups made for it; its state dir and its address go either way.
+    pub(super) async fn undo_run(&self, spec: &sandbox::Spec, launched: bool) {
+        let id = &spec.id;
+        if launched {
+            let _ = self.client(id).shutdown().await;
+        }
+        let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
+        self.release_address(id, spec.network.as_ref().map(|n| n.address));
+        if !launched && spec.owns_cgroup_parent {
+            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", spec.cgroup_parent));
+            let _ = sandbox::cgroup::remove(&spec.cgroup_parent);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sysctls(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn opts(network: cri::NamespaceMode, ipc: cri::NamespaceMode) -> cri::NamespaceOption {
+        cri::NamespaceOption {
+            network: network as i32,
+            ipc: ipc as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_sysctls_of_the_pods_own_namespaces_are_accepted() {
+        use cri::NamespaceMode::{Node, Pod};
+        let pod = opts(Pod, Pod);
+        let good = sysctls(&[
+            ("kernel.shm_rmid_forced", "1"),
+            ("kernel.sem", "250 32000 100 128"),
+            ("fs.mqueue.msg_max", "20"),
+            ("net.ipv4.ip_unprivileged_port_start", "80"),
+            ("net/ipv4/conf/lo.100/forwarding", "1"),
+            ("kernel.domainname", "example.org"),
+        ]);
+        check_sysctls(&good, &pod).unwrap();
+        let cases = [
+            (("vm.swappiness", "10"), pod.clone(), "not namespaced"),
+            (("kernel.panic", "1"), pod.clone(), "not namespaced"),
+            (
+                ("net.ipv4.ip_forward", "1"),
+                opts(Node, Pod),
+                "own network namespace",
+            ),
+            (
+                ("kernel.hostname", "x"),
+                opts(Node, Pod),
+                "own UTS namespace",
+            ),
+            (("kernel.shmmax", "1"), opts(Pod, Node), "own IPC namespace"),
+            (("net.ipv4.../x", "1"), pod.clone(), "invalid sysctl name"),
+            (
+                ("/net/ipv4/ip_forward", "1"),
+                pod.clone(),
+                "invalid sysctl name",
+            ),
+            (
+                ("net.ipv4.ip forward", "1"),
+                pod.clone(),
+                "invalid sysctl name",
+            ),
+            (("", "1"), pod.clone(), "invalid sysctl name"),
+            (("net.core.somaxconn", "1\n2"), pod.clone(), "invalid value"),
+        ];
+        for ((k, v), o, msg) in cases {
+            let err = check_sysctls(&sysctls(&[(k, v)]), &o).unwrap_err();
+            assert_eq!(err.code(), crate::Code::InvalidArgument, "{k}");
+            assert!(err.message().contains(msg), "{k}: {err}");
+        }
+    }
+}
