@@ -16,14 +16,16 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+mod allocatable;
 mod export;
 mod logs;
 mod server;
 mod values;
+pub use allocatable::{Reserved, default_eviction_hard};
 pub use logs::{ContainerLogConfig, parse_bytes};
 pub use server::{AuthzMode, ServerConfig};
 pub use values::parse_duration;
-use values::{IpList, Shaped, Testing, Thresholds, Typed, wrong_type};
+use values::{IpList, Quantities, Shaped, Testing, Thresholds, Typed, wrong_type};
 
 /// The only accepted `apiVersion`.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -122,6 +124,8 @@ pub struct KubeletConfig {
     /// Hard eviction thresholds, signal → value (`"100Mi"`, `"10%"`). A file that sets
     /// `evictionHard` replaces the defaults entirely, as upstream does.
     pub eviction_hard: BTreeMap<String, String>,
+    /// `kubeReserved`, `systemReserved`, `reservedSystemCPUs`: kept from the pods.
+    pub reserved: Reserved,
     /// `serializeImagePulls`: pull one image at a time. Unset, true unless
     /// `maxParallelImagePulls` is more than 1 (upstream's default).
     pub serialize_image_pulls: bool,
@@ -175,6 +179,7 @@ impl Default for KubeletConfig {
             cluster_domain: String::new(),
             register_node: true,
             eviction_hard: default_eviction_hard(),
+            reserved: Reserved::default(),
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
             testing: TestingConfig::default(),
@@ -191,31 +196,6 @@ impl Default for KubeletConfig {
         }
     }
 }
-
-/// The upstream kubelet's default hard eviction thresholds.
-pub fn default_eviction_hard() -> BTreeMap<String, String> {
-    [
-        ("memory.available", "100Mi"),
-        ("nodefs.available", "10%"),
-        ("imagefs.available", "15%"),
-        ("nodefs.inodesFree", "5%"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-const EVICTION_SIGNALS: &[&str] = &[
-    "memory.available",
-    "allocatableMemory.available",
-    "nodefs.available",
-    "nodefs.inodesFree",
-    "imagefs.available",
-    "imagefs.inodesFree",
-    "containerfs.available",
-    "containerfs.inodesFree",
-    "pid.available",
-];
 
 /// The host's name, lowercased (`localhost` if it cannot be read).
 pub fn host_name() -> String {
@@ -303,6 +283,10 @@ struct RawConfig {
     cluster_domain: Option<Typed<String>>,
     register_node: Option<Typed<bool>>,
     eviction_hard: Option<Thresholds>,
+    kube_reserved: Option<Quantities>,
+    system_reserved: Option<Quantities>,
+    #[serde(rename = "reservedSystemCPUs")]
+    reserved_system_cpus: Option<Typed<String>>,
     serialize_image_pulls: Option<Typed<bool>>,
     max_parallel_image_pulls: Option<Typed<i64>>,
     #[serde(rename = "podCIDR")]
@@ -317,6 +301,7 @@ struct RawConfig {
     /// The container log rotation fields.
     #[serde(flatten)]
     container_logs: logs::RawContainerLogs,
+
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
@@ -340,11 +325,17 @@ impl RawConfig {
         let testing = testing(self.nodelet_testing, d.testing, &mut warnings)?;
         let server = self.server.into_config(&mut warnings)?;
         let container_logs = self.container_logs.into_config()?;
+        let reserved = allocatable::RawReserved {
+            kube_reserved: self.kube_reserved,
+            system_reserved: self.system_reserved,
+            reserved_system_cpus: self.reserved_system_cpus,
+        }
+        .into_config()?;
         warnings.sort();
 
         let pod_pids_limit = pod_pids_limit(self.pod_pids_limit, d.pod_pids_limit)?;
         let pod_logs_dir = absolute_path("podLogsDir", self.pod_logs_dir, d.pod_logs_dir)?;
-        let eviction_hard = eviction_hard(self.eviction_hard, d.eviction_hard)?;
+        let eviction_hard = allocatable::eviction_hard(self.eviction_hard, d.eviction_hard)?;
         let pod_cidr = pod_cidr(self.pod_cidr, d.pod_cidr)?;
         let (serialize_image_pulls, max_parallel_image_pulls) =
             image_pulls(self.serialize_image_pulls, self.max_parallel_image_pulls)?;
@@ -391,6 +382,7 @@ impl RawConfig {
             cluster_domain: get(self.cluster_domain).unwrap_or(d.cluster_domain),
             register_node: get(self.register_node).unwrap_or(d.register_node),
             eviction_hard,
+            reserved,
             serialize_image_pulls,
             max_parallel_image_pulls,
             testing,
@@ -448,24 +440,6 @@ fn absolute_path(
         Some(s) if s.starts_with('/') => Ok(PathBuf::from(s)),
         Some(s) => Err(invalid(k, format!("{s:?} is not an absolute path"))),
     }
-}
-
-/// `evictionHard`: known signals, each with a percentage or a quantity.
-fn eviction_hard(
-    field: Option<Thresholds>,
-    default: BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, Error> {
-    let Some(Thresholds(map)) = field else {
-        return Ok(default);
-    };
-    for (signal, threshold) in &map {
-        let field = format!("evictionHard.{signal}");
-        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-            return Err(invalid(&field, "unknown eviction signal"));
-        }
-        check_threshold(threshold).map_err(|e| invalid(&field, e))?;
-    }
-    Ok(map)
 }
 
 /// `podCIDR`: a pod CIDR the built-in runtime can use (one IPv4 subnet).
@@ -569,27 +543,6 @@ fn int32(k: &str, n: i64) -> Result<u32, Error> {
         .ok()
         .and_then(|n| u32::try_from(n).ok())
         .ok_or_else(|| invalid(k, format!("{n} is too large")))
-}
-
-/// A threshold is a percentage (`"10%"`) or a quantity (`"100Mi"`, `"1G"`, `"500"`).
-fn check_threshold(s: &str) -> Result<(), Error> {
-    if let Some(p) = s.strip_suffix('%') {
-        return match p.parse::<f64>() {
-            Ok(x) if (0.0..=100.0).contains(&x) => Ok(()),
-            _ => Err(Error::Percentage(s.to_string())),
-        };
-    }
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let suffix = &s[digits.len()..];
-    let ok_suffix = matches!(
-        suffix,
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "k" | "M" | "G" | "T" | "P" | "E" | "m"
-    );
-    if !digits.is_empty() && ok_suffix && digits.parse::<f64>().is_ok_and(|x| x >= 0.0) {
-        Ok(())
-    } else {
-        Err(Error::Quantity(s.to_string()))
-    }
 }
 
 #[cfg(test)]

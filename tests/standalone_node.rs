@@ -3,7 +3,7 @@
 //! restarted), are replaced when their manifest changes, restarted per restartPolicy with
 //! CrashLoopBackOff, stopped and removed when their manifest goes; a broken manifest beside
 //! good ones is skipped without disturbing them; volumes needing an API server fail without
-//! harming the others.
+//! harming the others; reservations over the node's capacity stop the agent at start.
 
 mod common;
 
@@ -276,4 +276,48 @@ async fn standalone_volumes_without_an_api_server() {
     .await;
     drop(agent);
     node.assert_all_gone().await;
+}
+
+/// `kubeReserved` and `systemReserved` over the node's capacity stop the agent at start with
+/// upstream's message, before it runs anything.
+#[test]
+fn reservations_over_capacity_stop_the_agent_at_start() {
+    if !root_or_skip("reservations_over_capacity_stop_the_agent_at_start") {
+        return;
+    }
+    let node = standalone::Standalone::new(
+        "kubeReserved: {memory: 1Ei}\nsystemReserved: {cpu: '100000'}\n",
+    );
+    let child = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(&node.root)
+        .args(["run-node", "--hostname-override", "e2e-node", "--config"])
+        .arg(&node.config_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start nodelet run-node");
+    let mut child = KillOnDrop(child);
+    let mut status = None;
+    for _ in 0..600 {
+        status = child.0.try_wait().expect("waiting for nodelet");
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = status.expect("the agent should stop at start, not run");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.0.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr).expect("reading stderr");
+    }
+    assert!(!status.success(), "{stderr}");
+    for want in [
+        "invalid Node Allocatable configuration.",
+        "Resource \"cpu\" has a reservation of 100000 but capacity of",
+        "Resource \"memory\" has a reservation of",
+        "Expected capacity >= reservation.",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in {stderr}");
+    }
 }

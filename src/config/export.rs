@@ -87,8 +87,24 @@ impl KubeletConfig {
             );
         }
         v["nodeletInsecureRegistries"] = json!(self.insecure_registries);
+        let r = &self.reserved;
+        v["kubeReserved"] = reservations(&r.kube);
+        v["systemReserved"] = reservations(&r.system);
+        v["reservedSystemCPUs"] = r.system_cpus.clone().into();
         v
     }
+}
+
+/// A reservation mapping in quantities: cpu in millicores, the others in bytes.
+fn reservations(r: &std::collections::BTreeMap<String, i64>) -> Value {
+    let quantity = |k: &str, v: i64| match k {
+        "cpu" => format!("{v}m"),
+        _ => v.to_string(),
+    };
+    r.iter()
+        .map(|(k, &v)| (k.clone(), Value::from(quantity(k, v))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 #[cfg(test)]
@@ -130,6 +146,11 @@ mod tests {
                 max_files: 3,
                 max_workers: 2,
                 monitor_interval: std::time::Duration::from_secs(4),
+            },
+            reserved: super::super::Reserved {
+                kube: [("memory".into(), 512 << 20)].into(),
+                system: [("cpu".into(), 2000), ("ephemeral-storage".into(), 1 << 30)].into(),
+                system_cpus: "2-3".into(),
             },
             ..Default::default()
         };

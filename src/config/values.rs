@@ -115,12 +115,26 @@ pub(super) struct Thresholds(pub(super) BTreeMap<String, String>);
 
 impl<'de> Deserialize<'de> for Thresholds {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map: BTreeMap<String, Typed<String>> =
-            d.deserialize_any(Shaped::mapping("a mapping of signal to threshold"))?;
-        Ok(Thresholds(
-            map.into_iter().map(|(k, Typed(v))| (k, v)).collect(),
-        ))
+        string_map(d, "a mapping of signal to threshold").map(Thresholds)
     }
+}
+
+/// `kubeReserved`, `systemReserved`: resource → quantity, as written.
+pub(super) struct Quantities(pub(super) BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Quantities {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        string_map(d, "a mapping of resource to quantity").map(Quantities)
+    }
+}
+
+/// A mapping of names to strings; anything else is refused as not `what`.
+fn string_map<'de, D: Deserializer<'de>>(
+    d: D,
+    what: &'static str,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    let map: BTreeMap<String, Typed<String>> = d.deserialize_any(Shaped::mapping(what))?;
+    Ok(map.into_iter().map(|(k, Typed(v))| (k, v)).collect())
 }
 
 /// `nodeletTesting`.

@@ -100,6 +100,7 @@ impl Kubelet {
         let version = w.runtime_version().await?;
         let (name, v) = (&version.runtime_name, &version.runtime_version);
         let mut facts = NodeFacts::gather(&w.cfg, name, v)?;
+        crate::node::check_reservations(&facts, &w.cfg)?;
         let opts = w.container_options(&facts, &version);
         let status = w.status_manager();
         let runtime_state = w.runtime_state().await;

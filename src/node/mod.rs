@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::config::KubeletConfig;
+use crate::config::{KubeletConfig, Reserved};
 use crate::util::quantity;
 
 /// Why the node's facts could not be read from the machine ([`NodeFacts::gather`]). Each
@@ -58,6 +58,10 @@ pub enum Error {
         #[source]
         source: nix::Error,
     },
+    /// The reservations and hard eviction thresholds exceed the capacity (upstream's
+    /// `validateNodeAllocatable`): each resource over, as upstream words it.
+    #[error("invalid Node Allocatable configuration. {}", .0.join(" "))]
+    Reservations(Vec<String>),
 }
 
 /// How long one heartbeat request (a status write or a Lease renewal, and the reads before
@@ -132,7 +136,7 @@ pub fn default_labels(facts: &NodeFacts) -> BTreeMap<String, String> {
 
 fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
     let capacity = capacity(facts);
-    let allocatable = allocatable(&capacity, &cfg.eviction_hard);
+    let allocatable = allocatable(&capacity, &cfg.eviction_hard, &cfg.reserved);
     NodeStatus {
         capacity: Some(to_quantities(&capacity)),
         allocatable: Some(to_quantities(&allocatable)),
@@ -253,31 +257,19 @@ pub fn capacity(facts: &NodeFacts) -> BTreeMap<String, Amount> {
 /// The prefix of huge page resources (`hugepages-2Mi`).
 pub const HUGEPAGES_PREFIX: &str = "hugepages-";
 
-/// Allocatable = capacity minus the hard eviction thresholds, as upstream reserves them:
-/// `memory.available` from memory and `nodefs.available` from ephemeral-storage (a quantity,
-/// or a percentage of the capacity), and the reserved huge pages from memory; never below
-/// zero. nodelet has no kube/system reserved.
-/// A threshold that does not parse reserves nothing (the config loader has checked them).
+/// Allocatable = capacity minus what is reserved of it ([`reservation`]: `kubeReserved`,
+/// `systemReserved` and the hard eviction thresholds), and the reserved huge pages from
+/// memory; never below zero.
 pub fn allocatable(
     capacity: &BTreeMap<String, Amount>,
     eviction_hard: &BTreeMap<String, String>,
+    reserved: &Reserved,
 ) -> BTreeMap<String, Amount> {
     let mut out = capacity.clone();
-    for (signal, resource) in [
-        ("memory.available", "memory"),
-        ("nodefs.available", "ephemeral-storage"),
-    ] {
-        let (Some(threshold), Some(cap)) = (eviction_hard.get(signal), capacity.get(resource))
-        else {
-            continue;
-        };
-        let Some(reserved) = threshold_bytes(threshold, cap.value()) else {
-            continue;
-        };
-        out.insert(
-            resource.to_string(),
-            cap.with_value((cap.value() - reserved).max(0)),
-        );
+    for (resource, held) in reservation(capacity, eviction_hard, reserved) {
+        if let Some(cap) = capacity.get(&resource) {
+            out.insert(resource, cap.with_value((cap.value() - held).max(0)));
+        }
     }
     let huge: i64 = capacity
         .iter()
@@ -288,6 +280,60 @@ pub fn allocatable(
         *mem = mem.with_value((mem.value() - huge).max(0));
     }
     out
+}
+
+/// What is reserved of each resource, as upstream's `GetNodeAllocatableReservation`:
+/// `kubeReserved` plus `systemReserved`, plus the hard eviction threshold of its signal
+/// (`memory.available` of memory, `nodefs.available` of ephemeral-storage: a quantity, or a
+/// percentage of the capacity). A threshold that does not parse reserves nothing (the config
+/// loader has checked them). Resources nothing reserves are left out.
+pub fn reservation(
+    capacity: &BTreeMap<String, Amount>,
+    eviction_hard: &BTreeMap<String, String>,
+    reserved: &Reserved,
+) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for (resource, signal) in [
+        ("cpu", None),
+        ("memory", Some("memory.available")),
+        ("ephemeral-storage", Some("nodefs.available")),
+    ] {
+        let threshold = signal
+            .and_then(|s| eviction_hard.get(s))
+            .zip(capacity.get(resource))
+            .and_then(|(t, cap)| threshold_bytes(t, cap.value()))
+            .unwrap_or(0);
+        let held = reserved.total(resource).saturating_add(threshold);
+        if held > 0 {
+            out.insert(resource.to_string(), held);
+        }
+    }
+    out
+}
+
+/// Refuses a node whose reservations exceed its capacity, as upstream's container manager
+/// does at start.
+pub fn check_reservations(facts: &NodeFacts, cfg: &KubeletConfig) -> Result<(), Error> {
+    let capacity = capacity(facts);
+    let over: Vec<String> = reservation(&capacity, &cfg.eviction_hard, &cfg.reserved)
+        .into_iter()
+        .filter_map(|(resource, held)| {
+            let cap = capacity.get(&resource)?;
+            (held > cap.value()).then(|| {
+                format!(
+                    "Resource {resource:?} has a reservation of {} but capacity of {}. \
+                     Expected capacity >= reservation.",
+                    cap.with_value(held).to_quantity().0,
+                    cap.to_quantity().0
+                )
+            })
+        })
+        .collect();
+    if over.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Reservations(over))
+    }
 }
 
 /// A threshold (`100Mi`, `10%`) in bytes of `capacity`.

@@ -142,7 +142,7 @@ fn allocatable_minus_hard_eviction() {
         (ev(&[("memory.available", "lots")]), 4 * gi, 10 * gi),
     ];
     for (thresholds, memory, storage) in cases {
-        let a = allocatable(&cap, &thresholds);
+        let a = allocatable(&cap, &thresholds, &Reserved::default());
         assert_eq!(a["memory"], Amount::Bytes(memory), "{thresholds:?}");
         assert_eq!(
             a["ephemeral-storage"],
@@ -215,4 +215,50 @@ async fn an_unanswered_request_is_an_error() {
     assert!(matches!(r, Err(kube::Error::Service(_))), "{r:?}");
     let r = within(std::time::Duration::from_secs(5), async { Ok(7) }).await;
     assert_eq!(r.unwrap(), 7);
+}
+
+#[test]
+fn allocatable_minus_kube_and_system_reserved_and_hard_eviction() {
+    let f = facts();
+    let cfg = KubeletConfig {
+        eviction_hard: BTreeMap::from([("memory.available".into(), "100Mi".into())]),
+        reserved: Reserved {
+            kube: BTreeMap::from([("cpu".into(), 500), ("memory".into(), 1 << 30)]),
+            system: BTreeMap::from([("cpu".into(), 250), ("ephemeral-storage".into(), 1 << 30)]),
+            system_cpus: String::new(),
+        },
+        ..Default::default()
+    };
+    check_reservations(&f, &cfg).expect("within capacity");
+    let status = build_node(&f, &cfg).status.unwrap();
+    let (cap, alloc) = (status.capacity.unwrap(), status.allocatable.unwrap());
+    assert_eq!(
+        (cap["cpu"].0.as_str(), alloc["cpu"].0.as_str()),
+        ("4", "3250m")
+    );
+    // 16318428Ki - 1Gi - 100Mi.
+    let memory = 16_318_428 - (1 << 20) - 100 * 1024;
+    assert_eq!(alloc["memory"].0, format!("{memory}Ki"));
+    assert_eq!(alloc["ephemeral-storage"].0, "99Gi");
+    assert_eq!(alloc["pods"], cap["pods"]);
+}
+
+#[test]
+fn reservations_over_capacity_are_refused_as_upstream_words_it() {
+    let f = facts();
+    let cfg = KubeletConfig {
+        reserved: Reserved {
+            kube: BTreeMap::from([("cpu".into(), 3000), ("memory".into(), 16 << 30)]),
+            system: BTreeMap::from([("cpu".into(), 2000)]),
+            system_cpus: String::new(),
+        },
+        ..Default::default()
+    };
+    let err = check_reservations(&f, &cfg).expect_err("over capacity");
+    assert_eq!(
+        err.to_string(),
+        "invalid Node Allocatable configuration. Resource \"cpu\" has a reservation of 5 but \
+         capacity of 4. Expected capacity >= reservation. Resource \"memory\" has a reservation \
+         of 16484Mi but capacity of 16318428Ki. Expected capacity >= reservation."
+    );
 }
