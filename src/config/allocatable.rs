@@ -213,15 +213,13 @@ mod tests {
 
     const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
 
-    fn read(body: &str) -> Result<Reserved, String> {
-        super::super::parse(&format!("{HEAD}{body}"))
-            .map(|(c, _)| c.reserved)
-            .map_err(|e| e.to_string())
+    fn read(body: &str) -> Result<Reserved, Error> {
+        super::super::parse(&format!("{HEAD}{body}")).map(|(c, _)| c.reserved)
     }
 
     #[test]
     fn reservations_are_read_in_base_units() {
-        assert_eq!(read(""), Ok(Reserved::default()));
+        assert_eq!(read("").expect("valid"), Reserved::default());
         let r = read(
             "kubeReserved: {cpu: 250m, memory: 1Gi}\n\
              systemReserved: {cpu: '1', ephemeral-storage: 5G}\n",
@@ -289,7 +287,8 @@ mod tests {
             ),
         ];
         for (body, want) in cases {
-            assert_eq!(read(&format!("{body}\n")), Err(want.to_string()), "{body}");
+            let got = read(&format!("{body}\n")).map_err(|e| e.to_string());
+            assert_eq!(got, Err(want.to_string()), "{body}");
         }
     }
 
