@@ -22,7 +22,7 @@ mod logs;
 mod server;
 mod values;
 pub use allocatable::{Reserved, default_eviction_hard};
-pub use logs::{ContainerLogConfig, parse_bytes};
+pub use logs::ContainerLogConfig;
 pub use server::{AuthzMode, ServerConfig};
 pub use values::parse_duration;
 use values::{IpList, Quantities, Shaped, Testing, Thresholds, Typed, wrong_type};

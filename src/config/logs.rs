@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{Error, Typed, get, invalid};
+use crate::util::quantity::parse_bytes;
 
 /// How the kubelet rotates the containers' CRI log files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl RawContainerLogs {
         let max_size = match get(self.container_log_max_size) {
             None => d.max_size,
             Some(s) => match parse_bytes(&s) {
-                Some(n) if n > 0 => n,
+                Ok(n) if n > 0 => n.unsigned_abs(),
                 _ => {
                     return Err(invalid(
                         "containerLogMaxSize",
@@ -95,52 +96,5 @@ impl RawContainerLogs {
             max_workers,
             monitor_interval,
         })
-    }
-}
-
-/// A Kubernetes quantity of bytes (`"10Mi"`, `"1G"`, `"512"`, `"1.5Ki"`), rounded up to a
-/// whole byte as upstream's `Quantity.Value`; `None` when it is not one.
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let number_len = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(number_len);
-    let factor: f64 = match suffix {
-        "" => 1.0,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        _ => return None,
-    };
-    if number.is_empty() || number.matches('.').count() > 1 || number == "." {
-        return None;
-    }
-    let value = number.parse::<f64>().ok()? * factor;
-    (value.is_finite() && value < u64::MAX as f64).then(|| value.ceil() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantities_of_bytes() {
-        assert_eq!(parse_bytes("10Mi"), Some(10 * 1024 * 1024));
-        assert_eq!(parse_bytes("1G"), Some(1_000_000_000));
-        assert_eq!(parse_bytes("512"), Some(512));
-        assert_eq!(parse_bytes("1.5Ki"), Some(1536));
-        assert_eq!(parse_bytes("0.5"), Some(1));
-        for bad in ["", "Mi", "10mb", "1..2", "-1", "ten", "10 Mi"] {
-            assert_eq!(parse_bytes(bad), None, "{bad}");
-        }
     }
 }
