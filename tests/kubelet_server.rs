@@ -1196,17 +1196,27 @@ async fn container_logs_rotate_and_follow_goes_on() {
         numbers.len(),
         numbers.first()
     );
-    // An older rotated file is a gzipped CRI log of the app's lines.
-    let gz = std::fs::read_dir(&dir)
-        .expect("dir")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().ends_with(".gz"))
-        .expect("a compressed rotated log");
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&gz).expect("open"))
-        .read_to_string(&mut text)
-        .expect("gunzip");
+    // An older rotated file is a gzipped CRI log of the app's lines. (Looked for over a few
+    // seconds: the agent goes on rotating, and while a rotation replaces the oldest file there
+    // is none for a moment, or the one found is gone before it is read.)
+    let mut text = None;
+    for _ in 0..50 {
+        let found = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(".gz"));
+        if let Some(Ok(file)) = found.map(std::fs::File::open) {
+            let mut read = String::new();
+            flate2::read::GzDecoder::new(file)
+                .read_to_string(&mut read)
+                .expect("gunzip");
+            text = Some(read);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let text = text.expect("a compressed rotated log");
     let first = text.lines().next().unwrap_or("");
     assert!(
         first.contains(" stdout F line "),
