@@ -325,12 +325,11 @@ impl RawConfig {
         let testing = testing(self.nodelet_testing, d.testing, &mut warnings)?;
         let server = self.server.into_config(&mut warnings)?;
         let container_logs = self.container_logs.into_config()?;
-        let reserved = allocatable::RawReserved {
-            kube_reserved: self.kube_reserved,
-            system_reserved: self.system_reserved,
-            reserved_system_cpus: self.reserved_system_cpus,
-        }
-        .into_config()?;
+        let reserved = allocatable::reserved(
+            self.kube_reserved,
+            self.system_reserved,
+            self.reserved_system_cpus,
+        )?;
         warnings.sort();
 
         let pod_pids_limit = pod_pids_limit(self.pod_pids_limit, d.pod_pids_limit)?;

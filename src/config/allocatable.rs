@@ -37,35 +37,31 @@ impl Reserved {
     }
 }
 
-/// The fields as written (read by `RawConfig`: a flattened struct would lose their paths in
-/// type errors).
-pub(super) struct RawReserved {
-    pub(super) kube_reserved: Option<Quantities>,
-    pub(super) system_reserved: Option<Quantities>,
-    pub(super) reserved_system_cpus: Option<Typed<String>>,
-}
-
-impl RawReserved {
-    pub(super) fn into_config(self) -> Result<Reserved, Error> {
-        let mut kube = resources("kubeReserved", self.kube_reserved)?;
-        let mut system = resources("systemReserved", self.system_reserved)?;
-        let system_cpus = get(self.reserved_system_cpus).unwrap_or_default();
-        if !system_cpus.trim().is_empty() {
-            let count = cpu_list_len(&system_cpus).map_err(|why| {
-                invalid(
-                    "reservedSystemCPUs",
-                    format!("{system_cpus:?} is not a CPU list ({why})"),
-                )
-            })?;
-            kube.remove("cpu");
-            system.insert("cpu".to_string(), count.saturating_mul(1000));
-        }
-        Ok(Reserved {
-            kube,
-            system,
-            system_cpus,
-        })
+/// `kubeReserved`, `systemReserved` and `reservedSystemCPUs` as written (read by `RawConfig`
+/// itself: a flattened struct would lose their paths in type errors), checked.
+pub(super) fn reserved(
+    kube: Option<Quantities>,
+    system: Option<Quantities>,
+    system_cpus: Option<Typed<String>>,
+) -> Result<Reserved, Error> {
+    let mut kube = resources("kubeReserved", kube)?;
+    let mut system = resources("systemReserved", system)?;
+    let system_cpus = get(system_cpus).unwrap_or_default();
+    if !system_cpus.trim().is_empty() {
+        let count = cpu_list_len(&system_cpus).map_err(|why| {
+            invalid(
+                "reservedSystemCPUs",
+                format!("{system_cpus:?} is not a CPU list ({why})"),
+            )
+        })?;
+        kube.remove("cpu");
+        system.insert("cpu".to_string(), count.saturating_mul(1000));
     }
+    Ok(Reserved {
+        kube,
+        system,
+        system_cpus,
+    })
 }
 
 /// One reservation mapping: each resource reservable, each quantity one and not negative.
