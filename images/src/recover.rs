@@ -226,6 +226,7 @@ fn image(
             config: config_file.image_config(),
             manifest_digest: manifest.to_string(),
             layers: diff_ids.clone(),
+            pinned: false,
         },
         blobs: record_blobs,
     })

@@ -63,6 +63,7 @@ impl Candidate {
                 config: self.config.image_config(),
                 manifest_digest: self.manifest_digest.clone(),
                 layers: self.layers.iter().map(|l| l.diff_id.clone()).collect(),
+                pinned: false,
             },
             blobs: self.blobs.clone(),
         }

@@ -138,6 +138,32 @@ impl Store {
         Ok(find(state, reference)?.map(|r| r.image.clone()))
     }
 
+    /// Pins (or unpins) the image `reference` resolves to: a pinned image is never garbage
+    /// collected (CRI `Image.pinned`). Returns the image.
+    pub fn set_pinned(&self, reference: &str, pinned: bool) -> Result<Image> {
+        let mut txn = self.inner.index.lock(true)?;
+        let mut state = txn.state()?.clone();
+        let Some(id) = find(&state, reference)?.map(|r| r.image.id.clone()) else {
+            return Err(Error::ImageNotFound {
+                reference: reference.to_string(),
+            });
+        };
+        let Some(record) = state.images.get_mut(&id) else {
+            return Err(Error::ImageNotFound {
+                reference: reference.to_string(),
+            });
+        };
+        let image = if record.image.pinned == pinned {
+            record.image.clone()
+        } else {
+            record.image.pinned = pinned;
+            let image = record.image.clone();
+            txn.save(state)?;
+            image
+        };
+        Ok(image)
+    }
+
     /// Removes the image `reference` resolves to, with all its tags; then deletes the blobs and
     /// snapshots no image needs. Refused (InUse) while a prepared rootfs uses the image.
     pub fn remove(&self, reference: &str) -> Result<()> {

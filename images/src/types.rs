@@ -23,6 +23,10 @@ pub struct Image {
     pub manifest_digest: String,
     /// The layers' diff_ids (sha256 of the uncompressed tars), bottom first.
     pub layers: Vec<String>,
+    /// Kept from garbage collection ([`crate::Store::set_pinned`]); an import or pull of the
+    /// same image keeps it.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// The parts of an image config a runtime needs to start a container.

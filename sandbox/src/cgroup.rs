@@ -89,6 +89,82 @@ pub fn remove(path: &str) -> Result<()> {
         .map_err(|e| Error::new(Kind::Internal, format!("removing cgroup {path}: {e}")))
 }
 
+/// Kills everything in the cgroup at `path` and below it (as [`kill_tree`] does), then removes
+/// it with every cgroup below it, deepest first, in every hierarchy it is in: a v1 tree left
+/// half made or half removed (in some controllers only) goes too. Missing is fine.
+pub fn remove_tree(path: &str, wait: std::time::Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + wait;
+    let rel = path.trim_start_matches('/').trim_end_matches('/');
+    let mut dirs: Vec<PathBuf> = hierarchies()
+        .into_iter()
+        .map(|h| h.join(rel))
+        .filter(|d| d.is_dir())
+        .collect();
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    if exists(path) {
+        kill_tree(path, wait)?;
+    }
+    let mut next = 0;
+    while next < dirs.len() {
+        let below: Vec<PathBuf> = std::fs::read_dir(&dirs[next])
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        dirs.extend(below);
+        next += 1;
+    }
+    // Found breadth first: reversed, every cgroup comes before its parent.
+    for dir in dirs.iter().rev() {
+        loop {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => {
+                    // Busy: a process still in it (in a controller the freezer did not
+                    // reach), or one still exiting.
+                    let procs =
+                        std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+                        let _ = nix::sys::signal::kill(
+                            Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return Err(Error::new(
+                            Kind::Internal,
+                            format!("removing cgroup {}: {e}", dir.display()),
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The root of every mounted cgroup hierarchy: each v1 controller's (a link to a combined
+/// mount, such as `cpu`, counts as its own; removing twice is harmless), or the unified one.
+fn hierarchies() -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.procs").exists() {
+        return vec![base.to_path_buf()];
+    }
+    std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").exists())
+        .collect()
+}
+
 /// Applies `resources` to the cgroup at `path`.
 pub fn apply(path: &str, resources: &LinuxResources) -> Result<()> {
     let opt = ControllerOpt {
@@ -248,5 +324,52 @@ mod tests {
             stats("/nodelet-no-such-cgroup").unwrap_err().kind(),
             Kind::NotFound
         );
+    }
+
+    /// A tree of cgroups with a process deep in it goes whole: the process killed, every
+    /// cgroup removed in every hierarchy; a missing tree is fine.
+    #[test]
+    fn remove_tree_kills_and_removes_nested_cgroups() {
+        if !nix::unistd::Uid::effective().is_root() {
+            crate::skip("needs root", "remove_tree_kills_and_removes_nested_cgroups");
+            return;
+        }
+        let top = format!("/nodelet-cgtree-{}", std::process::id());
+        let mut sleepers = Vec::new();
+        for sub in ["a/b", "c"] {
+            let sleeper = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("sleep");
+            join(&format!("{top}/{sub}"), Pid::from_raw(sleeper.id() as i32)).expect("joining");
+            sleepers.push(sleeper);
+        }
+        assert!(exists(&format!("{top}/a/b")));
+        // On v1, a cgroup in one controller only (a tree made or removed half way).
+        let cpu_only = Path::new("/sys/fs/cgroup/cpu").join(top.trim_start_matches('/'));
+        if cpu_only.is_dir() {
+            std::fs::create_dir_all(cpu_only.join("half/made")).expect("a cpu-only cgroup");
+        }
+        remove_tree(&top, std::time::Duration::from_secs(5)).expect("removing the tree");
+        for mut sleeper in sleepers {
+            let status = sleeper.wait().expect("wait");
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9),
+                "a process in the tree was killed"
+            );
+        }
+        let rel = top.trim_start_matches('/');
+        for e in std::fs::read_dir("/sys/fs/cgroup")
+            .expect("cgroup fs")
+            .flatten()
+        {
+            assert!(
+                !e.path().join(rel).exists(),
+                "{} left",
+                e.path().join(rel).display()
+            );
+        }
+        remove_tree(&top, std::time::Duration::from_secs(1)).expect("a missing tree");
     }
 }

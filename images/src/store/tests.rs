@@ -498,3 +498,30 @@ fn store_is_shareable_and_pull_futures_are_send() {
     let pull = store.pull("busybox", &auth, &config);
     send(&pull);
 }
+
+/// A pin survives a reopen and a re-import; an unknown image cannot be pinned.
+#[test]
+fn a_pin_survives_a_reopen_and_a_reimport() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = Store::open(&root).unwrap();
+    let mut oci = Oci::default();
+    let built = oci.image(&[layer(&[("a", b"a")])], host().architecture, "a", None);
+    oci.entry(built.manifest.clone(), Some("a:1"));
+    let archive = dir.path().join("a.tar");
+    oci.write_tar(&archive);
+    store.import(&archive).unwrap();
+    assert!(!store.resolve("a:1").unwrap().unwrap().pinned);
+
+    assert!(store.set_pinned("a:1", true).unwrap().pinned);
+    drop(store);
+    let store = Store::open(&root).unwrap();
+    assert!(store.list().unwrap()[0].pinned, "kept in the index");
+    store.import(&archive).unwrap();
+    assert!(store.resolve(&built.config_digest).unwrap().unwrap().pinned);
+
+    assert!(!store.set_pinned("a:1", false).unwrap().pinned);
+    assert!(!store.resolve("a:1").unwrap().unwrap().pinned);
+    let e = store.set_pinned("nothing:1", true).unwrap_err();
+    assert_eq!(e.kind(), Kind::NotFound, "{e}");
+}

@@ -43,14 +43,11 @@ impl BuiltinRuntime {
         sandbox_id: &str,
         labels: &std::collections::HashMap<String, String>,
     ) -> (Vec<ContainerRecord>, Statuses) {
-        let recs: Vec<ContainerRecord> = self
-            .inner
-            .records
-            .all_containers()
-            .into_iter()
-            .filter(|r| r.id.starts_with(id) && r.sandbox_id.starts_with(sandbox_id))
-            .filter(|r| pod::labels_match(&r.config.labels, labels))
-            .collect();
+        let recs: Vec<ContainerRecord> = self.inner.records.containers_where(|r| {
+            r.id.starts_with(id)
+                && r.sandbox_id.starts_with(sandbox_id)
+                && pod::labels_match(&r.config.labels, labels)
+        });
         let mut sandboxes: Vec<String> = recs.iter().map(|r| r.sandbox_id.clone()).collect();
         sandboxes.sort();
         sandboxes.dedup();

@@ -23,7 +23,7 @@ fn cri_image(img: &images::Image) -> cri::Image {
             image: img.id.clone(),
             ..Default::default()
         }),
-        pinned: false,
+        pinned: img.pinned,
     }
 }
 

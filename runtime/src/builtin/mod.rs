@@ -370,6 +370,29 @@ impl BuiltinRuntime {
         Ok(())
     }
 
+    /// Removes the cgroups a sandbox made: `<parent>/sandbox` and, when the runtime made the
+    /// parent for it (`owned`), the parent with every container cgroup below it. Whatever still
+    /// runs there (a helper that outlived the sandbox process, a process still exiting) is
+    /// killed first. A cgroup that will not go is an error, so that the sandbox stays listed
+    /// and its removal can be retried: nothing is left that the runtime does not list.
+    async fn remove_sandbox_cgroups(parent: &str, owned: bool) -> Result<()> {
+        const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+        let parent = parent.trim_end_matches('/').to_string();
+        if parent.is_empty() {
+            return Ok(());
+        }
+        tokio::task::spawn_blocking(move || {
+            sandbox::cgroup::remove_tree(&format!("{parent}/sandbox"), WAIT)?;
+            if owned {
+                sandbox::cgroup::remove_tree(&parent, WAIT)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("removing cgroups: {e}")))?
+        .map_err(sandbox_error)
+    }
+
     /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).
     pub(crate) fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
         let ev = cri::ContainerEventResponse {

@@ -183,10 +183,9 @@ impl BuiltinRuntime {
         }
         if let Some(rec) = self.inner.records.sandbox(&id) {
             // The sandbox process removes the cgroups it made; a crashed one may have left them.
-            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", rec.cgroup_parent));
-            if rec.cgroup_parent.starts_with(&self.inner.cfg.cgroup_root) {
-                let _ = sandbox::cgroup::remove(&rec.cgroup_parent);
-            }
+            let root = self.inner.cfg.cgroup_root.trim_end_matches('/');
+            let owned = rec.cgroup_parent == format!("{root}/{id}");
+            Self::remove_sandbox_cgroups(&rec.cgroup_parent, owned).await?;
         }
         let dir = self.sandbox_dir(&id);
         if let Err(e) = std::fs::remove_dir_all(&dir) {

@@ -211,14 +211,14 @@ impl BuiltinRuntime {
                 self.discard_container(&c.id).await;
             }
         }
-        // Then what remove_sandbox removes: its cgroups and its state dir.
+        // Then what remove_sandbox removes: its cgroups and its state dir. Cgroups that will
+        // not go keep the state dir, which names them for the next start to try again.
         if let Ok(spec) = &spec {
-            let parent = spec.cgroup_parent.trim_end_matches('/');
-            if !parent.is_empty() {
-                let _ = sandbox::cgroup::remove(&format!("{parent}/sandbox"));
-                if spec.owns_cgroup_parent {
-                    let _ = sandbox::cgroup::remove(parent);
-                }
+            if let Err(e) =
+                Self::remove_sandbox_cgroups(&spec.cgroup_parent, spec.owns_cgroup_parent).await
+            {
+                tracing::error!(sandbox = %id, "removing what is left of it: {e}");
+                return;
             }
         }
         // Whatever served it was killed above; a launch cut short before its pid file was

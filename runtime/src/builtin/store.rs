@@ -133,6 +133,19 @@ impl Records {
         lock(&self.containers).values().cloned().collect()
     }
 
+    /// The container records `keep` accepts, only those cloned (a pod's containers out of a
+    /// node's: listing per sandbox must not copy every record each time).
+    pub fn containers_where(
+        &self,
+        keep: impl Fn(&ContainerRecord) -> bool,
+    ) -> Vec<ContainerRecord> {
+        lock(&self.containers)
+            .values()
+            .filter(|r| keep(r))
+            .cloned()
+            .collect()
+    }
+
     /// Resolves a full id or a unique prefix of one, as containerd does.
     pub fn resolve_sandbox(&self, id: &str) -> Result<Option<String>> {
         resolve(lock(&self.sandboxes).keys(), id)

@@ -107,6 +107,8 @@ pub(crate) struct State {
     pub(crate) exec_sync: cri::ExecSyncResponse,
     pub(crate) conditions: Vec<cri::RuntimeCondition>,
     pub(crate) handlers: Vec<cri::RuntimeHandler>,
+    /// What a verbose `Status` reports in `info`.
+    pub(crate) status_info: HashMap<String, String>,
     pub(crate) pod_cidr: Option<String>,
     /// Images whose pulls hang until [`FakeRuntime::release_pulls`].
     pub(crate) held_pulls: HashMap<String, tokio::sync::watch::Sender<bool>>,
@@ -159,6 +161,7 @@ impl FakeRuntime {
                     condition("NetworkReady", true),
                 ],
                 handlers: Vec::new(),
+                status_info: HashMap::new(),
                 pod_cidr: None,
                 held_pulls: HashMap::new(),
                 held_rpcs: HashMap::new(),
@@ -229,6 +232,15 @@ impl FakeRuntime {
     pub fn set_fake_images(&self, references: &[&str]) {
         let images = references.iter().map(|r| images::make_image(r)).collect();
         self.lock().images = images;
+    }
+
+    /// Marks the image `reference` names pinned (or not), as a runtime pins its sandbox image.
+    pub fn set_image_pinned(&self, reference: &str, pinned: bool) {
+        let mut st = self.lock();
+        let id = images::find(&st.images, reference).map(|i| i.id.clone());
+        for img in st.images.iter_mut().filter(|i| Some(&i.id) == id.as_ref()) {
+            img.pinned = pinned;
+        }
     }
 
     /// Simulates the container's process exiting on its own: the container
@@ -316,6 +328,11 @@ impl FakeRuntime {
     /// Sets the runtime handlers (and their features) `Status` reports (default: none).
     pub fn set_runtime_handlers(&self, handlers: Vec<cri::RuntimeHandler>) {
         self.lock().handlers = handlers;
+    }
+
+    /// Sets what a verbose `Status` reports in `info` (as containerd its `config` JSON).
+    pub fn set_status_info(&self, info: HashMap<String, String>) {
+        self.lock().status_info = info;
     }
 
     /// The pod CIDR last set by `UpdateRuntimeConfig`, if any.

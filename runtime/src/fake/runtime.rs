@@ -429,13 +429,18 @@ impl RuntimeService for FakeRuntime {
         Ok(cri::UpdateRuntimeConfigResponse {})
     }
 
-    async fn status(&self, _req: cri::StatusRequest) -> Result<cri::StatusResponse> {
+    async fn status(&self, req: cri::StatusRequest) -> Result<cri::StatusResponse> {
         let st = self.begin("Status")?;
         Ok(cri::StatusResponse {
             status: Some(cri::RuntimeStatus {
                 conditions: st.conditions.clone(),
             }),
             runtime_handlers: st.handlers.clone(),
+            info: if req.verbose {
+                st.status_info.clone()
+            } else {
+                Default::default()
+            },
             ..Default::default()
         })
     }

@@ -24,6 +24,9 @@ use crate::{Error, Kind, Result, cgroup, files};
 /// Name of the cgroup (below the pod's) that the sandbox process itself lives in.
 pub const SANDBOX_CGROUP: &str = "sandbox";
 
+/// The sandbox process's `oom_score_adj` (upstream's `PodInfraOOMAdj`).
+pub const SANDBOX_OOM_SCORE_ADJ: i32 = -998;
+
 /// Entry point of the sandbox process for the state directory `state_dir` (which holds
 /// `spec.json`). Forks: the parent reports `ok <pid>` or `err <message>` on stdout once the
 /// sandbox is serving (or failed), then exits; the child serves until shut down.
@@ -103,6 +106,13 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
     }
+    // The pod's infrastructure is the last of its processes the OOM killer takes (upstream
+    // gives its pause container the same), whatever the agent that launched it has; where
+    // the kernel refuses (no CAP_SYS_RESOURCE) it keeps the agent's.
+    let _ = std::fs::write(
+        "/proc/self/oom_score_adj",
+        SANDBOX_OOM_SCORE_ADJ.to_string(),
+    );
     let mut helpers = ns::enter_pod_namespaces(&spec)?;
     if spec.namespaces.pid == NamespaceMode::Pod {
         helpers.pid_ns_holder = Some(ns::start_pid_namespace_holder(helpers.userns_holder)?);

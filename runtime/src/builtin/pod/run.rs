@@ -289,8 +289,9 @@ impl BuiltinRuntime {
     }
 
     /// Undoes a RunPodSandbox that failed after taking the pod's address (at its log
-    /// directory, its launch or its record): ends the sandbox process if it was `launched`,
-    /// else removes the cgroups made for it; its state dir and its address go either way.
+    /// directory, its launch or its record): ends the sandbox process if it was `launched`;
+    /// its state dir, its address and the cgroups made for it (with whatever still runs in
+    /// them) go either way.
     pub(super) async fn undo_run(&self, spec: &sandbox::Spec, launched: bool) {
         let id = &spec.id;
         if launched {
@@ -298,9 +299,10 @@ impl BuiltinRuntime {
         }
         let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
         self.release_address(id, spec.network.as_ref().map(|n| n.address));
-        if !launched && spec.owns_cgroup_parent {
-            let _ = sandbox::cgroup::remove(&format!("{}/sandbox", spec.cgroup_parent));
-            let _ = sandbox::cgroup::remove(&spec.cgroup_parent);
+        if let Err(e) =
+            Self::remove_sandbox_cgroups(&spec.cgroup_parent, spec.owns_cgroup_parent).await
+        {
+            tracing::error!(sandbox = %id, "undoing its creation: {e}");
         }
     }
 }

@@ -133,12 +133,24 @@ pub(super) fn cwd(config: &cri::ContainerConfig, image: &images::ImageConfig) ->
 /// like containerd), within [-1000, 1000], and never below `floor`, our own: lowering a score
 /// below the writer's needs CAP_SYS_RESOURCE, which nodelet cannot count on (containerd's
 /// `restrict_oom_score_adj`, always on here).
+/// The first clamp is a warning (once per process: it holds for every container after it).
 pub(super) fn oom_score_adj(config: &cri::ContainerConfig, floor: Option<i32>) -> Option<i32> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
     let resources = config.linux.as_ref()?.resources.as_ref()?;
     let adj = i32::try_from(resources.oom_score_adj.clamp(-1000, 1000)).unwrap_or(0);
     Some(match floor {
-        Some(f) => adj.max(f),
-        None => adj,
+        Some(f) if adj < f => {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    requested = adj,
+                    own = f,
+                    "containers' oom_score_adj is kept at the runtime's own or above: lowering \
+                     it below needs CAP_SYS_RESOURCE"
+                );
+            });
+            f
+        }
+        _ => adj,
     })
 }
 
