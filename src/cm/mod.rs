@@ -1,0 +1,312 @@
+//! The container manager (upstream `pkg/kubelet/cm`): the cgroup tree the kubelet owns, the
+//! same on every runtime. With `cgroupsPerQOS` (the default) it makes, under `cgroupRoot`:
+//!
+//! ```text
+//! <cgroupRoot>/kubepods                      capped at capacity - reserved (enforceNodeAllocatable: pods)
+//!              kubepods/pod<uid>             Guaranteed pods
+//!              kubepods/burstable            shares: the sum of its pods' CPU requests
+//!              kubepods/burstable/pod<uid>
+//!              kubepods/besteffort           shares: 2
+//!              kubepods/besteffort/pod<uid>
+//! ```
+//!
+//! A pod's cgroup is made (with [`resources::for_pod`]'s values) before its sandbox and handed
+//! to the runtime as CRI `cgroup_parent`, so its sandbox and containers go below it on the
+//! built-in runtime and containerd alike; housekeeping destroys the cgroups of pods no longer
+//! running ([`ContainerManager::orphans`], [`ContainerManager::destroy_pods`]). The QoS cgroups are updated when a pod
+//! cgroup is made and every minute. Only the cgroupfs driver is supported: `cgroupDriver:
+//! systemd` is refused at start.
+
+pub mod cgroupfs;
+pub mod resources;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use self::cgroupfs::Cgroupfs;
+use self::resources::{MIN_SHARES, ResourceConfig, milli_cpu_to_shares};
+use crate::config::{CgroupDriver, Cgroups};
+use crate::util::lock;
+
+/// How often the QoS cgroups are written again (upstream's `periodicQOSCgroupUpdateInterval`).
+pub const QOS_UPDATE_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The kubelet's own `oom_score_adj` (upstream's `KubeletOOMScoreAdj`).
+pub const KUBELET_OOM_SCORE_ADJ: i32 = -999;
+
+/// Why the kubelet's cgroups could not be made or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no cgroup filesystem is mounted (neither cgroup v1 controllers nor cgroup2)")]
+    NotMounted,
+    #[error("the cgroup controller {0:?} is not mounted")]
+    NoController(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cgroup {path} still holds processes {pids:?} after SIGKILL")]
+    Busy { path: String, pids: Vec<i32> },
+    #[error(
+        "cgroupDriver systemd is not supported by nodelet yet: its cgroups are made directly in \
+         the cgroup filesystem; set cgroupDriver: cgroupfs (and the runtime's driver to match)"
+    )]
+    SystemdDriver,
+}
+
+/// A pod's QoS class, as its cgroup's place in the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+impl Qos {
+    pub fn of(pod: &Pod) -> Qos {
+        match crate::pod::qos_class(pod) {
+            "Guaranteed" => Qos::Guaranteed,
+            "Burstable" => Qos::Burstable,
+            _ => Qos::BestEffort,
+        }
+    }
+}
+
+/// The tree under `kubepods` and what the manager knows of the pods in it.
+struct Tree {
+    fs: Cgroupfs,
+    /// `<cgroupRoot>/kubepods`.
+    kubepods: String,
+    /// What `kubepods` is set to.
+    node: ResourceConfig,
+    cpu_cfs_quota: bool,
+    pod_pids_limit: i64,
+    /// The pods whose cgroup was made or found and which have not terminated: QoS class and
+    /// CPU request (millicores), for the `burstable` cgroup's shares.
+    pods: Mutex<HashMap<String, (Qos, i64)>>,
+}
+
+/// The kubelet's cgroup tree; without `cgroupsPerQOS`, nothing (the runtime places pods).
+pub struct ContainerManager {
+    tree: Option<Tree>,
+}
+
+impl ContainerManager {
+    /// A manager that makes no cgroup (`cgroupsPerQOS: false`).
+    pub fn disabled() -> Self {
+        ContainerManager { tree: None }
+    }
+
+    /// The manager of `cfg`'s tree, `kubepods` to be set to `node` (its CPU shares and, when
+    /// node allocatable is enforced, its memory limit); `pod_pids_limit` caps each pod.
+    pub fn new(cfg: &Cgroups, node: ResourceConfig, pod_pids_limit: i64) -> Result<Self, Error> {
+        if cfg.driver == CgroupDriver::Systemd {
+            return Err(Error::SystemdDriver);
+        }
+        if !cfg.per_qos {
+            return Ok(Self::disabled());
+        }
+        Ok(ContainerManager {
+            tree: Some(Tree {
+                fs: Cgroupfs::detect()?,
+                kubepods: join(&cfg.root, "kubepods"),
+                node,
+                cpu_cfs_quota: cfg.cpu_cfs_quota,
+                pod_pids_limit,
+                pods: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Makes `kubepods` (set to the node's values) and the QoS cgroups, and the pod cgroups
+    /// already there known (after a restart, their pods are adopted); gives the agent its own
+    /// `oom_score_adj`.
+    pub fn start(&self) -> Result<(), Error> {
+        set_own_oom_score_adj();
+        let Some(t) = &self.tree else {
+            return Ok(());
+        };
+        t.fs.create(&t.kubepods)?;
+        t.fs.apply(&t.kubepods, &t.node)?;
+        for qos in [Qos::Burstable, Qos::BestEffort] {
+            t.fs.create(&t.qos_path(qos))?;
+        }
+        self.update_qos()?;
+        tracing::info!(
+            kubepods = %t.kubepods,
+            version = if t.fs.is_v2() { "v2" } else { "v1" },
+            "the pods' cgroup tree is ready"
+        );
+        Ok(())
+    }
+
+    /// The pod's cgroup, made (with its values) when missing, after the QoS cgroups were
+    /// updated for it: the CRI `cgroup_parent` of its sandbox. Empty without the tree.
+    pub fn ensure_pod(&self, pod: &Pod, uid: &str) -> Result<String, Error> {
+        let Some(t) = &self.tree else {
+            return Ok(String::new());
+        };
+        let qos = Qos::of(pod);
+        let cpu = crate::admission::pod_requests(pod).get("cpu");
+        lock(&t.pods).insert(uid.to_string(), (qos, cpu));
+        let path = t.pod_path(qos, uid);
+        if !t.fs.exists(&path) {
+            self.update_qos()?;
+            t.fs.create(&path)?;
+            let config = resources::for_pod(pod, t.cpu_cfs_quota, t.pod_pids_limit);
+            t.fs.apply(&path, &config)?;
+            tracing::debug!(pod_cgroup = %path, ?config, "pod cgroup made");
+        }
+        Ok(path)
+    }
+
+    /// The pod `uid` terminated: it no longer counts in its QoS cgroup.
+    pub fn forget_pod(&self, uid: &str) {
+        if let Some(t) = &self.tree {
+            lock(&t.pods).remove(uid);
+        }
+    }
+
+    /// Writes the QoS cgroups' values again: `burstable` gets the shares of its pods' CPU
+    /// requests together, `besteffort` the minimum.
+    pub fn update_qos(&self) -> Result<(), Error> {
+        let Some(t) = &self.tree else {
+            return Ok(());
+        };
+        let burstable: i64 = lock(&t.pods)
+            .values()
+            .filter(|(q, _)| *q == Qos::Burstable)
+            .map(|(_, cpu)| *cpu)
+            .fold(0, i64::saturating_add);
+        let shares = |s| ResourceConfig {
+            cpu_shares: Some(s),
+            ..Default::default()
+        };
+        t.fs.apply(
+            &t.qos_path(Qos::Burstable),
+            &shares(milli_cpu_to_shares(burstable)),
+        )?;
+        t.fs.apply(&t.qos_path(Qos::BestEffort), &shares(MIN_SHARES))?;
+        Ok(())
+    }
+
+    /// The memory working set of `kubepods` (what every pod holds together); `None` without
+    /// the tree.
+    pub fn pods_memory_working_set(&self) -> Option<u64> {
+        let t = self.tree.as_ref()?;
+        t.fs.memory_working_set(&t.kubepods)
+    }
+
+    /// The memory working set of the whole node when the root cgroup reports one (v1). The
+    /// hierarchies are found once (parsing the mount table cost about 1 ms a call with 100
+    /// pods' mounts).
+    pub fn node_memory_working_set() -> Option<u64> {
+        static FS: std::sync::OnceLock<Option<Cgroupfs>> = std::sync::OnceLock::new();
+        FS.get_or_init(|| Cgroupfs::detect().ok())
+            .as_ref()?
+            .memory_working_set("/")
+    }
+
+    /// The pod cgroups in the tree, by pod UID.
+    pub fn pod_cgroups(&self) -> Result<Vec<(String, String)>, Error> {
+        let Some(t) = &self.tree else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for qos in [Qos::Guaranteed, Qos::Burstable, Qos::BestEffort] {
+            let dir = t.qos_path(qos);
+            for name in t.fs.children(&dir)? {
+                if let Some(uid) = name.strip_prefix("pod") {
+                    out.push((uid.to_string(), join(&dir, &name)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The cgroups of the pods `keep` does not name: (pod UID, cgroup).
+    pub fn orphans(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<(String, String)>, Error> {
+        Ok(self
+            .pod_cgroups()?
+            .into_iter()
+            .filter(|(uid, _)| !keep(uid))
+            .collect())
+    }
+
+    /// Destroys the pod cgroups `orphans` names (killing what still runs in them), as
+    /// upstream's `cleanupOrphanedPodCgroups`, then updates the QoS cgroups; returns what could
+    /// not be done. Blocking: a process killed may take a moment to leave.
+    pub fn destroy_pods(&self, orphans: Vec<(String, String)>) -> Vec<Error> {
+        let Some(t) = &self.tree else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        for (uid, path) in &orphans {
+            let running = t.fs.pids(path).len();
+            if running > 0 {
+                tracing::info!(pod_cgroup = %path, running, "killing what runs in the cgroup of a pod gone");
+            }
+            match t.fs.destroy(path) {
+                Ok(()) => {
+                    tracing::debug!(pod_cgroup = %path, "pod cgroup removed");
+                    lock(&t.pods).remove(uid);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if !orphans.is_empty() {
+            if let Err(e) = self.update_qos() {
+                errors.push(e);
+            }
+        }
+        errors
+    }
+}
+
+impl Tree {
+    fn qos_path(&self, qos: Qos) -> String {
+        match qos {
+            Qos::Guaranteed => self.kubepods.clone(),
+            Qos::Burstable => join(&self.kubepods, "burstable"),
+            Qos::BestEffort => join(&self.kubepods, "besteffort"),
+        }
+    }
+
+    fn pod_path(&self, qos: Qos, uid: &str) -> String {
+        join(&self.qos_path(qos), &format!("pod{uid}"))
+    }
+}
+
+/// `parent/name` as a cgroupfs path (`/` + `kubepods` is `/kubepods`).
+fn join(parent: &str, name: &str) -> String {
+    format!("{}/{name}", parent.trim_end_matches('/'))
+}
+
+/// Gives the agent upstream's `oom_score_adj` (-999), so the kernel's OOM killer takes
+/// anything but the agent; where the kernel refuses (no CAP_SYS_RESOURCE), it keeps its own,
+/// with one warning.
+fn set_own_oom_score_adj() {
+    const FILE: &str = "/proc/self/oom_score_adj";
+    if let Err(e) = std::fs::write(FILE, KUBELET_OOM_SCORE_ADJ.to_string()) {
+        let own = std::fs::read_to_string(FILE).unwrap_or_default();
+        tracing::warn!(
+            "the kubelet's oom_score_adj stays {} (setting {KUBELET_OOM_SCORE_ADJ}: {e})",
+            own.trim()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,139 @@
+//! The container manager on this machine's real cgroups (root only), under a cgroup root of
+//! the test's own.
+
+use std::os::unix::process::ExitStatusExt;
+
+use super::*;
+
+fn pod(uid: &str, resources: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": uid, "namespace": "default", "uid": uid},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": resources}]},
+    }))
+    .unwrap()
+}
+
+fn read(fs: &Cgroupfs, controller: &str, path: &str, file: &str) -> String {
+    let dir = fs.dir(controller, path).expect("the controller");
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display()))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn tree_values_and_orphans_on_real_cgroups() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: tree_values_and_orphans_on_real_cgroups must not skip"
+        );
+        eprintln!("SKIP (needs root for real cgroups): tree_values_and_orphans_on_real_cgroups");
+        return;
+    }
+    let root = format!("/nodelet-cm-unit-{}", std::process::id());
+    let cfg = Cgroups {
+        root: root.clone(),
+        ..Cgroups::default()
+    };
+    let node = ResourceConfig {
+        cpu_shares: Some(2048),
+        memory_limit: Some(3 << 30),
+        ..Default::default()
+    };
+    let cm = ContainerManager::new(&cfg, node, 100).unwrap();
+    let fs = Cgroupfs::detect().unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cm.start().unwrap();
+        let kubepods = format!("{root}/kubepods");
+        let v2 = fs.is_v2();
+        let (shares, limit) = if v2 {
+            ("cpu.weight", "memory.max")
+        } else {
+            ("cpu.shares", "memory.limit_in_bytes")
+        };
+        let want_shares = |s: u64| if v2 { cgroupfs::shares_to_weight(s) } else { s }.to_string();
+        assert_eq!(read(&fs, "cpu", &kubepods, shares), want_shares(2048));
+        assert_eq!(
+            read(&fs, "memory", &kubepods, limit),
+            (3u64 << 30).to_string()
+        );
+
+        let burstable = pod("b1", serde_json::json!({"requests": {"cpu": "300m"}}));
+        let path = cm.ensure_pod(&burstable, "b1").unwrap();
+        assert_eq!(path, format!("{kubepods}/burstable/podb1"));
+        assert_eq!(
+            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            want_shares(307)
+        );
+        assert_eq!(read(&fs, "cpu", &path, shares), want_shares(307));
+        assert_eq!(read(&fs, "pids", &path, "pids.max"), "100");
+        let guaranteed = pod(
+            "g1",
+            serde_json::json!({"limits": {"cpu": "500m", "memory": "64Mi"}}),
+        );
+        let g = cm.ensure_pod(&guaranteed, "g1").unwrap();
+        assert_eq!(g, format!("{kubepods}/podg1"));
+        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        if !v2 {
+            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
+        }
+        let best = cm
+            .ensure_pod(&pod("e1", serde_json::json!({})), "e1")
+            .unwrap();
+        assert_eq!(
+            read(&fs, "cpu", &format!("{kubepods}/besteffort"), shares),
+            want_shares(2)
+        );
+        assert_eq!(read(&fs, "cpu", &best, shares), want_shares(2));
+
+        // A process left in an orphan's cgroup is killed with it.
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let procs = fs.dir("memory", &best).unwrap().join("cgroup.procs");
+        std::fs::write(&procs, sleeper.id().to_string()).unwrap();
+        let mut uids: Vec<String> = cm
+            .pod_cgroups()
+            .unwrap()
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        uids.sort();
+        assert_eq!(uids, ["b1", "e1", "g1"]);
+        let orphans = cm.orphans(|uid| uid != "e1" && uid != "b1").unwrap();
+        assert_eq!(orphans.len(), 2);
+        assert!(cm.destroy_pods(orphans).is_empty());
+        assert!(sleeper.wait().unwrap().signal().is_some(), "killed");
+        assert!(!fs.exists(&best) && !fs.exists(&path) && fs.exists(&g));
+        assert_eq!(
+            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            want_shares(2),
+            "the burstable shares follow its pods"
+        );
+    }));
+    let _ = fs.destroy(&root);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn without_the_tree_nothing_is_made() {
+    let cfg = Cgroups {
+        per_qos: false,
+        enforce_node_allocatable: Vec::new(),
+        ..Cgroups::default()
+    };
+    let cm = ContainerManager::new(&cfg, ResourceConfig::default(), -1).unwrap();
+    let p = pod("u", serde_json::json!({}));
+    assert_eq!(cm.ensure_pod(&p, "u").unwrap(), "");
+    assert!(cm.pod_cgroups().unwrap().is_empty());
+    let systemd = Cgroups {
+        driver: CgroupDriver::Systemd,
+        ..Cgroups::default()
+    };
+    let e = ContainerManager::new(&systemd, ResourceConfig::default(), -1).err();
+    assert!(matches!(e, Some(Error::SystemdDriver)));
+}
