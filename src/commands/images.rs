@@ -24,6 +24,10 @@ pub enum ImagesCommand {
     },
     /// Remove an image and all its tags.
     Remove { image: String },
+    /// Pin an image: the kubelet's image garbage collection never removes it (CRI `pinned`).
+    Pin { image: String },
+    /// Unpin an image: garbage collection may remove it again once it is unused.
+    Unpin { image: String },
 }
 
 pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
@@ -46,12 +50,13 @@ pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitC
                 .list_images(cri::ListImagesRequest { filter: None })
                 .await?
                 .images;
-            println!("{:<14} {:>10}  TAGS", "IMAGE ID", "SIZE");
+            println!("{:<14} {:>10}  {:<6}  TAGS", "IMAGE ID", "SIZE", "PINNED");
             for img in images {
                 println!(
-                    "{:<14} {:>10}  {}",
+                    "{:<14} {:>10}  {:<6}  {}",
                     short(&img.id),
                     human(img.size),
+                    if img.pinned { "yes" } else { "" },
                     img.repo_tags.join(",")
                 );
             }
@@ -72,6 +77,8 @@ pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitC
                 .await?;
             println!("{}", r.image_ref);
         }
+        ImagesCommand::Pin { image } => pin(dirs, &image, true).await?,
+        ImagesCommand::Unpin { image } => pin(dirs, &image, false).await?,
         ImagesCommand::Remove { image } => {
             let rt = super::builtin(dirs).await?;
             // RemoveImage is idempotent in CRI; the command says when there was nothing to remove.
@@ -104,4 +111,21 @@ fn human(n: u64) -> String {
         u += 1;
     }
     format!("{v:.1}{}", UNITS[u])
+}
+
+/// Pins or unpins `image` in the built-in runtime's store and prints its id.
+async fn pin(dirs: &super::Dirs, image: &str, pinned: bool) -> anyhow::Result<()> {
+    let rt = super::builtin(dirs).await?;
+    let img = rt.image_store().set_pinned(image, pinned).map_err(|e| {
+        anyhow::anyhow!(
+            "{} {image}: {e}",
+            if pinned { "pinning" } else { "unpinning" }
+        )
+    })?;
+    println!(
+        "{} {}",
+        short(&img.id),
+        if pinned { "pinned" } else { "unpinned" }
+    );
+    Ok(())
 }
