@@ -203,15 +203,45 @@ pub fn pod_requests(pod: &Pod) -> Requests {
     let Some(spec) = pod.spec.as_ref() else {
         return Requests::default();
     };
+    let total = effective(spec, container_requests);
+    let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    with_pod_level(total, pod_level).add(&from_list(spec.overhead.as_ref()))
+}
+
+/// The pod's effective limits as upstream's `PodLimits`: aggregated as [`pod_requests`]
+/// aggregates requests, from the containers' limits only; pod-level cpu/memory limits
+/// replace them, and the overhead is added to each resource that has a limit.
+pub fn pod_limits(pod: &Pod) -> Requests {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Requests::default();
+    };
+    let limits = |c: &Container| from_list(c.resources.as_ref().and_then(|r| r.limits.as_ref()));
+    let total = effective(spec, limits);
+    let pod_level = spec.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let mut total = with_pod_level(total, pod_level);
+    for (k, v) in from_list(spec.overhead.as_ref()).0 {
+        if let Some(e) = total.0.get_mut(&k) {
+            *e = e.saturating_add(v);
+        }
+    }
+    total
+}
+
+/// The app containers' sum plus the sidecars, or the largest init container step (each with
+/// the sidecars started before it) when that is larger, of what `of` gives per container.
+fn effective(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    of: impl Fn(&Container) -> Requests,
+) -> Requests {
     let mut total = spec
         .containers
         .iter()
-        .map(container_requests)
+        .map(&of)
         .fold(Requests::default(), |a, b| a.add(&b));
     let mut sidecars = Requests::default();
     let mut init_max = Requests::default();
     for c in spec.init_containers.iter().flatten() {
-        let reqs = container_requests(c);
+        let reqs = of(c);
         let step = if c.restart_policy.as_deref() == Some("Always") {
             total = total.add(&reqs);
             sidecars = sidecars.add(&reqs);
@@ -221,15 +251,19 @@ pub fn pod_requests(pod: &Pod) -> Requests {
         };
         init_max = init_max.max(&step);
     }
-    total = total.max(&init_max);
-    if let Some(pod_level) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+    total.max(&init_max)
+}
+
+/// `total` with the pod-level cpu and memory (`spec.resources`) in place of the containers'.
+fn with_pod_level(mut total: Requests, pod_level: Option<&BTreeMap<String, Quantity>>) -> Requests {
+    if let Some(pod_level) = pod_level {
         for name in ["cpu", "memory"] {
             if let Some(q) = pod_level.get(name) {
                 total.set(name, parse(name, q));
             }
         }
     }
-    total.add(&from_list(spec.overhead.as_ref()))
+    total
 }
 
 fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejection> {

@@ -17,13 +17,24 @@ use serde::Deserialize;
 use serde_json::Value;
 
 mod allocatable;
+mod cgroups;
+mod eviction;
 mod export;
+mod image_gc;
 mod logs;
 mod server;
+mod shutdown;
+mod testing;
 mod values;
-pub use allocatable::{Reserved, default_eviction_hard};
+pub use allocatable::Reserved;
+pub use cgroups::{CgroupDriver, Cgroups};
+pub use eviction::{Eviction, default_eviction_hard};
+pub use image_gc::ImageGcConfig;
 pub use logs::ContainerLogConfig;
 pub use server::{AuthzMode, ServerConfig};
+pub use shutdown::{PriorityGroup, SYSTEM_CRITICAL_PRIORITY, Shutdown};
+pub use testing::TestingConfig;
+use testing::testing;
 pub use values::parse_duration;
 use values::{IpList, Quantities, Shaped, Testing, Thresholds, Typed, wrong_type};
 
@@ -77,24 +88,6 @@ pub enum Error {
     Quantity(String),
 }
 
-/// Test-only knobs (`nodeletTesting`), so end-to-end tests need not wait minutes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TestingConfig {
-    /// First back-off after a container crash (`crashLoopBackOffInitial`, default 10s).
-    pub crash_loop_back_off_initial: Duration,
-    /// Back-off ceiling (`crashLoopBackOffMax`, default 5m).
-    pub crash_loop_back_off_max: Duration,
-}
-
-impl Default for TestingConfig {
-    fn default() -> Self {
-        TestingConfig {
-            crash_loop_back_off_initial: Duration::from_secs(10),
-            crash_loop_back_off_max: Duration::from_secs(300),
-        }
-    }
-}
-
 /// The kubelet's effective configuration: the file's fields plus those the flags set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletConfig {
@@ -116,14 +109,23 @@ pub struct KubeletConfig {
     pub container_runtime_endpoint: String,
     /// CRI image endpoint; empty: the runtime endpoint.
     pub image_service_endpoint: String,
-    pub cgroup_root: String,
-    pub cgroups_per_qos: bool,
+    /// `cgroupRoot`, `cgroupsPerQOS`, `cgroupDriver`, `enforceNodeAllocatable`, `cpuCFSQuota`.
+    pub cgroups: Cgroups,
+    /// `imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`, `imageMinimumGCAge`,
+    /// `imageMaximumGCAge`.
+    pub image_gc: ImageGcConfig,
+    /// `shutdownGracePeriod`, `shutdownGracePeriodCriticalPods`,
+    /// `shutdownGracePeriodByPodPriority`, `nodeletShutdownOnSigterm`.
+    pub shutdown: Shutdown,
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
     pub register_node: bool,
     /// Hard eviction thresholds, signal → value (`"100Mi"`, `"10%"`). A file that sets
-    /// `evictionHard` replaces the defaults entirely, as upstream does.
+    /// `evictionHard` replaces the defaults entirely, as upstream does, unless it sets
+    /// `mergeDefaultEvictionSettings`.
     pub eviction_hard: BTreeMap<String, String>,
+    /// The other eviction settings.
+    pub eviction: Eviction,
     /// `kubeReserved`, `systemReserved`, `reservedSystemCPUs`: kept from the pods.
     pub reserved: Reserved,
     /// `serializeImagePulls`: pull one image at a time. Unset, true unless
@@ -173,12 +175,14 @@ impl Default for KubeletConfig {
             pod_logs_dir: PathBuf::from("/var/log/pods"),
             container_runtime_endpoint: String::new(),
             image_service_endpoint: String::new(),
-            cgroup_root: "/".to_string(),
-            cgroups_per_qos: true,
+            cgroups: Cgroups::default(),
+            image_gc: ImageGcConfig::default(),
+            shutdown: Shutdown::default(),
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             register_node: true,
             eviction_hard: default_eviction_hard(),
+            eviction: Eviction::default(),
             reserved: Reserved::default(),
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
@@ -278,11 +282,33 @@ struct RawConfig {
     cgroup_root: Option<Typed<String>>,
     #[serde(rename = "cgroupsPerQOS")]
     cgroups_per_qos: Option<Typed<bool>>,
+    cgroup_driver: Option<Typed<String>>,
+    enforce_node_allocatable: Option<Typed<Vec<String>>>,
+    #[serde(rename = "cpuCFSQuota")]
+    cpu_cfs_quota: Option<Typed<bool>>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<Typed<i64>>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<Typed<i64>>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<Typed<Duration>>,
+    #[serde(rename = "imageMaximumGCAge")]
+    image_maximum_gc_age: Option<Typed<Duration>>,
+    shutdown_grace_period: Option<Typed<Duration>>,
+    shutdown_grace_period_critical_pods: Option<Typed<Duration>>,
+    shutdown_grace_period_by_pod_priority: Option<Value>,
+    nodelet_shutdown_on_sigterm: Option<Typed<bool>>,
     #[serde(rename = "clusterDNS")]
     cluster_dns: Option<IpList>,
     cluster_domain: Option<Typed<String>>,
     register_node: Option<Typed<bool>>,
     eviction_hard: Option<Thresholds>,
+    merge_default_eviction_settings: Option<Typed<bool>>,
+    eviction_soft: Option<Thresholds>,
+    eviction_soft_grace_period: Option<Thresholds>,
+    eviction_max_pod_grace_period: Option<Typed<i64>>,
+    eviction_minimum_reclaim: Option<Thresholds>,
+    eviction_pressure_transition_period: Option<Typed<Duration>>,
     kube_reserved: Option<Quantities>,
     system_reserved: Option<Quantities>,
     #[serde(rename = "reservedSystemCPUs")]
@@ -306,16 +332,6 @@ struct RawConfig {
     other: BTreeMap<String, Value>,
 }
 
-/// `nodeletTesting` as written.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawTesting {
-    crash_loop_back_off_initial: Option<Typed<Duration>>,
-    crash_loop_back_off_max: Option<Typed<Duration>>,
-    #[serde(flatten)]
-    other: BTreeMap<String, Value>,
-}
-
 impl RawConfig {
     /// The effective configuration: upstream's defaults for what is unset, every value
     /// checked. Returns the warnings too (unknown fields, in the order of their paths).
@@ -330,11 +346,42 @@ impl RawConfig {
             self.system_reserved,
             self.reserved_system_cpus,
         )?;
+        let cgroups = cgroups::RawCgroups {
+            root: self.cgroup_root,
+            per_qos: self.cgroups_per_qos,
+            driver: self.cgroup_driver,
+            enforce_node_allocatable: self.enforce_node_allocatable,
+            cpu_cfs_quota: self.cpu_cfs_quota,
+        }
+        .into_config()?;
+        let image_gc = image_gc::RawImageGc {
+            high: self.image_gc_high_threshold_percent,
+            low: self.image_gc_low_threshold_percent,
+            minimum_age: self.image_minimum_gc_age,
+            maximum_age: self.image_maximum_gc_age,
+        }
+        .into_config()?;
+        let shutdown = shutdown::RawShutdown {
+            grace_period: self.shutdown_grace_period,
+            grace_period_critical_pods: self.shutdown_grace_period_critical_pods,
+            by_pod_priority: self.shutdown_grace_period_by_pod_priority,
+            on_sigterm: self.nodelet_shutdown_on_sigterm,
+        }
+        .into_config()?;
         warnings.sort();
 
         let pod_pids_limit = pod_pids_limit(self.pod_pids_limit, d.pod_pids_limit)?;
         let pod_logs_dir = absolute_path("podLogsDir", self.pod_logs_dir, d.pod_logs_dir)?;
-        let eviction_hard = allocatable::eviction_hard(self.eviction_hard, d.eviction_hard)?;
+        let (eviction_hard, eviction) = eviction::RawEviction {
+            hard: self.eviction_hard,
+            merge_defaults: self.merge_default_eviction_settings,
+            soft: self.eviction_soft,
+            soft_grace_period: self.eviction_soft_grace_period,
+            max_pod_grace_period: self.eviction_max_pod_grace_period,
+            minimum_reclaim: self.eviction_minimum_reclaim,
+            pressure_transition_period: self.eviction_pressure_transition_period,
+        }
+        .into_config()?;
         let pod_cidr = pod_cidr(self.pod_cidr, d.pod_cidr)?;
         let (serialize_image_pulls, max_parallel_image_pulls) =
             image_pulls(self.serialize_image_pulls, self.max_parallel_image_pulls)?;
@@ -375,12 +422,14 @@ impl RawConfig {
                 .unwrap_or(d.container_runtime_endpoint),
             image_service_endpoint: get(self.image_service_endpoint)
                 .unwrap_or(d.image_service_endpoint),
-            cgroup_root: get(self.cgroup_root).unwrap_or(d.cgroup_root),
-            cgroups_per_qos: get(self.cgroups_per_qos).unwrap_or(d.cgroups_per_qos),
+            cgroups,
+            image_gc,
+            shutdown,
             cluster_dns: self.cluster_dns.map_or(d.cluster_dns, |IpList(ips)| ips),
             cluster_domain: get(self.cluster_domain).unwrap_or(d.cluster_domain),
             register_node: get(self.register_node).unwrap_or(d.register_node),
             eviction_hard,
+            eviction,
             reserved,
             serialize_image_pulls,
             max_parallel_image_pulls,
@@ -400,23 +449,6 @@ impl RawConfig {
         };
         Ok((cfg, warnings))
     }
-}
-
-/// `nodeletTesting`, its unknown fields added to `warnings`.
-fn testing(
-    field: Option<Testing>,
-    default: TestingConfig,
-    warnings: &mut Vec<String>,
-) -> Result<TestingConfig, Error> {
-    let Some(Testing(t)) = field else {
-        return Ok(default);
-    };
-    warnings.extend(
-        t.other
-            .keys()
-            .map(|k| unknown(&format!("nodeletTesting.{k}"))),
-    );
-    t.into_config()
 }
 
 /// `podPidsLimit`: -1 (unlimited) or at least 1.
@@ -476,31 +508,6 @@ fn image_pulls(
         ));
     }
     Ok((serialize, max_parallel))
-}
-
-impl RawTesting {
-    fn into_config(self) -> Result<TestingConfig, Error> {
-        let d = TestingConfig::default();
-        let t = TestingConfig {
-            crash_loop_back_off_initial: positive(
-                "nodeletTesting.crashLoopBackOffInitial",
-                self.crash_loop_back_off_initial,
-                d.crash_loop_back_off_initial,
-            )?,
-            crash_loop_back_off_max: positive(
-                "nodeletTesting.crashLoopBackOffMax",
-                self.crash_loop_back_off_max,
-                d.crash_loop_back_off_max,
-            )?,
-        };
-        if t.crash_loop_back_off_max < t.crash_loop_back_off_initial {
-            return Err(invalid(
-                "nodeletTesting.crashLoopBackOffMax",
-                "must be >= crashLoopBackOffInitial",
-            ));
-        }
-        Ok(t)
-    }
 }
 
 fn unknown(path: &str) -> String {

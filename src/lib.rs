@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod api;
 pub mod cli;
+pub mod cm;
 pub mod commands;
 pub mod config;
 pub mod crilog;

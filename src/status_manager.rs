@@ -135,6 +135,16 @@ impl StatusManager {
         self.wake.notify_one();
     }
 
+    /// Whether the latest statuses of the pods `uids` are written (always, standalone).
+    pub fn written(&self, uids: &[String]) -> bool {
+        if self.client.is_none() {
+            return true;
+        }
+        let entries = lock(&self.entries);
+        uids.iter()
+            .all(|u| entries.get(u).is_none_or(|e| e.written >= e.version))
+    }
+
     /// The latest status recorded for a pod.
     pub fn status(&self, uid: &str) -> Option<PodStatus> {
         lock(&self.entries).get(uid).map(|e| e.status.clone())

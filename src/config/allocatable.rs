@@ -1,6 +1,7 @@
 //! What the node keeps from its pods (upstream's node allocatable settings): `evictionHard`
 //! (known signals, each a percentage or a quantity; upstream's defaults), `kubeReserved` and
-//! `systemReserved` (a quantity of `cpu`, `memory` or `ephemeral-storage` each), and
+//! `systemReserved` (a quantity of `cpu`, `memory`, `ephemeral-storage` or `pid` each; `pid`
+//! only caps the processes of the `kubepods` cgroup), and
 //! `reservedSystemCPUs` (a CPU list such as `0-1,6`, which replaces the cpu both reserve by
 //! its count, as upstream does). Checked here; `node::allocatable` subtracts them from the
 //! capacity, and `node::check_reservations` refuses at start a node whose reservations exceed
@@ -8,13 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use super::values::{Quantities, Thresholds};
+use super::values::Quantities;
 use super::{Error, Typed, get, invalid};
 use crate::util::quantity::{parse_bytes, parse_cpu_millis};
 
-/// The resources a reservation may name. (Upstream also reserves `pid`, which only its pod
-/// cgroup tree enforces; nodelet refuses it until it has that tree.)
-const RESERVABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
+/// The resources a reservation may name (`pid`: process IDs, kept from `kubepods`).
+const RESERVABLE: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pid"];
 
 /// The node's reservations, in base units: millicores for `cpu`, bytes for the others.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,14 +74,7 @@ fn resources(field: &str, raw: Option<Quantities>) -> Result<BTreeMap<String, i6
         let path = format!("{field}.{resource}");
         let parsed = match resource.as_str() {
             "cpu" => parse_cpu_millis(&quantity),
-            "memory" | "ephemeral-storage" => parse_bytes(&quantity),
-            "pid" => {
-                return Err(invalid(
-                    &path,
-                    "reserving process IDs needs the pods' cgroup tree, which this kubelet \
-                     does not build yet",
-                ));
-            }
+            "memory" | "ephemeral-storage" | "pid" => parse_bytes(&quantity),
             _ => {
                 return Err(invalid(
                     &path,
@@ -139,70 +132,6 @@ fn cpu_list_len(list: &str) -> Result<i64, CpuListError> {
     Ok(i64::try_from(cpus.len()).unwrap_or(i64::MAX))
 }
 
-/// The upstream kubelet's default hard eviction thresholds.
-pub fn default_eviction_hard() -> BTreeMap<String, String> {
-    [
-        ("memory.available", "100Mi"),
-        ("nodefs.available", "10%"),
-        ("imagefs.available", "15%"),
-        ("nodefs.inodesFree", "5%"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-const EVICTION_SIGNALS: &[&str] = &[
-    "memory.available",
-    "allocatableMemory.available",
-    "nodefs.available",
-    "nodefs.inodesFree",
-    "imagefs.available",
-    "imagefs.inodesFree",
-    "containerfs.available",
-    "containerfs.inodesFree",
-    "pid.available",
-];
-
-/// `evictionHard`: known signals, each with a percentage or a quantity.
-pub(super) fn eviction_hard(
-    field: Option<Thresholds>,
-    default: BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, Error> {
-    let Some(Thresholds(map)) = field else {
-        return Ok(default);
-    };
-    for (signal, threshold) in &map {
-        let field = format!("evictionHard.{signal}");
-        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-            return Err(invalid(&field, "unknown eviction signal"));
-        }
-        check_threshold(threshold).map_err(|e| invalid(&field, e))?;
-    }
-    Ok(map)
-}
-
-/// A threshold is a percentage (`"10%"`) or a quantity (`"100Mi"`, `"1G"`, `"500"`).
-fn check_threshold(s: &str) -> Result<(), Error> {
-    if let Some(p) = s.strip_suffix('%') {
-        return match p.parse::<f64>() {
-            Ok(x) if (0.0..=100.0).contains(&x) => Ok(()),
-            _ => Err(Error::Percentage(s.to_string())),
-        };
-    }
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let suffix = &s[digits.len()..];
-    let ok_suffix = matches!(
-        suffix,
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "k" | "M" | "G" | "T" | "P" | "E" | "m"
-    );
-    if !digits.is_empty() && ok_suffix && digits.parse::<f64>().is_ok_and(|x| x >= 0.0) {
-        Ok(())
-    } else {
-        Err(Error::Quantity(s.to_string()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,21 +146,28 @@ mod tests {
     fn reservations_are_read_in_base_units() {
         assert_eq!(read("").expect("valid"), Reserved::default());
         let r = read(
-            "kubeReserved: {cpu: 250m, memory: 1Gi}\n\
-             systemReserved: {cpu: '1', ephemeral-storage: 5G}\n",
+            "kubeReserved: {cpu: 250m, memory: 1Gi, pid: '100'}\n\
+             systemReserved: {cpu: '1', ephemeral-storage: 5G, pid: 1k}\n",
         )
         .expect("valid");
         assert_eq!(
             r.kube,
-            [("cpu".into(), 250), ("memory".into(), 1 << 30)].into()
+            [
+                ("cpu".into(), 250),
+                ("memory".into(), 1 << 30),
+                ("pid".into(), 100)
+            ]
+            .into()
         );
         let system = [
             ("cpu".into(), 1000),
             ("ephemeral-storage".into(), 5_000_000_000),
+            ("pid".into(), 1000),
         ];
         assert_eq!(r.system, system.into());
         assert_eq!((r.total("cpu"), r.total("memory")), (1250, 1 << 30));
         assert_eq!(r.total("ephemeral-storage"), 5_000_000_000);
+        assert_eq!(r.total("pid"), 1100);
         assert_eq!(r.total("pods"), 0);
     }
 
@@ -253,12 +189,7 @@ mod tests {
             (
                 "kubeReserved: {gpu: '1'}",
                 "kubeReserved.gpu: cannot reserve \"gpu\": only cpu, memory, \
-                 ephemeral-storage can be reserved",
-            ),
-            (
-                "systemReserved: {pid: '100'}",
-                "systemReserved.pid: reserving process IDs needs the pods' cgroup tree, \
-                 which this kubelet does not build yet",
+                 ephemeral-storage, pid can be reserved",
             ),
             (
                 "kubeReserved: {memory: -1Gi}",

@@ -32,8 +32,8 @@ impl KubeletConfig {
             "podLogsDir": self.pod_logs_dir.to_string_lossy(),
             "containerRuntimeEndpoint": self.container_runtime_endpoint,
             "imageServiceEndpoint": self.image_service_endpoint,
-            "cgroupRoot": self.cgroup_root,
-            "cgroupsPerQOS": self.cgroups_per_qos,
+            "cgroupRoot": self.cgroups.root,
+            "cgroupsPerQOS": self.cgroups.per_qos,
             "clusterDNS": self.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
             "clusterDomain": self.cluster_domain,
             "registerNode": self.register_node,
@@ -75,6 +75,67 @@ impl KubeletConfig {
         });
         let logs = &self.container_logs;
         if let Some(m) = v.as_object_mut() {
+            let cg = &self.cgroups;
+            m.insert("cgroupDriver".into(), cg.driver.as_str().into());
+            m.insert(
+                "enforceNodeAllocatable".into(),
+                cg.enforce_node_allocatable.clone().into(),
+            );
+            m.insert("cpuCFSQuota".into(), cg.cpu_cfs_quota.into());
+            if let Some(t) = m.get_mut("nodeletTesting").and_then(Value::as_object_mut) {
+                t.insert(
+                    "imageGCPeriod".into(),
+                    d(self.testing.image_gc_period).into(),
+                );
+                t.insert(
+                    "evictionMonitoringPeriod".into(),
+                    d(self.testing.eviction_monitoring_period).into(),
+                );
+            }
+            let ev = &self.eviction;
+            m.insert("evictionSoft".into(), json!(ev.soft));
+            let grace: serde_json::Map<String, Value> = ev
+                .soft_grace_period
+                .iter()
+                .map(|(k, v)| (k.clone(), d(*v).into()))
+                .collect();
+            m.insert("evictionSoftGracePeriod".into(), grace.into());
+            m.insert(
+                "evictionMaxPodGracePeriod".into(),
+                ev.max_pod_grace_period.into(),
+            );
+            m.insert("evictionMinimumReclaim".into(), json!(ev.minimum_reclaim));
+            m.insert(
+                "evictionPressureTransitionPeriod".into(),
+                d(ev.pressure_transition_period).into(),
+            );
+            let sd = &self.shutdown;
+            m.insert("shutdownGracePeriod".into(), d(sd.grace_period).into());
+            m.insert(
+                "shutdownGracePeriodCriticalPods".into(),
+                d(sd.grace_period_critical_pods).into(),
+            );
+            let by: Vec<Value> = sd
+                .by_pod_priority
+                .iter()
+                .map(|g| json!({"priority": g.priority, "shutdownGracePeriodSeconds": g.grace.as_secs()}))
+                .collect();
+            m.insert("shutdownGracePeriodByPodPriority".into(), by.into());
+            m.insert("nodeletShutdownOnSigterm".into(), sd.on_sigterm.into());
+            let gc = &self.image_gc;
+            m.insert(
+                "imageGCHighThresholdPercent".into(),
+                gc.high_threshold_percent.into(),
+            );
+            m.insert(
+                "imageGCLowThresholdPercent".into(),
+                gc.low_threshold_percent.into(),
+            );
+            m.insert("imageMinimumGCAge".into(), d(gc.minimum_age).into());
+            m.insert(
+                "imageMaximumGCAge".into(),
+                d(gc.maximum_age.unwrap_or_default()).into(),
+            );
             m.insert(
                 "containerLogMaxSize".into(),
                 logs.max_size.to_string().into(),

@@ -77,8 +77,11 @@ fn defaults_match_upstream() {
     assert_eq!(c.max_pods, 110);
     assert_eq!(c.pod_pids_limit, -1);
     assert_eq!(c.pod_logs_dir, PathBuf::from("/var/log/pods"));
-    assert_eq!(c.cgroup_root, "/");
-    assert!(c.cgroups_per_qos && c.register_node);
+    assert_eq!(c.cgroups.root, "/");
+    assert!(c.cgroups.per_qos && c.register_node);
+    assert_eq!(c.cgroups.enforce_node_allocatable, ["pods"]);
+    assert_eq!(c.cgroups.driver, CgroupDriver::Cgroupfs);
+    assert!(c.cgroups.cpu_cfs_quota);
     assert_eq!(c.eviction_hard.len(), 4);
     assert_eq!(c.eviction_hard["memory.available"], "100Mi");
     assert_eq!(
@@ -108,6 +111,9 @@ containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 imageServiceEndpoint: unix:///run/img.sock
 cgroupRoot: /nodelet
 cgroupsPerQOS: false
+cgroupDriver: systemd
+enforceNodeAllocatable: []
+cpuCFSQuota: false
 clusterDNS: [10.96.0.10, "fd00::a"]
 clusterDomain: cluster.local
 registerNode: false
@@ -149,8 +155,10 @@ nodeletInsecureRegistries: ["127.0.0.1:5000", registry.local]
         "unix:///run/containerd/containerd.sock"
     );
     assert_eq!(c.image_service_endpoint, "unix:///run/img.sock");
-    assert_eq!(c.cgroup_root, "/nodelet");
-    assert!(!c.cgroups_per_qos && !c.register_node);
+    assert_eq!(c.cgroups.root, "/nodelet");
+    assert!(!c.cgroups.per_qos && !c.register_node);
+    assert_eq!(c.cgroups.driver, CgroupDriver::Systemd);
+    assert!(c.cgroups.enforce_node_allocatable.is_empty() && !c.cgroups.cpu_cfs_quota);
     let dns: Vec<IpAddr> = vec!["10.96.0.10".parse().unwrap(), "fd00::a".parse().unwrap()];
     assert_eq!(c.cluster_dns, dns);
     assert_eq!(c.cluster_domain, "cluster.local");
@@ -247,6 +255,22 @@ fn invalid_values_name_the_field() {
         (
             "evictionHard: {memory.available: lots}",
             "evictionHard.memory.available: invalid quantity",
+        ),
+        (
+            "evictionSoft: {memory.available: 1Gi}",
+            "evictionSoft.memory.available: a soft eviction threshold needs a grace period",
+        ),
+        (
+            "evictionSoftGracePeriod: {memory.free: 1m}",
+            "evictionSoftGracePeriod.memory.free: unknown eviction signal",
+        ),
+        (
+            "evictionMinimumReclaim: {nodefs.available: lots}",
+            "evictionMinimumReclaim.nodefs.available: invalid quantity",
+        ),
+        (
+            "evictionMaxPodGracePeriod: -1",
+            "evictionMaxPodGracePeriod: must be >= 0",
         ),
         (
             "nodeletTesting: {crashLoopBackOffInitial: 1y}",
@@ -569,4 +593,37 @@ fn container_log_rotation_settings() {
     ] {
         assert_eq!(err(&format!("{HEAD}{text}\n")), error);
     }
+}
+
+#[test]
+fn eviction_settings_with_merged_defaults() {
+    let (c, warnings) = parse(
+        "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\n\
+         evictionHard: {memory.available: 300Mi}\nmergeDefaultEvictionSettings: true\n\
+         evictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m30s}\n\
+         evictionMaxPodGracePeriod: 20\nevictionMinimumReclaim: {memory.available: 0.5Gi}\n\
+         evictionPressureTransitionPeriod: 30s\n",
+    )
+    .expect("parses");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(c.eviction_hard.len(), 4, "the other defaults merged in");
+    assert_eq!(c.eviction_hard["memory.available"], "300Mi");
+    assert_eq!(c.eviction_hard["nodefs.available"], "10%");
+    assert_eq!(c.eviction.soft["memory.available"], "1Gi");
+    assert_eq!(
+        c.eviction.soft_grace_period["memory.available"],
+        Duration::from_secs(90)
+    );
+    assert_eq!(c.eviction.max_pod_grace_period, 20);
+    assert_eq!(c.eviction.minimum_reclaim["memory.available"], "0.5Gi");
+    assert_eq!(
+        c.eviction.pressure_transition_period,
+        Duration::from_secs(30)
+    );
+    let d = KubeletConfig::default();
+    assert_eq!(
+        d.eviction.pressure_transition_period,
+        Duration::from_secs(300)
+    );
+    assert!(d.eviction.soft.is_empty());
 }

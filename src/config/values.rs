@@ -15,7 +15,8 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::{Error, RawTesting};
+use super::Error;
+use super::testing::RawTesting;
 
 /// A scalar field's value: read as whatever the file holds, then checked, so a value of the
 /// wrong type is refused in the file's terms (`must be an integer, not "many"`) rather than

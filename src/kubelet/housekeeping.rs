@@ -1,6 +1,7 @@
 //! Housekeeping, off the sync loop (upstream `HandlePodCleanups` and the GC loops): every time
 //! the loop publishes the desired pods, stop and remove the sandboxes of pods no source wants,
-//! give back user namespaces, tear down the written volumes of pods gone, drop old back-off entries, collect garbage (dead containers,
+//! give back user namespaces, tear down the written volumes of pods gone, remove the cgroups
+//! of pods no longer running, drop old back-off entries, collect garbage (dead containers,
 //! sandboxes, pod and log directories), and keep the mirror pods of static pods in step.
 
 use std::collections::HashSet;
@@ -56,6 +57,32 @@ pub struct Housekeeping {
 }
 
 impl Housekeeping {
+    /// Destroys the cgroups of pods not running any more (as upstream's
+    /// `cleanupOrphanedPodCgroups`): kept are the pods a worker syncs or terminates, and those
+    /// wanted that no worker has yet.
+    async fn remove_pod_cgroups(&self, wanted: &HashSet<String>) {
+        let cm = self.syncer.cm.clone();
+        let workers = &self.workers;
+        let keep = |uid: &str| match workers.state(uid) {
+            Some(WorkerState::Syncing | WorkerState::Terminating) => true,
+            Some(WorkerState::Terminated) => false,
+            None => wanted.contains(uid),
+        };
+        let orphans = match cm.orphans(keep) {
+            Ok(o) if o.is_empty() => return,
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("listing the pod cgroups: {e}");
+                return;
+            }
+        };
+        // Killing what is left in them may wait a little: off the async workers.
+        let errors = tokio::task::spawn_blocking(move || cm.destroy_pods(orphans)).await;
+        for e in errors.into_iter().flatten() {
+            tracing::warn!("removing a pod cgroup: {e}");
+        }
+    }
+
     /// Runs a pass each time the loop publishes, until `cancel` fires.
     pub async fn run(self, mut desired: watch::Receiver<Desired>, cancel: CancellationToken) {
         // The changes count and time of the last collection.
@@ -99,6 +126,7 @@ impl Housekeeping {
             self.syncer
                 .volumes
                 .tear_down_gone(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
+            self.remove_pod_cgroups(&wanted).await;
             let workers = &self.workers;
             let state = |uid: &str| match workers.state(uid) {
                 Some(WorkerState::Syncing | WorkerState::Terminating) => PodState::Active,

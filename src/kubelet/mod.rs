@@ -7,12 +7,15 @@
 //! housekeeping, node agent, runtime checks, event sink) lives in one task set under one
 //! cancellation token; shutdown cancels and joins them all.
 
+pub mod eviction;
 pub mod gc;
 pub mod housekeeping;
+pub mod image_gc;
 pub mod logrotate;
 pub mod mirror;
 pub mod pleg;
 pub mod pod_cache;
+pub mod shutdown;
 mod start;
 pub mod sync_loop;
 mod syncer;
@@ -57,6 +60,9 @@ pub enum Error {
     /// The kubelet server could not start.
     #[error(transparent)]
     Server(#[from] crate::server::Error),
+    /// The pods' cgroup tree could not be made (upstream: "Failed to start ContainerManager").
+    #[error("failed to start the container manager: {0}")]
+    Cgroups(#[from] crate::cm::Error),
 }
 
 /// The runtime the kubelet drives.
@@ -66,16 +72,20 @@ pub struct Runtime {
     pub images: Arc<dyn ImageService>,
 }
 
-/// Runs the kubelet until `shutdown` resolves. Pods keep running afterwards: a restarted kubelet
-/// adopts them.
+/// Runs the kubelet until `shutdown` resolves. Pods keep running afterwards (a restarted kubelet
+/// adopts them), unless `nodeletShutdownOnSigterm` asks for the node's shutdown sequence.
 pub async fn run(
     cfg: KubeletConfig,
     rt: Runtime,
     client: Option<kube::Client>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
+    let on_sigterm = cfg.shutdown.on_sigterm;
     let kubelet = Kubelet::start(cfg, rt, client).await?;
     shutdown.await;
+    if on_sigterm {
+        kubelet.shutdown_node().await;
+    }
     kubelet.stop().await;
     Ok(())
 }
@@ -86,6 +96,8 @@ pub struct Kubelet {
     tasks: JoinSet<()>,
     node_agent: Option<Arc<NodeAgent>>,
     status: Arc<StatusManager>,
+    /// The node's shutdown sequence.
+    shutdown: shutdown::NodeShutdown,
 }
 
 impl Kubelet {
@@ -101,11 +113,13 @@ impl Kubelet {
         let (name, v) = (&version.runtime_name, &version.runtime_version);
         let mut facts = NodeFacts::gather(&w.cfg, name, v)?;
         crate::node::check_reservations(&facts, &w.cfg)?;
+        let cm = w.container_manager(&facts)?;
         let opts = w.container_options(&facts, &version);
         let status = w.status_manager();
         let runtime_state = w.runtime_state().await;
         let userns = w.user_namespaces(&opts)?;
         let recorder = w.events();
+        let image_gc = w.image_gc(&recorder);
         let cache = Arc::new(pod_cache::PodCache::new());
         let health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
         let (port, pods) = w.server(facts.node_ip, &status, &health).await?;
@@ -128,12 +142,22 @@ impl Kubelet {
             refresh: ch.refresh.0,
             events: Arc::new(recorder.clone()),
             probes,
+            cm,
         };
         let syncer = w.syncer(parts, &local_node);
         let workers = w.workers(&syncer);
         let (updates, problems) = (ch.updates.0, ch.problems.0);
         let mut expected_sources = w.static_sources(&updates, &problems);
-        let node_agent = w.node_agent(&facts, &runtime_state, &health, &recorder);
+        let shutdown_state = Arc::new(shutdown::ShutdownState::default());
+        let eviction_state = Arc::new(eviction::EvictionState::default());
+        let node_agent = w.node_agent(
+            &facts,
+            &runtime_state,
+            &health,
+            &recorder,
+            &shutdown_state,
+            &eviction_state,
+        );
         let (mirrors_tx, mirrors) = watch::channel(sources::api::MirrorPods::new());
         status.set_mirrors(mirrors.clone());
         let mirror_manager = w.api_source(&updates, mirrors_tx);
@@ -141,6 +165,29 @@ impl Kubelet {
             expected_sources.push(sources::API_SOURCE);
         }
         drop((updates, problems));
+        w.eviction(
+            &facts,
+            start::EvictionInputs {
+                cm: syncer.cm.clone(),
+                state: eviction_state.clone(),
+                workers: workers.clone(),
+                pods: pods.subscribe(),
+                image_gc,
+                events: recorder.clone(),
+                syncer: syncer.clone(),
+            },
+        );
+        let stopping = syncer.clone();
+        let shutdown = shutdown::NodeShutdown {
+            groups: w.cfg.shutdown.groups(),
+            state: shutdown_state.clone(),
+            workers: workers.clone(),
+            status: status.clone(),
+            pods: pods.subscribe(),
+            mark_stopped: Box::new(move |uid| {
+                stopping.mark_stopped(uid, syncer::Stopped::Shutdown)
+            }),
+        };
         let desired = w.housekeeping(HousekeepingParts {
             workers: workers.clone(),
             userns,
@@ -167,6 +214,8 @@ impl Kubelet {
             desired,
             pods,
             changes: 0,
+            shutdown: shutdown_state,
+            eviction: eviction_state,
         };
         let inputs = sync_loop::Inputs {
             updates: ch.updates.1,
@@ -180,7 +229,15 @@ impl Kubelet {
             tasks: w.tasks,
             node_agent,
             status,
+            shutdown,
         })
+    }
+
+    /// Runs the node's shutdown sequence (see [`shutdown`]): new pods refused, the Node
+    /// NotReady, the pods stopped by priority group within the configured grace periods and
+    /// their final statuses written. Nothing without a `shutdownGracePeriod`.
+    pub async fn shutdown_node(&self) {
+        self.shutdown.run().await;
     }
 
     /// The status the kubelet last computed for the pod `uid`.
@@ -210,6 +267,31 @@ impl Kubelet {
     }
 }
 
+/// What new pods are admitted against: the Node, whether it shuts down, its pressure.
+pub(crate) struct Admit<'a> {
+    pub node: &'a k8s_openapi::api::core::v1::Node,
+    pub shutting_down: bool,
+    pub eviction: &'a eviction::EvictionState,
+}
+
+impl Admit<'_> {
+    fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), admission::Rejection> {
+        if self.shutting_down {
+            return Err(admission::Rejection {
+                reason: shutdown::REASON.into(),
+                message: shutdown::REJECT_MESSAGE.into(),
+            });
+        }
+        if let Some(message) = self.eviction.refusal(pod) {
+            return Err(admission::Rejection {
+                reason: eviction::REASON.into(),
+                message,
+            });
+        }
+        admission::admit(pod, active, self.node)
+    }
+}
+
 /// Hands one merged change to the pod workers (and the status manager). New pods go through
 /// admission first: a rejected pod never reaches a worker; its status says why (Failed).
 fn dispatch(
@@ -217,7 +299,7 @@ fn dispatch(
     status: &StatusManager,
     rejected: &mut HashSet<String>,
     merger: &Merger,
-    node: &k8s_openapi::api::core::v1::Node,
+    admit: &Admit<'_>,
     change: PodUpdate,
 ) {
     // The pods admission counts as running: gathered at the first new pod of the batch, then
@@ -234,6 +316,15 @@ fn dispatch(
                 status.terminated(&p);
             }
             continue;
+        } else if api_phase_terminal(&p) {
+            // A pod the API server already shows Failed or Succeeded (it ended before the
+            // agent restarted: evicted, stopped for a shutdown, done) is never started again,
+            // as upstream's pod workers see to: its worker only makes sure nothing of it runs.
+            if change.op == PodOp::Reconcile {
+                status.reconcile(&p);
+            }
+            workers.update_pod(p, UpdateType::Kill, None);
+            continue;
         } else if change.op == PodOp::Add && p.metadata.deletion_timestamp.is_none() {
             let active = active.get_or_insert_with(|| {
                 merger
@@ -242,7 +333,7 @@ fn dispatch(
                     .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
                     .collect()
             });
-            if let Err(why) = admission::admit(&p, active, node) {
+            if let Err(why) = admit.admit(&p, active) {
                 tracing::warn!(pod = %sources::pod_full_name(&p), "pod rejected: {why}");
                 status.set_status(&p, rejected_status(&p, &why));
                 rejected.insert(uid);
@@ -273,6 +364,12 @@ fn dispatch(
         tracing::info!(pod = %sources::pod_full_name(&p), op = ?change.op, "pod update");
         workers.update_pod(p, update, grace);
     }
+}
+
+/// Whether the pod's status (as the API server has it) is in a terminal phase.
+fn api_phase_terminal(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    crate::model::Phase::parse(phase).is_terminal()
 }
 
 /// The status of a pod admission rejected, as upstream writes it.

@@ -15,6 +15,8 @@ use super::{
     userns,
 };
 use crate::api::events::{EventRecorder, EventType, Reason};
+use crate::cm::ContainerManager;
+use crate::cm::resources::ResourceConfig;
 use crate::config::KubeletConfig;
 use crate::node::agent::RUNTIME_CHECK_PERIOD;
 use crate::node::{NodeAgent, NodeFacts, RuntimeState};
@@ -33,6 +35,17 @@ pub(super) struct Wiring {
     pub client: Option<kube::Client>,
     pub cancel: CancellationToken,
     pub tasks: JoinSet<()>,
+}
+
+/// What the eviction manager is wired to besides the runtime.
+pub(super) struct EvictionInputs {
+    pub cm: Arc<ContainerManager>,
+    pub state: Arc<super::eviction::EvictionState>,
+    pub workers: PodWorkers,
+    pub pods: watch::Receiver<Arc<Vec<k8s_openapi::api::core::v1::Pod>>>,
+    pub image_gc: Arc<super::image_gc::ImageGc>,
+    pub events: EventRecorder,
+    pub syncer: Arc<Syncer>,
 }
 
 /// Where the sync loop publishes the pods the kubelet server lists.
@@ -131,6 +144,109 @@ impl Wiring {
             stop_signal_annotation: version.runtime_name == runtime::builtin::RUNTIME_NAME,
             ..Default::default()
         }
+    }
+
+    /// The container manager: the pods' cgroup tree made (`kubepods` at the node's capacity of
+    /// CPU, memory and process IDs, capped at capacity minus `kubeReserved` and
+    /// `systemReserved` when `pods` is enforced, as upstream's `createNodeAllocatableCgroups`),
+    /// its QoS cgroups updated every minute.
+    pub fn container_manager(
+        &mut self,
+        facts: &NodeFacts,
+    ) -> Result<Arc<ContainerManager>, crate::cm::Error> {
+        let cfg = &self.cfg;
+        let capacity = crate::node::capacity(facts);
+        let value = |r: &str| capacity.get(r).map_or(0, |a| a.value());
+        let (mut cpu, mut memory) = (value("cpu"), value("memory"));
+        if cfg.cgroups.enforces_pods() {
+            cpu = (cpu - cfg.reserved.total("cpu")).max(0);
+            memory = (memory - cfg.reserved.total("memory")).max(0);
+        }
+        // Process IDs: the kernel's pid_max, less what is reserved (upstream's pid capacity).
+        let mut pids = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .unwrap_or(0);
+        if cfg.cgroups.enforces_pods() {
+            pids -= cfg.reserved.total("pid");
+        }
+        let node = ResourceConfig {
+            cpu_shares: Some(crate::cm::resources::milli_cpu_to_shares(cpu)),
+            memory_limit: Some(memory),
+            pids_limit: Some(pids.max(1)),
+            ..Default::default()
+        };
+        let cm = Arc::new(ContainerManager::new(
+            &cfg.cgroups,
+            node,
+            cfg.pod_pids_limit,
+        )?);
+        cm.start()?;
+        let (updater, cancel) = (cm.clone(), self.cancel.clone());
+        self.tasks.spawn(async move {
+            let mut tick = tokio::time::interval(crate::cm::QOS_UPDATE_PERIOD);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tick.tick() => {
+                        if let Err(e) = updater.update_qos() {
+                            tracing::warn!("updating the QoS cgroups: {e}");
+                        }
+                    }
+                }
+            }
+        });
+        Ok(cm)
+    }
+
+    /// Image garbage collection, in its own task: every `imageGCPeriod` (upstream's 5 minutes)
+    /// by the configured thresholds and ages, its records in `<root>/image-gc.json`.
+    pub fn image_gc(&mut self, events: &EventRecorder) -> Arc<super::image_gc::ImageGc> {
+        let gc = Arc::new(super::image_gc::ImageGc::new(
+            self.rt.runtime.clone(),
+            self.rt.images.clone(),
+            self.cfg.image_gc.clone(),
+            self.cfg.root_dir.join("image-gc.json"),
+        ));
+        let period = self.cfg.testing.image_gc_period;
+        self.tasks
+            .spawn(gc.clone().run(period, events.clone(), self.cancel.clone()));
+        gc
+    }
+
+    /// Node-pressure eviction, in its own task (see [`super::eviction`]); its conditions in
+    /// `inputs.state`.
+    pub fn eviction(&mut self, facts: &NodeFacts, inputs: EvictionInputs) {
+        use super::eviction::{EvictionManager, EvictionParts, signals::NodeSignals, thresholds};
+        let cfg = &self.cfg;
+        let memory = i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX);
+        let parts = EvictionParts {
+            thresholds: thresholds::from_config(&cfg.eviction_hard, &cfg.eviction),
+            transition: cfg.eviction.pressure_transition_period,
+            max_pod_grace: cfg.eviction.max_pod_grace_period,
+            period: cfg.testing.eviction_monitoring_period,
+            signals: NodeSignals::new(
+                memory,
+                Some((memory - cfg.reserved.total("memory")).max(0)),
+                cfg.root_dir.clone(),
+                inputs.cm,
+                self.rt.images.clone(),
+            ),
+            state: inputs.state,
+            workers: inputs.workers,
+            pods: inputs.pods,
+            rt: self.rt.runtime.clone(),
+            images: self.rt.images.clone(),
+            image_gc: Some(inputs.image_gc),
+            events: inputs.events,
+            syncer: inputs.syncer,
+            node_name: cfg.node_name.clone(),
+            root_dir: cfg.root_dir.clone(),
+            pod_logs_dir: cfg.pod_logs_dir.clone(),
+        };
+        self.tasks
+            .spawn(EvictionManager::new(parts).run(self.cancel.clone()));
     }
 
     /// The status manager, writing statuses in its own task.
@@ -306,16 +422,27 @@ impl Wiring {
         runtime_state: &Arc<RuntimeState>,
         health: &Arc<pleg::PlegHealth>,
         recorder: &EventRecorder,
+        shutdown: &Arc<super::shutdown::ShutdownState>,
+        eviction: &Arc<super::eviction::EvictionState>,
     ) -> Option<Arc<NodeAgent>> {
         let client = self.client.as_ref()?;
-        let health = health.clone();
+        let (health, shutdown, eviction) = (health.clone(), shutdown.clone(), eviction.clone());
         Some(Arc::new(NodeAgent::spawn(
             client.clone(),
             &self.cfg,
             facts.clone(),
             runtime_state.clone(),
             self.rt.images.clone(),
-            Arc::new(move || health.problem().into_iter().collect()),
+            Arc::new(move |h: &mut crate::node::conditions::Health| {
+                h.problems.extend(health.problem());
+                if shutdown.shutting_down() {
+                    h.problems.push(super::shutdown::NOT_READY.to_string());
+                }
+                use super::eviction::Pressure;
+                h.memory_pressure = eviction.has(Pressure::Memory);
+                h.disk_pressure = eviction.has(Pressure::Disk);
+                h.pid_pressure = eviction.has(Pressure::Pid);
+            }),
             Some(recorder.clone()),
         )))
     }

@@ -34,6 +34,10 @@ pub struct SyncLoop {
     /// Things that happened to pods (source changes, PLEG changes, workers forgotten): the
     /// housekeeping task collects garbage when this moved.
     pub changes: u64,
+    /// Set once the node shuts down: new pods are refused.
+    pub shutdown: Arc<super::shutdown::ShutdownState>,
+    /// The node's pressure, for admission.
+    pub eviction: Arc<super::eviction::EvictionState>,
 }
 
 /// What the loop listens to.
@@ -65,8 +69,10 @@ impl SyncLoop {
                 Some(update) = updates.recv() => {
                     self.changes += 1;
                     let node = (self.node)();
+                    let shutting_down = self.shutdown.shutting_down();
                     for change in self.merger.merge(update) {
-                        dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &node, change);
+                        let admit = super::Admit { node: &node, shutting_down, eviction: &self.eviction };
+                        dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &admit, change);
                     }
                     self.pods.send_replace(Arc::new(self.merger.pods()));
                 }

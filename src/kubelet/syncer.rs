@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::pleg::Refresh;
 use super::pod_cache::PodCache;
 use crate::api::events::{EventType, PodEvents, Reason};
+use crate::cm::ContainerManager;
 use crate::inputs::PodInputs;
 use crate::model::PodRef;
 use crate::pod::images::{ImageManager, ImagePulls};
@@ -48,6 +49,21 @@ pub struct Syncer {
     pub volumes: Arc<VolumeManager>,
     /// Per pod: when its last sync's actions were done, and why containers then waited.
     synced: Mutex<HashMap<String, LastSync>>,
+    /// The pods' cgroups: each made before its pod's sandbox.
+    pub cm: Arc<ContainerManager>,
+    /// Pods the kubelet itself stopped (the node's shutdown, evictions): their statuses say
+    /// why.
+    stopped_by_kubelet: Mutex<HashMap<String, Stopped>>,
+}
+
+/// Why the kubelet itself stopped a pod: its final status says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The node shuts down.
+    Shutdown,
+    /// Evicted, with upstream's message; `disruption`: with the `DisruptionTarget` condition
+    /// (node pressure, not local storage limits).
+    Evicted { message: String, disruption: bool },
 }
 
 /// When a pod's last sync's actions were done, and why its containers then waited.
@@ -67,6 +83,8 @@ pub struct SyncerParts {
     pub events: Arc<dyn PodEvents>,
     /// The probes of the pods: started when a pod syncs, stopped when it terminated.
     pub probes: Arc<ProbeManager>,
+    /// The pods' cgroup tree.
+    pub cm: Arc<ContainerManager>,
 }
 
 /// Makes `<pods_dir>/<uid>` with its `volumes` and `plugins` directories (mode 0750).
@@ -106,6 +124,8 @@ impl Syncer {
             refresh: parts.refresh,
             probes: parts.probes,
             synced: Mutex::new(HashMap::new()),
+            cm: parts.cm,
+            stopped_by_kubelet: Mutex::default(),
         }
     }
 
@@ -114,6 +134,12 @@ impl Syncer {
     pub fn with_volumes(mut self, volumes: VolumeManager) -> Self {
         self.volumes = Arc::new(volumes);
         self
+    }
+
+    /// The pod `uid` is stopped by the kubelet itself (the node's shutdown, an eviction): its
+    /// statuses say so from now on.
+    pub fn mark_stopped(&self, uid: &str, why: Stopped) {
+        lock(&self.stopped_by_kubelet).insert(uid.to_string(), why);
     }
 
     /// Drops the back-off entries nobody needs any more (housekeeping).
@@ -182,7 +208,28 @@ impl Syncer {
             waiting,
         };
         let sandbox = snapshot.sandboxes.first();
-        let status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
+        let mut status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
+        // A pod never leaves a terminal phase the API server shows (upstream forces it back):
+        // its reason and message stay with it.
+        if let Some(api) = pod
+            .status
+            .as_ref()
+            .filter(|s| Phase::parse(s.phase.as_deref()).is_terminal())
+        {
+            if status.phase != api.phase {
+                status.phase = api.phase.clone();
+                status.reason = api.reason.clone();
+                status.message = api.message.clone();
+            }
+        }
+        match lock(&self.stopped_by_kubelet).get(&who.uid) {
+            Some(Stopped::Shutdown) => super::shutdown::stopped_status(&mut status),
+            Some(Stopped::Evicted {
+                message,
+                disruption,
+            }) => super::eviction::evicted_status(&mut status, message, *disruption),
+            None => {}
+        }
         self.status.set_status(pod, status.clone());
         status
     }
@@ -273,6 +320,11 @@ impl Syncer {
             }
         }
         let mut opts = self.pod_options(pod)?;
+        // The pod's cgroup, before its sandbox (upstream's `EnsureExists`).
+        opts.sandbox.cgroup_parent = self
+            .cm
+            .ensure_pod(pod, &who.uid)
+            .map_err(SyncError::PodCgroup)?;
         // The pod's data directories, as upstream's makePodDataDirs (the garbage collector
         // removes them once the pod is gone).
         make_pod_dirs(&self.opts.pods_dir, &who.uid)?;
@@ -334,8 +386,9 @@ impl PodSyncer for Syncer {
     }
 
     /// What the stopped pod still holds besides its containers: its written volumes (tmpfs
-    /// unmounted, objects no longer watched, tokens forgotten), its user namespace block and
-    /// the kubelet's memory of it. Its dead containers and sandboxes stay for `kubectl logs`
+    /// unmounted, objects no longer watched, tokens forgotten), its user namespace block, its
+    /// place in its QoS cgroup (housekeeping removes its cgroup) and the kubelet's memory of
+    /// it. Its dead containers and sandboxes stay for `kubectl logs`
     /// (the newest per container) until the garbage collector removes them, all of them once
     /// no source wants the pod.
     async fn sync_terminated_pod(&self, pod: &Pod) -> Result<(), SyncError> {
@@ -343,7 +396,9 @@ impl PodSyncer for Syncer {
         self.probes.remove_pod(&uid);
         self.volumes.tear_down(&uid);
         self.userns.release(&uid);
+        self.cm.forget_pod(&uid);
         self.manager.forget_pod(&uid);
+        lock(&self.stopped_by_kubelet).remove(&uid);
         lock(&self.synced).remove(&uid);
         self.status.terminated(pod);
         Ok(())

@@ -18,8 +18,9 @@ use crate::config::KubeletConfig;
 /// How often the runtime's `Status` is asked (upstream's `updateRuntimeUp` period).
 pub const RUNTIME_CHECK_PERIOD: Duration = Duration::from_secs(5);
 
-/// Extra Ready problems from the kubelet itself, e.g. `|| pleg.problem().into_iter().collect()`.
-pub type ProblemsFn = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+/// What the kubelet itself adds to the runtime's health: Ready problems (e.g. the PLEG's) and
+/// the eviction manager's pressure conditions.
+pub type HealthFn = Arc<dyn Fn(&mut super::conditions::Health) + Send + Sync>;
 
 /// The running node status manager and Lease controller.
 pub struct NodeAgent {
@@ -37,13 +38,13 @@ impl NodeAgent {
         facts: NodeFacts,
         state: Arc<RuntimeState>,
         images: Arc<dyn ImageService>,
-        extra: ProblemsFn,
+        extra: HealthFn,
         events: Option<crate::api::events::EventRecorder>,
     ) -> NodeAgent {
         let health_state = state.clone();
         let health = Arc::new(move || {
             let mut health = health_state.health(Instant::now());
-            health.problems.extend(extra());
+            extra(&mut health);
             health
         });
         let manager = Arc::new(

@@ -21,7 +21,7 @@ pub struct Health {
     /// Why the node is not ready, one message each (e.g. [`RUNTIME_DOWN`],
     /// [`pleg_unhealthy`]); empty: ready.
     pub problems: Vec<String>,
-    /// The eviction manager's signals (nodelet has none yet: all false).
+    /// The eviction manager's pressure conditions.
     pub memory_pressure: bool,
     pub disk_pressure: bool,
     pub pid_pressure: bool,

@@ -17,7 +17,7 @@ pub mod lease;
 pub mod runtime_state;
 pub mod status;
 
-pub use agent::{NodeAgent, ProblemsFn};
+pub use agent::{HealthFn, NodeAgent};
 pub use conditions::{Health, node_conditions, pleg_unhealthy};
 pub use facts::{NodeFacts, kubelet_version};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE, build_lease};
@@ -183,7 +183,8 @@ pub enum Amount {
 }
 
 impl Amount {
-    fn value(self) -> i64 {
+    /// The amount in its base unit.
+    pub fn value(self) -> i64 {
         match self {
             Amount::Millicores(v) | Amount::Bytes(v) | Amount::Count(v) => v,
         }
@@ -203,27 +204,10 @@ impl Amount {
         Quantity(match self {
             Amount::Millicores(m) if m % 1000 == 0 => (m / 1000).to_string(),
             Amount::Millicores(m) => format!("{m}m"),
-            Amount::Bytes(b) => format_binary(b),
+            Amount::Bytes(b) => crate::util::quantity::format_bytes(b),
             Amount::Count(n) => n.to_string(),
         })
     }
-}
-
-fn format_binary(bytes: i64) -> String {
-    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    if bytes == 0 {
-        return "0".to_string();
-    }
-    let mut n = bytes;
-    let mut suffix = "";
-    for s in SUFFIXES {
-        if n % 1024 != 0 {
-            break;
-        }
-        n /= 1024;
-        suffix = s;
-    }
-    format!("{n}{suffix}")
 }
 
 /// The node's capacity: cpu, memory, ephemeral-storage, pods, and `hugepages-<size>` per
@@ -247,7 +231,10 @@ pub fn capacity(facts: &NodeFacts) -> BTreeMap<String, Amount> {
     ]);
     for (&size, &pages) in &facts.hugepages {
         out.insert(
-            format!("{HUGEPAGES_PREFIX}{}", format_binary(clamp(size))),
+            format!(
+                "{HUGEPAGES_PREFIX}{}",
+                crate::util::quantity::format_bytes(clamp(size))
+            ),
             Amount::Bytes(clamp(size.saturating_mul(pages))),
         );
     }

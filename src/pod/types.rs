@@ -32,6 +32,9 @@ pub enum SyncError {
         #[source]
         source: std::io::Error,
     },
+    /// The pod's cgroup could not be made (upstream: "Failed to create pod cgroup").
+    #[error("unable to ensure pod container exists: {0}")]
+    PodCgroup(#[source] crate::cm::Error),
     /// Volumes the pod's containers use could not be set up: its containers wait in
     /// `ContainerCreating`.
     #[error(transparent)]

@@ -305,7 +305,9 @@ fn volumes(pods_dir: &Path, uid: &str, now: i64) -> (Vec<VolumeStats>, u64, u64)
             let path = vol.path();
             let Some((b, i)) = du(&path) else { continue };
             let mut fs = statvfs(&path, now).unwrap_or_default();
-            let memory = fs.capacity_bytes.is_some() && is_tmpfs(&path);
+            // A memory-backed emptyDir is a tmpfs mounted on its directory (a disk one may
+            // sit on a tmpfs root and still counts as disk).
+            let memory = fs.capacity_bytes.is_some() && is_mount_point(&path) && is_tmpfs(&path);
             if empty_dir && !memory {
                 bytes += b;
                 inodes += i;
@@ -321,6 +323,16 @@ fn volumes(pods_dir: &Path, uid: &str, now: i64) -> (Vec<VolumeStats>, u64, u64)
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     (out, bytes, inodes)
+}
+
+/// Whether something is mounted on `path` (its device differs from its parent's).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = path.parent().unwrap_or(path);
+    match (std::fs::metadata(path), std::fs::metadata(parent)) {
+        (Ok(p), Ok(q)) => p.dev() != q.dev(),
+        _ => false,
+    }
 }
 
 /// Whether `path` is on a tmpfs (a memory-backed volume).

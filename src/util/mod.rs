@@ -10,7 +10,7 @@ pub mod quantity;
 
 pub use duration::go_duration;
 pub use expand::{MissingVars, expand, expand_all};
-pub use mountinfo::mounts_under;
+pub use mountinfo::{mounts_under, unescape_octal};
 
 use std::sync::{Mutex, MutexGuard};
 

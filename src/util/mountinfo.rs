@@ -18,7 +18,7 @@ pub fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Decodes the `\ooo` escapes of a mountinfo field.
-fn unescape_octal(field: &str) -> PathBuf {
+pub fn unescape_octal(field: &str) -> PathBuf {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

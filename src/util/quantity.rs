@@ -114,6 +114,25 @@ pub fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
     scaled(&parse(s)?, 0, s)
 }
 
+/// Bytes as upstream's `resource.Quantity` prints a binary quantity: the largest exact binary
+/// suffix (`100Mi`, `16318428Ki`), else the plain number.
+pub fn format_bytes(bytes: i64) -> String {
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes == 0 {
+        return "0".to_string();
+    }
+    let mut n = bytes;
+    let mut suffix = "";
+    for s in SUFFIXES {
+        if n % 1024 != 0 {
+            break;
+        }
+        n /= 1024;
+        suffix = s;
+    }
+    format!("{n}{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,14 +103,24 @@ fn entries(p: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Unmounts (when mounted) and removes every written volume directory of pod `uid`, its subPath
-/// binds, and unmounts its memory-backed emptyDirs (their directories go with the pod's).
+/// Unmounts (when mounted) and removes every written volume directory and every emptyDir of
+/// pod `uid`, after its subPath binds (while one of those stays, the emptyDirs' contents stay
+/// too: removing them could reach through it).
 pub(super) fn tear_down_dirs(pods_dir: &Path, uid: &str) -> Result<(), PluginError> {
     let mut errors = tear_down_sub_paths(pods_dir, uid);
+    let binds_left = !errors.is_empty();
+    // An emptyDir goes with its pod's termination, as upstream's TearDown removes it: a
+    // memory-backed one unmounted first; a disk one's space given back (an evicted pod's
+    // above all).
     for path in entries(&local::plugin_dir(pods_dir, uid, EMPTY_DIR_PLUGIN)) {
-        let r = is_mount_point(&path).and_then(|mounted| match mounted {
-            true => unmount(&path, nix::mount::MntFlags::empty()),
-            false => Ok(()),
+        let r = is_mount_point(&path).and_then(|mounted| {
+            if mounted {
+                unmount(&path, nix::mount::MntFlags::empty())?;
+            }
+            if binds_left {
+                return Ok(());
+            }
+            std::fs::remove_dir_all(&path).map_err(removing(&path))
         });
         errors.extend(r.err());
     }

@@ -5,8 +5,8 @@
 //! ignored). Two types are set up here:
 //!
 //! - **emptyDir** on disk: the directory `<pods dir>/<uid>/volumes/kubernetes.io~empty-dir/<name>`
-//!   (mode 0777, as upstream), removed with the pod's directories. `sizeLimit` is not enforced
-//!   here (that is eviction's job). `medium: Memory` (a tmpfs in the same directory) is the
+//!   (mode 0777, as upstream), removed when the pod terminated. `sizeLimit` is not enforced
+//!   here (that is the eviction manager's job). `medium: Memory` (a tmpfs in the same directory) is the
 //!   volume manager's ([`super::VolumeManager`]); huge pages are refused.
 //! - **hostPath** with upstream's type checks ([`check_host_path`]): `DirectoryOrCreate` makes
 //!   the directory (0755, with its parents), `FileOrCreate` an empty file (0644; its parent must

@@ -60,11 +60,21 @@ pub enum Reason {
     NodeHasInsufficientPid,
     /// Something the kubelet was given cannot be used (a static pod manifest).
     FailedValidation,
+    // Image garbage collection.
+    /// Not enough image space could be freed.
+    FreeDiskSpaceFailed,
+    /// Image garbage collection failed twice in a row.
+    ImageGcFailed,
+    // Node-pressure eviction.
+    /// An eviction threshold is met: the kubelet reclaims the resource.
+    EvictionThresholdMet,
+    /// A pod was evicted.
+    Evicted,
 }
 
 impl Reason {
     /// Every reason, in the order declared.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 31] = [
         Reason::CreatedContainer,
         Reason::StartedContainer,
         Reason::Failed,
@@ -92,6 +102,10 @@ impl Reason {
         Reason::NodeHasSufficientPid,
         Reason::NodeHasInsufficientPid,
         Reason::FailedValidation,
+        Reason::FreeDiskSpaceFailed,
+        Reason::ImageGcFailed,
+        Reason::EvictionThresholdMet,
+        Reason::Evicted,
     ];
 
     /// The reason as events spell it.
@@ -125,6 +139,10 @@ impl Reason {
             NodeHasSufficientPid => "NodeHasSufficientPID",
             NodeHasInsufficientPid => "NodeHasInsufficientPID",
             FailedValidation => "FailedValidation",
+            FreeDiskSpaceFailed => "FreeDiskSpaceFailed",
+            ImageGcFailed => "ImageGCFailed",
+            EvictionThresholdMet => "EvictionThresholdMet",
+            Evicted => "Evicted",
         }
     }
 }
