@@ -306,10 +306,25 @@ async fn sigkill_at_random_points_leaves_every_pod_whole_or_gone() {
     let mut whole: Vec<Pod> = Vec::new();
     let mut gone: Vec<Pod> = Vec::new();
     for round in 0..=rounds {
-        let server = node.serve(&format!("round-{round}.log"), &args).await;
-        let rt = match runtime::remote::connect(&node.endpoint, Duration::from_secs(30)).await {
-            Ok(rt) => rt,
-            Err(e) => panic!("round {round}: connecting: {e}\n{}", server.log()),
+        let mut server = node.serve(&format!("round-{round}.log"), &args).await;
+        // The socket is bound before the runtime adopts what the last server left; a first
+        // connection in that window may fail: try again while the server runs (for 30 s).
+        let started = std::time::Instant::now();
+        let rt = loop {
+            match runtime::remote::connect(&node.endpoint, Duration::from_secs(30)).await {
+                Ok(rt) => break rt,
+                Err(e) => {
+                    let state = server.state();
+                    if state != "still running" || started.elapsed() > Duration::from_secs(30) {
+                        panic!(
+                            "round {round}: connecting: {e}\nthe server: {state}\n{}",
+                            server.log()
+                        );
+                    }
+                    eprintln!("round {round}: connecting failed, again: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         };
         let l = listed(&rt).await;
         for pod in &whole {

@@ -65,6 +65,12 @@ impl Kubelet {
             node_name: "test-node".into(),
             node_ip: Some("127.0.0.1".parse().expect("ip")),
             file_check_frequency: Duration::from_secs(1),
+            // The fake runtime runs nothing: no cgroup tree on the machine for it.
+            cgroups: nodelet::config::Cgroups {
+                per_qos: false,
+                enforce_node_allocatable: Vec::new(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         fake.set_fake_images(&["docker.io/library/busybox:latest"]);

@@ -401,14 +401,12 @@ async fn agent_reports_runtime_health_and_images() {
         facts,
         state,
         fake.clone(),
-        Arc::new(move || {
-            if *p.lock().unwrap() {
-                Vec::new()
-            } else {
-                vec![
+        Arc::new(move |h: &mut nodelet::node::conditions::Health| {
+            if !*p.lock().unwrap() {
+                h.problems.push(
                     "PLEG is not healthy: pleg was last seen active 3m5s ago; threshold is 3m0s"
                         .into(),
-                ]
+                );
             }
         }),
         Some(recorder),

@@ -43,6 +43,12 @@ impl Node {
             file_check_frequency: Duration::from_secs(1),
             // The default resync: back-off must not wait for it.
             sync_frequency: Duration::from_secs(60),
+            // The fake runtime runs nothing: no cgroup tree on the machine for it.
+            cgroups: nodelet::config::Cgroups {
+                per_qos: false,
+                enforce_node_allocatable: Vec::new(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let rt = kubelet::Runtime {

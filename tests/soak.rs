@@ -43,12 +43,13 @@ async fn soak_cycles_leave_nothing_behind() {
         manifests: node.manifests.clone(),
         bridge,
         agent_pid: agent.0.id(),
+        cgroup_root: node.cgroup_root.clone(),
     };
     let mut seen = HashSet::new();
     let result = soak(&snode, &endpoint, &socket, &mut seen).await;
     // Whatever happened: the agent stops, and what it may have left goes.
     drop(agent);
-    let errors = soak::remove_everything(&snode, &nodelet_bin(), &cidr, &seen).await;
+    let errors = soak::remove_everything(&snode, &nodelet_bin(), &cidr).await;
     if let Err(e) = result {
         panic!("{e:#}");
     }

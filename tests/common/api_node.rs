@@ -58,6 +58,8 @@ pub struct ApiNode {
     pub kubeconfig: PathBuf,
     pub manifests: PathBuf,
     pub logs: PathBuf,
+    /// The kubelet's `cgroupRoot`, the test's own (removed when the node drops).
+    pub cgroup_root: String,
     cri_listen: bool,
 }
 
@@ -111,12 +113,14 @@ impl ApiNode {
             }
         };
         let config = dir.path().join("config.yaml");
+        let cgroup_root = super::kubelet_cgroup_root(dir.path());
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\n{SERVER}{}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime_endpoint}staticPodPath: {}\nfileCheckFrequency: 1s\nnodeStatusUpdateFrequency: 2s\npodLogsDir: {}\ncgroupRoot: {cgroup_root}\n{SERVER}{}{}",
                 manifests.display(),
                 logs.display(),
+                super::test_node_defaults(setup.config),
                 setup.config
             ),
         )
@@ -131,6 +135,7 @@ impl ApiNode {
             kubeconfig,
             manifests,
             logs,
+            cgroup_root,
             cri_listen: setup.cri_listen,
         })
     }
@@ -309,6 +314,7 @@ impl Drop for ApiNode {
             remove_builtin_pods(&self.root);
         }
         unmount_kubelet_mounts(&self.root.join("pods"));
+        super::destroy_cgroup_tree(&self.cgroup_root);
     }
 }
 

@@ -65,6 +65,28 @@ impl CriNode {
     /// With every server gone: removes the cgroup root and checks nothing is left.
     pub fn assert_all_gone(&self) {
         remove_cgroup_root(&self.cgroup_root);
+        // A sandbox left behind: what the servers said about it, for the failure's report.
+        let left = super::state_entries(self.root.path(), "sandboxes");
+        if !left.is_empty() {
+            let mut said = String::new();
+            let mut logs: Vec<_> = std::fs::read_dir(self.logs.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            logs.sort();
+            for log in logs {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                for line in text
+                    .lines()
+                    .filter(|l| left.iter().any(|id| l.contains(&id[..12])))
+                {
+                    said.push_str(&format!("{}: {line}\n", log.display()));
+                }
+            }
+            panic!("sandboxes left in the state dir: {left:?}; the servers said:\n{said}");
+        }
         assert_no_leaks(self.root.path(), &self.cgroup_root);
     }
 }
@@ -100,6 +122,15 @@ impl CriServe {
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether the server still runs, else how it ended (for failure reports).
+    pub fn state(&mut self) -> String {
+        match self.child.try_wait() {
+            Ok(None) => "still running".into(),
+            Ok(Some(st)) => format!("exited: {st}"),
+            Err(e) => format!("unknown: {e}"),
         }
     }
 

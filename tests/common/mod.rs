@@ -224,6 +224,115 @@ pub fn remove_cgroup_root(path: &str) {
     let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(path));
 }
 
+/// The eviction thresholds test nodes run with unless a test sets its own: the tests' dirs share
+/// the host's disk, and on a host disk over 85% full upstream's defaults (`imagefs.available`
+/// 15%) would put every test node under disk pressure, refusing pods and removing images.
+pub const TEST_EVICTION_HARD: &str =
+    "evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}\n";
+/// Image garbage collection by disk usage off on test nodes unless a test sets it (the same
+/// reason).
+pub const TEST_IMAGE_GC: &str =
+    "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n";
+
+/// [`TEST_EVICTION_HARD`] and [`TEST_IMAGE_GC`], each unless `config` (a test's own lines) sets
+/// its fields.
+pub fn test_node_defaults(config: &str) -> String {
+    let mut out = String::new();
+    if !config.contains("evictionHard") {
+        out.push_str(TEST_EVICTION_HARD);
+    }
+    if !config.contains("imageGCHighThresholdPercent") {
+        out.push_str(TEST_IMAGE_GC);
+    }
+    out
+}
+
+/// A kubelet's cgroup root of the test's own (`cgroupRoot`), named after its temp dir so that
+/// test nodes running at once never share a `kubepods` tree.
+pub fn kubelet_cgroup_root(dir: &Path) -> String {
+    let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    format!("/nl-e2e-{}", tag.unwrap_or_default())
+}
+
+/// The directory of the cgroup `path` in every mounted hierarchy (each v1 controller, or the
+/// unified one).
+fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
+    let rel = path.trim_start_matches('/');
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.procs").exists() {
+        return vec![base.join(rel)];
+    }
+    std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(rel))
+        .collect()
+}
+
+/// The pod cgroups (`pod<uid>`) left in the kubelet tree under `cgroup_root`.
+pub fn pod_cgroups_left(cgroup_root: &str) -> Vec<String> {
+    let memory = Path::new("/sys/fs/cgroup/memory");
+    let base = if memory.is_dir() {
+        memory
+    } else {
+        Path::new("/sys/fs/cgroup")
+    };
+    let kubepods = base
+        .join(cgroup_root.trim_start_matches('/'))
+        .join("kubepods");
+    let mut out = Vec::new();
+    for dir in [
+        kubepods.clone(),
+        kubepods.join("burstable"),
+        kubepods.join("besteffort"),
+    ] {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("pod") && e.path().is_dir() {
+                out.push(e.path().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Removes the cgroup `path` and everything below it from every hierarchy, killing what still
+/// runs there (what a failed test's node left).
+pub fn destroy_cgroup_tree(path: &str) {
+    fn walk(dir: &Path, pids: &mut Vec<i32>, dirs: &mut Vec<PathBuf>) {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                walk(&e.path(), pids, dirs);
+            }
+        }
+        dirs.push(dir.to_path_buf());
+    }
+    for _ in 0..100 {
+        let (mut pids, mut dirs) = (Vec::new(), Vec::new());
+        for d in cgroup_dirs(path).iter().filter(|d| d.is_dir()) {
+            walk(d, &mut pids, &mut dirs);
+        }
+        if dirs.is_empty() {
+            return;
+        }
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // Children first: `walk` lists each directory after those below it.
+        for d in &dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    eprintln!("NOTE: cgroup {path} could not be removed");
+}
+
 /// Checks that no mount and no process mentions `dir` any more.
 pub fn assert_nothing_under(dir: &Path) {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
@@ -305,12 +414,44 @@ pub fn assert_no_leaks(root: &Path, cgroup_root: &str) {
         let left = state_entries(root, sub);
         assert!(left.is_empty(), "{sub} left in the state dir: {left:?}");
     }
-    for ctrl in ["memory", "pids", "cpu"] {
-        let p = Path::new("/sys/fs/cgroup")
-            .join(ctrl)
-            .join(cgroup_root.trim_start_matches('/'));
-        assert!(!p.exists(), "cgroup {} left behind", p.display());
+    let left: Vec<String> = ["memory", "pids", "cpu"]
+        .iter()
+        .map(|ctrl| {
+            Path::new("/sys/fs/cgroup")
+                .join(ctrl)
+                .join(cgroup_root.trim_start_matches('/'))
+        })
+        .filter(|p| p.exists())
+        .map(|p| describe_cgroup_tree(&p))
+        .collect();
+    assert!(left.is_empty(), "cgroups left behind:\n{}", left.join("\n"));
+}
+
+/// The cgroup dirs under `dir` (itself included), each with the processes in it and their
+/// command lines: what a leak report needs to say who left it.
+fn describe_cgroup_tree(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+        let procs: Vec<String> = procs
+            .split_whitespace()
+            .map(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                format!(
+                    "{pid} {:?}",
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                )
+            })
+            .collect();
+        out.push_str(&format!("{} processes {procs:?}\n", d.display()));
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
     }
+    out
 }
 
 /// RunPodSandbox of `sandbox_config(name)` on any CRI runtime; returns the id and the config.
@@ -750,4 +891,42 @@ impl Drop for NetworkGuard {
         let _ = runtime::builtin::remove_node_network(&self.0);
         let _ = std::fs::remove_dir_all(&self.0.ipam_dir);
     }
+}
+
+/// Unmounts the tmpfs at its path when dropped (declare it before the node whose root it is,
+/// so that it drops after it), then removes the node's dir, which could not go through the
+/// mount.
+pub struct Tmpfs(pub Option<PathBuf>);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`"128m"`) on `dir` and remembers it.
+    pub fn mount(&mut self, dir: &Path, size: &str) {
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("mounting a tmpfs");
+        self.0 = Some(dir.to_path_buf());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+            if let Some(dir) = p.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+/// Capacity and available bytes of the filesystem of `path`.
+pub fn fs_space(path: &Path) -> (u64, u64) {
+    let st = nix::sys::statvfs::statvfs(path).expect("statvfs");
+    let f = st.fragment_size();
+    (st.blocks() * f, st.blocks_available() * f)
 }

@@ -21,6 +21,14 @@ pub struct Standalone {
     pub manifests: PathBuf,
     pub logs: PathBuf,
     pub config_file: PathBuf,
+    /// The kubelet's `cgroupRoot`, the test's own (removed when the node drops).
+    pub cgroup_root: String,
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        super::destroy_cgroup_tree(&self.cgroup_root);
+    }
 }
 
 /// The cgroup root the tests' own runtime handles use (they create no cgroup).
@@ -36,13 +44,15 @@ impl Standalone {
         std::fs::create_dir_all(&manifests).unwrap();
         import_busybox(&root);
         let config_file = dir.path().join("config.yaml");
+        let cgroup_root = super::kubelet_cgroup_root(dir.path());
         std::fs::write(
             &config_file,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\n{}{STANDALONE_AUTH}{extra}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 2s\npodLogsDir: {}\ncgroupRoot: {cgroup_root}\n{}{STANDALONE_AUTH}{}{extra}",
                 manifests.display(),
                 logs.display(),
                 super::api_node::SERVER,
+                super::test_node_defaults(extra),
             ),
         )
         .unwrap();
@@ -52,6 +62,7 @@ impl Standalone {
             manifests,
             logs,
             config_file,
+            cgroup_root,
         }
     }
 
@@ -112,5 +123,7 @@ impl Standalone {
             .unwrap();
         assert!(sandboxes.items.is_empty(), "no sandbox left");
         assert_no_leaks(&self.root, UNUSED_CGROUP_ROOT);
+        let left = super::pod_cgroups_left(&self.cgroup_root);
+        assert!(left.is_empty(), "pod cgroups left: {left:?}");
     }
 }
