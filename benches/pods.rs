@@ -277,6 +277,8 @@ impl Kubelet {
                     tokio::sync::mpsc::unbounded_channel().0,
                     tokio_util::sync::CancellationToken::new(),
                 )),
+                // The runtime places the pods under the bench's cgroup root, as before.
+                cm: Arc::new(nodelet::cm::ContainerManager::disabled()),
             },
         ));
         let workers = PodWorkers::new(syncer, Timing::default());

@@ -90,6 +90,7 @@ async fn bench(opts: &Opts) -> Result<bool> {
         manifests: work.path().join("manifests"),
         bridge,
         agent_pid: 0,
+        cgroup_root: format!("/nl-soak-{}", std::process::id()),
     };
     let mut seen = HashSet::new();
     let mut agent: Option<Child> = None;
@@ -134,7 +135,7 @@ async fn bench(opts: &Opts) -> Result<bool> {
     if let Some(mut child) = agent {
         stop(&mut child).await;
     }
-    let errors = soak::remove_everything(&node, &nodelet_bin(), &cidr, &seen).await;
+    let errors = soak::remove_everything(&node, &nodelet_bin(), &cidr).await;
     for e in &errors {
         eprintln!("cleanup: {e:#}");
     }

@@ -13,7 +13,7 @@ use runtime::{RuntimeService, cri};
 use super::procs;
 
 pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// The built-in runtime's pod cgroups under `nodelet run-node`: `/nodelet/<sandbox id>`.
+/// The built-in runtime's own cgroup root (pods the kubelet gives no cgroup go there).
 pub const CGROUP_ROOT: &str = "/nodelet";
 /// Where the built-in runtime of `run-node` keeps its address leases, per bridge.
 pub const IPAM_DIR: &str = "/run/nodelet/ipam";
@@ -32,6 +32,8 @@ pub struct SoakNode {
     pub manifests: PathBuf,
     pub bridge: String,
     pub agent_pid: u32,
+    /// The kubelet's `cgroupRoot`: the run's own `kubepods` tree goes under it.
+    pub cgroup_root: String,
 }
 
 /// A bridge name and a free /24 of `10.<second>.0.0/16` for a run of its own.
@@ -53,17 +55,21 @@ pub fn own_network(prefix: &str, second: u8) -> Result<(String, String)> {
 }
 
 /// The KubeletConfiguration of a soak node (standalone, its own bridge and /24, no masquerade,
-/// no fixed port).
+/// no fixed port; eviction and image garbage collection not triggered by the host's disk,
+/// which the node's dirs share).
 pub fn kubelet_config(node: &SoakNode, cidr: &str) -> String {
     format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
          staticPodPath: {}\nfileCheckFrequency: 1s\nsyncFrequency: 10s\npodLogsDir: {}\n\
          address: 127.0.0.1\nport: 0\nhealthzPort: 0\n\
          authentication: {{webhook: {{enabled: false}}}}\nauthorization: {{mode: AlwaysAllow}}\n\
-         podCIDR: {cidr}\nnodeletPodBridge: {}\nnodeletPodMasquerade: false\n",
+         podCIDR: {cidr}\nnodeletPodBridge: {}\nnodeletPodMasquerade: false\ncgroupRoot: {}\n\
+         evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}}\n\
+         imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n",
         node.manifests.display(),
         node.logs.display(),
         node.bridge,
+        node.cgroup_root,
     )
 }
 
@@ -410,6 +416,21 @@ fn dirs_under(dir: &Path) -> usize {
         .sum::<usize>()
 }
 
+/// Directories at and below each pod cgroup (`pod<uid>`) of the kubelet tree `kubepods` in one
+/// hierarchy: Guaranteed pods' directly in it, the others' in its QoS cgroups.
+fn pod_cgroup_dirs(kubepods: &Path) -> usize {
+    [
+        kubepods.to_path_buf(),
+        kubepods.join("burstable"),
+        kubepods.join("besteffort"),
+    ]
+    .iter()
+    .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+    .filter(|e| e.file_name().to_string_lossy().starts_with("pod"))
+    .map(|e| dirs_under(&e.path()))
+    .sum()
+}
+
 /// The cgroup hierarchies' mount points: /sys/fs/cgroup itself on v2, its directories (not the
 /// `cpu -> cpu,cpuacct` links) on v1 and hybrid.
 fn hierarchies() -> Vec<PathBuf> {
@@ -426,9 +447,9 @@ fn hierarchies() -> Vec<PathBuf> {
     out
 }
 
-/// The pod cgroup of sandbox `id`, relative to a hierarchy.
-pub fn sandbox_cgroup(id: &str) -> String {
-    format!("{}/{id}", CGROUP_ROOT.trim_start_matches('/'))
+/// The kubelet's cgroup tree of `node` (`kubepods`), relative to a hierarchy.
+pub fn kubepods(node: &SoakNode) -> PathBuf {
+    Path::new(node.cgroup_root.trim_start_matches('/')).join("kubepods")
 }
 
 /// Counts what the node holds now. `seen` gets the sandbox ids found on disk too.
@@ -508,15 +529,11 @@ pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> 
         .filter(|m| m.starts_with(work.as_ref()) || m.starts_with(state.as_ref()))
         .count();
 
-    let hierarchies = hierarchies();
-    l.cgroups = seen
+    // The pod cgroups (with their sandboxes' and containers'), not the QoS cgroups, which
+    // stay.
+    l.cgroups = hierarchies()
         .iter()
-        .map(|id| {
-            hierarchies
-                .iter()
-                .map(|h| dirs_under(&h.join(sandbox_cgroup(id))))
-                .sum::<usize>()
-        })
+        .map(|h| pod_cgroup_dirs(&h.join(kubepods(node))))
         .sum();
 
     l.pod_dirs = entries(&root.join("pods"));
@@ -534,12 +551,11 @@ pub fn census(node: &SoakNode, seen: &mut HashSet<String>) -> Result<Leftovers> 
 
 /// Removes what the node may have left (after a failure; nothing on success): the sandboxes
 /// through a runtime opened on the root dir (their processes, addresses), then mounts, the
-/// run's cgroups, its bridge and lease directory. Returns the errors met.
+/// run's cgroup tree, its bridge and lease directory. Returns the errors met.
 pub async fn remove_everything(
     node: &SoakNode,
     nodelet_bin: &Path,
     cidr: &str,
-    seen: &HashSet<String>,
 ) -> Vec<anyhow::Error> {
     let mut errors = Vec::new();
     let network = match runtime::builtin::parse_pod_cidr(cidr) {
@@ -584,14 +600,11 @@ pub async fn remove_everything(
     if let Err(e) = super::unmount_under(&node.work) {
         errors.push(e);
     }
-    for id in seen {
-        let cg = format!("/{}", sandbox_cgroup(id));
-        let exists = hierarchies()
-            .iter()
-            .any(|h| h.join(sandbox_cgroup(id)).exists());
-        if exists && let Err(e) = super::remove_cgroup(&cg) {
-            errors.push(e);
-        }
+    let exists = hierarchies()
+        .iter()
+        .any(|h| h.join(node.cgroup_root.trim_start_matches('/')).exists());
+    if exists && let Err(e) = super::remove_cgroup(&node.cgroup_root) {
+        errors.push(e);
     }
     if let Some(net) = &network
         && Path::new("/sys/class/net").join(&net.bridge).exists()
