@@ -214,7 +214,7 @@ async fn run(
         pod_logs_dir: dir.join("logs"),
         root_dir: dir.join("root"),
         node_name: NODE_NAME.into(),
-        node_ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        node_ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
         max_pods: u32::try_from(opts.pods).unwrap_or(u32::MAX).max(110),
         ..KubeletConfig::default()
     };

@@ -41,8 +41,14 @@ pub enum Command {
     Pods,
 }
 
+/// The subcommands' names: an argument that is one of them means nodelet's own command line.
+const SUBCOMMANDS: [&str; 6] = ["images", "run", "cri", "run-node", "pods", "help"];
+
 /// Parses `args` and runs the command; errors are printed, never panicked.
 pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
+    if kubelet_invocation(&args) {
+        return kubelet_main(&args[1..]);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -82,6 +88,88 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("nodelet: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether the command line is the kubelet's: the binary is called `kubelet` (a link to
+/// nodelet where upstream's kubelet was), or it is given flags and no subcommand (`nodelet
+/// --config=/etc/kubelet.yaml`). `nodelet`, `nodelet --help` and `nodelet --version` alone stay
+/// nodelet's.
+pub fn kubelet_invocation(args: &[std::ffi::OsString]) -> bool {
+    let called_kubelet = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "kubelet");
+    if called_kubelet {
+        return true;
+    }
+    let rest: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str().unwrap_or(""))
+        .collect();
+    let mut i = 0;
+    while let Some(a) = rest.get(i) {
+        if *a == "--" {
+            break;
+        }
+        match a.strip_prefix("--") {
+            Some(flag) if !flag.contains('=') && crate::config::flags::takes_value(flag) => i += 2,
+            Some(_) => i += 1,
+            None if a.starts_with('-') => i += 1,
+            None => return !SUBCOMMANDS.contains(a),
+        }
+    }
+    let own = ["--help", "-h", "--version", "-V"];
+    !rest.is_empty() && !rest.iter().all(|a| own.contains(a))
+}
+
+/// Runs nodelet as the kubelet: upstream's flags (`kubelet --help`), `--version` printing the
+/// Kubernetes version implemented, a bad flag refused with exit code 1.
+fn kubelet_main(args: &[std::ffi::OsString]) -> ExitCode {
+    let mut strings = Vec::with_capacity(args.len());
+    for a in args {
+        match a.to_str() {
+            Some(s) => strings.push(s.to_string()),
+            None => {
+                eprintln!("kubelet: argument {a:?} is not UTF-8");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let flags = match crate::config::flags::parse(&strings) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kubelet: {e}");
+            eprintln!("Run 'kubelet --help' for the flags.");
+            return ExitCode::FAILURE;
+        }
+    };
+    if flags.help {
+        print!("{}", crate::config::flags::usage());
+        return ExitCode::SUCCESS;
+    }
+    if flags.version {
+        println!("Kubernetes v{}", crate::version::KUBERNETES_VERSION);
+        return ExitCode::SUCCESS;
+    }
+    crate::logging::init_verbosity(flags.verbosity);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kubelet: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(commands::node::run_kubelet(flags)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kubelet: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -20,8 +20,11 @@ mod allocatable;
 mod cgroups;
 mod eviction;
 mod export;
+pub mod flags;
 mod image_gc;
+mod layers;
 mod logs;
+mod registration;
 mod server;
 mod shutdown;
 mod testing;
@@ -30,7 +33,12 @@ pub use allocatable::Reserved;
 pub use cgroups::{CgroupDriver, Cgroups};
 pub use eviction::{Eviction, default_eviction_hard};
 pub use image_gc::ImageGcConfig;
+pub use layers::{Layers, load_layers, merge};
 pub use logs::ContainerLogConfig;
+pub use registration::{
+    Registration, TAINT_EXTERNAL_CLOUD_PROVIDER, TaintSpec, format_taint, parse_node_labels,
+    parse_taint,
+};
 pub use server::{AuthzMode, ServerConfig};
 pub use shutdown::{PriorityGroup, SYSTEM_CRITICAL_PRIORITY, Shutdown};
 pub use testing::TestingConfig;
@@ -86,6 +94,23 @@ pub enum Error {
     /// A threshold that is not a quantity (`"100Mi"`).
     #[error("invalid quantity {0:?}")]
     Quantity(String),
+    /// A taint that cannot be registered.
+    #[error("invalid taint {0}")]
+    Taint(String),
+    /// A node label that cannot be registered.
+    #[error("invalid node label {0}")]
+    Label(String),
+    /// The drop-in directory (`--config-dir`) could not be listed.
+    #[error("reading the drop-in directory {path}: {source}")]
+    ReadDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// One file of several is refused: which one, and why (printed, not chained, so that
+    /// `{:#}` does not print it twice).
+    #[error("{path}: {error}")]
+    InFile { path: PathBuf, error: Box<Error> },
 }
 
 /// The kubelet's effective configuration: the file's fields plus those the flags set.
@@ -120,6 +145,11 @@ pub struct KubeletConfig {
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
     pub register_node: bool,
+    /// `registerWithTaints`, `providerID`, and the flags `--node-labels` and
+    /// `--cloud-provider`.
+    pub registration: Registration,
+    /// `runtimeRequestTimeout`: the deadline of a remote runtime's calls (pulls get more).
+    pub runtime_request_timeout: Duration,
     /// Hard eviction thresholds, signal → value (`"100Mi"`, `"10%"`). A file that sets
     /// `evictionHard` replaces the defaults entirely, as upstream does, unless it sets
     /// `mergeDefaultEvictionSettings`.
@@ -137,12 +167,19 @@ pub struct KubeletConfig {
     pub testing: TestingConfig,
     /// `--hostname-override`, else the host name, lowercased.
     pub node_name: String,
-    /// `--node-ip`.
-    pub node_ip: Option<IpAddr>,
+    /// `--node-ip`: none (found from the host name), one, or one of each family (dual stack,
+    /// the first the primary).
+    pub node_ips: Vec<IpAddr>,
     /// `--kubeconfig`; `None`: standalone (no API server).
     pub kubeconfig: Option<PathBuf>,
     /// `--root-dir`.
     pub root_dir: PathBuf,
+    /// `--cert-dir`: the self-signed serving certificate (and, with TLS bootstrap, the
+    /// client certificates); default `<root-dir>/pki`.
+    pub cert_dir: Option<PathBuf>,
+    /// `--pod-infra-container-image`: never garbage collected (upstream keeps the flag for
+    /// that alone).
+    pub pod_infra_container_image: Option<String>,
     /// `podCIDR`: the built-in runtime's pod subnet (upstream: the standalone kubelet's).
     pub pod_cidr: String,
     /// `nodeletPodBridge`: the built-in runtime's bridge.
@@ -181,6 +218,8 @@ impl Default for KubeletConfig {
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             register_node: true,
+            registration: Registration::default(),
+            runtime_request_timeout: Duration::from_secs(120),
             eviction_hard: default_eviction_hard(),
             eviction: Eviction::default(),
             reserved: Reserved::default(),
@@ -188,9 +227,11 @@ impl Default for KubeletConfig {
             max_parallel_image_pulls: None,
             testing: TestingConfig::default(),
             node_name: host_name(),
-            node_ip: None,
+            node_ips: Vec::new(),
             kubeconfig: None,
             root_dir: PathBuf::from("/var/lib/nodelet"),
+            cert_dir: None,
+            pod_infra_container_image: None,
             pod_cidr: "10.88.0.0/16".to_string(),
             pod_bridge: "nodelet0".to_string(),
             pod_masquerade: true,
@@ -198,6 +239,15 @@ impl Default for KubeletConfig {
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
+    }
+}
+
+impl KubeletConfig {
+    /// `--cert-dir`, else `<root-dir>/pki`.
+    pub fn cert_dir(&self) -> PathBuf {
+        self.cert_dir
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("pki"))
     }
 }
 
@@ -228,6 +278,12 @@ pub fn load(path: &Path) -> Result<(KubeletConfig, Vec<String>), Error> {
 
 /// Like [`load`], from the file's text.
 pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), Error> {
+    from_document(document(text)?)
+}
+
+/// A `KubeletConfiguration` document's fields (YAML or JSON), its `apiVersion` and `kind`
+/// checked and taken out: one layer for [`layers::load_layers`] to merge.
+pub(crate) fn document(text: &str) -> Result<serde_json::Map<String, Value>, Error> {
     // YAML is a superset of JSON, so one parser reads both.
     let value: Value = serde_norway::from_str(text).map_err(|error| Error::Parse {
         path: PathBuf::new(),
@@ -253,6 +309,14 @@ pub fn parse(text: &str) -> Result<(KubeletConfig, Vec<String>), Error> {
         Some(Value::String(v)) if v == KIND => {}
         Some(v) => return Err(invalid("kind", format!("{v} is not {KIND}"))),
     }
+    Ok(map)
+}
+
+/// The configuration a document's fields give: defaults for what is unset, every value
+/// checked, unknown fields as warnings.
+pub(crate) fn from_document(
+    map: serde_json::Map<String, Value>,
+) -> Result<(KubeletConfig, Vec<String>), Error> {
     // A value of the wrong type is refused with its path in the file: `clusterDNS[1]: ...`.
     let raw: RawConfig = serde_path_to_error::deserialize(Value::Object(map))
         .map_err(|e| invalid(&e.path().to_string(), e.into_inner()))?;
@@ -302,6 +366,10 @@ struct RawConfig {
     cluster_dns: Option<IpList>,
     cluster_domain: Option<Typed<String>>,
     register_node: Option<Typed<bool>>,
+    register_with_taints: Option<Value>,
+    #[serde(rename = "providerID")]
+    provider_id: Option<Typed<String>>,
+    runtime_request_timeout: Option<Typed<Duration>>,
     eviction_hard: Option<Thresholds>,
     merge_default_eviction_settings: Option<Typed<bool>>,
     eviction_soft: Option<Thresholds>,
@@ -368,6 +436,11 @@ impl RawConfig {
             on_sigterm: self.nodelet_shutdown_on_sigterm,
         }
         .into_config()?;
+        let registration = registration::RawRegistration {
+            taints: self.register_with_taints,
+            provider_id: self.provider_id,
+        }
+        .into_config()?;
         warnings.sort();
 
         let pod_pids_limit = pod_pids_limit(self.pod_pids_limit, d.pod_pids_limit)?;
@@ -418,7 +491,9 @@ impl RawConfig {
             max_pods: at_least_one("maxPods", self.max_pods, d.max_pods)?,
             pod_pids_limit,
             pod_logs_dir,
+            // The built-in runtime's own name stands for it (the default).
             container_runtime_endpoint: get(self.container_runtime_endpoint)
+                .filter(|e| e != runtime::builtin::RUNTIME_NAME)
                 .unwrap_or(d.container_runtime_endpoint),
             image_service_endpoint: get(self.image_service_endpoint)
                 .unwrap_or(d.image_service_endpoint),
@@ -428,6 +503,12 @@ impl RawConfig {
             cluster_dns: self.cluster_dns.map_or(d.cluster_dns, |IpList(ips)| ips),
             cluster_domain: get(self.cluster_domain).unwrap_or(d.cluster_domain),
             register_node: get(self.register_node).unwrap_or(d.register_node),
+            registration,
+            runtime_request_timeout: positive(
+                "runtimeRequestTimeout",
+                self.runtime_request_timeout,
+                d.runtime_request_timeout,
+            )?,
             eviction_hard,
             eviction,
             reserved,
@@ -443,9 +524,11 @@ impl RawConfig {
                 .unwrap_or(d.insecure_registries),
             // Set from flags.
             node_name: d.node_name,
-            node_ip: d.node_ip,
+            node_ips: d.node_ips,
             kubeconfig: d.kubeconfig,
             root_dir: d.root_dir,
+            cert_dir: d.cert_dir,
+            pod_infra_container_image: d.pod_infra_container_image,
         };
         Ok((cfg, warnings))
     }

@@ -5,8 +5,19 @@ use tracing_subscriber::EnvFilter;
 /// Logs to stderr, filtered by `NODELET_LOG` (default `info`, with libcgroups' per-call
 /// notices about absent v1 controllers left out).
 pub fn init() {
+    init_verbosity(None)
+}
+
+/// Like [`init`], the default level from the kubelet's `--v` when given (0-2 info, 3-4 debug,
+/// 5 and more trace); `NODELET_LOG` still wins.
+pub fn init_verbosity(v: Option<u8>) {
+    let level = match v.unwrap_or(0) {
+        0..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    };
     let filter = EnvFilter::try_from_env("NODELET_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,libcgroups=error,libcontainer=warn"));
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},libcgroups=error,libcontainer=warn")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

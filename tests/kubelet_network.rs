@@ -63,7 +63,7 @@ impl Kubelet {
             root_dir: dir.path().join("root"),
             pod_logs_dir: dir.path().join("logs"),
             node_name: "test-node".into(),
-            node_ip: Some("127.0.0.1".parse().expect("ip")),
+            node_ips: vec!["127.0.0.1".parse().expect("ip")],
             file_check_frequency: Duration::from_secs(1),
             // The fake runtime runs nothing: no cgroup tree on the machine for it.
             cgroups: nodelet::config::Cgroups {

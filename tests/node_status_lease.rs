@@ -34,7 +34,7 @@ async fn wait_for<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T
 fn config(name: &str, dir: &std::path::Path) -> KubeletConfig {
     KubeletConfig {
         node_name: name.to_string(),
-        node_ip: Some("10.9.8.7".parse().unwrap()),
+        node_ips: vec!["10.9.8.7".parse().unwrap()],
         root_dir: dir.to_path_buf(),
         max_pods: 17,
         node_status_update_frequency: Duration::from_millis(200),

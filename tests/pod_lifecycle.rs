@@ -39,7 +39,7 @@ impl Node {
             root_dir: dir.path().join("root"),
             pod_logs_dir: dir.path().join("logs"),
             node_name: "n1".into(),
-            node_ip: Some("127.0.0.1".parse().expect("ip")),
+            node_ips: vec!["127.0.0.1".parse().expect("ip")],
             file_check_frequency: Duration::from_secs(1),
             // The default resync: back-off must not wait for it.
             sync_frequency: Duration::from_secs(60),

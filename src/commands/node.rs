@@ -52,16 +52,80 @@ pub async fn run(dirs: &super::Dirs, args: NodeArgs) -> anyhow::Result<ExitCode>
     if let Some(name) = args.hostname_override {
         cfg.node_name = name.to_lowercase();
     }
-    cfg.node_ip = args.node_ip.or(cfg.node_ip);
+    if let Some(ip) = args.node_ip {
+        cfg.node_ips = vec![ip];
+    }
     if args.kubeconfig.is_some() {
         cfg.kubeconfig = args.kubeconfig;
     }
+    run_agent(cfg, dirs, args.cri_listen.as_deref()).await
+}
+
+/// `nodelet` started as the kubelet (`kubelet --config=... --kubeconfig=...`): the layers of
+/// configuration and the flags ([`config::flags`]) make the configuration, then the agent
+/// runs as `run-node` runs it.
+pub async fn run_kubelet(flags: config::flags::KubeletFlags) -> anyhow::Result<ExitCode> {
+    for w in &flags.warnings {
+        tracing::warn!("{w}");
+    }
+    let (mut cfg, warnings) = config::load_layers(&flags.layers)?;
+    for w in warnings {
+        tracing::warn!("configuration: {w}");
+    }
+    let dirs = super::Dirs {
+        root: flags
+            .root_dir
+            .unwrap_or_else(|| config::KubeletConfig::default().root_dir),
+        state: flags.state_dir,
+    };
+    cfg.root_dir = dirs.root.clone();
+    cfg.cert_dir = flags.cert_dir;
+    if let Some(name) = flags.hostname_override {
+        cfg.node_name = name;
+    }
+    cfg.node_ips = flags.node_ips;
+    cfg.registration.labels = flags.node_labels;
+    cfg.registration.external_cloud_provider = flags.external_cloud_provider;
+    cfg.pod_infra_container_image = flags.pod_infra_container_image;
+    cfg.kubeconfig = kubeconfig(flags.kubeconfig, flags.bootstrap_kubeconfig)?;
+    run_agent(cfg, &dirs, flags.cri_listen.as_deref()).await
+}
+
+/// The kubeconfig to use, as upstream decides: `--kubeconfig` when it is there; without it, a
+/// `--bootstrap-kubeconfig` would be used to get a client certificate, which is not built yet.
+fn kubeconfig(
+    kubeconfig: Option<PathBuf>,
+    bootstrap: Option<PathBuf>,
+) -> anyhow::Result<Option<PathBuf>> {
+    match (kubeconfig, bootstrap) {
+        (Some(k), _) if k.exists() => Ok(Some(k)),
+        (Some(k), Some(b)) => anyhow::bail!(
+            "{} does not exist and TLS bootstrap with --bootstrap-kubeconfig {} is not \
+             supported by nodelet yet: give a kubeconfig with a client certificate",
+            k.display(),
+            b.display()
+        ),
+        (Some(k), None) => anyhow::bail!("--kubeconfig {} does not exist", k.display()),
+        (None, Some(_)) => {
+            anyhow::bail!("--bootstrap-kubeconfig needs --kubeconfig (where the result goes)")
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// Runs the node agent with `cfg` until SIGTERM or Ctrl-C; with `cri_listen`, the runtime is
+/// also served over CRI there.
+async fn run_agent(
+    cfg: config::KubeletConfig,
+    dirs: &super::Dirs,
+    cri_listen: Option<&str>,
+) -> anyhow::Result<ExitCode> {
     let client = match &cfg.kubeconfig {
         Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
         None => None,
     };
     let rt = open_runtime(&cfg, dirs).await?;
-    if let Some(listen) = &args.cri_listen {
+    if let Some(listen) = cri_listen {
         let socket = runtime::endpoint::unix_socket_path(listen)?;
         let bound = runtime::server::bind_unix(&socket)?;
         let (r, i) = (rt.runtime.clone(), rt.images.clone());
@@ -95,7 +159,16 @@ pub async fn open_runtime(
     cfg: &config::KubeletConfig,
     dirs: &super::Dirs,
 ) -> anyhow::Result<kubelet::Runtime> {
-    const CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
+    // Calls get `runtimeRequestTimeout`; connecting, as before, 10 s, so that a runtime that is
+    // not there is reported at once.
+    let remote_cfg = runtime::remote::RemoteConfig {
+        connect_timeout: std::time::Duration::from_secs(10),
+        ..runtime::remote::RemoteConfig::new(cfg.runtime_request_timeout)
+    };
+    let connect = |endpoint: &str| {
+        let (endpoint, cfg) = (endpoint.to_string(), remote_cfg.clone());
+        async move { runtime::remote::RemoteRuntime::connect_with(&endpoint, cfg).await }
+    };
     if cfg.container_runtime_endpoint.is_empty() {
         if !cfg.image_service_endpoint.is_empty() {
             anyhow::bail!(
@@ -124,13 +197,13 @@ pub async fn open_runtime(
             cfg.container_runtime_endpoint
         );
     }
-    let remote = runtime::remote::connect(&cfg.container_runtime_endpoint, CONNECT).await?;
+    let remote = connect(&cfg.container_runtime_endpoint).await?;
     let images = if cfg.image_service_endpoint.is_empty()
         || cfg.image_service_endpoint == cfg.container_runtime_endpoint
     {
         remote.clone()
     } else {
-        runtime::remote::connect(&cfg.image_service_endpoint, CONNECT).await?
+        connect(&cfg.image_service_endpoint).await?
     };
     Ok(kubelet::Runtime {
         runtime: Arc::new(remote),

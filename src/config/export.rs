@@ -16,6 +16,12 @@ impl KubeletConfig {
             Some(p) => Value::from(p.to_string_lossy().into_owned()),
             None => Value::Null,
         };
+        let taints: Vec<Value> = self
+            .registration
+            .taints
+            .iter()
+            .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+            .collect();
         let mut v = json!({
             "apiVersion": super::API_VERSION,
             "kind": super::KIND,
@@ -152,6 +158,9 @@ impl KubeletConfig {
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);
         v["reservedSystemCPUs"] = r.system_cpus.clone().into();
+        v["registerWithTaints"] = Value::Array(taints);
+        v["providerID"] = self.registration.provider_id.clone().into();
+        v["runtimeRequestTimeout"] = d(self.runtime_request_timeout).into();
         v
     }
 }
@@ -213,6 +222,16 @@ mod tests {
                 system: [("cpu".into(), 2000), ("ephemeral-storage".into(), 1 << 30)].into(),
                 system_cpus: "2-3".into(),
             },
+            registration: super::super::Registration {
+                taints: vec![super::super::TaintSpec {
+                    key: "dedicated".into(),
+                    value: "edge".into(),
+                    effect: "NoSchedule".into(),
+                }],
+                provider_id: "edge://site-7/node-a".into(),
+                ..Default::default()
+            },
+            runtime_request_timeout: std::time::Duration::from_secs(30),
             ..Default::default()
         };
         let (mut read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");

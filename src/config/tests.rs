@@ -627,3 +627,74 @@ fn eviction_settings_with_merged_defaults() {
     );
     assert!(d.eviction.soft.is_empty());
 }
+
+#[test]
+fn registration_settings_and_the_runtime_timeout() {
+    let (cfg, warnings) = ok("registerWithTaints:\n\
+         - {key: dedicated, value: edge, effect: NoSchedule}\n\
+         - {key: gpu, effect: NoExecute}\n\
+         providerID: edge://site-7/a\nruntimeRequestTimeout: 30s\n\
+         containerRuntimeEndpoint: nodelet\n");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let t = &cfg.registration.taints;
+    assert_eq!(t.len(), 2);
+    assert_eq!(
+        (t[0].key.as_str(), t[0].value.as_str()),
+        ("dedicated", "edge")
+    );
+    assert_eq!(
+        (t[1].value.as_str(), t[1].effect.as_str()),
+        ("", "NoExecute")
+    );
+    assert_eq!(cfg.registration.provider_id, "edge://site-7/a");
+    assert_eq!(cfg.runtime_request_timeout, Duration::from_secs(30));
+    // The built-in runtime's own name stands for it.
+    assert_eq!(cfg.container_runtime_endpoint, "");
+    assert_eq!(
+        KubeletConfig::default().runtime_request_timeout,
+        Duration::from_secs(120)
+    );
+
+    let e = err(&format!(
+        "{HEAD}registerWithTaints: [{{key: a, effect: Never}}]\n"
+    ));
+    assert!(
+        e.contains("registerWithTaints[0]") && e.contains("Never"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{HEAD}registerWithTaints: [{{key: 'a b', effect: NoSchedule}}]\n"
+    ));
+    assert!(e.contains("key \"a b\""), "{e}");
+    let e = err(&format!("{HEAD}registerWithTaints: a=b:NoSchedule\n"));
+    assert!(e.contains("a list of taints"), "{e}");
+}
+
+#[test]
+fn node_labels_a_kubelet_may_set() {
+    let l = parse_node_labels(
+        "a=b, example.com/x=y,node.kubernetes.io/pool=edge,\
+         topology.kubernetes.io/zone=z1,k=",
+    )
+    .unwrap();
+    assert_eq!(l.len(), 5);
+    assert_eq!(l["k"], "");
+    for (bad, why) in [
+        ("node-role.kubernetes.io/worker=", "unknown 'kubernetes.io'"),
+        ("x.k8s.io/a=b", "unknown 'kubernetes.io' or 'k8s.io'"),
+        ("a", "must be key=value"),
+        ("-a=b", "key \"-a\""),
+        ("a=b c", "value \"b c\""),
+    ] {
+        let e = parse_node_labels(bad).unwrap_err().to_string();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    assert_eq!(
+        format_taint(&parse_taint("k=v:NoSchedule").unwrap()),
+        "k=v:NoSchedule"
+    );
+    assert_eq!(
+        format_taint(&parse_taint("k:NoExecute").unwrap()),
+        "k:NoExecute"
+    );
+}

@@ -75,6 +75,8 @@ pub struct ImageGc {
     records: Mutex<BTreeMap<String, Record>>,
     /// Measures the image filesystem (statvfs; the tests' own).
     space: SpaceFn,
+    /// References never collected besides the pinned images (`--pod-infra-container-image`).
+    kept: Vec<String>,
 }
 
 /// The capacity and available bytes of the filesystem holding a path.
@@ -102,7 +104,15 @@ impl ImageGc {
             state_file,
             records: Mutex::new(records),
             space: Box::new(fs_space),
+            kept: Vec::new(),
         }
+    }
+
+    /// Never collects the images these references name (upstream keeps
+    /// `--pod-infra-container-image` for this alone).
+    pub fn keeping(mut self, references: Vec<String>) -> Self {
+        self.kept = references;
+        self
     }
 
     /// Measures the image filesystem with `space` instead of statvfs.
@@ -243,13 +253,21 @@ impl ImageGc {
             .containers;
         let mut in_use = HashSet::new();
         // The runtime's sandbox image is always in use, pinned or not (a containerd before 1.7
-        // does not pin it; upstream's collector kept it the same way).
-        if let Some(sandbox) = self.sandbox_image().await {
-            let full = normalize(&sandbox);
-            for img in images
-                .iter()
-                .filter(|i| i.repo_tags.iter().any(|t| *t == sandbox || *t == full))
-            {
+        // does not pin it; upstream's collector kept it the same way), and so are the images
+        // the kubelet was told to keep.
+        let kept = self
+            .sandbox_image()
+            .await
+            .into_iter()
+            .chain(self.kept.clone());
+        for reference in kept {
+            let full = normalize(&reference);
+            for img in images.iter().filter(|i| {
+                i.repo_tags
+                    .iter()
+                    .chain(&i.repo_digests)
+                    .any(|t| *t == reference || *t == full)
+            }) {
                 in_use.insert(img.id.clone());
             }
         }

@@ -122,7 +122,7 @@ impl Kubelet {
         let image_gc = w.image_gc(&recorder);
         let cache = Arc::new(pod_cache::PodCache::new());
         let health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
-        let (port, pods) = w.server(facts.node_ip, &status, &health).await?;
+        let (port, pods) = w.server(facts.node_ips(), &status, &health).await?;
         // The Node advertises the port bound; admission checks pods against the registered
         // Node, or against this one before that.
         facts.kubelet_port = port;

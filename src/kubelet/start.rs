@@ -139,7 +139,7 @@ impl Wiring {
             },
             pods_dir: cfg.root_dir.join("pods"),
             node_name: cfg.node_name.clone(),
-            host_ips: vec![facts.node_ip.to_string()],
+            host_ips: facts.node_ips().iter().map(|ip| ip.to_string()).collect(),
             node_memory_bytes: i64::try_from(facts.memory_bytes).unwrap_or(i64::MAX),
             stop_signal_annotation: version.runtime_name == runtime::builtin::RUNTIME_NAME,
             ..Default::default()
@@ -203,12 +203,15 @@ impl Wiring {
     /// Image garbage collection, in its own task: every `imageGCPeriod` (upstream's 5 minutes)
     /// by the configured thresholds and ages, its records in `<root>/image-gc.json`.
     pub fn image_gc(&mut self, events: &EventRecorder) -> Arc<super::image_gc::ImageGc> {
-        let gc = Arc::new(super::image_gc::ImageGc::new(
-            self.rt.runtime.clone(),
-            self.rt.images.clone(),
-            self.cfg.image_gc.clone(),
-            self.cfg.root_dir.join("image-gc.json"),
-        ));
+        let gc = Arc::new(
+            super::image_gc::ImageGc::new(
+                self.rt.runtime.clone(),
+                self.rt.images.clone(),
+                self.cfg.image_gc.clone(),
+                self.cfg.root_dir.join("image-gc.json"),
+            )
+            .keeping(self.cfg.pod_infra_container_image.iter().cloned().collect()),
+        );
         let period = self.cfg.testing.image_gc_period;
         self.tasks
             .spawn(gc.clone().run(period, events.clone(), self.cancel.clone()));
@@ -297,7 +300,7 @@ impl Wiring {
     /// publishes the pods the server lists.
     pub async fn server(
         &mut self,
-        node_ip: IpAddr,
+        node_ips: Vec<IpAddr>,
         status: &Arc<StatusManager>,
         health: &Arc<pleg::PlegHealth>,
     ) -> Result<(u16, PodsSender), crate::server::Error> {
@@ -307,8 +310,9 @@ impl Wiring {
         let deps = crate::server::ServerDeps {
             cfg: cfg.server.clone(),
             node_name: cfg.node_name.clone(),
-            node_ips: vec![node_ip],
+            node_ips,
             root_dir: cfg.root_dir.clone(),
+            cert_dir: cfg.cert_dir(),
             pod_logs_dir: cfg.pod_logs_dir.clone(),
             client: self.client.clone(),
             rt: self.rt.runtime.clone(),

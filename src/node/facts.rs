@@ -18,6 +18,8 @@ pub struct NodeFacts {
     pub hostname: String,
     /// The InternalIP address.
     pub node_ip: IpAddr,
+    /// The other family's address of a dual-stack `--node-ip`.
+    pub secondary_node_ip: Option<IpAddr>,
     /// CPUs this process may run on (like Go's `runtime.NumCPU`).
     pub cpus: u32,
     /// `MemTotal` in bytes.
@@ -47,6 +49,13 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
+    /// The node's addresses: the primary, then the other family's of a dual-stack node.
+    pub fn node_ips(&self) -> Vec<IpAddr> {
+        std::iter::once(self.node_ip)
+            .chain(self.secondary_node_ip)
+            .collect()
+    }
+
     /// Reads the facts from this machine. Missing identity files give empty strings (as
     /// upstream reports them); unreadable CPU, memory or root filesystem are errors.
     pub fn gather(
@@ -61,7 +70,12 @@ impl NodeFacts {
             .unwrap_or_default();
         Ok(NodeFacts {
             hostname: cfg.node_name.clone(),
-            node_ip: cfg.node_ip.unwrap_or_else(|| host_ip(&cfg.node_name)),
+            node_ip: cfg
+                .node_ips
+                .first()
+                .copied()
+                .unwrap_or_else(|| host_ip(&cfg.node_name)),
+            secondary_node_ip: cfg.node_ips.get(1).copied(),
             cpus: cpu_count()?,
             memory_bytes,
             swap_bytes: meminfo_bytes(&meminfo, "SwapTotal"),
@@ -242,7 +256,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = KubeletConfig {
             node_name: "node-a".into(),
-            node_ip: Some("10.1.2.3".parse().unwrap()),
+            node_ips: vec!["10.1.2.3".parse().unwrap()],
             root_dir: dir.path().join("not/yet/created"),
             max_pods: 7,
             ..Default::default()
@@ -266,7 +280,7 @@ mod tests {
     fn gather_without_node_ip_finds_one() {
         let cfg = KubeletConfig {
             node_name: "localhost".into(),
-            node_ip: None,
+            node_ips: Vec::new(),
             root_dir: "/".into(),
             ..Default::default()
         };

@@ -27,8 +27,8 @@ pub use status::{HealthCheck, NodeStatusManager, should_write, status_changed};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSwapStatus,
-    NodeSystemInfo,
+    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSwapStatus,
+    NodeSystemInfo, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -104,21 +104,59 @@ pub const ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH: &str =
 /// The Node nodelet registers: metadata (name, default labels, the attach/detach annotation)
 /// and the status that follows from the facts alone (capacity, allocatable, addresses,
 /// nodeInfo, daemon endpoints). Conditions and images are added by [`status`].
+/// With `--node-labels` (over the default ones, as upstream), `registerWithTaints` (and the
+/// uninitialized taint of `--cloud-provider=external`, with the node IP given in an annotation
+/// for the cloud controller), and `providerID`.
 pub fn build_node(facts: &NodeFacts, cfg: &KubeletConfig) -> Node {
+    let reg = &cfg.registration;
+    let mut labels = default_labels(facts);
+    labels.extend(reg.labels.clone());
+    let mut annotations = BTreeMap::from([(
+        ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH.to_string(),
+        "true".to_string(),
+    )]);
+    let mut taints: Vec<Taint> = reg
+        .taints
+        .iter()
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: Some(t.value.clone()).filter(|v| !v.is_empty()),
+            effect: t.effect.clone(),
+            time_added: None,
+        })
+        .collect();
+    if reg.external_cloud_provider {
+        taints.push(Taint {
+            key: crate::config::TAINT_EXTERNAL_CLOUD_PROVIDER.to_string(),
+            value: Some("true".to_string()),
+            effect: "NoSchedule".to_string(),
+            time_added: None,
+        });
+        if !cfg.node_ips.is_empty() {
+            let ips: Vec<String> = cfg.node_ips.iter().map(|ip| ip.to_string()).collect();
+            annotations.insert(ANNOTATION_PROVIDED_NODE_IP.to_string(), ips.join(","));
+        }
+    }
+    let spec = (!taints.is_empty() || !reg.provider_id.is_empty()).then(|| NodeSpec {
+        taints: Some(taints).filter(|t| !t.is_empty()),
+        provider_id: Some(reg.provider_id.clone()).filter(|p| !p.is_empty()),
+        ..Default::default()
+    });
     Node {
         metadata: ObjectMeta {
             name: Some(facts.hostname.clone()),
-            labels: Some(default_labels(facts)),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH.to_string(),
-                "true".to_string(),
-            )])),
+            labels: Some(labels),
+            annotations: Some(annotations),
             ..Default::default()
         },
-        spec: None,
+        spec,
         status: Some(facts_status(facts, cfg)),
     }
 }
+
+/// The node IPs given with `--node-ip` to a node whose addresses an external cloud provider
+/// sets (upstream's `alpha.kubernetes.io/provided-node-ip`).
+pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
 
 /// The labels the kubelet owns on its Node.
 pub fn default_labels(facts: &NodeFacts) -> BTreeMap<String, String> {
@@ -140,16 +178,20 @@ fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
     NodeStatus {
         capacity: Some(to_quantities(&capacity)),
         allocatable: Some(to_quantities(&allocatable)),
-        addresses: Some(vec![
-            NodeAddress {
-                type_: "InternalIP".to_string(),
-                address: facts.node_ip.to_string(),
-            },
-            NodeAddress {
-                type_: "Hostname".to_string(),
-                address: facts.hostname.clone(),
-            },
-        ]),
+        addresses: Some(
+            facts
+                .node_ips()
+                .into_iter()
+                .map(|ip| NodeAddress {
+                    type_: "InternalIP".to_string(),
+                    address: ip.to_string(),
+                })
+                .chain([NodeAddress {
+                    type_: "Hostname".to_string(),
+                    address: facts.hostname.clone(),
+                }])
+                .collect(),
+        ),
         daemon_endpoints: Some(NodeDaemonEndpoints {
             kubelet_endpoint: Some(DaemonEndpoint {
                 port: i32::from(facts.kubelet_port),

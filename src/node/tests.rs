@@ -7,6 +7,7 @@ pub(crate) fn facts() -> NodeFacts {
     NodeFacts {
         hostname: "node-a".into(),
         node_ip: "10.0.0.7".parse().unwrap(),
+        secondary_node_ip: None,
         cpus: 4,
         memory_bytes: 16_318_428 * 1024,
         swap_bytes: Some(2 * 1024 * 1024 * 1024),
@@ -261,4 +262,57 @@ fn reservations_over_capacity_are_refused_as_upstream_words_it() {
          capacity of 4. Expected capacity >= reservation. Resource \"memory\" has a reservation \
          of 16484Mi but capacity of 16318428Ki. Expected capacity >= reservation."
     );
+}
+
+#[test]
+fn registration_labels_taints_provider_and_dual_stack() {
+    let mut f = facts();
+    f.secondary_node_ip = Some("fd00::7".parse().unwrap());
+    let cfg = KubeletConfig {
+        node_ips: vec![f.node_ip, "fd00::7".parse().unwrap()],
+        registration: crate::config::Registration {
+            taints: vec![crate::config::parse_taint("dedicated=edge:NoSchedule").unwrap()],
+            provider_id: "edge://site/a".into(),
+            labels: [
+                ("pool".to_string(), "edge".to_string()),
+                ("kubernetes.io/hostname".to_string(), "override".to_string()),
+            ]
+            .into(),
+            external_cloud_provider: true,
+        },
+        ..Default::default()
+    };
+    let node = serde_json::to_value(build_node(&f, &cfg)).unwrap();
+    assert_eq!(node["metadata"]["labels"]["pool"], "edge");
+    // As upstream, the flag's labels are applied over the defaults.
+    assert_eq!(
+        node["metadata"]["labels"]["kubernetes.io/hostname"],
+        "override"
+    );
+    assert_eq!(
+        node["metadata"]["annotations"][ANNOTATION_PROVIDED_NODE_IP],
+        "10.0.0.7,fd00::7"
+    );
+    assert_eq!(
+        node["spec"],
+        json!({
+            "providerID": "edge://site/a",
+            "taints": [
+                {"key": "dedicated", "value": "edge", "effect": "NoSchedule"},
+                {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true",
+                 "effect": "NoSchedule"},
+            ],
+        })
+    );
+    assert_eq!(
+        node["status"]["addresses"],
+        json!([
+            {"type": "InternalIP", "address": "10.0.0.7"},
+            {"type": "InternalIP", "address": "fd00::7"},
+            {"type": "Hostname", "address": "node-a"},
+        ])
+    );
+    // Nothing of it by default: no spec at all.
+    let plain = serde_json::to_value(build_node(&facts(), &KubeletConfig::default())).unwrap();
+    assert!(plain.get("spec").is_none(), "{plain}");
 }

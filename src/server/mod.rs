@@ -46,6 +46,8 @@ pub struct ServerDeps {
     pub node_name: String,
     pub node_ips: Vec<IpAddr>,
     pub root_dir: PathBuf,
+    /// Where the self-signed serving certificate is kept (`--cert-dir`).
+    pub cert_dir: PathBuf,
     pub pod_logs_dir: PathBuf,
     pub client: Option<kube::Client>,
     pub rt: Arc<dyn RuntimeService>,
@@ -116,7 +118,7 @@ pub async fn start(
         deps.client.clone(),
     );
     auth.check()?;
-    let tls = tls::server_config(&deps.cfg, &deps.root_dir, &deps.node_name, &deps.node_ips)?;
+    let tls = tls::server_config(&deps.cfg, &deps.cert_dir, &deps.node_name, &deps.node_ips)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let addr = SocketAddr::new(deps.cfg.address, deps.cfg.port);
     let listener = bind("kubelet server", addr).await?;

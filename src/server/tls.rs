@@ -1,5 +1,5 @@
 //! The server's TLS: the serving certificate from `tlsCertFile`/`tlsPrivateKeyFile`, or a
-//! self-signed one made at the first start in `<root>/pki/kubelet.{crt,key}` for the node's
+//! self-signed one made at the first start in `<cert-dir>/kubelet.{crt,key}` (`--cert-dir`, default `<root>/pki`) for the node's
 //! name and addresses (upstream's habit), kept for later starts; client certificates verified
 //! against `authentication.x509.clientCAFile` when it is set (optional: a client without one
 //! goes on to token or anonymous authentication); `tlsMinVersion` and `tlsCipherSuites` as far
@@ -89,15 +89,14 @@ pub enum Error {
 }
 
 /// Where the self-signed serving certificate and key live.
-pub fn self_signed_paths(root_dir: &Path) -> (PathBuf, PathBuf) {
-    let pki = root_dir.join("pki");
-    (pki.join("kubelet.crt"), pki.join("kubelet.key"))
+pub fn self_signed_paths(cert_dir: &Path) -> (PathBuf, PathBuf) {
+    (cert_dir.join("kubelet.crt"), cert_dir.join("kubelet.key"))
 }
 
 /// Makes the self-signed certificate unless it is there: for `node_name`, `localhost`, the
 /// node's IPs and the loopback addresses.
-pub fn ensure_self_signed(root_dir: &Path, node_name: &str, ips: &[IpAddr]) -> Result<(), Error> {
-    let (crt, key) = self_signed_paths(root_dir);
+pub fn ensure_self_signed(cert_dir: &Path, node_name: &str, ips: &[IpAddr]) -> Result<(), Error> {
+    let (crt, key) = self_signed_paths(cert_dir);
     if crt.is_file() && key.is_file() {
         return Ok(());
     }
@@ -122,7 +121,7 @@ pub fn ensure_self_signed(root_dir: &Path, node_name: &str, ips: &[IpAddr]) -> R
     params.not_after = now + time::Duration::days(365);
     let pair = rcgen::KeyPair::generate().map_err(Error::GenerateKey)?;
     let cert = params.self_signed(&pair).map_err(Error::SignCertificate)?;
-    let dir = crt.parent().unwrap_or(root_dir);
+    let dir = crt.parent().unwrap_or(cert_dir);
     std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
         path: dir.to_path_buf(),
         source,
@@ -155,11 +154,11 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 /// The rustls configuration of the HTTPS server.
 pub fn server_config(
     cfg: &ServerConfig,
-    root_dir: &Path,
+    cert_dir: &Path,
     node_name: &str,
     ips: &[IpAddr],
 ) -> Result<rustls::ServerConfig, Error> {
-    let (certs, key) = serving_pair(cfg, root_dir, node_name, ips)?;
+    let (certs, key) = serving_pair(cfg, cert_dir, node_name, ips)?;
     let provider = Arc::new(provider(cfg)?);
     let versions: &[&rustls::SupportedProtocolVersion] = if cfg.tls13_only {
         &[&rustls::version::TLS13]
@@ -184,15 +183,15 @@ pub fn server_config(
 /// (made when it is not there yet).
 fn serving_pair(
     cfg: &ServerConfig,
-    root_dir: &Path,
+    cert_dir: &Path,
     node_name: &str,
     ips: &[IpAddr],
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), Error> {
     let (crt, key) = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ => {
-            ensure_self_signed(root_dir, node_name, ips)?;
-            self_signed_paths(root_dir)
+            ensure_self_signed(cert_dir, node_name, ips)?;
+            self_signed_paths(cert_dir)
         }
     };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&crt)
