@@ -1,18 +1,33 @@
-//! A small in-process Kubernetes API server for the end-to-end tests: pods, nodes, leases,
-//! events, configmaps, secrets, serviceaccounts, services (cluster IPs allocated),
-//! persistentvolumes and persistentvolumeclaims over plain HTTP on 127.0.0.1, JSON only, with kube-apiserver's semantics for
-//! resourceVersions, conflicts, the status subresource, patches, selectors, pagination,
-//! watches (bookmarks, streaming lists, 410 after compaction) and graceful pod deletion;
-//! TokenReview and SubjectAccessReview answered from what a test sets and the service account
-//! tokens issued by TokenRequest (`serviceaccounts/<name>/token`, `tokens.rs`); `pods/log`, `pods/exec`,
-//! `pods/attach` and `pods/portforward` proxied to the pod's kubelet with a client certificate
-//! (`proxy.rs`). Include it from a test file with `mod apiserver;`.
+//! A small in-process Kubernetes API server for the end-to-end tests, on 127.0.0.1, JSON only:
+//! - pods, nodes, leases, events, configmaps, secrets, serviceaccounts, services (cluster IPs
+//!   allocated), persistentvolumes, persistentvolumeclaims and certificatesigningrequests, with
+//!   kube-apiserver's semantics for resourceVersions, conflicts, the status subresource,
+//!   patches, selectors, pagination, watches (bookmarks, streaming lists, 410 after
+//!   compaction) and graceful pod deletion (`store.rs`, `watch.rs`, `patch.rs`, `select.rs`);
+//! - TokenReview and SubjectAccessReview answered from what a test sets and the service
+//!   account tokens issued by TokenRequest (`serviceaccounts/<name>/token`, `tokens.rs`);
+//! - `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` proxied to the pod's kubelet
+//!   with a client certificate (`proxy.rs`);
+//! - CertificateSigningRequests with their `status` and `approval` subresources (`csr.rs`), an
+//!   approver the test controls and the cluster CA's signer for the kubelet signers
+//!   (`signer.rs`);
+//! - over plain HTTP ([`ApiServer::start`]) with no authentication, every request an admin; or
+//!   over HTTPS ([`ApiServer::start_tls`], `tls.rs`) with a fresh cluster CA, client
+//!   certificate and bootstrap token authentication and a small authorizer: admins and nodes
+//!   do everything, bootstrappers create and read their own CSRs (`auth.rs`).
+//!
+//! Include it from a test file with `mod apiserver;`.
 #![allow(dead_code)]
 
+mod auth;
+mod csr;
+mod discovery;
 mod patch;
 mod proxy;
 mod select;
+mod signer;
 mod store;
+mod tls;
 mod tokens;
 mod watch;
 
@@ -32,7 +47,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
-use store::{ApiError, DeleteOptions, Store};
+#[allow(unused_imports)]
+pub use signer::CsrPolicy;
+use store::{ApiError, DeleteOptions, Part, Store};
+#[allow(unused_imports)]
 pub use store::{RESOURCES, Resource};
 #[allow(unused_imports)]
 pub use tokens::{DEFAULT_AUDIENCE, IssuedToken, claims};
@@ -40,13 +58,15 @@ pub use tokens::{DEFAULT_AUDIENCE, IssuedToken, claims};
 /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// One request answered: its method, path, status code and User-Agent.
+/// One request answered: its method, path, status code, User-Agent and user (HTTPS mode;
+/// empty over plain HTTP and when not authenticated).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answered {
     pub method: String,
     pub path: String,
     pub code: u16,
     pub user_agent: String,
+    pub user: String,
 }
 
 struct App {
@@ -62,6 +82,13 @@ struct App {
     issued: Mutex<Vec<IssuedToken>>,
     /// The longest lifetime a token gets (`--service-account-max-token-expiration`).
     max_token_expiration: Mutex<Option<i64>>,
+    /// The cluster CA (both modes: it signs CertificateSigningRequests).
+    ca: tls::Authority,
+    /// HTTPS mode's TLS and credentials.
+    tls: Option<tls::Serving>,
+    /// The CSR approver's and signer's settings, and a nudge when they change.
+    csr: Mutex<signer::Settings>,
+    csr_wake: tokio::sync::Notify,
 }
 
 /// What TokenReview and SubjectAccessReview answer: the tokens known (with their user and
@@ -87,6 +114,8 @@ struct Serving {
 pub struct ApiServer {
     app: Arc<App>,
     serving: Mutex<Option<Serving>>,
+    /// The CSR approver and signer (`signer.rs`).
+    controller: JoinHandle<()>,
 }
 
 impl ApiServer {
@@ -153,16 +182,23 @@ impl ApiServer {
             .clone()
     }
 
-    /// Starts serving on 127.0.0.1 on a free port.
+    /// Starts serving plain HTTP on 127.0.0.1 on a free port, without authentication.
     pub async fn start() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binding 127.0.0.1:0");
+        ApiServer::launch(listener, tls::Authority::new(), None)
+    }
+
+    fn launch(listener: TcpListener, ca: tls::Authority, tls: Option<tls::Serving>) -> ApiServer {
         let addr = listener
             .local_addr()
             .expect("local address of the listener");
+        let mut store = Store::new();
+        let (changes, watched) = tokio::sync::mpsc::unbounded_channel();
+        store.watchers.push(changes);
         let app = Arc::new(App {
-            store: Mutex::new(Store::new()),
+            store: Mutex::new(store),
             requests: Mutex::new(Vec::new()),
             answered: Mutex::new(Vec::new()),
             addr,
@@ -170,10 +206,16 @@ impl ApiServer {
             kubelet_client: Mutex::new(None),
             issued: Mutex::new(Vec::new()),
             max_token_expiration: Mutex::new(None),
+            ca,
+            tls,
+            csr: Mutex::new(signer::Settings::default()),
+            csr_wake: tokio::sync::Notify::new(),
         });
+        let controller = tokio::spawn(signer::run(app.clone(), watched));
         let server = ApiServer {
             app,
             serving: Mutex::new(None),
+            controller,
         };
         server.serve(listener);
         server
@@ -185,27 +227,40 @@ impl ApiServer {
         *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(Serving { stop, task });
     }
 
+    /// `http://127.0.0.1:PORT`, or `https://...` in HTTPS mode.
     pub fn url(&self) -> String {
-        format!("http://{}", self.app.addr)
+        let scheme = if self.app.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.app.addr)
     }
 
-    /// Writes `kubeconfig` into `dir` (a cluster at `url()`, no credentials, namespace
-    /// `default`) and returns its path.
+    /// Writes `kubeconfig` into `dir` (a cluster at `url()`, namespace `default`; no
+    /// credentials over plain HTTP, the CA and the admin's client certificate in HTTPS mode)
+    /// and returns its path.
     pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
         let path = dir.join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
-             contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\n\
-             current-context: test\nusers:\n- name: test\n  user: {{}}\n",
-            self.url()
-        );
+        let text = match &self.app.tls {
+            None => tls::kubeconfig(&self.url(), None, " {}"),
+            Some(t) => tls::kubeconfig(
+                &self.url(),
+                Some(&self.app.ca.pem),
+                &tls::cert_user(&t.admin),
+            ),
+        };
         std::fs::write(&path, text).expect("writing the kubeconfig");
         path
     }
 
-    /// A kube client for this server (default namespace `default`).
+    /// A kube client for this server (default namespace `default`): in HTTPS mode the
+    /// admin's (CN=admin, O=system:masters), trusting the CA.
     pub fn client(&self) -> kube::Client {
         nodelet::api::install_crypto_provider();
+        if self.app.tls.is_some() {
+            return self.tls_client();
+        }
         let uri = self.url().parse().expect("server url is a valid URI");
         kube::Client::try_from(kube::Config::new(uri)).expect("kube client for the test API server")
     }
@@ -288,6 +343,7 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
+        self.controller.abort();
         if let Some(s) = self
             .serving
             .lock()
@@ -300,6 +356,7 @@ impl Drop for ApiServer {
 }
 
 async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot::Receiver<()>) {
+    let acceptor = app.tls.as_ref().map(|t| t.acceptor.clone());
     let router = Router::new().fallback(entry).with_state(app);
     let mut conns = JoinSet::new();
     loop {
@@ -307,13 +364,15 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot:
             _ = &mut stopped => break,
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                let (router, acceptor) = (router.clone(), acceptor.clone());
                 conns.spawn(async move {
-                    let io = hyper_util::rt::TokioIo::new(stream);
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(io, service)
-                        .with_upgrades()
-                        .await;
+                    let Some(acceptor) = acceptor else {
+                        return serve_connection(stream, router, tls::PeerCert::default()).await;
+                    };
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let peer = stream.get_ref().1.peer_certificates()
+                        .and_then(|c| c.first()).map(|c| c.clone().into_owned());
+                    serve_connection(stream, router, tls::PeerCert(peer)).await;
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -321,6 +380,24 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot:
     }
     drop(listener);
     conns.shutdown().await;
+}
+
+/// HTTP/1.1 (with upgrades) on one connection; each request carries the connection's peer
+/// certificate.
+async fn serve_connection<I>(io: I, router: Router, peer: tls::PeerCert)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tower::ServiceExt;
+    let router = router.map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(peer.clone());
+        req
+    });
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .with_upgrades()
+        .await;
 }
 
 /// What a resource path names.
@@ -331,6 +408,18 @@ struct Target {
     status: bool,
     binding: bool,
     token: bool,
+    /// A CertificateSigningRequest's `approval`.
+    approval: bool,
+}
+
+impl Target {
+    fn part(&self) -> Part {
+        match (self.status, self.approval) {
+            (true, _) => Part::Status,
+            (_, true) => Part::Approval,
+            _ => Part::Main,
+        }
+    }
 }
 
 fn parse_target(path: &str) -> Result<Target, ApiError> {
@@ -354,11 +443,12 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
     if (!res.namespaced && ns.is_some()) || (res.namespaced && name.is_some() && ns.is_none()) {
         return Err(ApiError::path_not_found());
     }
-    let (status, binding, token) = match sub {
-        None => (false, false, false),
-        Some("status") if res.has_status => (true, false, false),
-        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true, false),
-        Some("token") if res.kind == "ServiceAccount" => (false, false, true),
+    let (status, binding, token, approval) = match sub {
+        None => (false, false, false, false),
+        Some("status") if res.has_status => (true, false, false, false),
+        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true, false, false),
+        Some("token") if res.kind == "ServiceAccount" => (false, false, true, false),
+        Some("approval") if res.kind == "CertificateSigningRequest" => (false, false, false, true),
         Some(_) => return Err(ApiError::path_not_found()),
     };
     Ok(Target {
@@ -368,6 +458,7 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
         status,
         binding,
         token,
+        approval,
     })
 }
 
@@ -381,7 +472,8 @@ fn respond(code: u16, body: &Value) -> Response {
         .into_response()
 }
 
-/// Answers a request ([`answer`]) and records the answer's code.
+/// Authenticates and authorizes a request (`auth.rs`), answers it ([`answer`]) and records
+/// the answer's code and the user.
 async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
@@ -391,7 +483,17 @@ async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Resp
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let response = answer(app.clone(), req).await;
+    let (user, response) = match auth::check(&app, &req) {
+        Ok(user) => {
+            let name = if app.tls.is_some() {
+                user.name.clone()
+            } else {
+                String::new()
+            };
+            (name, answer(app.clone(), req, user).await)
+        }
+        Err((name, e)) => (name, respond(e.code, &e.status())),
+    };
     app.answered
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -400,13 +502,14 @@ async fn entry(State(app): State<Arc<App>>, req: axum::extract::Request) -> Resp
             path,
             code: response.status().as_u16(),
             user_agent,
+            user,
         });
     response
 }
 
 /// Pod subresources proxied to kubelets keep their request (an upgrade needs it); everything
 /// else is read whole and handled.
-async fn answer(app: Arc<App>, req: axum::extract::Request) -> Response {
+async fn answer(app: Arc<App>, req: axum::extract::Request, user: auth::User) -> Response {
     if let Some((ns, name, sub)) = proxy::proxied(req.uri().path()) {
         let target = req
             .uri()
@@ -424,15 +527,16 @@ async fn answer(app: Arc<App>, req: axum::extract::Request) -> Response {
         Ok(b) => b,
         Err(e) => return respond(400, &ApiError::bad_request(e.to_string()).status()),
     };
-    handle(State(app), parts.method, parts.uri, parts.headers, body).await
+    handle(app, parts.method, parts.uri, parts.headers, body, &user)
 }
 
-async fn handle(
-    State(app): State<Arc<App>>,
+fn handle(
+    app: Arc<App>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
+    user: &auth::User,
 ) -> Response {
     let target = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
     app.requests
@@ -443,7 +547,7 @@ async fn handle(
         .map(|Query(q)| q)
         .unwrap_or_default();
     if method == Method::GET
-        && let Some(doc) = discovery(uri.path(), app.addr)
+        && let Some(doc) = discovery::discovery(uri.path(), app.addr)
     {
         return respond(200, &doc);
     }
@@ -452,7 +556,7 @@ async fn handle(
             return r;
         }
     }
-    match dispatch(&app, &method, uri.path(), &query, &headers, &body) {
+    match dispatch(&app, &method, uri.path(), &query, &headers, &body, user) {
         Ok(r) => r,
         Err(e) => respond(e.code, &e.status()),
     }
@@ -518,6 +622,7 @@ fn dispatch(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
     body: &[u8],
+    user: &auth::User,
 ) -> Result<Response, ApiError> {
     let t = parse_target(path)?;
     let (res, ns) = (t.res, t.ns.clone().unwrap_or_default());
@@ -569,13 +674,20 @@ fn dispatch(
         (&Method::GET, None) => Ok(respond(200, &list(&app.store(), &t, q)?)),
         (&Method::GET, Some(name)) => Ok(respond(200, &app.store().get(res, &ns, name)?)),
         (&Method::POST, None) if !t.status && (t.ns.is_some() || !res.namespaced) => {
-            let obj = app.store().create(res, &ns, parse_body(body, res)?)?;
+            let mut obj = parse_body(body, res)?;
+            if res.kind == "CertificateSigningRequest" {
+                csr::prepare_create(user, &mut obj);
+            }
+            let obj = app.store().create(res, &ns, obj)?;
+            if res.kind == "CertificateSigningRequest" {
+                signer::created(app, &obj);
+            }
             Ok(respond(201, &obj))
         }
         (&Method::PUT, Some(name)) => {
             let (created, obj) =
                 app.store()
-                    .update(res, &ns, name, parse_body(body, res)?, t.status)?;
+                    .update(res, &ns, name, parse_body(body, res)?, t.part())?;
             Ok(respond(if created { 201 } else { 200 }, &obj))
         }
         (&Method::PATCH, Some(name)) => {
@@ -585,10 +697,10 @@ fn dispatch(
                 .unwrap_or("");
             Ok(respond(
                 200,
-                &app.store().patch(res, &ns, name, ct, body, t.status)?,
+                &app.store().patch(res, &ns, name, ct, body, t.part())?,
             ))
         }
-        (&Method::DELETE, Some(name)) if !t.status => {
+        (&Method::DELETE, Some(name)) if !t.status && !t.approval => {
             let opts = delete_options(q, body)?;
             Ok(respond(200, &app.store().delete(res, &ns, name, &opts)?))
         }
@@ -749,78 +861,4 @@ fn watch(app: &App, t: &Target, q: &HashMap<String, String>) -> Result<Response,
         body,
     )
         .into_response())
-}
-
-/// The discovery documents kubectl and kube clients read.
-fn discovery(path: &str, addr: SocketAddr) -> Option<Value> {
-    let group_doc = |group: &str| {
-        json!({"name": group, "versions": [{"groupVersion": format!("{group}/v1"), "version": "v1"}],
-            "preferredVersion": {"groupVersion": format!("{group}/v1"), "version": "v1"}})
-    };
-    let mut groups: Vec<&str> = RESOURCES
-        .iter()
-        .map(|r| r.group)
-        .filter(|g| !g.is_empty())
-        .collect();
-    groups.dedup();
-    let path = path.trim_end_matches('/');
-    match path {
-        "/version" => Some(json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0",
-            "gitCommit": "", "gitTreeState": "clean", "buildDate": "2024-12-11T00:00:00Z",
-            "goVersion": "go1.23.4", "compiler": "gc", "platform": "linux/amd64"})),
-        "/api" => Some(json!({"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": addr.to_string()}]})),
-        "/apis" => Some(json!({"kind": "APIGroupList", "apiVersion": "v1",
-            "groups": groups.iter().map(|g| group_doc(g)).collect::<Vec<_>>()})),
-        "/api/v1" => Some(resource_list("")),
-        _ => {
-            let rest = path.strip_prefix("/apis/")?;
-            match rest.split_once('/') {
-                None if groups.contains(&rest) => {
-                    let mut doc = group_doc(rest);
-                    doc["kind"] = json!("APIGroup");
-                    doc["apiVersion"] = json!("v1");
-                    Some(doc)
-                }
-                Some((g, "v1")) if groups.contains(&g) => Some(resource_list(g)),
-                _ => None,
-            }
-        }
-    }
-}
-
-fn resource_list(group: &str) -> Value {
-    let verbs = json!([
-        "create", "delete", "get", "list", "patch", "update", "watch"
-    ]);
-    let mut resources = Vec::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group) {
-        resources.push(json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
-            "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs, "shortNames": r.short_names}));
-        if r.kind == "Pod" {
-            resources.push(
-                json!({"name": "pods/binding", "singularName": "", "namespaced": true,
-                "kind": "Binding", "verbs": ["create"]}),
-            );
-        }
-        if r.kind == "ServiceAccount" {
-            resources.push(
-                json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
-                "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
-                "verbs": ["create"]}),
-            );
-        }
-        if r.has_status {
-            resources.push(
-                json!({"name": format!("{}/status", r.plural), "singularName": "",
-                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}),
-            );
-        }
-    }
-    let gv = if group.is_empty() {
-        "v1".to_string()
-    } else {
-        format!("{group}/v1")
-    };
-    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }

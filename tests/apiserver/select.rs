@@ -38,6 +38,7 @@ fn selectable(res: &Resource, field: &str) -> bool {
         (_, "metadata.name" | "metadata.namespace") => true,
         ("Pod", f) => POD_FIELDS.contains(&f),
         ("Node", f) => f == "spec.unschedulable",
+        ("CertificateSigningRequest", f) => f == "spec.signerName",
         // Events select on many of their fields (involvedObject.*, reason, type, source...).
         ("Event", _) => true,
         _ => false,

@@ -105,7 +105,25 @@ pub const RESOURCES: &[Resource] = &[
         CREATE_ON_UPDATE,
         &["ev"],
     ),
+    // Also an `approval` subresource (csr.rs).
+    res(
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        "CertificateSigningRequest",
+        false,
+        STATUS,
+        &["csr"],
+    ),
 ];
+
+/// Which part of an object a write goes to: the object, its `status` subresource, or a
+/// CertificateSigningRequest's `approval` subresource (its status conditions only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Main,
+    Status,
+    Approval,
+}
 
 pub fn find_resource(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
     RESOURCES
@@ -191,15 +209,34 @@ impl ApiError {
 
     /// 422 with one field cause, shaped like apimachinery's `NewInvalid`.
     pub fn invalid(res: &Resource, name: &str, field: &str, cause: &str, detail: &str) -> Self {
-        let mut d = json!({"name": name, "kind": res.kind, "causes": [
-            {"reason": cause, "message": detail, "field": field}]});
+        Self::invalid_all(res, name, &[(field, cause, detail)])
+    }
+
+    /// 422 with every `(field, cause reason, detail)` found, as apimachinery's `NewInvalid`
+    /// aggregates them: `Kind.group "name" is invalid: [a: x, b: y]`.
+    pub fn invalid_all(res: &Resource, name: &str, errs: &[(&str, &str, &str)]) -> Self {
+        let causes: Vec<Value> = errs
+            .iter()
+            .map(|(field, cause, detail)| json!({"reason": cause, "message": detail, "field": field}))
+            .collect();
+        let mut d = json!({"name": name, "kind": res.kind, "causes": causes});
         if !res.group.is_empty() {
             d["group"] = json!(res.group);
         }
+        let kind = if res.group.is_empty() {
+            res.kind.to_string()
+        } else {
+            format!("{}.{}", res.kind, res.group)
+        };
+        let all: Vec<String> = errs.iter().map(|(f, _, d)| format!("{f}: {d}")).collect();
+        let all = match all.as_slice() {
+            [one] => one.clone(),
+            _ => format!("[{}]", all.join(", ")),
+        };
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {field}: {detail}", res.kind),
+            format!("{kind} \"{name}\" is invalid: {all}"),
         );
         e.details = Some(d);
         e
@@ -594,6 +631,9 @@ impl Store {
         if res.kind == "Pod" {
             prepare_pod(res, &name, &mut body)?;
         }
+        if res.kind == "CertificateSigningRequest" {
+            super::csr::validate_create(res, &name, &body)?;
+        }
         if self.objects.contains_key(&key(res, ns, &name)) {
             return Err(ApiError::already_exists(res, &name));
         }
@@ -610,15 +650,15 @@ impl Store {
         Ok(self.commit(res, ChangeKind::Added, body, None))
     }
 
-    /// PUT: replaces the object (or only its `.status` when `status`). Creates when the
-    /// resource allows it; returns whether it did.
+    /// PUT: replaces the object (or only the subresource's part of it, [`Part`]). Creates when
+    /// the resource allows it; returns whether it did.
     pub fn update(
         &mut self,
         res: &'static Resource,
         ns: &str,
         name: &str,
         mut body: Value,
-        status: bool,
+        part: Part,
     ) -> Result<(bool, Value), ApiError> {
         self.check_body(res, ns, &mut body)?;
         let body_name = meta_str(&body, "name");
@@ -640,17 +680,16 @@ impl Store {
             return Err(ApiError::conflict(res, name, &why));
         }
         let Some(old) = stored else {
-            if res.create_on_update && !status {
+            if res.create_on_update && part == Part::Main {
                 meta(&mut body).remove("resourceVersion");
                 return self.create(res, ns, body).map(|o| (true, o));
             }
             return Err(ApiError::not_found(res, name));
         };
-        self.replace(res, name, old, body, status)
-            .map(|o| (false, o))
+        self.replace(res, name, old, body, part).map(|o| (false, o))
     }
 
-    /// PATCH by content type; only `.status` is taken from the result when `status`.
+    /// PATCH by content type; only the subresource's part is taken from the result ([`Part`]).
     pub fn patch(
         &mut self,
         res: &'static Resource,
@@ -658,7 +697,7 @@ impl Store {
         name: &str,
         content_type: &str,
         body: &[u8],
-        status: bool,
+        part: Part,
     ) -> Result<Value, ApiError> {
         let old = self.get(res, ns, name)?;
         let mut new = old.clone();
@@ -709,7 +748,7 @@ impl Store {
                 meta_str(&new, "name")
             )));
         }
-        self.replace(res, name, old, new, status)
+        self.replace(res, name, old, new, part)
     }
 
     /// The common tail of PUT and PATCH: optimistic concurrency, server-owned fields kept,
@@ -720,8 +759,9 @@ impl Store {
         name: &str,
         old: Value,
         new: Value,
-        status: bool,
+        part: Part,
     ) -> Result<Value, ApiError> {
+        let status = part != Part::Main;
         let uid = meta_str(&new, "uid");
         if !uid.is_empty() && uid != meta_str(&old, "uid") {
             let msg = format!("Invalid value: \"{uid}\": field is immutable");
@@ -766,6 +806,9 @@ impl Store {
                 default_pod_spec(&mut next["spec"]);
                 check_pod_update(res, name, &old, &next)?;
             }
+        }
+        if res.kind == "CertificateSigningRequest" {
+            super::csr::prepare_update(res, name, &old, &mut next, part)?;
         }
         if !status && next.get("spec") != old.get("spec") {
             let g = old
