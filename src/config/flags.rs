@@ -110,10 +110,10 @@ pub fn parse(args: &[String]) -> Result<KubeletFlags, FlagError> {
                 .cloned()
                 .ok_or_else(|| FlagError::MissingValue(name.clone()))?,
         };
-        let invalid = |why: String| FlagError::Invalid {
+        let invalid = |why: BadValue| FlagError::Invalid {
             name: name.clone(),
             value: value.clone(),
-            why,
+            why: why.0,
         };
         match flag.target {
             Target::Field(path) => {
@@ -163,8 +163,24 @@ fn split_flag(arg: &str) -> Result<Option<(String, Option<String>)>, FlagError> 
     Ok(Some((name, value)))
 }
 
+/// Why a flag's value is refused (the flag and the value are named by [`FlagError::Invalid`]).
+#[derive(Debug)]
+struct BadValue(String);
+
+impl From<String> for BadValue {
+    fn from(why: String) -> Self {
+        BadValue(why)
+    }
+}
+
+impl From<&str> for BadValue {
+    fn from(why: &str) -> Self {
+        BadValue(why.to_string())
+    }
+}
+
 /// A configuration field's value from its flag's text.
-fn field_value(kind: Kind, s: &str) -> Result<Value, String> {
+fn field_value(kind: Kind, s: &str) -> Result<Value, BadValue> {
     Ok(match kind {
         Kind::Bool => Value::Bool(go_bool(s)?),
         Kind::Int => Value::from(s.trim().parse::<i64>().map_err(|e| e.to_string())?),
@@ -182,7 +198,7 @@ fn field_value(kind: Kind, s: &str) -> Result<Value, String> {
                     let t = super::parse_taint(t).map_err(|e| e.to_string())?;
                     Ok(serde_json::json!({"key": t.key, "value": t.value, "effect": t.effect}))
                 })
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, BadValue>>()?,
         ),
     })
 }
@@ -192,28 +208,28 @@ fn list(s: &str) -> impl Iterator<Item = &str> {
 }
 
 /// `k<sep>v,k2<sep>v2` as a mapping.
-fn pairs(s: &str, sep: char) -> Result<Map<String, Value>, String> {
+fn pairs(s: &str, sep: char) -> Result<Map<String, Value>, BadValue> {
     list(s)
         .map(|item| match item.split_once(sep) {
             Some((k, v)) if !k.trim().is_empty() => {
                 Ok((k.trim().to_string(), Value::from(v.trim())))
             }
-            _ => Err(format!("{item:?} is not key{sep}value")),
+            _ => Err(BadValue(format!("{item:?} is not key{sep}value"))),
         })
         .collect()
 }
 
 /// Go's `strconv.ParseBool`.
-fn go_bool(s: &str) -> Result<bool, String> {
+fn go_bool(s: &str) -> Result<bool, BadValue> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err("must be true or false".to_string()),
+        _ => Err(BadValue("must be true or false".to_string())),
     }
 }
 
 /// The flags that are not configuration fields.
-fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), String> {
+fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), BadValue> {
     let path = || Some(PathBuf::from(value)).filter(|p| !p.as_os_str().is_empty());
     match name {
         "config" => out.layers.file = path(),
@@ -238,7 +254,7 @@ fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), String> 
                 return Err(
                     "in-tree cloud providers were removed upstream (v1.31): only \
                             \"external\" or \"\""
-                        .to_string(),
+                        .into(),
                 );
             }
         },
@@ -248,14 +264,14 @@ fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), String> 
         "v" => out.verbosity = Some(value.parse::<u8>().map_err(|e| e.to_string())?),
         "help" => out.help = go_bool(value)?,
         "version" => out.version = go_bool(value)?,
-        _ => return Err("not a flag of this command".to_string()),
+        _ => return Err(BadValue("not a flag of this command".to_string())),
     }
     Ok(())
 }
 
 /// `--node-ip`: one address, or two of different families (dual stack, the first the
 /// primary).
-fn node_ips(s: &str) -> Result<Vec<IpAddr>, String> {
+fn node_ips(s: &str) -> Result<Vec<IpAddr>, BadValue> {
     let ips: Vec<IpAddr> = list(s)
         .map(|i| {
             i.parse::<IpAddr>()
@@ -266,14 +282,14 @@ fn node_ips(s: &str) -> Result<Vec<IpAddr>, String> {
         return Err(
             "an unspecified address (0.0.0.0, ::) is not supported: give the \
                     node's address, or leave --node-ip out to use the host name's"
-                .to_string(),
+                .into(),
         );
     }
     match ips.as_slice() {
         [] | [_] => Ok(ips),
         [a, b] if a.is_ipv4() != b.is_ipv4() => Ok(ips),
         [_, _] => Err("a dual-stack --node-ip must have one IPv4 and one IPv6 address".into()),
-        _ => Err("at most two addresses (one of each family)".to_string()),
+        _ => Err("at most two addresses (one of each family)".into()),
     }
 }
 
