@@ -150,6 +150,8 @@ pub struct KubeletConfig {
     pub registration: Registration,
     /// `runtimeRequestTimeout`: the deadline of a remote runtime's calls (pulls get more).
     pub runtime_request_timeout: Duration,
+    /// `rotateCertificates`: renew the client certificate through a CSR before it expires.
+    pub rotate_certificates: bool,
     /// Hard eviction thresholds, signal → value (`"100Mi"`, `"10%"`). A file that sets
     /// `evictionHard` replaces the defaults entirely, as upstream does, unless it sets
     /// `mergeDefaultEvictionSettings`.
@@ -220,6 +222,7 @@ impl Default for KubeletConfig {
             register_node: true,
             registration: Registration::default(),
             runtime_request_timeout: Duration::from_secs(120),
+            rotate_certificates: false,
             eviction_hard: default_eviction_hard(),
             eviction: Eviction::default(),
             reserved: Reserved::default(),
@@ -370,6 +373,7 @@ struct RawConfig {
     #[serde(rename = "providerID")]
     provider_id: Option<Typed<String>>,
     runtime_request_timeout: Option<Typed<Duration>>,
+    rotate_certificates: Option<Typed<bool>>,
     eviction_hard: Option<Thresholds>,
     merge_default_eviction_settings: Option<Typed<bool>>,
     eviction_soft: Option<Thresholds>,
@@ -504,6 +508,7 @@ impl RawConfig {
             cluster_domain: get(self.cluster_domain).unwrap_or(d.cluster_domain),
             register_node: get(self.register_node).unwrap_or(d.register_node),
             registration,
+            rotate_certificates: get(self.rotate_certificates).unwrap_or(d.rotate_certificates),
             runtime_request_timeout: positive(
                 "runtimeRequestTimeout",
                 self.runtime_request_timeout,

@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod certificate;
 pub mod cli;
 pub mod cm;
 pub mod commands;

@@ -84,7 +84,7 @@ fn version_help_and_refused_flags() {
     let (code, _, err) = run(&nodelet_bin(), &["--no-such-flag"]);
     assert_eq!(code, 1);
     assert!(err.contains("unknown flag: --no-such-flag"), "{err}");
-    // A missing kubeconfig with a bootstrap kubeconfig: TLS bootstrap is refused, clearly.
+    // A missing kubeconfig with a bootstrap kubeconfig that is not there either.
     let (code, _, err) = run(
         &kubelet,
         &[
@@ -95,7 +95,10 @@ fn version_help_and_refused_flags() {
         ],
     );
     assert_eq!(code, 1);
-    assert!(err.contains("TLS bootstrap"), "{err}");
+    assert!(
+        err.contains("bootstrap kubeconfig /nonexistent/bootstrap.conf"),
+        "{err}"
+    );
 }
 
 const NODE: &str = "kubeadm-node";

@@ -5,9 +5,12 @@
 
 pub mod events;
 pub mod objects;
+mod reloadable;
 pub mod request_metrics;
 pub mod services;
 pub mod tokens;
+
+pub use reloadable::{Reloader, reloadable_client};
 
 use std::path::{Path, PathBuf};
 

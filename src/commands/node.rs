@@ -58,7 +58,7 @@ pub async fn run(dirs: &super::Dirs, args: NodeArgs) -> anyhow::Result<ExitCode>
     if args.kubeconfig.is_some() {
         cfg.kubeconfig = args.kubeconfig;
     }
-    run_agent(cfg, dirs, args.cri_listen.as_deref()).await
+    run_agent(cfg, dirs, args.cri_listen.as_deref(), None).await
 }
 
 /// `nodelet` started as the kubelet (`kubelet --config=... --kubeconfig=...`): the layers of
@@ -87,24 +87,30 @@ pub async fn run_kubelet(flags: config::flags::KubeletFlags) -> anyhow::Result<E
     cfg.registration.labels = flags.node_labels;
     cfg.registration.external_cloud_provider = flags.external_cloud_provider;
     cfg.pod_infra_container_image = flags.pod_infra_container_image;
-    cfg.kubeconfig = kubeconfig(flags.kubeconfig, flags.bootstrap_kubeconfig)?;
-    run_agent(cfg, &dirs, flags.cri_listen.as_deref()).await
+    cfg.kubeconfig = kubeconfig(flags.kubeconfig, flags.bootstrap_kubeconfig.clone(), &cfg).await?;
+    run_agent(
+        cfg,
+        &dirs,
+        flags.cri_listen.as_deref(),
+        flags.bootstrap_kubeconfig,
+    )
+    .await
 }
 
-/// The kubeconfig to use, as upstream decides: `--kubeconfig` when it is there; without it, a
-/// `--bootstrap-kubeconfig` would be used to get a client certificate, which is not built yet.
-fn kubeconfig(
+/// The kubeconfig to use, as upstream decides: `--kubeconfig`, made first by TLS bootstrap
+/// with `--bootstrap-kubeconfig` when it is missing or its client certificate expired
+/// ([`crate::certificate::load_or_bootstrap`]: the node's key and certificate in the cert dir).
+async fn kubeconfig(
     kubeconfig: Option<PathBuf>,
     bootstrap: Option<PathBuf>,
+    cfg: &config::KubeletConfig,
 ) -> anyhow::Result<Option<PathBuf>> {
     match (kubeconfig, bootstrap) {
-        (Some(k), _) if k.exists() => Ok(Some(k)),
-        (Some(k), Some(b)) => anyhow::bail!(
-            "{} does not exist and TLS bootstrap with --bootstrap-kubeconfig {} is not \
-             supported by nodelet yet: give a kubeconfig with a client certificate",
-            k.display(),
-            b.display()
-        ),
+        (Some(k), Some(b)) => {
+            crate::certificate::load_or_bootstrap(&k, &b, &cfg.cert_dir(), &cfg.node_name).await?;
+            Ok(Some(k))
+        }
+        (Some(k), None) if k.exists() => Ok(Some(k)),
         (Some(k), None) => anyhow::bail!("--kubeconfig {} does not exist", k.display()),
         (None, Some(_)) => {
             anyhow::bail!("--bootstrap-kubeconfig needs --kubeconfig (where the result goes)")
@@ -114,13 +120,27 @@ fn kubeconfig(
 }
 
 /// Runs the node agent with `cfg` until SIGTERM or Ctrl-C; with `cri_listen`, the runtime is
-/// also served over CRI there.
+/// also served over CRI there. With `rotateCertificates`, the client certificate is renewed
+/// in its own task (falling back to `bootstrap` once it expired).
 async fn run_agent(
     cfg: config::KubeletConfig,
     dirs: &super::Dirs,
     cri_listen: Option<&str>,
+    bootstrap: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     let client = match &cfg.kubeconfig {
+        Some(path) if cfg.rotate_certificates => {
+            let (client, reloader) = crate::api::reloadable_client(path).await?;
+            let rotation = crate::certificate::Rotation::new(
+                &cfg.cert_dir(),
+                &cfg.node_name,
+                client.clone(),
+                reloader,
+                bootstrap,
+            );
+            tokio::spawn(rotation.run());
+            Some(client)
+        }
         Some(path) => Some(crate::api::client_from_kubeconfig(path).await?),
         None => None,
     };

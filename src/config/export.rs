@@ -161,6 +161,8 @@ impl KubeletConfig {
         v["registerWithTaints"] = Value::Array(taints);
         v["providerID"] = self.registration.provider_id.clone().into();
         v["runtimeRequestTimeout"] = d(self.runtime_request_timeout).into();
+        v["rotateCertificates"] = self.rotate_certificates.into();
+        v["serverTLSBootstrap"] = s.tls_bootstrap.into();
         v
     }
 }
@@ -209,6 +211,7 @@ mod tests {
                 client_ca_file: Some("/etc/ca.crt".into()),
                 tls_cipher_suites: vec!["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into()],
                 tls13_only: true,
+                tls_bootstrap: true,
                 ..ServerConfig::loopback_any_port()
             },
             container_logs: super::super::ContainerLogConfig {
@@ -232,6 +235,7 @@ mod tests {
                 ..Default::default()
             },
             runtime_request_timeout: std::time::Duration::from_secs(30),
+            rotate_certificates: true,
             ..Default::default()
         };
         let (mut read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");

@@ -39,6 +39,10 @@ pub struct ServerConfig {
     /// `tlsCertFile`/`tlsPrivateKeyFile`; unset: a self-signed certificate in the root dir.
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
+    /// `serverTLSBootstrap`: without `tlsCertFile`, the serving certificate comes from a CSR
+    /// (signer `kubernetes.io/kubelet-serving`) and is rotated; until it is issued the server
+    /// refuses connections.
+    pub tls_bootstrap: bool,
     /// `tlsMinVersion`: `VersionTLS12` (the default here: rustls speaks 1.2 and 1.3) or
     /// `VersionTLS13`.
     pub tls13_only: bool,
@@ -69,6 +73,7 @@ impl Default for ServerConfig {
             healthz_port: 10248,
             tls_cert_file: None,
             tls_private_key_file: None,
+            tls_bootstrap: false,
             tls13_only: false,
             tls_cipher_suites: Vec::new(),
             anonymous: false,
@@ -121,6 +126,8 @@ pub(super) struct RawServer {
     healthz_port: Option<Typed<i64>>,
     tls_cert_file: Option<Typed<String>>,
     tls_private_key_file: Option<Typed<String>>,
+    #[serde(rename = "serverTLSBootstrap")]
+    server_tls_bootstrap: Option<Typed<bool>>,
     tls_min_version: Option<Typed<String>>,
     tls_cipher_suites: Option<Strings>,
     authentication: Option<Nested>,
@@ -219,6 +226,7 @@ impl RawServer {
             healthz_port: port("healthzPort", get(self.healthz_port), d.healthz_port, true)?,
             tls_cert_file: get(self.tls_cert_file).map(PathBuf::from),
             tls_private_key_file: get(self.tls_private_key_file).map(PathBuf::from),
+            tls_bootstrap: get(self.server_tls_bootstrap).unwrap_or(d.tls_bootstrap),
             tls13_only,
             tls_cipher_suites: self
                 .tls_cipher_suites

@@ -305,6 +305,7 @@ impl Wiring {
         health: &Arc<pleg::PlegHealth>,
     ) -> Result<(u16, PodsSender), crate::server::Error> {
         let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
+        let serving = self.serving_certificate(&node_ips)?;
         let cfg = &self.cfg;
         let health = health.clone();
         let deps = crate::server::ServerDeps {
@@ -313,6 +314,7 @@ impl Wiring {
             node_ips,
             root_dir: cfg.root_dir.clone(),
             cert_dir: cfg.cert_dir(),
+            serving,
             pod_logs_dir: cfg.pod_logs_dir.clone(),
             client: self.client.clone(),
             rt: self.rt.runtime.clone(),
@@ -334,6 +336,42 @@ impl Wiring {
             })
             .set(1);
         Ok((bound.port, pods_tx))
+    }
+
+    /// With `serverTLSBootstrap` (and no `tlsCertFile`): the slot the server reads its
+    /// certificate from, filled and renewed by its own task through CSRs.
+    fn serving_certificate(
+        &mut self,
+        node_ips: &[IpAddr],
+    ) -> Result<Option<Arc<crate::certificate::ServingSlot>>, crate::server::Error> {
+        let cfg = &self.cfg;
+        if !cfg.server.tls_bootstrap || cfg.server.tls_cert_file.is_some() {
+            return Ok(None);
+        }
+        let Some(client) = self.client.clone() else {
+            return Err(crate::server::Error::TlsBootstrapStandalone);
+        };
+        let slot = Arc::new(crate::certificate::ServingSlot::default());
+        let store = crate::certificate::CertStore::new(
+            &cfg.cert_dir(),
+            crate::certificate::serving::SERVER_PREFIX,
+        );
+        let task = crate::certificate::serving::run(
+            slot.clone(),
+            store,
+            client,
+            cfg.node_name.clone(),
+            vec![cfg.node_name.clone()],
+            node_ips.to_vec(),
+        );
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = task => {}
+                _ = cancel.cancelled() => {}
+            }
+        });
+        Ok(Some(slot))
     }
 
     /// The PLEG over the pod cache: changes to the sync loop, refresh requests from the syncer.

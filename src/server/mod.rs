@@ -48,6 +48,8 @@ pub struct ServerDeps {
     pub root_dir: PathBuf,
     /// Where the self-signed serving certificate is kept (`--cert-dir`).
     pub cert_dir: PathBuf,
+    /// With `serverTLSBootstrap`: the certificate a CSR got, read at every handshake.
+    pub serving: Option<Arc<crate::certificate::ServingSlot>>,
     pub pod_logs_dir: PathBuf,
     pub client: Option<kube::Client>,
     pub rt: Arc<dyn RuntimeService>,
@@ -88,6 +90,11 @@ pub enum Error {
     Auth(#[from] auth::NeedsApiServer),
     #[error(transparent)]
     Tls(#[from] tls::Error),
+    /// `serverTLSBootstrap` on a node without an API server to send the CSR to.
+    #[error(
+        "serverTLSBootstrap needs an API server (--kubeconfig) to get the serving certificate from"
+    )]
+    TlsBootstrapStandalone,
     /// A port could not be bound; `server` names which server's.
     #[error("binding the {server} on {addr}")]
     Bind {
@@ -118,7 +125,13 @@ pub async fn start(
         deps.client.clone(),
     );
     auth.check()?;
-    let tls = tls::server_config(&deps.cfg, &deps.cert_dir, &deps.node_name, &deps.node_ips)?;
+    let tls = tls::server_config(
+        &deps.cfg,
+        &deps.cert_dir,
+        &deps.node_name,
+        &deps.node_ips,
+        deps.serving.clone(),
+    )?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let addr = SocketAddr::new(deps.cfg.address, deps.cfg.port);
     let listener = bind("kubelet server", addr).await?;

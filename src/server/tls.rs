@@ -152,13 +152,16 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// The rustls configuration of the HTTPS server.
+///
+/// With `serving` (`serverTLSBootstrap`), the certificate is the slot's at each handshake
+/// (none yet: the handshake is refused); else the configured files or the self-signed pair.
 pub fn server_config(
     cfg: &ServerConfig,
     cert_dir: &Path,
     node_name: &str,
     ips: &[IpAddr],
+    serving: Option<Arc<crate::certificate::ServingSlot>>,
 ) -> Result<rustls::ServerConfig, Error> {
-    let (certs, key) = serving_pair(cfg, cert_dir, node_name, ips)?;
     let provider = Arc::new(provider(cfg)?);
     let versions: &[&rustls::SupportedProtocolVersion] = if cfg.tls13_only {
         &[&rustls::version::TLS13]
@@ -172,9 +175,15 @@ pub fn server_config(
         None => builder.with_no_client_auth(),
         Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, provider)?),
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(Error::ServingCertificate)?;
+    let mut config = match serving {
+        Some(slot) => builder.with_cert_resolver(slot),
+        None => {
+            let (certs, key) = serving_pair(cfg, cert_dir, node_name, ips)?;
+            builder
+                .with_single_cert(certs, key)
+                .map_err(Error::ServingCertificate)?
+        }
+    };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -54,6 +54,7 @@ fn fixture() -> &'static Fixture {
                 node_ips: vec!["127.0.0.1".parse().expect("ip")],
                 root_dir: dir.path().join("root"),
                 cert_dir: dir.path().join("root/pki"),
+                serving: None,
                 pod_logs_dir: dir.path().join("pods"),
                 client: None,
                 rt: fake.clone(),
