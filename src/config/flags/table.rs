@@ -160,6 +160,18 @@ pub(super) const FLAGS: &[Flag] = &[
     ),
     // KubeletConfiguration fields.
     field("address", Str, &["address"], "The server's address."),
+    field(
+        "rotate-certificates",
+        Bool,
+        &["rotateCertificates"],
+        "Renew the client certificate through a CSR before it expires.",
+    ),
+    field(
+        "rotate-server-certificates",
+        Bool,
+        &["serverTLSBootstrap"],
+        "Get and renew the serving certificate through CSRs (kubelet-serving signer).",
+    ),
     field("port", Int, &["port"], "The server's port."),
     field(
         "read-only-port",
@@ -507,16 +519,6 @@ pub(super) const FLAGS: &[Flag] = &[
         "nodelet has no feature gates: what it implements is on",
     ),
     unsupported("fail-swap-on", Bool, "swap is reported, not checked"),
-    unsupported(
-        "rotate-certificates",
-        Bool,
-        "client certificate rotation is not built yet",
-    ),
-    unsupported(
-        "rotate-server-certificates",
-        Bool,
-        "serving certificate bootstrap is not built yet",
-    ),
     unsupported(
         "system-cgroups",
         Str,

@@ -43,6 +43,18 @@ fn pflag_forms() {
         f.warnings
     );
 
+    let f = parse(&args(
+        "--rotate-certificates --rotate-server-certificates=true",
+    ))
+    .unwrap();
+    assert_eq!(
+        flags_layer(&f),
+        vec![
+            ("rotateCertificates".to_string(), json!(true)),
+            ("serverTLSBootstrap".to_string(), json!(true)),
+        ]
+    );
+
     assert_eq!(parse(&args("-v 3")).unwrap().verbosity, Some(3));
     assert_eq!(parse(&args("-v=5")).unwrap().verbosity, Some(5));
     assert!(parse(&args("-h")).unwrap().help);
