@@ -3,7 +3,8 @@
 //! `--help` the flags, a flag upstream removed or nodelet does not know is refused naming it;
 //! and a node started by `deploy/systemd/10-kubeadm.conf`'s line, with the flags a
 //! `kubeadm-flags.env` and `/etc/default/kubelet` give and a `--config-dir` drop-in, joins the
-//! test API server with the labels, taints and provider ID it was given and runs a pod.
+//! test API server (HTTPS) from kubeadm's bootstrap kubeconfig alone, through TLS bootstrap,
+//! with the labels, taints and provider ID it was given and runs a pod.
 
 mod apiserver;
 mod common;
@@ -11,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use apiserver::ApiServer;
+use apiserver::{ApiServer, CsrPolicy};
 use common::api_node::{ApiNode, Backend, NS, Setup, busybox, wait_for};
 use common::{KillOnDrop, nodelet_bin};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -104,9 +105,10 @@ fn version_help_and_refused_flags() {
 const NODE: &str = "kubeadm-node";
 
 /// The tests' usual node configuration; the drop-in below adds to it.
+/// kubeadm's KubeletConfiguration rotates the client certificate.
 const SETUP: Setup = Setup {
     name: NODE,
-    config: "",
+    config: "rotateCertificates: true\n",
     cri_listen: false,
 };
 
@@ -144,9 +146,13 @@ fn kubeadm_command(base: &Path) -> Command {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kubeadm_style_node_joins_and_runs_a_pod() {
     let test = "a_kubeadm_style_node_joins_and_runs_a_pod";
-    let api = ApiServer::start().await;
+    // As `kubeadm join` leaves a node: a bootstrap kubeconfig with a bootstrap token, no
+    // kubelet.conf; the cluster approves the node's CSR (as kubeadm's RBAC for auto-approval).
+    let api = ApiServer::start_tls().await;
+    api.add_bootstrap_token("abcdef", "0123456789abcdef");
+    api.set_csr_policy(CsrPolicy::Approve);
     let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
+        api.write_bootstrap_kubeconfig(dir, "abcdef.0123456789abcdef")
     })
     .await
     else {
@@ -164,7 +170,11 @@ async fn a_kubeadm_style_node_joins_and_runs_a_pod() {
         std::fs::create_dir_all(base.join(d)).unwrap();
     }
     kubelet_link(&base.join("usr/bin"));
-    std::fs::copy(&node.kubeconfig, base.join("etc/kubernetes/kubelet.conf")).unwrap();
+    std::fs::copy(
+        &node.kubeconfig,
+        base.join("etc/kubernetes/bootstrap-kubelet.conf"),
+    )
+    .unwrap();
     std::fs::copy(&node.config, base.join("var/lib/kubelet/config.yaml")).unwrap();
     std::fs::write(
         base.join("var/lib/kubelet/kubeadm-flags.env"),
@@ -210,6 +220,14 @@ async fn a_kubeadm_style_node_joins_and_runs_a_pod() {
         nodes.get_opt(NODE).await.ok().flatten()
     })
     .await;
+    // TLS bootstrap wrote kubelet.conf, naming the certificate a CSR got.
+    let kubelet_conf = std::fs::read_to_string(base.join("etc/kubernetes/kubelet.conf"))
+        .expect("kubelet.conf written by TLS bootstrap");
+    assert!(
+        kubelet_conf.contains("kubelet-client-current.pem"),
+        "{kubelet_conf}"
+    );
+    assert_eq!(api.csrs().len(), 1);
     let labels = registered.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get("pool").map(String::as_str), Some("edge"));
     let spec = registered.spec.clone().unwrap_or_default();
