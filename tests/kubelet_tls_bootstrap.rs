@@ -134,13 +134,42 @@ async fn a_node_with_only_a_bootstrap_kubeconfig_joins_through_a_csr() {
 
     // Restarted, the agent uses the kubeconfig it wrote: no second CSR.
     drop(agent);
-    let _agent = start(&node, &kubeconfig);
+    let agent = start(&node, &kubeconfig);
     let before = api.answered().len();
     wait_for("requests after the restart", 30, async || {
         (api.answered().len() > before + 3).then_some(())
     })
     .await;
     assert_eq!(api.csrs().len(), 1);
+
+    // A torn certificate file at start is reported and bootstrapping starts again.
+    drop(agent);
+    std::fs::write(&target, &pem[..pem.len() / 2]).unwrap();
+    let _agent = start(&node, &kubeconfig);
+    wait_for("a second CSR", 30, async || {
+        (api.csrs().len() == 2).then_some(())
+    })
+    .await;
+    let log = log_of(&node);
+    assert!(
+        log.contains("TLS bootstrap: its client certificate"),
+        "{log}"
+    );
+    let current = std::fs::canonicalize(&current).expect("a new current certificate");
+    assert_ne!(current, target);
+    let before = api.answered().len();
+    wait_for(
+        "the node's requests after bootstrapping again",
+        30,
+        async || {
+            let now = api.answered();
+            now[before..]
+                .iter()
+                .any(|a| a.user == format!("system:node:{NODE}") && a.code < 300)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
