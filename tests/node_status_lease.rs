@@ -604,3 +604,71 @@ async fn a_server_that_never_answers_does_not_stall_the_lease() {
     task.await.unwrap();
     server.abort();
 }
+
+/// `--cloud-provider=external`: the node registers with the uninitialized taint, its
+/// `--node-ip` in the provided-node-ip annotation and as its address; once the cloud
+/// controller has set the addresses, the status manager's writes keep them (upstream's
+/// NodeAddress setter) instead of putting its own back.
+#[tokio::test]
+async fn an_external_cloud_providers_addresses_are_kept() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config("node-cloud", dir.path());
+    cfg.registration.external_cloud_provider = true;
+    cfg.node_status_report_frequency = Duration::from_millis(400);
+    let nodes: Api<Node> = Api::all(api.client());
+    let run = Running::start(api.client(), &cfg, false);
+    let node = wait_for("the node", 20, async || {
+        nodes.get_opt("node-cloud").await.ok().flatten()
+    })
+    .await;
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("alpha.kubernetes.io/provided-node-ip")
+            .map(String::as_str),
+        Some("10.9.8.7")
+    );
+    let taints = node.spec.clone().and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"),
+        "{taints:?}"
+    );
+    let internal = |n: &Node| -> Vec<String> {
+        n.status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .collect()
+    };
+    assert_eq!(internal(&node), vec!["10.9.8.7".to_string()]);
+
+    // The cloud controller sets the addresses it knows.
+    let cloud = serde_json::json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": "10.1.2.3"},
+        {"type": "ExternalIP", "address": "203.0.113.9"},
+        {"type": "Hostname", "address": "node-cloud"},
+    ]}});
+    nodes
+        .patch_status(
+            "node-cloud",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&cloud),
+        )
+        .await
+        .expect("the cloud controller's addresses");
+    let before = status_patches(&api, "node-cloud");
+    wait_for("two more status writes", 20, async || {
+        (status_patches(&api, "node-cloud") >= before + 2).then_some(())
+    })
+    .await;
+    let node = nodes.get("node-cloud").await.unwrap();
+    assert_eq!(internal(&node), vec!["10.1.2.3".to_string()]);
+    run.stop().await;
+    api.stop().await;
+}

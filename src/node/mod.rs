@@ -150,7 +150,29 @@ pub fn build_node(facts: &NodeFacts, cfg: &KubeletConfig) -> Node {
             ..Default::default()
         },
         spec,
-        status: Some(facts_status(facts, cfg)),
+        status: Some({
+            let mut status = facts_status(facts, cfg);
+            status.addresses = reported_addresses(cfg, status.addresses.take(), None);
+            status
+        }),
+    }
+}
+
+/// The addresses to report (upstream's `NodeAddress` setter): the node's own (`own`), except
+/// with `--cloud-provider=external`, where the cloud controller's win once the Node has any
+/// (`current`), and without `--node-ip` none are reported until it sets them.
+pub fn reported_addresses(
+    cfg: &KubeletConfig,
+    own: Option<Vec<NodeAddress>>,
+    current: Option<&[NodeAddress]>,
+) -> Option<Vec<NodeAddress>> {
+    if !cfg.registration.external_cloud_provider {
+        return own;
+    }
+    match current {
+        Some(set) if !set.is_empty() => Some(set.to_vec()),
+        _ if cfg.node_ips.is_empty() => None,
+        _ => own,
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use super::conditions::{Health, node_conditions};
 use super::{
     ANNOTATION_CONTROLLER_MANAGED_ATTACH_DETACH, NodeFacts, build_node, default_labels,
-    heartbeat_timeout, within,
+    heartbeat_timeout, reported_addresses, within,
 };
 use crate::api::FIELD_MANAGER;
 use crate::api::events::Reason;
@@ -419,11 +419,16 @@ impl NodeStatusManager {
         // when there is nothing to write.
         let current = within(self.timeout, self.api.get(self.name())).await?;
         self.node.send_replace(Some(current.clone()));
-        let base = build_node(&self.facts, &self.cfg)
+        let mut base = build_node(&self.facts, &self.cfg)
             .status
             .unwrap_or_default();
         let health = (self.health)();
         let previous = current.status.clone().unwrap_or_default();
+        base.addresses = reported_addresses(
+            &self.cfg,
+            base.addresses.take(),
+            previous.addresses.as_deref(),
+        );
         let desired = desired_status(&base, Some(&previous), &health, images, Timestamp::now());
         let changed = status_changed(&previous, &desired);
         let last_write = self.state.lock().ok().and_then(|s| s.last_write);

@@ -312,6 +312,28 @@ fn registration_labels_taints_provider_and_dual_stack() {
             {"type": "Hostname", "address": "node-a"},
         ])
     );
+    // The cloud controller's addresses win once it set them; without --node-ip, the node
+    // reports none until then (upstream's NodeAddress setter).
+    let cloud = vec![NodeAddress {
+        type_: "ExternalIP".into(),
+        address: "203.0.113.9".into(),
+    }];
+    let own = build_node(&f, &cfg).status.unwrap().addresses;
+    assert_eq!(
+        reported_addresses(&cfg, own.clone(), Some(&cloud)),
+        Some(cloud.clone())
+    );
+    assert_eq!(reported_addresses(&cfg, own.clone(), Some(&[])), own);
+    let no_ip = KubeletConfig {
+        node_ips: Vec::new(),
+        ..cfg.clone()
+    };
+    let unset = serde_json::to_value(build_node(&f, &no_ip)).unwrap();
+    assert!(unset["status"].get("addresses").is_none(), "{unset}");
+    assert_eq!(reported_addresses(&no_ip, own.clone(), None), None);
+    // Without an external cloud provider, the node's own always.
+    let in_tree = KubeletConfig::default();
+    assert_eq!(reported_addresses(&in_tree, own.clone(), Some(&cloud)), own);
     // Nothing of it by default: no spec at all.
     let plain = serde_json::to_value(build_node(&facts(), &KubeletConfig::default())).unwrap();
     assert!(plain.get("spec").is_none(), "{plain}");
