@@ -93,9 +93,18 @@ struct Tree {
     node: ResourceConfig,
     cpu_cfs_quota: bool,
     pod_pids_limit: i64,
-    /// The pods whose cgroup was made or found and which have not terminated: QoS class and
-    /// CPU request (millicores), for the `burstable` cgroup's shares.
-    pods: Mutex<HashMap<String, (Qos, i64)>>,
+    /// The pods whose cgroup was made or found and which have not terminated.
+    pods: Mutex<HashMap<String, PodEntry>>,
+}
+
+/// What the manager knows of one pod: its QoS class and CPU request (millicores, for the
+/// `burstable` cgroup's shares), and the values last written to its cgroup (`None`: adopted,
+/// not written by this agent).
+#[derive(Debug, Clone)]
+struct PodEntry {
+    qos: Qos,
+    cpu: i64,
+    applied: Option<ResourceConfig>,
 }
 
 /// The kubelet's cgroup tree; without `cgroupsPerQOS`, nothing (the runtime places pods).
@@ -153,23 +162,74 @@ impl ContainerManager {
     }
 
     /// The pod's cgroup, made (with its values) when missing, after the QoS cgroups were
-    /// updated for it: the CRI `cgroup_parent` of its sandbox. Empty without the tree.
+    /// updated for it: the CRI `cgroup_parent` of its sandbox. Empty without the tree. When
+    /// the pod's resources changed since its cgroup was written (a resize), the cgroup (and the
+    /// `burstable` shares) are written again; a value the kernel refuses now (a memory limit
+    /// below what the pod still uses) is a warning, tried again on the next sync.
     pub fn ensure_pod(&self, pod: &Pod, uid: &str) -> Result<String, Error> {
         let Some(t) = &self.tree else {
             return Ok(String::new());
         };
         let qos = Qos::of(pod);
         let cpu = crate::admission::pod_requests(pod).get("cpu");
-        lock(&t.pods).insert(uid.to_string(), (qos, cpu));
+        let config = resources::for_pod(pod, t.cpu_cfs_quota, t.pod_pids_limit);
+        let before = lock(&t.pods).insert(
+            uid.to_string(),
+            PodEntry {
+                qos,
+                cpu,
+                applied: None,
+            },
+        );
         let path = t.pod_path(qos, uid);
         if !t.fs.exists(&path) {
             self.update_qos()?;
             t.fs.create(&path)?;
-            let config = resources::for_pod(pod, t.cpu_cfs_quota, t.pod_pids_limit);
             t.fs.apply(&path, &config)?;
             tracing::debug!(pod_cgroup = %path, ?config, "pod cgroup made");
+            self.applied(uid, config);
+            return Ok(path);
+        }
+        // Adopted after a restart (`None`): written by an earlier agent, perhaps for other
+        // values; write them again.
+        let before = before.and_then(|b| b.applied.map(|a| (b.cpu, a)));
+        if let Some((old_cpu, old)) = &before
+            && *old == config
+            && *old_cpu == cpu
+        {
+            self.applied(uid, config);
+            return Ok(path);
+        }
+        if before.as_ref().is_none_or(|(old_cpu, _)| *old_cpu != cpu) {
+            self.update_qos()?;
+        }
+        let write = match &before {
+            Some((_, old)) => resources::replacing(old, &config),
+            None => config.clone(),
+        };
+        let old = before.map(|(_, old)| old);
+        match t.fs.apply(&path, &write) {
+            Ok(()) => {
+                tracing::info!(pod_cgroup = %path, ?config, "pod cgroup resized");
+                self.applied(uid, config);
+            }
+            Err(e) => {
+                tracing::warn!(pod_cgroup = %path, "resizing the pod cgroup: {e}; trying again");
+                if let Some(old) = old {
+                    self.applied(uid, old);
+                }
+            }
         }
         Ok(path)
+    }
+
+    /// Records what the pod's cgroup holds.
+    fn applied(&self, uid: &str, config: ResourceConfig) {
+        if let Some(t) = &self.tree
+            && let Some(e) = lock(&t.pods).get_mut(uid)
+        {
+            e.applied = Some(config);
+        }
     }
 
     /// The pod `uid` terminated: it no longer counts in its QoS cgroup.
@@ -187,8 +247,8 @@ impl ContainerManager {
         };
         let burstable: i64 = lock(&t.pods)
             .values()
-            .filter(|(q, _)| *q == Qos::Burstable)
-            .map(|(_, cpu)| *cpu)
+            .filter(|e| e.qos == Qos::Burstable)
+            .map(|e| e.cpu)
             .fold(0, i64::saturating_add);
         let shares = |s| ResourceConfig {
             cpu_shares: Some(s),

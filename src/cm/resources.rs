@@ -27,6 +27,19 @@ pub struct ResourceConfig {
     pub pids_limit: Option<i64>,
 }
 
+/// What to write to a cgroup that holds `old` so that it holds `new`: `new`, with a CPU quota
+/// or memory limit `new` no longer sets removed (-1) rather than left as it was.
+pub fn replacing(old: &ResourceConfig, new: &ResourceConfig) -> ResourceConfig {
+    let mut write = new.clone();
+    if old.cpu_quota.is_some() && new.cpu_quota.is_none() {
+        write.cpu_quota = Some(-1);
+    }
+    if old.memory_limit.is_some() && new.memory_limit.is_none() {
+        write.memory_limit = Some(-1);
+    }
+    write
+}
+
 /// CPU shares for `milli` millicores requested (upstream `MilliCPUToShares`).
 pub fn milli_cpu_to_shares(milli: i64) -> u64 {
     if milli <= 0 {

@@ -78,6 +78,39 @@ fn tree_values_and_orphans_on_real_cgroups() {
         if !v2 {
             assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
         }
+        // Resized: the pod cgroups and the burstable shares follow at the next sync.
+        let bigger = pod(
+            "g1",
+            serde_json::json!({"limits": {"cpu": "1", "memory": "128Mi"}}),
+        );
+        assert_eq!(cm.ensure_pod(&bigger, "g1").unwrap(), g);
+        assert_eq!(read(&fs, "memory", &g, limit), (128u64 << 20).to_string());
+        if !v2 {
+            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
+        }
+        let more_cpu = pod("b1", serde_json::json!({"requests": {"cpu": "600m"}}));
+        cm.ensure_pod(&more_cpu, "b1").unwrap();
+        assert_eq!(read(&fs, "cpu", &path, shares), want_shares(614));
+        assert_eq!(
+            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            want_shares(614)
+        );
+        let capped = pod(
+            "b2",
+            serde_json::json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "32Mi"}}),
+        );
+        let b2 = cm.ensure_pod(&capped, "b2").unwrap();
+        assert_eq!(read(&fs, "memory", &b2, limit), (32u64 << 20).to_string());
+        // A limit the pod no longer sets is removed, not left as it was.
+        let uncapped = pod("b2", serde_json::json!({"requests": {"memory": "16Mi"}}));
+        cm.ensure_pod(&uncapped, "b2").unwrap();
+        let unlimited = read(&fs, "memory", &b2, limit);
+        assert!(
+            unlimited == "max" || unlimited.parse::<u64>().unwrap() > 1 << 60,
+            "{unlimited}"
+        );
+        cm.forget_pod("b2");
+        fs.destroy(&b2).unwrap();
         let best = cm
             .ensure_pod(&pod("e1", serde_json::json!({})), "e1")
             .unwrap();
