@@ -24,6 +24,10 @@ const TOKEN_ID: &str = "abcdef";
 const TOKEN: &str = "abcdef.0123456789abcdef";
 
 fn start(node: &ApiNode, kubeconfig: &Path) -> KillOnDrop {
+    start_with(node, kubeconfig, &[])
+}
+
+fn start_with(node: &ApiNode, kubeconfig: &Path, extra: &[&str]) -> KillOnDrop {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -38,7 +42,8 @@ fn start(node: &ApiNode, kubeconfig: &Path) -> KillOnDrop {
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--root-dir={}", node.root.display()))
         .arg(format!("--hostname-override={}", node.name))
-        .arg("--node-ip=127.0.0.1");
+        .arg("--node-ip=127.0.0.1")
+        .args(extra);
     KillOnDrop(
         cmd.stdout(Stdio::null())
             .stderr(log)
@@ -345,7 +350,8 @@ fn csr_named(api: &ApiServer, signer: &str) -> Option<String> {
 
 /// `serverTLSBootstrap`: the kubelet serves nothing until its serving CSR is approved, then a
 /// certificate from the cluster CA naming the node's IP, and `kubectl logs` through the API
-/// server works.
+/// server works. With `--cloud-provider=external`, once the cloud controller sets the Node's
+/// addresses, a new serving certificate names them.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_serving_certificate_comes_from_a_csr() {
     let test = "the_serving_certificate_comes_from_a_csr";
@@ -378,7 +384,7 @@ async fn the_serving_certificate_comes_from_a_csr() {
         return;
     };
     let kubeconfig = node.root.with_extension("kubelet.conf");
-    let _agent = start(&node, &kubeconfig);
+    let _agent = start_with(&node, &kubeconfig, &["--cloud-provider=external"]);
     let client_csr = wait_for("the client CSR", 30, async || {
         csr_named(&api, "kubernetes.io/kube-apiserver-client-kubelet")
     })
@@ -461,5 +467,50 @@ async fn the_serving_certificate_comes_from_a_csr() {
     assert_eq!(
         std::fs::metadata(&current).unwrap().permissions().mode() & 0o777,
         0o600
+    );
+
+    // The cloud controller sets the Node's addresses: a new serving CSR names them, and once
+    // it is approved the new certificate is served.
+    let cloud = serde_json::json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": "127.0.0.1"},
+        {"type": "ExternalIP", "address": "127.0.0.2"},
+        {"type": "Hostname", "address": NODE},
+        {"type": "ExternalDNS", "address": "serving-node.example.com"},
+    ]}});
+    nodes
+        .patch_status(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&cloud),
+        )
+        .await
+        .expect("the cloud controller's addresses");
+    let second = wait_for("a second serving CSR", 30, async || {
+        let csrs = api.csrs();
+        let serving: Vec<_> = csrs
+            .iter()
+            .filter(|c| c["spec"]["signerName"] == "kubernetes.io/kubelet-serving")
+            .collect();
+        (serving.len() == 2)
+            .then(|| serving[1]["metadata"]["name"].as_str().map(str::to_string))
+            .flatten()
+    })
+    .await;
+    api.approve_csr(&second);
+    let sans = wait_for("the new certificate served", 30, async || {
+        let der = served_certificate(&api, port).await.ok()?;
+        let (_, served) = x509_parser::parse_x509_certificate(&der).ok()?;
+        let sans = served
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|e| format!("{:?}", e.value.general_names))
+            .unwrap_or_default();
+        sans.contains("serving-node.example.com").then_some(sans)
+    })
+    .await;
+    assert!(
+        sans.contains("[127, 0, 0, 2]") || sans.contains("127.0.0.2"),
+        "{sans}"
     );
 }

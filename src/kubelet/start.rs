@@ -35,6 +35,8 @@ pub(super) struct Wiring {
     pub client: Option<kube::Client>,
     pub cancel: CancellationToken,
     pub tasks: JoinSet<()>,
+    /// With `serverTLSBootstrap`: where the serving certificate learns the Node's addresses.
+    pub serving_addresses: Option<watch::Sender<Vec<k8s_openapi::api::core::v1::NodeAddress>>>,
 }
 
 /// What the eviction manager is wired to besides the runtime.
@@ -103,6 +105,7 @@ impl Wiring {
             client,
             cancel: CancellationToken::new(),
             tasks: JoinSet::new(),
+            serving_addresses: None,
         }
     }
 
@@ -356,13 +359,17 @@ impl Wiring {
             &cfg.cert_dir(),
             crate::certificate::serving::SERVER_PREFIX,
         );
+        // The addresses this node will report, until the Node's own are seen.
+        let own = crate::node::own_addresses(&cfg.node_name, node_ips);
+        let own = crate::node::reported_addresses(cfg, Some(own), None).unwrap_or_default();
+        let (addresses, watched) = watch::channel(own);
+        self.serving_addresses = Some(addresses);
         let task = crate::certificate::serving::run(
             slot.clone(),
             store,
             client,
             cfg.node_name.clone(),
-            vec![cfg.node_name.clone()],
-            node_ips.to_vec(),
+            watched,
         );
         let cancel = self.cancel.clone();
         self.tasks.spawn(async move {
@@ -457,9 +464,10 @@ impl Wiring {
         started
     }
 
-    /// With an API server: the node agent (the Node, its status and Lease).
+    /// With an API server: the node agent (the Node, its status and Lease); the serving
+    /// certificate follows the addresses of the Node it reports.
     pub fn node_agent(
-        &self,
+        &mut self,
         facts: &NodeFacts,
         runtime_state: &Arc<RuntimeState>,
         health: &Arc<pleg::PlegHealth>,
@@ -469,7 +477,7 @@ impl Wiring {
     ) -> Option<Arc<NodeAgent>> {
         let client = self.client.as_ref()?;
         let (health, shutdown, eviction) = (health.clone(), shutdown.clone(), eviction.clone());
-        Some(Arc::new(NodeAgent::spawn(
+        let agent = Arc::new(NodeAgent::spawn(
             client.clone(),
             &self.cfg,
             facts.clone(),
@@ -486,7 +494,32 @@ impl Wiring {
                 h.pid_pressure = eviction.has(Pressure::Pid);
             }),
             Some(recorder.clone()),
-        )))
+        ));
+        if let Some(addresses) = self.serving_addresses.take() {
+            let mut nodes = agent.manager().subscribe();
+            let cancel = self.cancel.clone();
+            self.tasks.spawn(async move {
+                loop {
+                    let seen = nodes
+                        .borrow_and_update()
+                        .as_ref()
+                        .and_then(|n| n.status.as_ref()?.addresses.clone())
+                        .filter(|a| !a.is_empty());
+                    if let Some(seen) = seen {
+                        addresses.send_if_modified(|a| {
+                            let changed = *a != seen;
+                            *a = seen;
+                            changed
+                        });
+                    }
+                    tokio::select! {
+                        changed = nodes.changed() => if changed.is_err() { return },
+                        _ = cancel.cancelled() => return,
+                    }
+                }
+            });
+        }
+        Some(agent)
     }
 
     /// With an API server: the pods bound to the node, and the mirror pods of static pods.

@@ -194,26 +194,27 @@ pub fn default_labels(facts: &NodeFacts) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The node's own addresses: each IP an `InternalIP`, then its name as `Hostname`.
+pub fn own_addresses(hostname: &str, ips: &[std::net::IpAddr]) -> Vec<NodeAddress> {
+    ips.iter()
+        .map(|ip| NodeAddress {
+            type_: "InternalIP".to_string(),
+            address: ip.to_string(),
+        })
+        .chain([NodeAddress {
+            type_: "Hostname".to_string(),
+            address: hostname.to_string(),
+        }])
+        .collect()
+}
+
 fn facts_status(facts: &NodeFacts, cfg: &KubeletConfig) -> NodeStatus {
     let capacity = capacity(facts);
     let allocatable = allocatable(&capacity, &cfg.eviction_hard, &cfg.reserved);
     NodeStatus {
         capacity: Some(to_quantities(&capacity)),
         allocatable: Some(to_quantities(&allocatable)),
-        addresses: Some(
-            facts
-                .node_ips()
-                .into_iter()
-                .map(|ip| NodeAddress {
-                    type_: "InternalIP".to_string(),
-                    address: ip.to_string(),
-                })
-                .chain([NodeAddress {
-                    type_: "Hostname".to_string(),
-                    address: facts.hostname.clone(),
-                }])
-                .collect(),
-        ),
+        addresses: Some(own_addresses(&facts.hostname, &facts.node_ips())),
         daemon_endpoints: Some(NodeDaemonEndpoints {
             kubelet_endpoint: Some(DaemonEndpoint {
                 port: i32::from(facts.kubelet_port),
