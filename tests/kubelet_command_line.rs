@@ -207,8 +207,14 @@ async fn a_kubeadm_style_node_joins_and_runs_a_pod() {
         .append(true)
         .open(node.root.with_extension("log"))
         .unwrap();
+    // As under kubelet.service with Type=notify: READY=1 once the Node is registered.
+    let notify = std::os::unix::net::UnixDatagram::bind(base.join("notify.sock")).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
     let _agent = KillOnDrop(
         kubeadm_command(&base)
+            .env("NOTIFY_SOCKET", base.join("notify.sock"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -220,6 +226,23 @@ async fn a_kubeadm_style_node_joins_and_runs_a_pod() {
         nodes.get_opt(NODE).await.ok().flatten()
     })
     .await;
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = notify.recv(&mut buf).expect("READY=1 within 60 s");
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if msg.contains("READY=1") {
+                return msg;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(ready.contains(&format!("node {NODE} ready")), "{ready}");
+    assert!(
+        nodes.get_opt(NODE).await.unwrap().is_some(),
+        "READY=1 after the Node was registered"
+    );
     // TLS bootstrap wrote kubelet.conf, naming the certificate a CSR got.
     let kubelet_conf = std::fs::read_to_string(base.join("etc/kubernetes/kubelet.conf"))
         .expect("kubelet.conf written by TLS bootstrap");

@@ -13,6 +13,7 @@ pub mod housekeeping;
 pub mod image_gc;
 pub mod logrotate;
 pub mod mirror;
+pub mod notify;
 pub mod pleg;
 pub mod pod_cache;
 pub mod shutdown;
@@ -81,10 +82,14 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     let on_sigterm = cfg.shutdown.on_sigterm;
+    notify::status("starting");
     let kubelet = Kubelet::start(cfg, rt, client).await?;
     shutdown.await;
     if on_sigterm {
+        notify::stopping("shutting the node down: stopping its pods");
         kubelet.shutdown_node().await;
+    } else {
+        notify::stopping("stopping; pods keep running");
     }
     kubelet.stop().await;
     Ok(())
@@ -111,6 +116,7 @@ impl Kubelet {
         let mut w = Wiring::new(cfg, rt, client);
         let version = w.runtime_version().await?;
         let (name, v) = (&version.runtime_name, &version.runtime_version);
+        notify::status(&format!("runtime {name} {v} answers; starting the kubelet"));
         let mut facts = NodeFacts::gather(&w.cfg, name, v)?;
         crate::node::check_reservations(&facts, &w.cfg)?;
         let cm = w.container_manager(&facts)?;
@@ -122,10 +128,22 @@ impl Kubelet {
         let image_gc = w.image_gc(&recorder);
         let cache = Arc::new(pod_cache::PodCache::new());
         let health = Arc::new(pleg::PlegHealth::new(pleg::RELIST_THRESHOLD));
-        let (port, pods) = w.server(facts.node_ips(), &status, &health).await?;
+        let sync_health = Arc::new(notify::SyncLoopHealth::new(notify::sync_loop_threshold(
+            w.cfg.sync_frequency,
+        )));
+        let (port, pods) = w
+            .server(facts.node_ips(), &status, &health, &sync_health)
+            .await?;
         // The Node advertises the port bound; admission checks pods against the registered
         // Node, or against this one before that.
         facts.kubelet_port = port;
+        notify::status(&match &w.client {
+            Some(_) => format!(
+                "serving on port {port}; registering node {}",
+                w.cfg.node_name
+            ),
+            None => format!("serving on port {port}; admitting the static pods"),
+        });
         let local_node = crate::node::build_node(&facts, &w.cfg);
         let ch = Channels::new();
         w.pleg(&cache, &health, ch.changed.0, ch.refresh.1);
@@ -203,7 +221,13 @@ impl Kubelet {
             let registered = agent.as_ref().and_then(|a| a.node());
             registered.unwrap_or_else(|| local_node.clone())
         });
+        let readiness = match &node_agent {
+            Some(agent) => notify::Readiness::Registered(agent.manager().subscribe()),
+            None => notify::Readiness::SourcesSeen(desired.subscribe()),
+        };
+        w.notify(readiness, &health, &sync_health);
         let sync_loop = sync_loop::SyncLoop {
+            health: sync_health,
             workers,
             status: status.clone(),
             merger: Merger::new(),

@@ -306,11 +306,11 @@ impl Wiring {
         node_ips: Vec<IpAddr>,
         status: &Arc<StatusManager>,
         health: &Arc<pleg::PlegHealth>,
+        sync_health: &Arc<super::notify::SyncLoopHealth>,
     ) -> Result<(u16, PodsSender), crate::server::Error> {
         let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
         let serving = self.serving_certificate(&node_ips)?;
         let cfg = &self.cfg;
-        let health = health.clone();
         let deps = crate::server::ServerDeps {
             cfg: cfg.server.clone(),
             node_name: cfg.node_name.clone(),
@@ -326,10 +326,10 @@ impl Wiring {
             status: status.clone(),
             configz: cfg.to_v1beta1(),
             system_log_dir: std::path::PathBuf::from("/var/log"),
-            health: Arc::new(move || match health.problem() {
-                Some(p) => Err(crate::server::Unhealthy(p)),
-                None => Ok(()),
-            }),
+            health: {
+                let check = health_check(health, sync_health.clone());
+                Arc::new(move || check().map_err(crate::server::Unhealthy))
+            },
         };
         let bound = crate::server::start(deps, &mut self.tasks, self.cancel.clone()).await?;
         crate::metrics::get()
@@ -571,6 +571,25 @@ impl Wiring {
         self.tasks.spawn(sync_loop.run(inputs, self.cancel.clone()));
     }
 
+    /// systemd's notifications: `READY=1` when `readiness` is reached, `WATCHDOG=1` while
+    /// the sync loop and the PLEG are healthy.
+    pub fn notify(
+        &mut self,
+        readiness: super::notify::Readiness,
+        health: &Arc<pleg::PlegHealth>,
+        sync_health: &Arc<super::notify::SyncLoopHealth>,
+    ) {
+        let name = self.cfg.node_name.clone();
+        self.tasks.spawn(super::notify::ready_when(
+            readiness,
+            name,
+            self.cancel.clone(),
+        ));
+        let check = health_check(health, sync_health.clone());
+        self.tasks
+            .spawn(super::notify::watchdog(check, self.cancel.clone()));
+    }
+
     /// The CrashLoopBackOff delays (upstream's, unless the tests' settings shorten them).
     pub fn crash_loop_backoff(&self) -> Backoff {
         let testing = &self.cfg.testing;
@@ -608,4 +627,17 @@ pub(super) struct HousekeepingParts {
     pub mirrors: watch::Receiver<sources::api::MirrorPods>,
     pub node_agent: Option<Arc<NodeAgent>>,
     pub cache: Arc<pod_cache::PodCache>,
+}
+
+/// The kubelet's health as `/healthz` and the watchdog see it: the sync loop going round and
+/// the PLEG relisting.
+fn health_check(
+    pleg: &Arc<pleg::PlegHealth>,
+    sync_loop: Arc<super::notify::SyncLoopHealth>,
+) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
+    let pleg = pleg.clone();
+    move || match sync_loop.problem().or_else(|| pleg.problem()) {
+        Some(p) => Err(p),
+        None => Ok(()),
+    }
 }

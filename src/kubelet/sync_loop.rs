@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 /// The loop's state: everything it owns, nothing it awaits.
 pub struct SyncLoop {
+    /// Touched every time the loop goes round (`/healthz`, the watchdog).
+    pub health: Arc<super::notify::SyncLoopHealth>,
     pub workers: PodWorkers,
     pub status: Arc<StatusManager>,
     pub merger: Merger,
@@ -64,6 +66,7 @@ impl SyncLoop {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.health.touch();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(update) = updates.recv() => {

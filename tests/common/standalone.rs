@@ -73,18 +73,20 @@ impl Standalone {
 
     /// Starts `nodelet run-node` on the node with more arguments (killed when dropped).
     pub fn start_with(&self, args: &[&str]) -> KillOnDrop {
-        KillOnDrop(
-            Command::new(nodelet_bin())
-                .arg("--root-dir")
-                .arg(&self.root)
-                .args(["run-node", "--hostname-override", "e2e-node", "--config"])
-                .arg(&self.config_file)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start nodelet run-node"),
-        )
+        KillOnDrop(self.command(args).spawn().expect("start nodelet run-node"))
+    }
+
+    /// The `nodelet run-node` command of the node, with more arguments (output discarded).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(nodelet_bin());
+        cmd.arg("--root-dir")
+            .arg(&self.root)
+            .args(["run-node", "--hostname-override", "e2e-node", "--config"])
+            .arg(&self.config_file)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
     }
 
     /// A handle on the node's runtime, opened afresh from its root dir.
