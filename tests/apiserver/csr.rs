@@ -2,8 +2,10 @@
 //! them (`pkg/registry/certificates`, `pkg/apis/certificates/validation`). On create the
 //! requester's identity replaces `spec.username`, `spec.groups`, `spec.uid` and `spec.extra`
 //! and the status is cleared; `spec.request` must be a PEM `CERTIFICATE REQUEST` whose
-//! signature checks, `spec.signerName` a `domain/path`, `spec.usages` known ones without
-//! repeats, `spec.expirationSeconds` at least 600. Updates of the object keep its spec and
+//! signature checks (failures worded as Go's `x509` words them), `spec.signerName` a
+//! `domain/path` as `ValidateSignerName` checks it (with apimachinery's messages),
+//! `spec.usages` known ones without repeats, `spec.expirationSeconds` at least 600; the name
+//! may be any path segment (`ValidateCertificateRequestName` takes any, store.rs). Updates of the object keep its spec and
 //! status; `/status` may set the certificate (once: PEM CERTIFICATE blocks only) and
 //! conditions other than Approved and Denied; `/approval` changes only the conditions.
 //! Approved, Denied and Failed conditions are "True" only and never removed; Approved and
@@ -103,8 +105,22 @@ pub fn request_der(pem: &[u8]) -> Result<Vec<u8>, String> {
     };
     let (_, req) = X509CertificationRequest::from_der(&der)
         .map_err(|_| "x509: malformed certificate request".to_string())?;
-    req.verify_signature()
-        .map_err(|_| "x509: signature verification failure".to_string())?;
+    // Go's `checkSignature` words the failure by the key's algorithm.
+    req.verify_signature().map_err(|_| {
+        let alg = req
+            .certification_request_info
+            .subject_pki
+            .algorithm
+            .algorithm
+            .to_id_string();
+        match alg.as_str() {
+            "1.2.840.10045.2.1" => "x509: ECDSA verification failure",
+            "1.3.101.112" => "x509: Ed25519 verification failure",
+            "1.2.840.113549.1.1.1" => "crypto/rsa: verification error",
+            _ => "x509: signature verification failure",
+        }
+        .to_string()
+    })?;
     Ok(der)
 }
 
@@ -165,34 +181,100 @@ fn of_type(conds: &[Value], t: &str) -> Vec<Value> {
 /// A field error: (field, cause reason, detail).
 type FieldError = (String, &'static str, String);
 
-/// `ValidateSignerName`.
-fn check_signer(name: &str) -> Option<String> {
-    let label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
+/// apimachinery's `IsDNS1123Label`: its messages for `l`.
+fn dns1123_label(l: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if l.len() > 63 {
+        errs.push("must be no more than 63 characters".to_string());
+    }
+    if !dns1123_label_form(l) {
+        if dns1123_subdomain_form(l) {
+            errs.push("must not contain dots".into());
+        } else {
+            errs.push(
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+                    .into(),
+            );
+        }
+    }
+    errs
+}
+
+/// apimachinery's `IsDNS1123Subdomain`: its messages for `s`.
+fn dns1123_subdomain(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 253 {
+        errs.push("must be no more than 253 characters".to_string());
+    }
+    if !dns1123_subdomain_form(s) {
+        errs.push(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+                .into(),
+        );
+    }
+    errs
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, any length.
+fn dns1123_label_form(l: &str) -> bool {
+    let b = l.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && alnum(&b[0])
+        && alnum(&b[b.len() - 1])
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// Labels of that form separated by dots, any length.
+fn dns1123_subdomain_form(s: &str) -> bool {
+    s.split('.').all(dns1123_label_form)
+}
+
+/// `ValidateSignerName` (pkg/apis/core/validation): every error's detail, in its order.
+fn check_signer(name: &str) -> Vec<String> {
     let form = "must be a fully qualified domain and path of the form 'example.com/signer-name'";
-    let Some((domain, path)) = name.split_once('/') else {
-        return Some(format!("Invalid value: \"{name}\": {form}"));
+    let segments: Vec<&str> = name.split('/').collect();
+    let [domain, path] = segments.as_slice() else {
+        return vec![format!("Invalid value: \"{name}\": {form}")];
     };
-    if path.contains('/') || path.is_empty() {
-        return Some(format!("Invalid value: \"{name}\": {form}"));
+    let mut errs = Vec::new();
+    if domain.len() > 253 {
+        errs.push("Too long: may not be more than 253 bytes".to_string());
     }
-    if !domain.split('.').all(label) {
-        return Some(format!(
-            "Invalid value: \"{domain}\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
-        ));
+    let labels: Vec<&str> = domain.split('.').collect();
+    if let Some((lbl, bad)) = labels
+        .iter()
+        .map(|l| (l, dns1123_label(l)))
+        .find(|(_, e)| !e.is_empty())
+    {
+        for e in bad {
+            errs.push(format!(
+                "Invalid value: \"{domain}\": validating label \"{lbl}\": {e}"
+            ));
+        }
     }
-    if !domain.contains('.') {
-        return Some(format!(
+    if labels.len() < 2 {
+        errs.push(format!(
             "Invalid value: \"{domain}\": should be a domain with at least two segments separated by dots"
         ));
     }
-    None
+    if let Some((lbl, bad)) = path
+        .split('.')
+        .map(|l| (l, dns1123_subdomain(l)))
+        .find(|(_, e)| !e.is_empty())
+    {
+        for e in bad {
+            errs.push(format!(
+                "Invalid value: \"{path}\": validating label \"{lbl}\": {e}"
+            ));
+        }
+    }
+    // A DNS-1123 subdomain, a label and a '.' for the path, and the '/'.
+    let max = 253 + (253 + 63 + 1) + 1;
+    if name.len() > max {
+        errs.push(format!("Too long: may not be more than {max} bytes"));
+    }
+    errs
 }
 
 /// `validateCertificateSigningRequest` (with the update options when `old` is given).
@@ -261,8 +343,15 @@ fn validate(csr: &Value, old: Option<&Value>) -> Result<Vec<FieldError>, ApiErro
             "Invalid value: \"{signer}\": the legacy signerName is not allowed via this API version"
         );
         errs.push(("spec.signerName".into(), "FieldValueInvalid", detail));
-    } else if let Some(detail) = check_signer(signer) {
-        errs.push(("spec.signerName".into(), "FieldValueInvalid", detail));
+    } else {
+        for detail in check_signer(signer) {
+            let cause = if detail.starts_with("Too long") {
+                "FieldValueTooLong"
+            } else {
+                "FieldValueInvalid"
+            };
+            errs.push(("spec.signerName".into(), cause, detail));
+        }
     }
     if let Some(secs) = csr
         .pointer("/spec/expirationSeconds")

@@ -243,7 +243,8 @@ fn check_kubelet(
         check_cn()?;
     }
     if set != with_rsa && set != without {
-        return Err(format!("usages did not match {with_rsa:?}"));
+        // Go's `%v` of the sorted set: `[client auth digital signature key encipherment]`.
+        return Err(format!("usages did not match [{}]", with_rsa.join(" ")));
     }
     check_cn()
 }

@@ -368,6 +368,18 @@ fn valid_name(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(ok_label)
 }
 
+/// apimachinery's `IsValidPathSegmentName`: why `name` cannot be a path segment.
+fn path_segment_errors(name: &str) -> Vec<String> {
+    if name == "." || name == ".." {
+        return vec![format!("may not be '{name}'")];
+    }
+    ["/", "%"]
+        .iter()
+        .filter(|c| name.contains(**c))
+        .map(|c| format!("may not contain '{c}'"))
+        .collect()
+}
+
 impl Store {
     pub fn new() -> Self {
         let seed = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0) as u64;
@@ -616,7 +628,10 @@ impl Store {
                 msg,
             ));
         }
-        if !valid_name(&name) {
+        // kube validates a CertificateSigningRequest's name only as a path segment
+        // (`ValidateCertificateRequestName` accepts any): `node-csr-<base64url>` is fine.
+        let csr = res.kind == "CertificateSigningRequest";
+        if !csr && !valid_name(&name) {
             let msg = format!(
                 "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
             );
@@ -631,8 +646,19 @@ impl Store {
         if res.kind == "Pod" {
             prepare_pod(res, &name, &mut body)?;
         }
-        if res.kind == "CertificateSigningRequest" {
+        if csr {
             super::csr::validate_create(res, &name, &body)?;
+            let why: Vec<String> = path_segment_errors(&name)
+                .into_iter()
+                .map(|w| format!("Invalid value: \"{name}\": {w}"))
+                .collect();
+            if !why.is_empty() {
+                let errs: Vec<(&str, &str, &str)> = why
+                    .iter()
+                    .map(|w| ("metadata.name", "FieldValueInvalid", w.as_str()))
+                    .collect();
+                return Err(ApiError::invalid_all(res, &name, &errs));
+            }
         }
         if self.objects.contains_key(&key(res, ns, &name)) {
             return Err(ApiError::already_exists(res, &name));
