@@ -1,5 +1,5 @@
 //! The input of an import as a directory tree: an OCI layout directory is used in place; an
-//! archive (tar, optionally gzip-compressed) is extracted into the staging area first. Files are
+//! archive (tar, optionally gzip- or zstd-compressed) is extracted into the staging area first. Files are
 //! then looked up by relative path, never leaving the tree (symlinks included).
 
 use crate::error::{Error, Result};
@@ -22,7 +22,8 @@ pub(crate) struct Source {
 }
 
 impl Source {
-    /// Opens `path`: a directory as is, a file as a (gzip) tar extracted into `scratch`.
+    /// Opens `path`: a directory as is, a file as a (gzip or zstd) tar extracted into
+    /// `scratch`.
     pub fn open(path: &Path, scratch: &Path) -> Result<Source> {
         let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => Error::invalid_image(path, "no such file or directory"),
@@ -100,7 +101,7 @@ fn clean_relative(rel: &str) -> Option<PathBuf> {
     (!out.as_os_str().is_empty()).then_some(out)
 }
 
-/// Extracts a tar (plain or gzip) of regular files, directories and in-tree symlinks into `dest`.
+/// Extracts a tar (plain, gzip or zstd) of regular files, directories and in-tree symlinks into `dest`.
 fn extract(archive: &Path, dest: &Path) -> Result<()> {
     let corrupt = |source: io::Error| Error::CorruptArchive {
         path: archive.to_path_buf(),
@@ -114,6 +115,8 @@ fn extract(archive: &Path, dest: &Path) -> Result<()> {
     }
     let stream: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::read::MultiGzDecoder::new(reader))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Box::new(zstd::stream::read::Decoder::with_buffer(reader).map_err(corrupt)?)
     } else {
         Box::new(reader)
     };
@@ -266,5 +269,44 @@ mod tests {
         assert!(src.read("../secret").is_err());
         assert!(src.read("/etc/passwd").is_err());
         assert!(!src.exists("nope"));
+    }
+
+    fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn archives_plain_gzip_and_zstd_are_extracted_and_a_truncated_one_is_corrupt() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let tar = tar_of(&[("index.json", b"{}"), ("blobs/sha256/x", b"x")]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar).unwrap();
+        let zst = zstd::stream::encode_all(&tar[..], 3).unwrap();
+        for (name, data) in [
+            ("a.tar", tar.clone()),
+            ("a.tar.gz", gz.finish().unwrap()),
+            ("a.tar.zst", zst.clone()),
+        ] {
+            let archive = dir.path().join(name);
+            std::fs::write(&archive, data).unwrap();
+            let scratch = dir.path().join(format!("x-{name}"));
+            let src = Source::open(&archive, &scratch).unwrap();
+            assert!(src.extracted);
+            assert_eq!(src.read("index.json").unwrap(), b"{}", "{name}");
+            assert_eq!(src.read("blobs/sha256/x").unwrap(), b"x", "{name}");
+        }
+        let cut = dir.path().join("cut.tar.zst");
+        std::fs::write(&cut, &zst[..zst.len() / 2]).unwrap();
+        let err = Source::open(&cut, &dir.path().join("x-cut")).unwrap_err();
+        assert!(err.to_string().contains("cut.tar.zst"), "{err}");
     }
 }
