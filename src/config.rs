@@ -192,6 +192,9 @@ pub struct KubeletConfig {
     /// `nodeletInsecureRegistries`: registries (`host[:port]`) the built-in runtime pulls from
     /// over plain HTTP.
     pub insecure_registries: Vec<String>,
+    /// `nodeletImagePreloadDir`: image archives and reference lists the built-in runtime
+    /// imports (and pulls) and pins; unset: `<root-dir>/images-preload`.
+    pub image_preload_dir: Option<PathBuf>,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -239,6 +242,7 @@ impl Default for KubeletConfig {
             pod_bridge: "nodelet0".to_string(),
             pod_masquerade: true,
             insecure_registries: Vec::new(),
+            image_preload_dir: None,
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -251,6 +255,13 @@ impl KubeletConfig {
         self.cert_dir
             .clone()
             .unwrap_or_else(|| self.root_dir.join("pki"))
+    }
+
+    /// `nodeletImagePreloadDir`, by default `<root-dir>/images-preload`.
+    pub fn image_preload_dir(&self) -> PathBuf {
+        self.image_preload_dir
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("images-preload"))
     }
 }
 
@@ -392,6 +403,7 @@ struct RawConfig {
     nodelet_pod_bridge: Option<Typed<String>>,
     nodelet_pod_masquerade: Option<Typed<bool>>,
     nodelet_insecure_registries: Option<Typed<Vec<String>>>,
+    nodelet_image_preload_dir: Option<Typed<String>>,
     nodelet_testing: Option<Testing>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
@@ -527,6 +539,9 @@ impl RawConfig {
             pod_masquerade: get(self.nodelet_pod_masquerade).unwrap_or(d.pod_masquerade),
             insecure_registries: get(self.nodelet_insecure_registries)
                 .unwrap_or(d.insecure_registries),
+            image_preload_dir: get(self.nodelet_image_preload_dir)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             // Set from flags.
             node_name: d.node_name,
             node_ips: d.node_ips,

@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// routes the pod subnet).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pod_masquerade: bool,
+    /// Image archives (and `*.txt` lists of references) imported, pinned, and watched; default
+    /// `<root-dir>/images-preload`.
+    #[arg(long)]
+    pub image_preload_dir: Option<PathBuf>,
 }
 
 pub async fn run(dirs: &super::Dirs, cmd: CriCommand) -> anyhow::Result<ExitCode> {
@@ -79,7 +83,11 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
         &args.pod_cidr,
         args.pod_masquerade,
     )?);
+    let preload_dir = args
+        .image_preload_dir
+        .unwrap_or_else(|| cfg.root_dir.join("images-preload"));
     let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
+    tokio::spawn(rt.preload(&preload_dir).run(std::future::pending()));
     let server_cfg = runtime::server::ServerConfig {
         request_timeout: Duration::from_secs(args.request_timeout),
         pull_image_timeout: Duration::from_secs(args.pull_image_timeout),

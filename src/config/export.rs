@@ -154,6 +154,9 @@ impl KubeletConfig {
             );
         }
         v["nodeletInsecureRegistries"] = json!(self.insecure_registries);
+        if let Some(dir) = &self.image_preload_dir {
+            v["nodeletImagePreloadDir"] = json!(dir);
+        }
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);

@@ -127,7 +127,13 @@ podCIDR: 10.99.0.0/20
 nodeletPodBridge: pods0
 nodeletPodMasquerade: false
 nodeletInsecureRegistries: ["127.0.0.1:5000", registry.local]
+nodeletImagePreloadDir: /srv/images
 "#);
+    assert_eq!(c.image_preload_dir(), PathBuf::from("/srv/images"));
+    assert_eq!(
+        KubeletConfig::default().image_preload_dir(),
+        PathBuf::from("/var/lib/nodelet/images-preload")
+    );
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(
         c.insecure_registries,

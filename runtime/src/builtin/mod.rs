@@ -17,6 +17,7 @@ mod dirs;
 mod image;
 mod network;
 mod pod;
+pub mod preload;
 mod recovery;
 mod service;
 pub mod spec;

@@ -1,0 +1,348 @@
+//! The preload dir (as k3s's `agent/images`), for nodes without a registry: every file or
+//! directory in it is an image to import into the built-in store (an OCI layout, an OCI
+//! archive or a `docker save` tar, plain, gzip or zstd), and every `*.txt` a list of
+//! references to pull (one a line, `#` comments) once a registry answers. The dir is scanned
+//! at start and every [`SCAN_INTERVAL`]; a file is imported when it is new or changed (its
+//! size, modification time or inode differ from what `preload.json` in the root dir
+//! remembers, so a restart imports nothing again), once it has not changed for
+//! [`SETTLE`] (a file being copied in is not read half-written). What a file brought is
+//! pinned (never garbage collected) and unpinned once the file is gone. A file that cannot be
+//! imported is logged with its name and the reason, and tried again when it changes; the store
+//! keeps nothing of a failed import, and every other file is still imported.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::BuiltinRuntime;
+use crate::{ImageService, cri};
+
+/// How often the dir is scanned.
+pub const SCAN_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a file must stay unchanged before it is imported.
+pub const SETTLE: Duration = Duration::from_secs(2);
+/// The record of what was imported, in the root dir.
+const STATE_FILE: &str = "preload.json";
+
+/// What the preload dir's scanner remembers of one entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Entry {
+    /// Size, modification time and inode when it was last tried (for a layout dir: its
+    /// `index.json`'s).
+    fingerprint: String,
+    /// The images it brought (ids), pinned.
+    images: Vec<String>,
+    /// Why its last import failed (tried again once it changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// What one scan did, file by file (for logs and tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Scan {
+    /// Files imported (or lists fully pulled) now, with the references they brought.
+    pub imported: Vec<(String, Vec<String>)>,
+    /// Files unchanged since they were imported.
+    pub unchanged: Vec<String>,
+    /// Files that failed now, or failed before and have not changed: the file and why.
+    pub failed: Vec<(String, String)>,
+    /// Files gone since the last scan, whose images were unpinned.
+    pub removed: Vec<String>,
+    /// Files still being written (changed within [`SETTLE`]).
+    pub settling: Vec<String>,
+}
+
+/// The scanner of one preload dir for one built-in runtime.
+pub struct Preload {
+    rt: BuiltinRuntime,
+    dir: PathBuf,
+    state_path: PathBuf,
+    entries: BTreeMap<String, Entry>,
+    /// What the record on disk holds (written again only when it changes).
+    saved: BTreeMap<String, Entry>,
+    scans: u64,
+}
+
+impl BuiltinRuntime {
+    /// The scanner of `dir` (see the module's doc); its record lives in the root dir.
+    pub fn preload(&self, dir: &Path) -> Preload {
+        let state_path = self.inner.cfg.root_dir.join(STATE_FILE);
+        let entries: BTreeMap<String, Entry> = std::fs::read(&state_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Preload {
+            rt: self.clone(),
+            dir: dir.to_path_buf(),
+            state_path,
+            saved: entries.clone(),
+            entries,
+            scans: 0,
+        }
+    }
+}
+
+/// A file's identity for "has it changed": size, modification time (ns) and inode.
+fn fingerprint(path: &Path) -> Option<(String, SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    let meta = if meta.is_dir() {
+        std::fs::metadata(path.join("index.json")).ok()?
+    } else {
+        meta
+    };
+    let modified = meta.modified().ok()?;
+    let ns = modified
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    Some((format!("{}-{ns}-{}", meta.len(), meta.ino()), modified))
+}
+
+/// The references of a `*.txt` list: one a line, blank lines and `#` comments skipped.
+pub fn references(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Preload {
+    /// Scans every [`SCAN_INTERVAL`] until `stop` completes.
+    pub async fn run(mut self, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            self.scan().await;
+            tokio::select! {
+                _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+                _ = &mut stop => return,
+            }
+        }
+    }
+
+    /// One scan of the dir: imports what is new or changed, pulls the lists' references,
+    /// unpins what a gone file brought, and logs a line per file.
+    pub async fn scan(&mut self) -> Scan {
+        let first = self.scans == 0;
+        self.scans += 1;
+        let mut scan = Scan::default();
+        let names = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => {
+                let mut names: Vec<String> = rd
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect();
+                names.sort();
+                names
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), "image preload: reading the dir: {e}");
+                return scan;
+            }
+        };
+        for name in &names {
+            self.scan_one(name, first, &mut scan).await;
+        }
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|k| !names.contains(k))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(entry) = self.entries.remove(&name) {
+                self.unpin(&entry.images);
+                tracing::info!(file = %name, "image preload: file gone; its images unpinned");
+                scan.removed.push(name);
+            }
+        }
+        self.save();
+        scan
+    }
+
+    async fn scan_one(&mut self, name: &str, first: bool, scan: &mut Scan) {
+        let path = self.dir.join(name);
+        let Some((print, modified)) = fingerprint(&path) else {
+            return;
+        };
+        let known = self.entries.get(name).cloned();
+        if let Some(e) = known.as_ref().filter(|e| e.fingerprint == print) {
+            match &e.error {
+                Some(why) => scan.failed.push((name.to_string(), why.clone())),
+                None => {
+                    if first {
+                        tracing::info!(file = %name, "image preload: unchanged");
+                    }
+                    scan.unchanged.push(name.to_string());
+                }
+            }
+            return;
+        }
+        let age = SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or(Duration::ZERO);
+        if age < SETTLE {
+            scan.settling.push(name.to_string());
+            return;
+        }
+        let outcome = if name.ends_with(".txt") {
+            self.pull_list(&path).await
+        } else {
+            self.import(&path).await
+        };
+        let old_images = known.map(|e| e.images).unwrap_or_default();
+        match outcome {
+            Ok((images, refs)) => {
+                tracing::info!(file = %name, images = ?refs, "image preload: imported");
+                let dropped: Vec<String> = old_images
+                    .into_iter()
+                    .filter(|i| !images.contains(i))
+                    .collect();
+                self.entries.insert(
+                    name.to_string(),
+                    Entry {
+                        fingerprint: print,
+                        images,
+                        error: None,
+                    },
+                );
+                self.unpin(&dropped);
+                scan.imported.push((name.to_string(), refs));
+            }
+            Err(Failure::Retry(why)) => {
+                tracing::warn!(file = %name, "image preload: {why}; trying again in {SCAN_INTERVAL:?}");
+                scan.failed.push((name.to_string(), why));
+            }
+            Err(Failure::UntilChanged(why)) => {
+                tracing::error!(file = %name, "image preload: {why}; tried again when the file changes");
+                self.entries.insert(
+                    name.to_string(),
+                    Entry {
+                        fingerprint: print,
+                        images: old_images,
+                        error: Some(why.clone()),
+                    },
+                );
+                scan.failed.push((name.to_string(), why));
+            }
+        }
+    }
+
+    /// Imports an archive or layout and pins its images: their ids and references.
+    async fn import(&self, path: &Path) -> Result<(Vec<String>, Vec<String>), Failure> {
+        let store = self.rt.image_store().clone();
+        let p = path.to_path_buf();
+        let imported = tokio::task::spawn_blocking(move || store.import(&p))
+            .await
+            .map_err(|e| Failure::Retry(format!("importing: {e}")))?
+            .map_err(|e| Failure::UntilChanged(e.to_string()))?;
+        let mut ids = Vec::new();
+        let mut refs = Vec::new();
+        for img in imported {
+            self.pin(&img.id)?;
+            refs.extend(img.repo_tags.iter().cloned());
+            if img.repo_tags.is_empty() {
+                refs.push(img.id.clone());
+            }
+            ids.push(img.id);
+        }
+        Ok((ids, refs))
+    }
+
+    /// Pulls the references a list names that the store lacks, and pins them all. A
+    /// reference that cannot be pulled (no registry yet) is tried again at the next scan.
+    async fn pull_list(&self, path: &Path) -> Result<(Vec<String>, Vec<String>), Failure> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Failure::UntilChanged(format!("reading the list: {e}")))?;
+        let refs = references(&text);
+        let mut ids = Vec::new();
+        for r in &refs {
+            let present = self.rt.image_store().resolve(r).ok().flatten();
+            let id = match present {
+                Some(img) => img.id,
+                None => {
+                    let req = cri::PullImageRequest {
+                        image: Some(cri::ImageSpec {
+                            image: r.clone(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    self.rt
+                        .pull_image(req)
+                        .await
+                        .map_err(|e| Failure::Retry(format!("pulling {r}: {e}")))?
+                        .image_ref
+                }
+            };
+            self.pin(&id)?;
+            ids.push(id);
+        }
+        Ok((ids, refs))
+    }
+
+    fn pin(&self, id: &str) -> Result<(), Failure> {
+        self.rt
+            .image_store()
+            .set_pinned(id, true)
+            .map(|_| ())
+            .map_err(|e| Failure::Retry(format!("pinning {id}: {e}")))
+    }
+
+    /// Unpins `images` unless another file still brings them.
+    fn unpin(&self, images: &[String]) {
+        for id in images {
+            if self.entries.values().any(|e| e.images.contains(id)) {
+                continue;
+            }
+            match self.rt.image_store().set_pinned(id, false) {
+                Ok(_) | Err(images::Error::ImageNotFound { .. }) => {}
+                Err(e) => tracing::warn!("image preload: unpinning {id}: {e}"),
+            }
+        }
+    }
+
+    /// Writes the record (atomically) when it changed; a failure is logged (the next start
+    /// imports again).
+    fn save(&mut self) {
+        if self.entries == self.saved {
+            return;
+        }
+        self.saved = self.entries.clone();
+        let tmp = self.state_path.with_extension("json.tmp");
+        let write = serde_json::to_vec_pretty(&self.entries)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|()| std::fs::rename(&tmp, &self.state_path));
+        if let Err(e) = write {
+            tracing::warn!(path = %self.state_path.display(), "image preload: saving its record: {e}");
+        }
+    }
+}
+
+/// Why a file could not be preloaded, and when to try again.
+enum Failure {
+    /// At the next scan (a registry not reachable yet, a store busy).
+    Retry(String),
+    /// Once the file changes (it is not an image).
+    UntilChanged(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_has_one_reference_a_line_and_comments() {
+        assert_eq!(
+            references("# images for site 7\nbusybox:1.36\n\n  registry.local/app:v2  # the app\n"),
+            ["busybox:1.36", "registry.local/app:v2"]
+        );
+        assert!(references("").is_empty());
+    }
+}
