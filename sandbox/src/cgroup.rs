@@ -52,15 +52,11 @@ pub fn kill_tree(path: &str, wait: std::time::Duration) -> Result<usize> {
         return Ok(0);
     }
     let m = manager(path)?;
-    let pids = |m: &AnyCgroupManager| {
-        m.get_all_pids()
-            .map_err(|e| Error::new(Kind::Internal, format!("listing cgroup {path}: {e}")))
-    };
     let deadline = std::time::Instant::now() + wait;
     let mut killed = 0;
     loop {
         let frozen = m.freeze(FreezerState::Frozen).is_ok();
-        let left = pids(&m)?;
+        let left = procs_below(path);
         for pid in &left {
             if nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
                 killed += 1;
@@ -95,17 +91,22 @@ pub fn remove(path: &str) -> Result<()> {
 pub fn remove_tree(path: &str, wait: std::time::Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + wait;
     let rel = path.trim_start_matches('/').trim_end_matches('/');
-    let mut dirs: Vec<PathBuf> = hierarchies()
-        .into_iter()
-        .map(|h| h.join(rel))
-        .filter(|d| d.is_dir())
-        .collect();
-    if dirs.is_empty() {
+    let present = || -> Vec<PathBuf> {
+        hierarchies()
+            .into_iter()
+            .map(|h| h.join(rel))
+            .filter(|d| d.is_dir())
+            .collect()
+    };
+    if present().is_empty() {
         return Ok(());
     }
     if exists(path) {
         kill_tree(path, wait)?;
     }
+    // Listed after the kill: freezing a tree made in some controllers only makes its freezer
+    // cgroup, which goes too.
+    let mut dirs = present();
     let mut next = 0;
     while next < dirs.len() {
         let below: Vec<PathBuf> = std::fs::read_dir(&dirs[next])
@@ -151,6 +152,81 @@ pub fn remove_tree(path: &str, wait: std::time::Duration) -> Result<()> {
 
 /// The root of every mounted cgroup hierarchy: each v1 controller's (a link to a combined
 /// mount, such as `cpu`, counts as its own; removing twice is harmless), or the unified one.
+/// The processes in the cgroup at `path` and below it, in every hierarchy it is in: read from
+/// the `cgroup.procs` files, so that a v1 tree made in some controllers only (a creation cut
+/// short) is still read whole.
+fn procs_below(path: &str) -> Vec<Pid> {
+    let rel = path.trim_start_matches('/').trim_end_matches('/');
+    let mut dirs: Vec<PathBuf> = hierarchies().into_iter().map(|h| h.join(rel)).collect();
+    let mut pids = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+            let pid = Pid::from_raw(pid);
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Removes the cgroup at `path` with every cgroup below it, in every hierarchy, only if no
+/// process is in any of them: nothing is killed. Returns whether it is gone (missing counts);
+/// a tree still in use is left as it is.
+pub fn remove_empty_tree(path: &str) -> bool {
+    let rel = path.trim_start_matches('/').trim_end_matches('/');
+    // Never the root cgroup; never a tree with a process in it.
+    if rel.is_empty() || !procs_below(path).is_empty() {
+        return false;
+    }
+    let mut dirs: Vec<PathBuf> = hierarchies()
+        .into_iter()
+        .map(|h| h.join(rel))
+        .filter(|d| d.is_dir())
+        .collect();
+    let mut next = 0;
+    while next < dirs.len() {
+        let below: Vec<PathBuf> = std::fs::read_dir(&dirs[next])
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        dirs.extend(below);
+        next += 1;
+    }
+    dirs.iter().rev().all(|d| match std::fs::remove_dir(d) {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    })
+}
+
+/// The names of the cgroups right below `path`, in any hierarchy (a v1 cgroup made in some
+/// controllers only counts).
+pub fn children(path: &str) -> Vec<String> {
+    let rel = path.trim_start_matches('/').trim_end_matches('/');
+    let mut names: Vec<String> = hierarchies()
+        .into_iter()
+        .filter_map(|h| std::fs::read_dir(h.join(rel)).ok())
+        .flat_map(|d| d.flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 fn hierarchies() -> Vec<PathBuf> {
     let base = Path::new("/sys/fs/cgroup");
     if base.join("cgroup.procs").exists() {
@@ -304,6 +380,16 @@ mod tests {
             std::fs::write(d.join("cgroup.procs"), sleeper.id().to_string()).expect("joining");
         }
         let path = format!("/{name}");
+        // Until the sleeper is asleep (done exec'ing, charging no more CPU), nothing is still.
+        let mut last = None;
+        for _ in 0..100 {
+            let now = stats(&path).ok().map(|u| u.cpu_usage_ns);
+            if now.is_some() && now == last {
+                break;
+            }
+            last = now;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let ours = stats(&path);
         let theirs = manager(&path).and_then(|m| {
             m.stats()
@@ -371,5 +457,97 @@ mod tests {
             );
         }
         remove_tree(&top, std::time::Duration::from_secs(1)).expect("a missing tree");
+    }
+
+    /// A v1 cgroup made in some controllers only (a creation killed half way: memory and cpu,
+    /// not devices) with a process in it goes too: its processes are read from every
+    /// hierarchy, not through a manager that needs them all.
+    #[test]
+    fn remove_tree_takes_a_cgroup_made_in_some_controllers_only() {
+        if !nix::unistd::Uid::effective().is_root() {
+            crate::skip(
+                "needs root",
+                "remove_tree_takes_a_cgroup_made_in_some_controllers_only",
+            );
+            return;
+        }
+        let root = Path::new("/sys/fs/cgroup");
+        if !root.join("memory").is_dir() || !root.join("devices").is_dir() {
+            crate::skip(
+                "needs cgroup v1 with memory and devices",
+                "remove_tree_takes_a_cgroup_made_in_some_controllers_only",
+            );
+            return;
+        }
+        let name = format!("nodelet-cghalf-{}", std::process::id());
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        for c in ["memory", "cpu"] {
+            let d = root.join(c).join(&name).join("sandbox");
+            std::fs::create_dir_all(&d).expect("a cgroup");
+            std::fs::write(d.join("cgroup.procs"), sleeper.id().to_string()).expect("joining");
+        }
+        let path = format!("/{name}");
+        assert!(exists(&path) && !root.join("devices").join(&name).exists());
+        let removed = remove_tree(&path, std::time::Duration::from_secs(5));
+        let killed = sleeper.try_wait().ok().flatten().is_some() || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            sleeper.try_wait().ok().flatten().is_some()
+        };
+        if !killed {
+            let _ = sleeper.kill();
+            let _ = sleeper.wait();
+        }
+        for c in ["memory", "cpu"] {
+            let _ = std::fs::remove_dir(root.join(c).join(&name).join("sandbox"));
+            let _ = std::fs::remove_dir(root.join(c).join(&name));
+        }
+        removed.expect("removing a half-made tree");
+        assert!(killed, "the process in it was killed");
+    }
+
+    /// Only an empty tree goes: one with a process in it (in any controller) stays whole and
+    /// nothing is killed.
+    #[test]
+    fn remove_empty_tree_kills_nothing() {
+        if !nix::unistd::Uid::effective().is_root() {
+            crate::skip("needs root", "remove_empty_tree_kills_nothing");
+            return;
+        }
+        let top = format!("/nodelet-cgempty-{}", std::process::id());
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        join(
+            &format!("{top}/busy/sandbox"),
+            Pid::from_raw(sleeper.id() as i32),
+        )
+        .expect("joining");
+        let idle = Path::new("/sys/fs/cgroup/memory").join(top.trim_start_matches('/'));
+        let v1 = idle.is_dir();
+        if v1 {
+            std::fs::create_dir_all(idle.join("idle/sandbox")).expect("an empty cgroup");
+        } else {
+            join(
+                &format!("{top}/idle/sandbox"),
+                Pid::from_raw(sleeper.id() as i32),
+            )
+            .ok();
+        }
+        assert_eq!(children(&top), ["busy", "idle"]);
+        assert!(!remove_empty_tree(&format!("{top}/busy")), "in use");
+        assert!(sleeper.try_wait().unwrap().is_none(), "nothing killed");
+        assert!(exists(&format!("{top}/busy/sandbox")));
+        if v1 {
+            assert!(remove_empty_tree(&format!("{top}/idle")));
+            assert_eq!(children(&top), ["busy"]);
+        }
+        assert!(!remove_empty_tree("/"), "never the root");
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        remove_tree(&top, std::time::Duration::from_secs(5)).expect("cleaning up");
     }
 }
