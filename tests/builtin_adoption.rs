@@ -623,3 +623,57 @@ async fn torn_store_files_are_set_aside_and_every_pod_adopted() {
     n.wait_exited(&c1).await;
     n.teardown().await;
 }
+
+/// A launch cut short can leave a sandbox's cgroups with no record and no state dir (made in
+/// some controllers only). The next agent alone on the root dir removes them when they are
+/// empty; a cgroup whose name is not a sandbox id, or one with a process in it, stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_cgroups_of_a_sandbox_without_a_record_are_removed_at_start() {
+    if !root_or_skip("empty_cgroups_of_a_sandbox_without_a_record_are_removed_at_start") {
+        return;
+    }
+    let base = std::path::Path::new("/sys/fs/cgroup");
+    if !base.join("memory").is_dir() {
+        skip(
+            "needs cgroup v1",
+            "empty_cgroups_of_a_sandbox_without_a_record_are_removed_at_start",
+        );
+        return;
+    }
+    let cgroup_root = format!("/nodelet-e2e-orphancg-{}", std::process::id());
+    let rel = cgroup_root.trim_start_matches('/');
+    let orphan = "ab".repeat(32);
+    let busy = "cd".repeat(32);
+    for c in ["memory", "cpu"] {
+        std::fs::create_dir_all(base.join(c).join(rel).join(&orphan).join("sandbox")).unwrap();
+        std::fs::create_dir_all(base.join(c).join(rel).join(&busy).join("sandbox")).unwrap();
+        std::fs::create_dir_all(base.join(c).join(rel).join("not-a-sandbox")).unwrap();
+    }
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(
+        base.join("memory")
+            .join(rel)
+            .join(&busy)
+            .join("sandbox/cgroup.procs"),
+        sleeper.id().to_string(),
+    )
+    .unwrap();
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let rt = runtime::builtin::BuiltinRuntime::new(config(root.path(), &cgroup_root))
+        .await
+        .unwrap();
+    let left = |name: &str| {
+        ["memory", "cpu"]
+            .iter()
+            .any(|c| base.join(c).join(rel).join(name).exists())
+    };
+    let (orphan_left, busy_left, other_left) = (left(&orphan), left(&busy), left("not-a-sandbox"));
+    let alive = sleeper.try_wait().unwrap().is_none();
+    drop(rt);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    destroy_cgroup_tree(&cgroup_root);
+    assert!(!orphan_left, "the empty orphan's cgroups were removed");
+    assert!(busy_left && alive, "one in use stays, its process alive");
+    assert!(other_left, "a cgroup not named as a sandbox stays");
+}

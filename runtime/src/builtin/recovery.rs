@@ -176,6 +176,39 @@ impl BuiltinRuntime {
                 self.release(&id);
             }
         }
+        self.discard_orphan_cgroups().await;
+    }
+
+    /// Sandbox cgroups under the runtime's own cgroup root (`<cgroupRoot>/<sandbox id>`, made
+    /// for a sandbox CRI gave no parent) that nothing describes: no record, nothing set aside,
+    /// no state dir (a launch cut short whose state dir went without a spec naming them).
+    /// Nothing else would ever remove them. Only empty ones go, and nothing is killed: another
+    /// runtime on another root dir may share the cgroup root. Names that are not sandbox ids
+    /// are left alone.
+    async fn discard_orphan_cgroups(&self) {
+        let root = self.inner.cfg.cgroup_root.trim_end_matches('/').to_string();
+        if root.is_empty() {
+            return;
+        }
+        let set_aside = &self.inner.records.set_aside;
+        for id in sandbox::cgroup::children(&root) {
+            let sandbox_id = id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
+            if !sandbox_id
+                || self.inner.records.sandbox(&id).is_some()
+                || set_aside.sandboxes.contains(&id)
+                || self.sandbox_dir(&id).exists()
+            {
+                continue;
+            }
+            let path = format!("{root}/{id}");
+            let removed =
+                tokio::task::spawn_blocking(move || sandbox::cgroup::remove_empty_tree(&path))
+                    .await
+                    .unwrap_or(false);
+            if removed {
+                tracing::warn!(sandbox = %id, "removed the empty cgroups of a sandbox without a record (its creation was cut short)");
+            }
+        }
     }
 
     /// Stops what is left of a sandbox the records do not (or no longer readably) describe:
