@@ -62,9 +62,9 @@ pub async fn ready_when(readiness: Readiness, node_name: String, cancel: Cancell
     }
 }
 
-/// Sends `WATCHDOG=1` every half of systemd's `WATCHDOG_USEC` while `health` says the agent
-/// is healthy; nothing without a watchdog.
-pub async fn watchdog(health: impl Fn() -> Result<(), String> + Send, cancel: CancellationToken) {
+/// Sends `WATCHDOG=1` every half of systemd's `WATCHDOG_USEC` while `problem` finds none;
+/// nothing without a watchdog.
+pub async fn watchdog(problem: impl Fn() -> Option<String> + Send, cancel: CancellationToken) {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -72,9 +72,9 @@ pub async fn watchdog(health: impl Fn() -> Result<(), String> + Send, cancel: Ca
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => match health() {
-                Ok(()) => send(&[NotifyState::Watchdog]),
-                Err(why) => tracing::warn!("watchdog not sent: {why}"),
+            _ = tick.tick() => match problem() {
+                None => send(&[NotifyState::Watchdog]),
+                Some(why) => tracing::warn!("watchdog not sent: {why}"),
             },
             _ = cancel.cancelled() => return,
         }

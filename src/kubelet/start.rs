@@ -328,7 +328,7 @@ impl Wiring {
             system_log_dir: std::path::PathBuf::from("/var/log"),
             health: {
                 let check = health_check(health, sync_health.clone());
-                Arc::new(move || check().map_err(crate::server::Unhealthy))
+                Arc::new(move || check().map_or(Ok(()), |p| Err(crate::server::Unhealthy(p))))
             },
         };
         let bound = crate::server::start(deps, &mut self.tasks, self.cancel.clone()).await?;
@@ -630,14 +630,11 @@ pub(super) struct HousekeepingParts {
 }
 
 /// The kubelet's health as `/healthz` and the watchdog see it: the sync loop going round and
-/// the PLEG relisting.
+/// the PLEG relisting; `Some(problem)` when either is not.
 fn health_check(
     pleg: &Arc<pleg::PlegHealth>,
     sync_loop: Arc<super::notify::SyncLoopHealth>,
-) -> impl Fn() -> Result<(), String> + Send + Sync + 'static {
+) -> impl Fn() -> Option<String> + Send + Sync + 'static {
     let pleg = pleg.clone();
-    move || match sync_loop.problem().or_else(|| pleg.problem()) {
-        Some(p) => Err(p),
-        None => Ok(()),
-    }
+    move || sync_loop.problem().or_else(|| pleg.problem())
 }
