@@ -90,37 +90,15 @@ pub fn remove(path: &str) -> Result<()> {
 /// half made or half removed (in some controllers only) goes too. Missing is fine.
 pub fn remove_tree(path: &str, wait: std::time::Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + wait;
-    let rel = path.trim_start_matches('/').trim_end_matches('/');
-    let present = || -> Vec<PathBuf> {
-        hierarchies()
-            .into_iter()
-            .map(|h| h.join(rel))
-            .filter(|d| d.is_dir())
-            .collect()
-    };
-    if present().is_empty() {
+    if tree_dirs(path).is_empty() {
         return Ok(());
     }
     if exists(path) {
         kill_tree(path, wait)?;
     }
     // Listed after the kill: freezing a tree made in some controllers only makes its freezer
-    // cgroup, which goes too.
-    let mut dirs = present();
-    let mut next = 0;
-    while next < dirs.len() {
-        let below: Vec<PathBuf> = std::fs::read_dir(&dirs[next])
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect();
-        dirs.extend(below);
-        next += 1;
-    }
-    // Found breadth first: reversed, every cgroup comes before its parent.
-    for dir in dirs.iter().rev() {
+    // cgroup, which goes too. Reversed, every cgroup comes before its parent.
+    for dir in tree_dirs(path).iter().rev() {
         loop {
             match std::fs::remove_dir(dir) {
                 Ok(()) => break,
@@ -156,18 +134,8 @@ pub fn remove_tree(path: &str, wait: std::time::Duration) -> Result<()> {
 /// the `cgroup.procs` files, so that a v1 tree made in some controllers only (a creation cut
 /// short) is still read whole.
 fn procs_below(path: &str) -> Vec<Pid> {
-    let rel = path.trim_start_matches('/').trim_end_matches('/');
-    let mut dirs: Vec<PathBuf> = hierarchies().into_iter().map(|h| h.join(rel)).collect();
     let mut pids = Vec::new();
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                dirs.push(e.path());
-            }
-        }
+    for dir in tree_dirs(path) {
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
             let pid = Pid::from_raw(pid);
@@ -188,6 +156,19 @@ pub fn remove_empty_tree(path: &str) -> bool {
     if rel.is_empty() || !procs_below(path).is_empty() {
         return false;
     }
+    tree_dirs(path)
+        .iter()
+        .rev()
+        .all(|d| match std::fs::remove_dir(d) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        })
+}
+
+/// The directories of the cgroup at `path` and of every cgroup below it, in every hierarchy,
+/// breadth first (each before those below it).
+fn tree_dirs(path: &str) -> Vec<PathBuf> {
+    let rel = path.trim_start_matches('/').trim_end_matches('/');
     let mut dirs: Vec<PathBuf> = hierarchies()
         .into_iter()
         .map(|h| h.join(rel))
@@ -205,10 +186,7 @@ pub fn remove_empty_tree(path: &str) -> bool {
         dirs.extend(below);
         next += 1;
     }
-    dirs.iter().rev().all(|d| match std::fs::remove_dir(d) {
-        Ok(()) => true,
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-    })
+    dirs
 }
 
 /// The names of the cgroups right below `path`, in any hierarchy (a v1 cgroup made in some
