@@ -23,6 +23,36 @@ use kube::api::PostParams;
 const TOKEN_ID: &str = "abcdef";
 const TOKEN: &str = "abcdef.0123456789abcdef";
 
+/// The test API server in HTTPS mode, knowing the bootstrap token, its CSRs handled as
+/// `policy` says.
+async fn api_with_token(policy: CsrPolicy) -> ApiServer {
+    let api = ApiServer::start_tls().await;
+    api.add_bootstrap_token(TOKEN_ID, "0123456789abcdef");
+    api.set_csr_policy(policy);
+    api
+}
+
+/// A node named `name` with `config`, given only a bootstrap kubeconfig, and where its
+/// kubeconfig is to be written; `None` when the test skips.
+async fn bootstrap_node(
+    api: &ApiServer,
+    test: &str,
+    name: &'static str,
+    config: &'static str,
+) -> Option<(ApiNode, std::path::PathBuf)> {
+    let setup = Setup {
+        name,
+        config,
+        cri_listen: false,
+    };
+    let node = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
+        api.write_bootstrap_kubeconfig(dir, TOKEN)
+    })
+    .await?;
+    let kubeconfig = node.root.with_extension("kubelet.conf");
+    Some((node, kubeconfig))
+}
+
 fn start(node: &ApiNode, kubeconfig: &Path) -> KillOnDrop {
     start_with(node, kubeconfig, &[])
 }
@@ -60,22 +90,10 @@ fn log_of(node: &ApiNode) -> String {
 async fn a_node_with_only_a_bootstrap_kubeconfig_joins_through_a_csr() {
     let test = "a_node_with_only_a_bootstrap_kubeconfig_joins_through_a_csr";
     const NODE: &str = "boot-node";
-    let api = ApiServer::start_tls().await;
-    api.add_bootstrap_token(TOKEN_ID, "0123456789abcdef");
-    api.set_csr_policy(CsrPolicy::Approve);
-    let setup = Setup {
-        name: NODE,
-        config: "",
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_bootstrap_kubeconfig(dir, TOKEN)
-    })
-    .await
-    else {
+    let api = api_with_token(CsrPolicy::Approve).await;
+    let Some((node, kubeconfig)) = bootstrap_node(&api, test, NODE, "").await else {
         return;
     };
-    let kubeconfig = node.root.with_extension("kubelet.conf");
     let agent = start(&node, &kubeconfig);
 
     let nodes: Api<Node> = Api::all(api.client());
@@ -181,25 +199,14 @@ async fn a_node_with_only_a_bootstrap_kubeconfig_joins_through_a_csr() {
 async fn a_denied_csr_is_an_error_naming_the_reason_and_is_tried_again() {
     let test = "a_denied_csr_is_an_error_naming_the_reason_and_is_tried_again";
     const NODE: &str = "denied-node";
-    let api = ApiServer::start_tls().await;
-    api.add_bootstrap_token(TOKEN_ID, "0123456789abcdef");
-    api.set_csr_policy(CsrPolicy::Deny {
+    let api = api_with_token(CsrPolicy::Deny {
         reason: "NotInInventory".into(),
         message: "this node is not in the site inventory".into(),
-    });
-    let setup = Setup {
-        name: NODE,
-        config: "",
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_bootstrap_kubeconfig(dir, TOKEN)
     })
-    .await
-    else {
+    .await;
+    let Some((node, kubeconfig)) = bootstrap_node(&api, test, NODE, "").await else {
         return;
     };
-    let kubeconfig = node.root.with_extension("kubelet.conf");
     let _agent = start(&node, &kubeconfig);
     wait_for("the denial in the log", 30, async || {
         log_of(&node)
@@ -228,24 +235,19 @@ async fn a_denied_csr_is_an_error_naming_the_reason_and_is_tried_again() {
 async fn the_client_certificate_rotates_while_the_node_keeps_working() {
     let test = "the_client_certificate_rotates_while_the_node_keeps_working";
     const NODE: &str = "rotating-node";
-    let api = ApiServer::start_tls().await;
-    api.add_bootstrap_token(TOKEN_ID, "0123456789abcdef");
-    api.set_csr_policy(CsrPolicy::Approve);
+    let api = api_with_token(CsrPolicy::Approve).await;
     api.set_certificate_lifetime(std::time::Duration::from_secs(20));
     api.set_certificate_backdate(std::time::Duration::from_secs(5));
-    let setup = Setup {
-        name: NODE,
-        config: "rotateCertificates: true\nnodeLeaseDurationSeconds: 10\n",
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_bootstrap_kubeconfig(dir, TOKEN)
-    })
+    let Some((node, kubeconfig)) = bootstrap_node(
+        &api,
+        test,
+        NODE,
+        "rotateCertificates: true\nnodeLeaseDurationSeconds: 10\n",
+    )
     .await
     else {
         return;
     };
-    let kubeconfig = node.root.with_extension("kubelet.conf");
     let _agent = start(&node, &kubeconfig);
     let nodes: Api<Node> = Api::all(api.client());
     wait_for("the Node registered", 60, async || {
@@ -356,10 +358,8 @@ fn csr_named(api: &ApiServer, signer: &str) -> Option<String> {
 async fn the_serving_certificate_comes_from_a_csr() {
     let test = "the_serving_certificate_comes_from_a_csr";
     const NODE: &str = "serving-node";
-    let api = ApiServer::start_tls().await;
-    api.add_bootstrap_token(TOKEN_ID, "0123456789abcdef");
     // Every CSR waits for the test.
-    api.set_csr_policy(CsrPolicy::Manual);
+    let api = api_with_token(CsrPolicy::Manual).await;
     let keys = tempfile::tempdir().unwrap();
     let ca_file = keys.path().join("ca.crt");
     std::fs::write(&ca_file, api.ca_pem()).unwrap();
@@ -371,19 +371,9 @@ async fn the_serving_certificate_comes_from_a_csr() {
         )
         .into_boxed_str(),
     );
-    let setup = Setup {
-        name: NODE,
-        config,
-        cri_listen: false,
-    };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_bootstrap_kubeconfig(dir, TOKEN)
-    })
-    .await
-    else {
+    let Some((node, kubeconfig)) = bootstrap_node(&api, test, NODE, config).await else {
         return;
     };
-    let kubeconfig = node.root.with_extension("kubelet.conf");
     let _agent = start_with(&node, &kubeconfig, &["--cloud-provider=external"]);
     let client_csr = wait_for("the client CSR", 30, async || {
         csr_named(&api, "kubernetes.io/kube-apiserver-client-kubelet")
