@@ -166,22 +166,25 @@ impl CertStore {
 
 /// Writes `data` to `path` with mode 0600, through a temporary file renamed over it.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<(), Error> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|source| Error::Write {
+    write_private_atomically(path, data).map_err(|source| Error::Write {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// [`write_private`]'s I/O, for callers with errors of their own (the self-signed serving
+/// certificate's key).
+pub fn write_private_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -126,29 +126,19 @@ pub fn ensure_self_signed(cert_dir: &Path, node_name: &str, ips: &[IpAddr]) -> R
         path: dir.to_path_buf(),
         source,
     })?;
-    write_private(&key, pair.serialize_pem().as_bytes()).map_err(|source| Error::Write {
-        path: key.clone(),
-        source,
-    })?;
+    let key_pem = pair.serialize_pem();
+    crate::certificate::store::write_private_atomically(&key, key_pem.as_bytes()).map_err(
+        |source| Error::Write {
+            path: key.clone(),
+            source,
+        },
+    )?;
     std::fs::write(&crt, cert.pem()).map_err(|source| Error::Write {
         path: crt.clone(),
         source,
     })?;
     tracing::info!(cert = %crt.display(), "made a self-signed serving certificate");
     Ok(())
-}
-
-/// Writes `data` to `path`, readable by its owner only.
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(data)
 }
 
 /// The rustls configuration of the HTTPS server.
