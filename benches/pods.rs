@@ -24,7 +24,9 @@
 //! `update_pod(Create)` until the status the kubelet computed (read from the `StatusManager`,
 //! polled every 2 ms) says phase Running with the container running.
 //! It prints the median and p99 (nearest rank) of those, the wall time until all N run (pods per
-//! second), the memory with the N pods running, the ratios builtin / containerd, and the time to
+//! second), for rounds of one pod where its start went (the kubelet logic's CRI calls recorded
+//! through the seam's decorator, folded into phases: see `pods/timeline.rs`), the memory with
+//! the N pods running, the ratios builtin / containerd, and the time to
 //! kill all pods through the workers (grace 0). After each round it checks that nothing is left:
 //! no sandbox or container in the runtime, no status, no worker, no sandbox process or shim, no
 //! mount.
@@ -41,6 +43,8 @@
 mod containerd;
 
 mod common;
+#[path = "pods/timeline.rs"]
+mod timeline;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -64,6 +68,7 @@ use runtime::builtin::{BuiltinRuntime, Config};
 use runtime::{ImageService, RuntimeService, cri};
 
 use containerd::Containerd;
+use timeline::{Breakdown, Timeline};
 
 const BUSYBOX: &str = "docker.io/library/busybox:latest";
 const DEFAULT_SIZES: &[usize] = &[1, 10, 100];
@@ -200,6 +205,8 @@ struct Kubelet {
     gc: GarbageCollector,
     /// Who counts for the memory: see [`Kubelet::memory`].
     kind: Kind,
+    /// The kubelet logic's CRI calls, recorded while one pod at a time starts.
+    timeline: Arc<Timeline>,
 }
 
 impl Kubelet {
@@ -216,6 +223,16 @@ impl Kubelet {
             .version(cri::VersionRequest::default())
             .await
             .with_context(|| format!("{name}: Version"))?;
+        // Every call of the kubelet logic goes through the seam's decorator, as in the kubelet
+        // (which counts them as metrics); here it records them for the one-pod breakdown.
+        let timeline = Arc::new(Timeline::default());
+        let seam = Arc::new(runtime::Instrumented::new(
+            rt.clone(),
+            images,
+            timeline.clone(),
+        ));
+        let (rt_seen, images): (Arc<dyn RuntimeService>, Arc<dyn ImageService>) =
+            (seam.clone(), seam);
         let dir = work.join(name);
         let opts = ContainerOptions {
             sandbox: SandboxOptions {
@@ -237,7 +254,7 @@ impl Kubelet {
         let (changed_tx, mut changed_rx) = tokio::sync::mpsc::unbounded_channel();
         let (refresh_tx, refresh_rx) = tokio::sync::mpsc::unbounded_channel();
         let pleg = Pleg {
-            rt: rt.clone(),
+            rt: rt_seen.clone(),
             cache: cache.clone(),
             health: Arc::new(PlegHealth::new(RELIST_THRESHOLD)),
             changed: changed_tx,
@@ -247,13 +264,13 @@ impl Kubelet {
         // Runs until the bench process ends.
         tokio::spawn(pleg.run(tokio_util::sync::CancellationToken::new()));
         let gc = GarbageCollector::new(
-            rt.clone(),
+            rt_seen.clone(),
             opts.pods_dir.clone(),
             opts.sandbox.pod_logs_dir.clone(),
         );
         let syncer = Arc::new(Syncer::new(
             nodelet::kubelet::Runtime {
-                runtime: rt.clone(),
+                runtime: rt_seen.clone(),
                 images,
             },
             SyncerParts {
@@ -271,7 +288,7 @@ impl Kubelet {
                 events: Arc::new(NoEvents),
                 // The bench's pods have no probes: no worker ever starts.
                 probes: Arc::new(nodelet::prober::ProbeManager::new(
-                    Arc::new(nodelet::prober::RuntimeProber::new(rt.clone())),
+                    Arc::new(nodelet::prober::RuntimeProber::new(rt_seen)),
                     status.clone(),
                     Arc::new(NoEvents),
                     tokio::sync::mpsc::unbounded_channel().0,
@@ -303,6 +320,7 @@ impl Kubelet {
             pods,
             gc,
             kind,
+            timeline,
         })
     }
 }
@@ -452,6 +470,8 @@ struct Results {
     rates: Vec<f64>,
     kills: Vec<Duration>,
     memory: Option<Memory>,
+    /// Where each pod's start went, for rounds of one pod.
+    breakdowns: Vec<Breakdown>,
 }
 
 impl Results {
@@ -467,6 +487,7 @@ impl Results {
             median_f(&self.rates),
             stats(&self.kills).median
         );
+        timeline::print("", &self.breakdowns);
         if let Some(m) = &self.memory {
             m.print(name);
         }
@@ -539,6 +560,9 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
         .collect();
 
     // Start: hand every pod to the workers, then watch the status manager.
+    if n == 1 {
+        k.timeline.begin();
+    }
     let start = Instant::now();
     let mut pending: HashMap<String, Instant> = HashMap::new();
     for p in &pods {
@@ -557,6 +581,9 @@ async fn one_round(k: &Kubelet, n: usize, round: usize, last: bool, r: &mut Resu
             let up = k.status.status(uid).is_some_and(|s| running(&s));
             if up {
                 r.latencies.push(now - *handed);
+                if n == 1 {
+                    r.breakdowns.extend(k.timeline.end(*handed, now));
+                }
             }
             !up
         });
