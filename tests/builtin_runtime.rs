@@ -728,6 +728,16 @@ async fn container_events_are_streamed() {
             .expect("event in time")
             .expect("stream open")
             .unwrap();
+        // Each names its pod by its sandbox's status, as containerd's do (upstream's evented
+        // PLEG reads the pod's UID from it): the sandbox's own events too.
+        let status = ev
+            .pod_sandbox_status
+            .as_ref()
+            .expect("the sandbox's status");
+        assert_eq!(status.id, sb.0);
+        assert_eq!(status.metadata, sb.1.metadata);
+        assert_eq!(status.labels, sb.1.labels);
+        assert_eq!(status.state, cri::PodSandboxState::SandboxReady as i32);
         seen.push((ev.container_id, ev.container_event_type));
     }
     assert!(seen.contains(&(

@@ -122,13 +122,21 @@ impl Relister {
     }
 }
 
-/// A request to read a pod into the cache.
+/// What the syncer asks of the PLEG.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refresh {
-    pub uid: String,
-    /// Hand the pod to the sync loop once read (its containers were just started or stopped:
-    /// without runtime events nothing else would tell until the next relist).
-    pub notify: bool,
+pub enum Refresh {
+    /// Read the pod into the cache (a sync wants a view newer than the cache's); hand it to
+    /// the sync loop once read when `notify`.
+    Read { uid: String, notify: bool },
+    /// A sync of the pod began. Until it ends, the pod's runtime events are held: they are
+    /// mostly the echoes of the sync's own actions (sandbox and containers created and
+    /// started), and a read for each would only race the sync for the runtime.
+    SyncBegan(String),
+    /// The sync ended. The pod is read once and handed to the sync loop when the sync changed
+    /// something (its containers were started or stopped, or a waiting reason changed:
+    /// without runtime events nothing else would tell until the next relist) or when events
+    /// were held meanwhile.
+    SyncEnded { uid: String, changed: bool },
 }
 
 /// How the PLEG runs.
@@ -379,13 +387,17 @@ impl Pleg {
         let mut relist = self.relist_timer(trust.period(events.is_some()));
         let mut resubscribe = tokio::time::interval(self.config.resubscribe_after);
         resubscribe.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut syncing = Syncing::default();
+        // The pods of events that named none the PLEG knew, once the runtime told which.
+        let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<String>();
         loop {
             let period = trust.period(events.is_some());
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(r) = self.refresh.recv() => reads.request(r.uid, r.notify),
+                Some(r) = self.refresh.recv() => syncing.on_refresh(r, &reads),
+                Some(uid) = resolved.recv() => syncing.read_unless_held(uid, &reads),
                 ev = next_event(&mut events) => match ev {
-                    Some(ev) => self.on_event(ev, &reads),
+                    Some(ev) => self.on_event(ev, &reads, &mut syncing, &resolved_tx),
                     None => tracing::warn!("the runtime's event stream ended; relisting every second until it is back"),
                 },
                 _ = resubscribe.tick(), if offers_events && events.is_none() => {
@@ -396,7 +408,10 @@ impl Pleg {
                 }
                 _ = relist.tick() => {
                     let with_events = events.is_some();
-                    if let Some(missed) = self.relist(&relister).await {
+                    if let Some(changed) = self.relist(&relister).await {
+                        // A pod being synced has its events held (or on their way): its
+                        // changes were not missed by them.
+                        let missed = changed.iter().filter(|uid| !syncing.in_sync(uid)).count();
                         let verdict = trust.relisted(with_events, missed);
                         if verdict.healthy {
                             self.health.mark_active();
@@ -427,7 +442,13 @@ impl Pleg {
 
     /// A runtime event: the pod is read again (in its own task, so a slow runtime delays only
     /// this pod; coalesced with the reads of it under way) and handed to the sync loop.
-    fn on_event(&self, ev: cri::ContainerEventResponse, reads: &Reads) {
+    fn on_event(
+        &self,
+        ev: cri::ContainerEventResponse,
+        reads: &Reads,
+        syncing: &mut Syncing,
+        resolved: &mpsc::UnboundedSender<String>,
+    ) {
         // The pod: from the sandbox the event carries, else from what the PLEG last saw of the
         // container (a deleted one can be asked about no more), else from the runtime.
         let known = ev
@@ -437,21 +458,23 @@ impl Pleg {
             .cloned()
             .or_else(|| crate::util::lock(&reads.relister).pod_of(&ev.container_id));
         if let Some(uid) = known {
-            reads.request(uid, true);
+            syncing.read_unless_held(uid, reads);
             return;
         }
-        let (rt, reads) = (self.rt.clone(), reads.clone());
+        // Asked in its own task; the answer comes back through the loop, where a sync under
+        // way holds it like any other event.
+        let (rt, resolved) = (self.rt.clone(), resolved.clone());
         tokio::spawn(async move {
             if let Some(uid) = pod_of_event(rt.as_ref(), &ev).await {
-                reads.request(uid, true);
+                let _ = resolved.send(uid);
             }
         });
     }
 
     /// One relist: the pods whose containers changed are read into the cache and handed to
-    /// the sync loop; the cache's global time moves to the relist's start. Returns how many
-    /// pods changed, `None` when the list failed.
-    async fn relist(&self, relister: &Arc<Mutex<Relister>>) -> Option<usize> {
+    /// the sync loop; the cache's global time moves to the relist's start. Returns the pods
+    /// that changed, `None` when the list failed.
+    async fn relist(&self, relister: &Arc<Mutex<Relister>>) -> Option<BTreeSet<String>> {
         let began = std::time::Instant::now();
         let at = Instant::now();
         let metrics = crate::metrics::get();
@@ -490,7 +513,44 @@ impl Pleg {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         metrics.pleg_last_seen.set(now.as_secs_f64());
-        Some(changed.len())
+        Some(changed)
+    }
+}
+
+/// The pods being synced, and whether runtime events about them were held meanwhile.
+#[derive(Debug, Default)]
+struct Syncing {
+    pods: HashMap<String, bool>,
+}
+
+impl Syncing {
+    fn on_refresh(&mut self, r: Refresh, reads: &Reads) {
+        match r {
+            Refresh::Read { uid, notify } => reads.request(uid, notify),
+            Refresh::SyncBegan(uid) => {
+                self.pods.insert(uid, false);
+            }
+            Refresh::SyncEnded { uid, changed } => {
+                let held = self.pods.remove(&uid).unwrap_or(false);
+                if changed || held {
+                    reads.request(uid, true);
+                }
+            }
+        }
+    }
+
+    /// An event about `uid`: held if a sync of it is under way, else the pod is read and
+    /// handed on.
+    fn read_unless_held(&mut self, uid: String, reads: &Reads) {
+        match self.pods.get_mut(&uid) {
+            Some(held) => *held = true,
+            None => reads.request(uid, true),
+        }
+    }
+
+    /// Whether a sync of `uid` is under way.
+    fn in_sync(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
     }
 }
 

@@ -169,7 +169,7 @@ impl Syncer {
         let uid = &who.uid;
         let min = lock(&self.synced).get(uid).map(|(at, _)| *at);
         if self.cache.newer_than(uid, min).is_none() {
-            let _ = self.refresh.send(Refresh {
+            let _ = self.refresh.send(Refresh::Read {
                 uid: uid.clone(),
                 notify: false,
             });
@@ -248,6 +248,7 @@ impl Syncer {
     /// Waiting reasons the actions find anew are read at once by another sync.
     async fn sync_pod_inner(&self, pod: &Pod) -> Result<SyncOutcome, SyncError> {
         let who = PodRef::of(pod);
+        let mut window = SyncWindow::open(&self.refresh, &who.uid);
         let snapshot = self.view(&who).await?;
         let prepared = self.prepare(pod, &who).await;
         let status = self.record_status(pod, &who, &snapshot, self.last_waiting(&who.uid));
@@ -276,19 +277,13 @@ impl Syncer {
         };
         let before = self.last_waiting(&who.uid);
         self.mark_synced(&who.uid, result.waiting.clone());
-        // What the actions changed (or a reason found anew) is read at once and synced again
-        // (a runtime without events would show it only at the next relist).
-        if actions.create_sandbox
+        // What the actions changed (or a reason found anew) is read once the sync ends and
+        // synced again (a runtime without events would show it only at the next relist).
+        window.changed = actions.create_sandbox
             || actions.kill_pod
             || !actions.kill_containers.is_empty()
             || !result.started.is_empty()
-            || result.waiting != before
-        {
-            let _ = self.refresh.send(Refresh {
-                uid: who.uid.clone(),
-                notify: true,
-            });
-        }
+            || result.waiting != before;
         let finished = Phase::parse(status.phase.as_deref()).is_terminal();
         let requeue_after = result.requeue_after;
         let only_waits = result.errors.is_empty();
@@ -345,6 +340,35 @@ impl Syncer {
         }
         opts.pull_secrets = pull_secrets;
         Ok(opts)
+    }
+}
+
+/// A sync of one pod as the PLEG sees it: begun when opened, ended when dropped (whichever
+/// way the sync ends, an error or a cancelled future included), with whether it changed the
+/// pod (see [`Refresh::SyncEnded`]).
+struct SyncWindow<'a> {
+    refresh: &'a mpsc::UnboundedSender<Refresh>,
+    uid: String,
+    changed: bool,
+}
+
+impl<'a> SyncWindow<'a> {
+    fn open(refresh: &'a mpsc::UnboundedSender<Refresh>, uid: &str) -> Self {
+        let _ = refresh.send(Refresh::SyncBegan(uid.to_string()));
+        SyncWindow {
+            refresh,
+            uid: uid.to_string(),
+            changed: false,
+        }
+    }
+}
+
+impl Drop for SyncWindow<'_> {
+    fn drop(&mut self) {
+        let _ = self.refresh.send(Refresh::SyncEnded {
+            uid: std::mem::take(&mut self.uid),
+            changed: self.changed,
+        });
     }
 }
 

@@ -284,7 +284,7 @@ impl BuiltinRuntime {
                     if ev.status.state == sandbox::State::Exited {
                         this.unmount_rootfs_of(vec![ev.status.id.clone()]).await;
                     }
-                    this.emit(&ev.status.id, kind);
+                    this.emit_in(Some(&id), &ev.status.id, kind);
                 }
                 // The subscription ends with the process; one that is alive (it dropped us)
                 // is subscribed to again while its sandbox exists.
@@ -394,13 +394,34 @@ impl BuiltinRuntime {
         .map_err(sandbox_error)
     }
 
-    /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG).
+    /// Publishes a CRI container event (for GetContainerEvents and the kubelet's PLEG), with the
+    /// status of the pod's sandbox as containerd sends it (upstream's evented PLEG knows the
+    /// pod by it): the container's sandbox, or the sandbox itself for a sandbox's events, from
+    /// the records (no call to the sandbox process; ready unless stopped). None once the
+    /// container's record is gone (a deletion), as the kubelet knows that container already.
     pub(crate) fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
+        self.emit_in(None, container_id, kind);
+    }
+
+    /// [`Self::emit`] for an event of sandbox `sandbox_id`'s process, which may report a
+    /// container before its record is saved.
+    fn emit_in(&self, sandbox_id: Option<&str>, container_id: &str, kind: cri::ContainerEventType) {
+        let records = &self.inner.records;
+        let pod_sandbox_status = records
+            .container(container_id)
+            .map(|c| c.sandbox_id)
+            .or_else(|| sandbox_id.map(str::to_string))
+            .and_then(|sb| records.sandbox(&sb))
+            .or_else(|| records.sandbox(container_id))
+            .map(|rec| {
+                let ready = !rec.stopped && !self.client(&rec.id).is_stopped();
+                pod::sandbox_status_of(&rec, ready)
+            });
         let ev = cri::ContainerEventResponse {
             container_id: container_id.to_string(),
             container_event_type: kind as i32,
             created_at: sandbox::now_ns(),
-            pod_sandbox_status: None,
+            pod_sandbox_status,
             containers_statuses: Vec::new(),
         };
         let _ = self.inner.events.send(ev);

@@ -226,33 +226,7 @@ impl BuiltinRuntime {
             info.insert("info".to_string(), detail.to_string());
         }
         Ok(cri::PodSandboxStatusResponse {
-            status: Some(cri::PodSandboxStatus {
-                id: rec.id.clone(),
-                metadata: rec.config.metadata.clone(),
-                state: if ready {
-                    cri::PodSandboxState::SandboxReady as i32
-                } else {
-                    cri::PodSandboxState::SandboxNotready as i32
-                },
-                created_at: rec.created_at,
-                network: Some(cri::PodSandboxNetworkStatus {
-                    // A stopped sandbox's address is free again, and may be another's.
-                    ip: rec
-                        .ip
-                        .filter(|_| !rec.stopped)
-                        .map(|ip| ip.to_string())
-                        .unwrap_or_default(),
-                    additional_ips: Vec::new(),
-                }),
-                linux: Some(cri::LinuxPodSandboxStatus {
-                    namespaces: Some(cri::Namespace {
-                        options: Some(namespace_options(&rec.config)),
-                    }),
-                }),
-                labels: rec.config.labels.clone(),
-                annotations: rec.config.annotations.clone(),
-                runtime_handler: rec.runtime_handler.clone(),
-            }),
+            status: Some(sandbox_status_of(&rec, ready)),
             info,
             containers_statuses: Vec::new(),
             timestamp: sandbox::now_ns(),
@@ -336,6 +310,37 @@ impl BuiltinRuntime {
             });
         }
         Ok(out)
+    }
+}
+
+/// The CRI status of the sandbox `rec`, ready or not as the caller found it.
+pub(super) fn sandbox_status_of(rec: &store::SandboxRecord, ready: bool) -> cri::PodSandboxStatus {
+    cri::PodSandboxStatus {
+        id: rec.id.clone(),
+        metadata: rec.config.metadata.clone(),
+        state: if ready {
+            cri::PodSandboxState::SandboxReady as i32
+        } else {
+            cri::PodSandboxState::SandboxNotready as i32
+        },
+        created_at: rec.created_at,
+        network: Some(cri::PodSandboxNetworkStatus {
+            // A stopped sandbox's address is free again, and may be another's.
+            ip: rec
+                .ip
+                .filter(|_| !rec.stopped)
+                .map(|ip| ip.to_string())
+                .unwrap_or_default(),
+            additional_ips: Vec::new(),
+        }),
+        linux: Some(cri::LinuxPodSandboxStatus {
+            namespaces: Some(cri::Namespace {
+                options: Some(namespace_options(&rec.config)),
+            }),
+        }),
+        labels: rec.config.labels.clone(),
+        annotations: rec.config.annotations.clone(),
+        runtime_handler: rec.runtime_handler.clone(),
     }
 }
 

@@ -87,7 +87,7 @@ struct Running {
     cache: Arc<PodCache>,
     changed: mpsc::UnboundedReceiver<String>,
     cancel: CancellationToken,
-    _refresh: mpsc::UnboundedSender<Refresh>,
+    refresh: mpsc::UnboundedSender<Refresh>,
 }
 
 fn start(rt: Arc<FakeRuntime>, config: PlegConfig) -> Running {
@@ -110,7 +110,7 @@ fn start(rt: Arc<FakeRuntime>, config: PlegConfig) -> Running {
         cache,
         changed,
         cancel,
-        _refresh: refresh,
+        refresh,
     }
 }
 
@@ -188,6 +188,102 @@ async fn events_keep_the_cache_fresh_and_the_safety_relist_catches_what_they_mis
     p.cancel.cancel();
 }
 
+fn lists(rt: &FakeRuntime) -> usize {
+    rt.called()
+        .iter()
+        .filter(|c| *c == "ListContainers")
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_during_a_sync_are_held_and_read_once_when_it_ends() {
+    let rt = Arc::new(FakeRuntime::new());
+    let sb = sandbox(&rt).await;
+    let mut p = start(rt.clone(), PlegConfig::default());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(p.cache.newer_than(UID, None).is_some());
+    // The sync's own actions: their events are held, nothing is read or handed on.
+    p.refresh.send(Refresh::SyncBegan(UID.into())).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = lists(&rt);
+    let c1 = run_container(&rt, &sb, "a").await;
+    let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+    assert!(got.is_err(), "handed on during the sync: {got:?}");
+    assert_eq!(lists(&rt), before, "read during the sync");
+    // Its end: one read, the pod handed on once, its view showing the container.
+    p.refresh
+        .send(Refresh::SyncEnded {
+            uid: UID.into(),
+            changed: false,
+        })
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+    assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(p.changed.try_recv().is_err(), "handed on twice");
+    assert_eq!(lists(&rt), before + 1, "one read for the held events");
+    let view = p.cache.newer_than(UID, None).expect("view").expect("ok");
+    assert_eq!(view.containers.len(), 1);
+    // A sync that changed nothing and saw no event: no read.
+    p.refresh.send(Refresh::SyncBegan(UID.into())).unwrap();
+    p.refresh
+        .send(Refresh::SyncEnded {
+            uid: UID.into(),
+            changed: false,
+        })
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(p.changed.try_recv().is_err());
+    assert_eq!(lists(&rt), before + 1);
+    // One that changed something: read and handed on.
+    p.refresh.send(Refresh::SyncBegan(UID.into())).unwrap();
+    p.refresh
+        .send(Refresh::SyncEnded {
+            uid: UID.into(),
+            changed: true,
+        })
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+    assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+    // Outside a sync, an event is read at once.
+    while p.changed.try_recv().is_ok() {}
+    rt.set_container_exited(&c1, 1, "Error").expect("exit");
+    let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+    assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+    // Safety relists that find a pod being synced changed do not count it as missed by the
+    // events: two of them in a row keep the stream (two misses would drop it).
+    p.refresh.send(Refresh::SyncBegan(UID.into())).unwrap();
+    rt.mute_events(true);
+    run_container(&rt, &sb, "b").await;
+    tokio::time::sleep(SAFETY_RELIST_PERIOD + Duration::from_secs(1)).await;
+    run_container(&rt, &sb, "c").await;
+    tokio::time::sleep(SAFETY_RELIST_PERIOD + Duration::from_secs(1)).await;
+    let subscriptions = |rt: &FakeRuntime| {
+        rt.called()
+            .iter()
+            .filter(|c| *c == "GetContainerEvents")
+            .count()
+    };
+    assert_eq!(subscriptions(&rt), 1, "the stream was dropped");
+    // Outside a sync, the same twice drops it.
+    p.refresh
+        .send(Refresh::SyncEnded {
+            uid: UID.into(),
+            changed: false,
+        })
+        .unwrap();
+    run_container(&rt, &sb, "d").await;
+    tokio::time::sleep(SAFETY_RELIST_PERIOD + Duration::from_secs(1)).await;
+    run_container(&rt, &sb, "e").await;
+    tokio::time::sleep(SAFETY_RELIST_PERIOD + Duration::from_secs(10)).await;
+    assert_eq!(
+        subscriptions(&rt),
+        2,
+        "a stream missing changes is asked for again"
+    );
+    p.cancel.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn reads_of_a_pod_are_coalesced() {
     let rt = Arc::new(FakeRuntime::new());
@@ -208,12 +304,7 @@ async fn reads_of_a_pod_are_coalesced() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     rt.release_rpc("ListContainers");
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let lists = rt
-        .called()
-        .iter()
-        .filter(|c| *c == "ListContainers")
-        .count();
-    assert_eq!(lists, 3, "two reads of p1, one of the other pod");
+    assert_eq!(lists(&rt), 3, "two reads of p1, one of the other pod");
     let mut told = Vec::new();
     while let Ok(uid) = rx.try_recv() {
         told.push(uid);
