@@ -34,6 +34,17 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-features "$@"
 
+# The static binary, built as it ships (scripts/build-static.sh: release profile, static glibc and
+# libseccomp) and run through the built-in runtime's (seccomp profiles included) and the standalone
+# node's end-to-end suites, as the agent and as every sandbox process, so that it cannot rot. STATIC=0 leaves it out of a
+# local run (it is a second, release build); CI always runs it.
+if [ "${STATIC:-1}" != 0 ] || [ "${CI:-}" = true ]; then
+  echo "== static binary (scripts/build-static.sh)"
+  static_bin=$(bash scripts/build-static.sh | tail -n 1)
+  NODELET_BIN="$static_bin" cargo test --all-features --test builtin_runtime --test builtin_security \
+    --test standalone_node
+fi
+
 # Every fuzz target briefly, from its checked-in corpus, built without optimisation: the build
 # is most of the time this takes (docs/FUZZING.md).
 echo "== fuzzing (scripts/fuzz.sh)"

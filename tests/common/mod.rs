@@ -85,8 +85,14 @@ pub struct Node {
     pub network: Option<runtime::builtin::NetworkConfig>,
 }
 
+/// The nodelet binary the end-to-end tests run (as the agent and as sandbox processes):
+/// `NODELET_BIN` when set, so that CI runs suites on the static build
+/// (`scripts/build-static.sh`), else the one cargo built for the tests.
 pub fn nodelet_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_nodelet"))
+    match std::env::var_os("NODELET_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_nodelet")),
+    }
 }
 
 pub fn config(root: &Path, cgroup_root: &str) -> Config {
