@@ -152,8 +152,9 @@ async fn the_preload_dir_imports_pins_and_unpins() {
     remove_cgroup_root(&cgroup_root);
 }
 
-/// The agent imports `<root-dir>/images-preload` at start: a static pod whose image is only
-/// there (pull policy Never) runs.
+/// The agent imports `<root-dir>/images-preload` at start, before any pod syncs: a static pod
+/// whose image is only there (pull policy Never) runs at its first sync, never waiting in
+/// ErrImageNeverPull.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_static_pod_runs_an_image_from_the_preload_dir() {
     if !root_or_skip("a_static_pod_runs_an_image_from_the_preload_dir") {
@@ -175,7 +176,15 @@ async fn a_static_pod_runs_an_image_from_the_preload_dir() {
         ),
     )
     .unwrap();
-    let _agent = node.start();
+    let log_path = node.root.with_file_name("agent.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let _agent = KillOnDrop(
+        node.command(&[])
+            .env("NODELET_LOG", "info")
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let mut running = false;
     for _ in 0..300 {
         let rt = node.runtime().await;
@@ -196,4 +205,13 @@ async fn a_static_pod_runs_an_image_from_the_preload_dir() {
     assert!(running, "the preloaded image's pod never ran");
     let rt = node.runtime().await;
     assert_eq!(pinned(&rt, GRPC_HEALTH).await, Some(true));
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("image preload: imported"),
+        "no import logged:\n{log}"
+    );
+    assert!(
+        !log.contains("ErrImageNeverPull"),
+        "the pod synced before its image was imported:\n{log}"
+    );
 }

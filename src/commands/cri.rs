@@ -87,7 +87,10 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
         .image_preload_dir
         .unwrap_or_else(|| cfg.root_dir.join("images-preload"));
     let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
-    tokio::spawn(rt.preload(&preload_dir).run(std::future::pending()));
+    // The dir's files are in the store before the socket serves; lists are pulled later.
+    let mut preload = rt.preload(&preload_dir);
+    preload.scan_files().await;
+    tokio::spawn(preload.run(std::future::pending()));
     let server_cfg = runtime::server::ServerConfig {
         request_timeout: Duration::from_secs(args.request_timeout),
         pull_image_timeout: Duration::from_secs(args.pull_image_timeout),

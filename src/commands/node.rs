@@ -205,10 +205,10 @@ pub async fn open_runtime(
         )?);
         builtin.registry.insecure = cfg.insecure_registries.clone();
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
-        tokio::spawn(
-            rt.preload(&cfg.image_preload_dir())
-                .run(std::future::pending()),
-        );
+        // The dir's files are in the store before any pod syncs; lists are pulled later.
+        let mut preload = rt.preload(&cfg.image_preload_dir());
+        preload.scan_files().await;
+        tokio::spawn(preload.run(std::future::pending()));
         return Ok(kubelet::Runtime {
             runtime: Arc::new(rt.clone()),
             images: Arc::new(rt),
@@ -225,7 +225,8 @@ pub async fn open_runtime(
     if std::fs::read_dir(&preload).is_ok_and(|mut d| d.next().is_some()) {
         tracing::warn!(
             dir = %preload.display(),
-            "image preload: not imported: with containerRuntimeEndpoint {:?}, the preload dir is              the built-in runtime's only (importing into containerd is not built yet)",
+            "image preload: not imported: with containerRuntimeEndpoint {:?}, the preload dir is \
+             the built-in runtime's only (importing into containerd is not built yet)",
             cfg.container_runtime_endpoint
         );
     }

@@ -9,6 +9,11 @@
 //! pinned (never garbage collected) and unpinned once the file is gone. A file that cannot be
 //! imported is logged with its name and the reason, and tried again when it changes; the store
 //! keeps nothing of a failed import, and every other file is still imported.
+//!
+//! At start, [`Preload::scan_files`] imports the files before the node runs any pod (as k3s
+//! imports `agent/images` before its kubelet starts), so a pod whose image came only through
+//! the dir does not fail its first sync; the lists, which need a registry and may wait for
+//! one, are left to the scans that follow.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -126,6 +131,16 @@ impl Preload {
     /// One scan of the dir: imports what is new or changed, pulls the lists' references,
     /// unpins what a gone file brought, and logs a line per file.
     pub async fn scan(&mut self) -> Scan {
+        self.scan_with(true).await
+    }
+
+    /// One scan that imports the files and leaves the `*.txt` lists for later: what the node
+    /// waits for at start.
+    pub async fn scan_files(&mut self) -> Scan {
+        self.scan_with(false).await
+    }
+
+    async fn scan_with(&mut self, lists: bool) -> Scan {
         let first = self.scans == 0;
         self.scans += 1;
         let mut scan = Scan::default();
@@ -146,6 +161,9 @@ impl Preload {
             }
         };
         for name in &names {
+            if !lists && name.ends_with(".txt") {
+                continue;
+            }
             self.scan_one(name, first, &mut scan).await;
         }
         let gone: Vec<String> = self
