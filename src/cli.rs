@@ -61,6 +61,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
         }
     };
     crate::logging::init();
+    // Commands that may reach a registry over TLS; before the async runtime's threads exist.
+    if matches!(
+        cli.command,
+        Command::Images(_) | Command::Run(_) | Command::RunNode(_) | Command::Cri(_)
+    ) {
+        trust_roots(&cli.root_dir);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -90,6 +97,25 @@ pub fn main(args: Vec<std::ffi::OsString>) -> ExitCode {
             eprintln!("nodelet: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Gives TLS clients the roots built into the binary when the node has no CA certificates
+/// (see `images::fallback_trust_roots`); a failure to write them is logged and changes nothing.
+/// Call before any thread starts.
+fn trust_roots(root_dir: &std::path::Path) {
+    match runtime::builtin::fallback_trust_roots(root_dir) {
+        Ok(None) => {}
+        Ok(Some(path)) => tracing::warn!(
+            file = %path.display(),
+            "no CA certificates on this node (/etc/ssl/certs, SSL_CERT_FILE, SSL_CERT_DIR): \
+             TLS peers are verified against the Mozilla roots built into nodelet"
+        ),
+        Err(e) => tracing::warn!(
+            "no CA certificates on this node, and writing the built-in ones to {} failed: {e}; \
+             HTTPS registries cannot be reached",
+            root_dir.display()
+        ),
     }
 }
 
@@ -156,6 +182,12 @@ fn kubelet_main(args: &[std::ffi::OsString]) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     crate::logging::init_verbosity(flags.verbosity);
+    trust_roots(
+        &flags
+            .root_dir
+            .clone()
+            .unwrap_or_else(|| crate::config::KubeletConfig::default().root_dir),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

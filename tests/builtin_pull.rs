@@ -1,6 +1,7 @@
 //! PullImage through the built-in runtime's `ImageService`, from Debian's docker-registry on
 //! 127.0.0.1: plain pulls of an insecure registry, pulls through a mirror, the errors for a
-//! missing tag and an unreachable registry, and a container run from the pulled image.
+//! missing tag and an unreachable registry, a container run from the pulled image, and a pull
+//! by `nodelet images pull` on a node with no CA certificates.
 
 mod common;
 
@@ -165,6 +166,39 @@ async fn pull_run_mirror_and_errors() {
         .await
         .unwrap();
     assert!(st.image.is_some());
+
+    // A node with no CA certificates at all (a minimal OS image: no /etc/ssl/certs) still
+    // pulls from a plain-HTTP registry; HTTPS ones are verified against the built-in roots.
+    let bare = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let no_certs = bare.path().join("no-certs.pem");
+    std::fs::write(&no_certs, "").unwrap();
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(bare.path().join("root"))
+        .args([
+            "images",
+            "pull",
+            "--insecure-registry",
+            &reg.host,
+            &reference,
+        ])
+        .env("SSL_CERT_FILE", &no_certs)
+        .env("SSL_CERT_DIR", bare.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "pull with no CA certificates: {stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&config_digest),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Mozilla roots built into nodelet"),
+        "no warning about the missing CA certificates: {stderr}"
+    );
     node.teardown().await;
 }
 

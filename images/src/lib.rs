@@ -21,6 +21,7 @@ mod pull;
 mod recover;
 mod reference;
 mod rootfs;
+mod roots;
 mod source;
 mod spec;
 mod stage;
@@ -34,6 +35,7 @@ pub use error::{Error, Kind, Result};
 pub use mounts::unmount_below;
 pub use reference::normalize_reference;
 pub use rootfs::RootfsIdMap;
+pub use roots::{FALLBACK_ROOTS_FILE, fallback_trust_roots};
 pub use store::Store;
 pub use types::{FsInfo, Image, ImageConfig, RegistryAuth, RegistryConfig};
 
