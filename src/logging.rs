@@ -1,9 +1,11 @@
 //! Logging set-up for the agent and for sandbox processes (whose stderr is their log file).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Logs to stderr, filtered by `NODELET_LOG` (default `info`, with libcgroups' per-call
-/// notices about absent v1 controllers left out).
+/// notices about absent v1 controllers left out), in colour only when stderr is a terminal.
 pub fn init() {
     init_verbosity(None)
 }
@@ -20,6 +22,8 @@ pub fn init_verbosity(v: Option<u8>) {
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},libcgroups=error,libcontainer=warn")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: a log file, the journal or a console gets plain lines.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         // A log that cannot be written (a full disk) must not take the agent down.
         .log_internal_errors(false)

@@ -210,6 +210,8 @@ async fn a_static_pod_runs_an_image_from_the_preload_dir() {
         log.contains("image preload: imported"),
         "no import logged:\n{log}"
     );
+    // A log file gets plain lines, no terminal colours.
+    assert!(!log.contains('\x1b'), "colour codes in a log file:\n{log}");
     assert!(
         !log.contains("ErrImageNeverPull"),
         "the pod synced before its image was imported:\n{log}"
