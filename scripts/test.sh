@@ -43,6 +43,10 @@ if [ "${STATIC:-1}" != 0 ] || [ "${CI:-}" = true ]; then
   static_bin=$(bash scripts/build-static.sh | tail -n 1)
   NODELET_BIN="$static_bin" cargo test --all-features --test builtin_runtime --test builtin_security \
     --test standalone_node
+  # The minimal OS image (scripts/build-image.sh) with that binary, booted under qemu until its
+  # static pod answers HTTP (scripts/boot-image.sh).
+  echo "== OS image boot (scripts/boot-image.sh)"
+  NODELET_BIN="$static_bin" cargo test --all-features --test boot_image -- --ignored --nocapture
 fi
 
 # Every fuzz target briefly, from its checked-in corpus, built without optimisation: the build
