@@ -5,7 +5,15 @@
 //! sudo cargo bench --bench pods                 # N = 1, 10, 100
 //! sudo BENCH_PODS=1,10 cargo bench --bench pods
 //! sudo BENCH_NETWORK=pod cargo bench --bench pods   # pods on the pod network (needs the CNI plugins)
+//! sudo BENCH_STATIC_BIN=$(bash scripts/build-static.sh | tail -n1) cargo bench --bench pods
 //! ```
+//!
+//! With `BENCH_STATIC_BIN` (a static nodelet from scripts/build-static.sh) a third backend,
+//! **static**, is the built-in runtime whose sandbox processes are that binary instead of this
+//! (dynamic, same release profile) one; the agent part is this process in both. It prints
+//! static against dynamic: time to Running, and the sandbox processes' PSS and private dirty
+//! memory (PSS favours the dynamic side, whose sandboxes share their binary's pages with this
+//! process; private dirty memory is what each sandbox costs whatever it shares).
 //!
 //! Both backends are driven by the same kubelet logic: `nodelet::kubelet::Syncer` +
 //! `nodelet::pod_workers::PodWorkers` + `nodelet::status_manager::StatusManager` (standalone,
@@ -132,6 +140,32 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
     let builtin = BuiltinRuntime::new(cfg)
         .await
         .context("opening the built-in runtime")?;
+    // The same runtime with the static binary as its sandbox program, in its own root.
+    let static_root = tempfile::Builder::new()
+        .prefix("nls")
+        .tempdir()
+        .context("creating the static runtime's root dir")?;
+    let static_cgroup_root = format!("/nodelet-bench-pods-static-{}", std::process::id());
+    let static_rt = match std::env::var_os("BENCH_STATIC_BIN").filter(|b| !b.is_empty()) {
+        None => None,
+        Some(bin) => {
+            let bin = std::path::PathBuf::from(bin);
+            ensure!(
+                bin.is_file(),
+                "BENCH_STATIC_BIN={} is not a file",
+                bin.display()
+            );
+            let mut cfg = Config::new(static_root.path()).context("runtime config")?;
+            cfg.cgroup_root = static_cgroup_root.clone();
+            cfg.state_dir = Some(static_root.path().join("run"));
+            cfg.sandbox_program = bin;
+            Some(
+                BuiltinRuntime::new(cfg)
+                    .await
+                    .context("opening the static built-in runtime")?,
+            )
+        }
+    };
 
     // The private containerd; dropping it kills it, its shims and their mounts.
     let ctd = Containerd::start(ctd_bin, &busybox).await;
@@ -140,29 +174,45 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         "BENCH_NETWORK=pod needs the CNI plugins for containerd (scripts/setup.sh)"
     );
 
-    let result = run(&builtin, root.path(), &ctd, &busybox, work.path(), sizes).await;
+    let statics = static_rt.as_ref().map(|rt| (rt, static_root.path()));
+    let result = run(
+        &builtin,
+        root.path(),
+        statics,
+        &ctd,
+        &busybox,
+        work.path(),
+        sizes,
+    )
+    .await;
 
     // Clean-up whatever happened: sandboxes left by a failure, mounts, cgroups, containerd.
-    if let Ok(list) = builtin.list_pod_sandbox(Default::default()).await {
-        for sb in list.items {
-            let id = sb.id;
-            let _ = builtin
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await;
-            let _ = builtin
-                .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await;
-        }
-    }
-    drop(builtin);
     let mut cleanup = Vec::new();
-    if let Err(e) = unmount_under(root.path()) {
-        cleanup.push(e);
-    }
-    if let Err(e) = remove_cgroup(&cgroup_root) {
-        cleanup.push(e);
+    for (rt, dir, cgroup) in [
+        (Some(builtin), root.path(), &cgroup_root),
+        (static_rt, static_root.path(), &static_cgroup_root),
+    ] {
+        let Some(rt) = rt else { continue };
+        if let Ok(list) = rt.list_pod_sandbox(Default::default()).await {
+            for sb in list.items {
+                let id = sb.id;
+                let _ = rt
+                    .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await;
+                let _ = rt
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                    .await;
+            }
+        }
+        drop(rt);
+        if let Err(e) = unmount_under(dir) {
+            cleanup.push(e);
+        }
+        if let Err(e) = remove_cgroup(cgroup) {
+            cleanup.push(e);
+        }
     }
     drop(ctd);
     for e in &cleanup {
@@ -328,6 +378,7 @@ impl Kubelet {
 async fn run(
     builtin: &BuiltinRuntime,
     root: &Path,
+    statics: Option<(&BuiltinRuntime, &Path)>,
     ctd: &Containerd,
     busybox: &Path,
     work: &Path,
@@ -344,7 +395,7 @@ async fn run(
     );
     ctd.pull_all(remote.as_ref()).await;
     let b = Arc::new(builtin.clone());
-    let kubelets = [
+    let mut kubelets = vec![
         Kubelet::new(
             "builtin",
             b.clone(),
@@ -355,6 +406,26 @@ async fn run(
             },
         )
         .await?,
+    ];
+    if let Some((rt, dir)) = statics {
+        rt.image_store()
+            .import(busybox)
+            .context("importing busybox into the static built-in runtime")?;
+        let s = Arc::new(rt.clone());
+        kubelets.push(
+            Kubelet::new(
+                "static",
+                s.clone(),
+                s,
+                work,
+                Kind::Builtin {
+                    root: dir.to_string_lossy().into_owned(),
+                },
+            )
+            .await?,
+        );
+    }
+    kubelets.push(
         Kubelet::new(
             "containerd",
             remote.clone(),
@@ -366,7 +437,11 @@ async fn run(
             },
         )
         .await?,
-    ];
+    );
+    // Where containerd's and the static backend's results are.
+    let c_at = kubelets.len() - 1;
+    let static_at = statics.map(|_| 1);
+    let mut static_summary = Vec::new();
 
     println!("== pods through the kubelet logic (Syncer + PodWorkers + StatusManager)");
     println!(
@@ -404,7 +479,32 @@ async fn run(
             r.print(k.name, n);
             results.push(r);
         }
-        let (b, c) = (&results[0], &results[1]);
+        if let Some(at) = static_at {
+            let (d, st) = (&results[0], &results[at]);
+            let (dl, sl) = (stats(&d.latencies), stats(&st.latencies));
+            let sandboxes = |r: &Results| {
+                r.memory.as_ref().map_or((0, 0), |m| {
+                    (
+                        m.others.get("sandboxes").map_or(0, |(_, kb)| *kb),
+                        m.others_dirty.get("sandboxes").copied().unwrap_or(0),
+                    )
+                })
+            };
+            let ((dp, dd), (sp, sd)) = (sandboxes(d), sandboxes(st));
+            println!(
+                "   ratio static/dynamic: latency median {:.2}, p99 {:.2}; sandboxes' PSS {:.1} / {:.1} MiB ({:.2}), private dirty {:.1} / {:.1} MiB ({:.2})",
+                sl.median / dl.median,
+                sl.p99 / dl.p99,
+                mib(sp),
+                mib(dp),
+                sp as f64 / dp.max(1) as f64,
+                mib(sd),
+                mib(dd),
+                sd as f64 / dd.max(1) as f64
+            );
+            static_summary.push((n, dl, sl, dp, sp, dd, sd));
+        }
+        let (b, c) = (&results[0], &results[c_at]);
         let (bl, cl) = (stats(&b.latencies), stats(&c.latencies));
         let (bm, cm) = (b.memory.as_ref(), c.memory.as_ref());
         let (bm, cm) = (bm.map_or(0, |m| m.total()), cm.map_or(0, |m| m.total()));
@@ -433,8 +533,8 @@ async fn run(
     }
     println!(
         "   ratio builtin/containerd: exit -> status median {:.3}, p99 {:.3}",
-        exits[0].median / exits[1].median,
-        exits[0].p99 / exits[1].p99
+        exits[0].median / exits[c_at].median,
+        exits[0].p99 / exits[c_at].p99
     );
     println!(
         "== summary (latency hand-off -> Running, ms; memory PSS MiB with the N pods running)"
@@ -456,6 +556,31 @@ async fn run(
             br / cr,
             bm as f64 / cm as f64
         );
+    }
+    if !static_summary.is_empty() {
+        println!(
+            "== static binary against the dynamic one (sandbox processes; MiB with the N pods running)"
+        );
+        println!(
+            "{:>4} | {:>22} | {:>22} | {:>17} | {:>19} | ratio median / PSS / dirty",
+            "N", "dynamic median / p99", "static median / p99", "PSS d / s", "private dirty d / s"
+        );
+        for (n, dl, sl, dp, sp, dd, sd) in static_summary {
+            println!(
+                "{n:>4} | {:>9.1} / {:>10.1} | {:>9.1} / {:>10.1} | {:>7.1} / {:>7.1} | {:>8.1} / {:>8.1} | {:.2} / {:.2} / {:.2}",
+                dl.median,
+                dl.p99,
+                sl.median,
+                sl.p99,
+                mib(dp),
+                mib(sp),
+                mib(dd),
+                mib(sd),
+                sl.median / dl.median,
+                sp as f64 / dp.max(1) as f64,
+                sd as f64 / dd.max(1) as f64
+            );
+        }
     }
     Ok(())
 }

@@ -133,6 +133,8 @@ pub struct Memory {
     pub head: u64,
     /// (kind, count, PSS kB): sandbox processes; shims; pause and other shim children.
     pub others: BTreeMap<&'static str, (usize, u64)>,
+    /// Private dirty kB of the same kinds: what each process costs whatever it shares.
+    pub others_dirty: BTreeMap<&'static str, u64>,
     pub apps: (usize, u64),
 }
 
@@ -166,6 +168,7 @@ pub fn memory(kind: &Kind, procs: &Group) -> Memory {
         head_name: kind.head(),
         head: 0,
         others: BTreeMap::new(),
+        others_dirty: BTreeMap::new(),
         apps: (0, 0),
     };
     for (i, p) in procs.group.iter().enumerate() {
@@ -178,6 +181,9 @@ pub fn memory(kind: &Kind, procs: &Group) -> Memory {
         let e = mem.others.entry(kind.part(p)).or_default();
         e.0 += 1;
         e.1 += kb;
+        if let Ok(dirty) = rollup_kb(p.pid, "Private_Dirty:") {
+            *mem.others_dirty.entry(kind.part(p)).or_default() += dirty;
+        }
     }
     for p in &procs.apps {
         if let Ok(kb) = pss(p.pid) {
@@ -190,12 +196,17 @@ pub fn memory(kind: &Kind, procs: &Group) -> Memory {
 
 /// PSS in kB from /proc/<pid>/smaps_rollup.
 pub fn pss(pid: u32) -> Result<u64> {
+    rollup_kb(pid, "Pss:")
+}
+
+/// One `field:` (with its colon) of /proc/<pid>/smaps_rollup, in kB.
+pub fn rollup_kb(pid: u32, field: &str) -> Result<u64> {
     let path = format!("/proc/{pid}/smaps_rollup");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     text.lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow!("no Pss in {path}"))
+        .ok_or_else(|| anyhow!("no {field} in {path}"))
 }
 
 pub fn mib(kb: u64) -> f64 {
