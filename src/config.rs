@@ -195,6 +195,9 @@ pub struct KubeletConfig {
     /// `nodeletImagePreloadDir`: image archives and reference lists the built-in runtime
     /// imports (and pulls) and pins; unset: `<root-dir>/images-preload`.
     pub image_preload_dir: Option<PathBuf>,
+    /// `nodeletRegistriesConfig`: the built-in runtime's registries config file (k3s's
+    /// `registries.yaml` shape: mirrors, rewrites, credentials, CAs), read at start.
+    pub registries_config: Option<PathBuf>,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -243,6 +246,7 @@ impl Default for KubeletConfig {
             pod_masquerade: true,
             insecure_registries: Vec::new(),
             image_preload_dir: None,
+            registries_config: None,
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -404,6 +408,7 @@ struct RawConfig {
     nodelet_pod_masquerade: Option<Typed<bool>>,
     nodelet_insecure_registries: Option<Typed<Vec<String>>>,
     nodelet_image_preload_dir: Option<Typed<String>>,
+    nodelet_registries_config: Option<Typed<String>>,
     nodelet_testing: Option<Testing>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
@@ -540,6 +545,9 @@ impl RawConfig {
             insecure_registries: get(self.nodelet_insecure_registries)
                 .unwrap_or(d.insecure_registries),
             image_preload_dir: get(self.nodelet_image_preload_dir)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
+            registries_config: get(self.nodelet_registries_config)
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             // Set from flags.

@@ -1,7 +1,8 @@
 //! PullImage through the built-in runtime's `ImageService`, from Debian's docker-registry on
 //! 127.0.0.1: plain pulls of an insecure registry, pulls through a mirror, the errors for a
-//! missing tag and an unreachable registry, a container run from the pulled image, and a pull
-//! by `nodelet images pull` on a node with no CA certificates.
+//! missing tag and an unreachable registry, a container run from the pulled image, a pull by
+//! `nodelet images pull` on a node with no CA certificates, and the registries config: mirrors
+//! in order past a dead one, a rewrite, credentials, and TLS with a CA the test makes.
 
 mod common;
 
@@ -199,6 +200,158 @@ async fn pull_run_mirror_and_errors() {
         stderr.contains("Mozilla roots built into nodelet"),
         "no warning about the missing CA certificates: {stderr}"
     );
+
+    // The registries config: docker.io's mirrors are a dead endpoint, then the registry, which
+    // holds the repository only under another path (a rewrite). The pull falls back past the
+    // dead one, naming it, and asks for the rewritten path.
+    let hello = registry::push_archive(
+        &client,
+        &busybox_archive(),
+        &reg.host,
+        "mirrored/library/hello",
+        "2.0",
+    )
+    .await;
+    let dead = format!("127.0.0.1:{}", registry::free_port());
+    let registries = bare.path().join("registries.yaml");
+    std::fs::write(
+        &registries,
+        format!(
+            "mirrors:\n  docker.io:\n    endpoint:\n      - http://{dead}\n      - http://{}\n    \
+             rewrite:\n      \"^library/(.*)\": \"mirrored/library/$1\"\n",
+            reg.host
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(bare.path().join("root-mirrors"))
+        .args(["images", "pull", "--registries-config"])
+        .arg(&registries)
+        .arg("hello:2.0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pull through the mirrors: {stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&hello),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&dead) && stderr.contains("trying the next endpoint"),
+        "the failed mirror is not named: {stderr}"
+    );
+    // A broken config is refused before anything is pulled, naming the file and the field.
+    std::fs::write(
+        &registries,
+        "mirrors:\n  docker.io:\n    endpoint: [\"ftp://x\"]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(bare.path().join("root-mirrors"))
+        .args(["images", "pull", "--registries-config"])
+        .arg(&registries)
+        .arg("hello:2.0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("registries.yaml") && stderr.contains("only http:// and https://"),
+        "{stderr}"
+    );
+
+    // Over TLS with a certificate from a CA the test makes: the same storage served by a second
+    // registry with TLS on another port.
+    let pki = bare.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "nodelet test registry CA");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    std::fs::write(pki.join("ca.pem"), ca_cert.pem()).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::write(pki.join("registry.pem"), cert.pem()).unwrap();
+    std::fs::write(pki.join("registry-key.pem"), key.serialize_pem()).unwrap();
+    let tls_host = format!("127.0.0.1:{}", registry::free_port());
+    let tls_config = pki.join("config.yml");
+    std::fs::write(
+        &tls_config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             http:\n  addr: {tls_host}\n  tls:\n    certificate: {}\n    key: {}\n",
+            reg.data.display(),
+            pki.join("registry.pem").display(),
+            pki.join("registry-key.pem").display()
+        ),
+    )
+    .unwrap();
+    let _tls_registry = KillOnDrop(
+        std::process::Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(&tls_config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(&tls_host).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let tls_ref = format!("{tls_host}/library/busybox:1.0");
+    let pull_with = |yaml: Option<String>| {
+        let file = pki.join("registries.yaml");
+        let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+        let mut cfg = config(root.path(), &node.cgroup_root);
+        if let Some(yaml) = yaml {
+            std::fs::write(&file, yaml).unwrap();
+            cfg.registry = runtime::builtin::RegistryConfig::from_file(&file, &[]).unwrap();
+        }
+        let reference = tls_ref.clone();
+        async move {
+            let rt = BuiltinRuntime::new(cfg).await.unwrap();
+            let r = rt
+                .pull_image(cri::PullImageRequest {
+                    image: spec(&reference),
+                    auth: None,
+                    sandbox_config: None,
+                })
+                .await;
+            drop(root);
+            r
+        }
+    };
+    // The node's roots do not know the test's CA.
+    let err = pull_with(None).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.to_string().contains(&tls_host), "{err}");
+    // The config's CA for that endpoint lets the pull through, verified.
+    let ca_yaml = format!(
+        "configs:\n  \"{tls_host}\":\n    tls:\n      ca_file: {}\n",
+        pki.join("ca.pem").display()
+    );
+    let id = pull_with(Some(ca_yaml))
+        .await
+        .expect("pull with the CA")
+        .image_ref;
+    assert_eq!(id, config_digest);
+    // As does insecure_skip_verify, without any CA.
+    let skip_yaml =
+        format!("configs:\n  \"{tls_host}\":\n    tls:\n      insecure_skip_verify: true\n");
+    let id = pull_with(Some(skip_yaml))
+        .await
+        .expect("pull with insecure_skip_verify")
+        .image_ref;
+    assert_eq!(id, config_digest);
     node.teardown().await;
 }
 
@@ -365,5 +518,30 @@ async fn pull_with_basic_auth() {
     .await
     .expect("pull with auth field")
     .image_ref;
+    assert_eq!(id, digests[0]);
+
+    // The credentials from the registries config, when the pull brings none.
+    let file = dir.path().join("registries.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "configs:\n  \"{host}\":\n    auth:\n      username: alice\n      password: s3cret\n"
+        ),
+    )
+    .unwrap();
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let mut cfg = config(root.path(), "/nodelet-e2e-unused");
+    cfg.registry =
+        runtime::builtin::RegistryConfig::from_file(&file, std::slice::from_ref(&host)).unwrap();
+    let configured = BuiltinRuntime::new(cfg).await.unwrap();
+    let id = configured
+        .pull_image(cri::PullImageRequest {
+            image: spec(&image),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await
+        .expect("pull with the registries config's credentials")
+        .image_ref;
     assert_eq!(id, digests[0]);
 }

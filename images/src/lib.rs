@@ -20,6 +20,7 @@ mod platform;
 mod pull;
 mod recover;
 mod reference;
+mod registries;
 mod rootfs;
 mod roots;
 mod source;
@@ -34,10 +35,11 @@ mod unpack;
 pub use error::{Error, Kind, Result};
 pub use mounts::unmount_below;
 pub use reference::normalize_reference;
+pub use registries::ConfigError as RegistriesConfigError;
 pub use rootfs::RootfsIdMap;
 pub use roots::{FALLBACK_ROOTS_FILE, fallback_trust_roots};
 pub use store::Store;
-pub use types::{FsInfo, Image, ImageConfig, RegistryAuth, RegistryConfig};
+pub use types::{FsInfo, HostConfig, Image, ImageConfig, RegistryAuth, RegistryConfig};
 
 /// Entry points for the fuzz targets (`tests/fuzz`), not part of the crate's API: thin
 /// wrappers of internal functions, with no behaviour of their own.

@@ -11,9 +11,10 @@ use crate::stage::{Candidate, Layer, Stage};
 use crate::store::Store;
 use crate::types::{Image, RegistryAuth, RegistryConfig};
 use futures::StreamExt;
+use oci_client::Client;
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth as OciAuth;
-use oci_client::{Client, client::ClientConfig, client::ClientProtocol};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,9 +50,14 @@ fn endpoints(domain: &str, config: &RegistryConfig) -> Vec<Option<String>> {
         &[]
     };
     let mut out: Vec<Option<String>> = Vec::new();
+    // `*` stands for every registry that has no entry of its own.
+    let own = config.mirrors.keys().any(|h| {
+        let h = bare_host(h);
+        h == domain || aliases.contains(&h.as_str())
+    });
     for (host, mirrors) in &config.mirrors {
         let host = bare_host(host);
-        if host == domain || aliases.contains(&host.as_str()) {
+        if host == domain || aliases.contains(&host.as_str()) || (!own && host == "*") {
             for mirror in mirrors {
                 let m = Some(bare_host(mirror));
                 if !out.contains(&m) && m.as_deref() != Some(domain) {
@@ -64,7 +70,39 @@ fn endpoints(domain: &str, config: &RegistryConfig) -> Vec<Option<String>> {
     out
 }
 
-fn client(config: &RegistryConfig, reference: &str) -> Result<Client> {
+/// The repository path to ask `domain`'s mirrors for: the first of the registry's rewrites
+/// (or `*`'s, when it has no mirror entry of its own) whose pattern matches, else `path`.
+fn rewritten(domain: &str, path: &str, config: &RegistryConfig) -> String {
+    let own = config.mirrors.contains_key(domain);
+    let rules = config
+        .rewrites
+        .get(domain)
+        .or_else(|| (!own).then(|| config.rewrites.get("*")).flatten());
+    for (pattern, replacement) in rules.into_iter().flatten() {
+        // Patterns were checked when the config was read.
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        if re.is_match(path) {
+            return re.replace(path, replacement.as_str()).into_owned();
+        }
+    }
+    path.to_string()
+}
+
+/// The credentials for `endpoint` (host[:port]): the pull's own when it brings any, else the
+/// registries config's for that host.
+fn endpoint_auth(given: &RegistryAuth, endpoint: &str, config: &RegistryConfig) -> OciAuth {
+    let configured = config.hosts.get(endpoint).and_then(|h| h.auth.as_ref());
+    match configured {
+        Some(a) if *given == RegistryAuth::default() => oci_auth(a),
+        _ => oci_auth(given),
+    }
+}
+
+/// The client for one endpoint: its plain-HTTP hosts and, from the registries config, the
+/// endpoint's own CAs and `insecure_skip_verify`.
+fn client(config: &RegistryConfig, reference: &str, endpoint: &str) -> Result<Client> {
     let mut insecure: Vec<String> = config.insecure.iter().map(|h| bare_host(h)).collect();
     for mirrors in config.mirrors.values() {
         insecure.extend(
@@ -74,8 +112,18 @@ fn client(config: &RegistryConfig, reference: &str) -> Result<Client> {
                 .map(|m| bare_host(m)),
         );
     }
+    let host = config.hosts.get(endpoint).cloned().unwrap_or_default();
     let client_config = ClientConfig {
         protocol: ClientProtocol::HttpsExcept(insecure),
+        accept_invalid_certificates: host.insecure_skip_verify,
+        extra_root_certificates: host
+            .ca_pem
+            .into_iter()
+            .map(|data| Certificate {
+                encoding: CertificateEncoding::Pem,
+                data,
+            })
+            .collect(),
         // Indexes are resolved here, with variants.
         platform_resolver: None,
         connect_timeout: Some(Duration::from_secs(15)),
@@ -263,30 +311,41 @@ impl Store {
         let parsed = reference::parse(reference)?;
         install_crypto_provider();
         let normalized = parsed.to_string();
-        let client = client(config, &normalized)?;
-        let auth = oci_auth(auth);
+        let given = auth;
         let mut stage = Stage::new(&self.inner.paths, "pull")?;
         let endpoints = endpoints(&parsed.domain, config);
         let mut result = None;
         for (i, endpoint) in endpoints.iter().enumerate() {
+            // Rewrites apply on mirrors only, never on the registry itself.
+            let path = match endpoint {
+                Some(_) => rewritten(&parsed.domain, &parsed.path, config),
+                None => parsed.path.clone(),
+            };
             let mut oref = match &parsed.digest {
-                Some(d) => oci_client::Reference::with_digest(
-                    parsed.domain.clone(),
-                    parsed.path.clone(),
-                    d.clone(),
-                ),
+                Some(d) => {
+                    oci_client::Reference::with_digest(parsed.domain.clone(), path, d.clone())
+                }
                 None => oci_client::Reference::with_tag(
                     parsed.domain.clone(),
-                    parsed.path.clone(),
+                    path,
                     parsed.tag.clone().unwrap_or_else(|| "latest".to_string()),
                 ),
             };
             if let Some(mirror) = endpoint {
                 oref.set_mirror_registry(mirror.clone());
             }
+            let registry = oref.resolve_registry().to_string();
+            // The registries config names the registry itself by the name pulls use
+            // (`docker.io`) or by the host it resolves to (`index.docker.io`).
+            let key = match endpoint {
+                None if !config.hosts.contains_key(&registry) => parsed.domain.clone(),
+                _ => registry.clone(),
+            };
+            let client = client(config, &normalized, &key)?;
+            let auth = endpoint_auth(given, &key, config);
             let fetch = Fetch {
                 client: &client,
-                registry: oref.resolve_registry().to_string(),
+                registry,
                 oref,
                 auth: &auth,
                 reference: normalized.clone(),

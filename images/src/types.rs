@@ -78,11 +78,32 @@ impl std::fmt::Debug for RegistryAuth {
     }
 }
 
-/// How to reach registries.
+/// How to reach registries (read from a registries config file by
+/// [`RegistryConfig::from_file`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegistryConfig {
     /// Registry hosts (`host` or `host:port`) that may be reached over plain HTTP.
     pub insecure: Vec<String>,
-    /// Registry host (e.g. `docker.io`) → mirror hosts tried, in order, before it.
+    /// Registry host (e.g. `docker.io`, or `*` for every registry without an entry) → mirror
+    /// hosts tried, in order, before it.
+    #[serde(default)]
     pub mirrors: BTreeMap<String, Vec<String>>,
+    /// Registry host (or `*`) → (regex, replacement) pairs applied to the repository path on
+    /// its mirrors (never on the registry itself): the first pattern that matches.
+    #[serde(default)]
+    pub rewrites: BTreeMap<String, Vec<(String, String)>>,
+    /// Endpoint host[:port] → credentials and TLS settings.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, HostConfig>,
+}
+
+/// Credentials and TLS settings for one registry endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostConfig {
+    /// Used when the pull itself brings no credentials.
+    pub auth: Option<RegistryAuth>,
+    /// PEM files of CAs trusted for this endpoint, besides the node's own roots.
+    pub ca_pem: Vec<Vec<u8>>,
+    /// Accept any certificate (as k3s's `insecure_skip_verify`).
+    pub insecure_skip_verify: bool,
 }

@@ -361,6 +361,7 @@ async fn pulls_from_a_local_registry() {
     let config = RegistryConfig {
         insecure: vec![host.clone(), closed.clone()],
         mirrors: [(host.clone(), vec![closed.clone()])].into_iter().collect(),
+        ..Default::default()
     };
     let via = store.pull(&reference, &auth, &config).await.unwrap();
     assert_eq!(via.id, config_digest);

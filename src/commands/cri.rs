@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Registries (host[:port]) that PullImage may reach over plain http.
     #[arg(long = "insecure-registry")]
     pub insecure: Vec<String>,
+    /// The registries config file (k3s's registries.yaml shape: mirrors, rewrites,
+    /// credentials, CAs).
+    #[arg(long)]
+    pub registries_config: Option<PathBuf>,
     /// Where the streaming server (the URLs of Exec and PortForward) listens; port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub streaming_addr: std::net::SocketAddr,
@@ -76,7 +80,7 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
     let bound = runtime::server::bind_unix(&socket)?;
     let mut cfg = dirs.builtin_config()?;
     cfg.cgroup_root = args.cgroup_root;
-    cfg.registry.insecure = args.insecure;
+    cfg.registry = super::registry_config(args.registries_config.as_deref(), &args.insecure)?;
     cfg.streaming.addr = args.streaming_addr;
     cfg.network = Some(super::pod_network(
         &args.pod_bridge,

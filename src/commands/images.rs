@@ -21,6 +21,10 @@ pub enum ImagesCommand {
         /// Registries (host[:port]) that may be reached over plain http.
         #[arg(long = "insecure-registry")]
         insecure: Vec<String>,
+        /// The registries config file (k3s's registries.yaml shape: mirrors, rewrites,
+        /// credentials, CAs).
+        #[arg(long)]
+        registries_config: Option<std::path::PathBuf>,
     },
     /// Remove an image and all its tags.
     Remove { image: String },
@@ -61,9 +65,13 @@ pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitC
                 );
             }
         }
-        ImagesCommand::Pull { image, insecure } => {
+        ImagesCommand::Pull {
+            image,
+            insecure,
+            registries_config,
+        } => {
             let mut cfg = dirs.builtin_config()?;
-            cfg.registry.insecure = insecure;
+            cfg.registry = super::registry_config(registries_config.as_deref(), &insecure)?;
             let rt = runtime::builtin::BuiltinRuntime::new(cfg).await?;
             let r = rt
                 .pull_image(cri::PullImageRequest {

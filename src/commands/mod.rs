@@ -29,6 +29,21 @@ pub async fn builtin(dirs: &Dirs) -> anyhow::Result<runtime::builtin::BuiltinRun
     Ok(runtime::builtin::BuiltinRuntime::new(cfg).await?)
 }
 
+/// The built-in runtime's registries: the registries config file when one is given (its
+/// plain-HTTP endpoints joining `insecure`), else just the `insecure` hosts.
+pub fn registry_config(
+    file: Option<&std::path::Path>,
+    insecure: &[String],
+) -> anyhow::Result<runtime::builtin::RegistryConfig> {
+    match file {
+        Some(path) => Ok(runtime::builtin::RegistryConfig::from_file(path, insecure)?),
+        None => Ok(runtime::builtin::RegistryConfig {
+            insecure: insecure.to_vec(),
+            ..Default::default()
+        }),
+    }
+}
+
 /// The built-in runtime's pod network on bridge `bridge` with subnet `cidr`, masquerading
 /// traffic that leaves the subnet when `masquerade`.
 pub fn pod_network(

@@ -203,7 +203,8 @@ pub async fn open_runtime(
             &cfg.pod_cidr,
             cfg.pod_masquerade,
         )?);
-        builtin.registry.insecure = cfg.insecure_registries.clone();
+        builtin.registry =
+            super::registry_config(cfg.registries_config.as_deref(), &cfg.insecure_registries)?;
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         // The dir's files are in the store before any pod syncs; lists are pulled later.
         let mut preload = rt.preload(&cfg.image_preload_dir());
@@ -213,6 +214,14 @@ pub async fn open_runtime(
             runtime: Arc::new(rt.clone()),
             images: Arc::new(rt),
         });
+    }
+    if let Some(file) = &cfg.registries_config {
+        anyhow::bail!(
+            "nodeletRegistriesConfig ({}) is the built-in runtime's; with containerRuntimeEndpoint \
+             {:?}, configure the registries in that runtime",
+            file.display(),
+            cfg.container_runtime_endpoint
+        );
     }
     if !cfg.insecure_registries.is_empty() {
         anyhow::bail!(

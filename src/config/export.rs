@@ -157,6 +157,9 @@ impl KubeletConfig {
         if let Some(dir) = &self.image_preload_dir {
             v["nodeletImagePreloadDir"] = json!(dir);
         }
+        if let Some(file) = &self.registries_config {
+            v["nodeletRegistriesConfig"] = json!(file);
+        }
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);

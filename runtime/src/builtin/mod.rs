@@ -33,7 +33,9 @@ use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
 pub use dirs::default_state_dir;
-pub use images::{FALLBACK_ROOTS_FILE, fallback_trust_roots};
+pub use images::{
+    FALLBACK_ROOTS_FILE, RegistriesConfigError, RegistryConfig, fallback_trust_roots,
+};
 pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
 pub use service::RUNTIME_NAME;
 
