@@ -1,8 +1,8 @@
 //! The kubelet with an API server (the project's test API server) and the built-in runtime,
 //! driving the real binary: pods bound to the node run and report Running and ready; init
 //! containers run in order; a SIGKILLed kubelet adopts its pods without restarting them; a
-//! deleted pod is stopped within its grace period and then deleted for good; a static pod gets
-//! a mirror pod that comes back when deleted; an invalid pod is reported and the others keep
+//! deleted pod is stopped within its grace period and then deleted for good; a static pod (its
+//! image only in the preload dir) gets a mirror pod that comes back when deleted; an invalid pod is reported and the others keep
 //! running; with the API server away for a minute, pods keep running and their status catches
 //! up afterwards.
 
@@ -93,13 +93,30 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
     let client = api.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
-    // A static pod beside the API pods.
+    // A static pod beside the API pods, whose image reached the node only through the preload
+    // dir (on containerd: imported through containerd's own API).
+    const PRELOADED: &str = "preload.local/site/app:v1";
+    let preload = node.root.join("images-preload");
+    std::fs::create_dir_all(&preload).unwrap();
+    common::containerd::retagged_archive(
+        &common::busybox_archive(),
+        &preload.join("app.tar"),
+        PRELOADED,
+        &["sh"],
+    );
+    // Settled (a file written within the last 2 s waits for the next scan).
+    std::fs::File::options()
+        .write(true)
+        .open(preload.join("app.tar"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(10))
+        .unwrap();
     std::fs::write(
         node.manifests.join("static.yaml"),
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\n  namespace: default\nspec:\n{}  terminationGracePeriodSeconds: 1\n  containers:\n{}",
             node.host_network(),
-            busybox("main", "sleep 1000")
+            busybox("main", "sleep 1000").replace("docker.io/library/busybox:latest", PRELOADED)
         ),
     )
     .unwrap();

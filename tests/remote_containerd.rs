@@ -404,3 +404,167 @@ async fn exec(rt: &RemoteRuntime, id: &str, script: &str) -> String {
     assert_eq!(r.exit_code, 0, "{script}: {err}");
     String::from_utf8_lossy(&r.stdout).into_owned()
 }
+
+/// `ctr` (Debian's containerd package) against the test's containerd, in the CRI namespace.
+fn ctr(ctd: &Containerd, args: &[&str]) -> String {
+    let out =
+        std::process::Command::new(containerd::find("ctr").expect("ctr (containerd package)"))
+            .arg("--address")
+            .arg(ctd.socket())
+            .args(["--namespace", runtime::remote::containerd::NAMESPACE])
+            .args(args)
+            .output()
+            .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs containerd's garbage collector now: deleting a lease with `--sync` collects every
+/// unreferenced blob and snapshot before it returns.
+fn collect_garbage(ctd: &Containerd) {
+    let id = format!("nodelet-test-gc-{}", std::process::id());
+    ctr(ctd, &["leases", "create", "--id", &id]);
+    ctr(ctd, &["leases", "delete", "--sync", &id]);
+}
+
+async fn status_of(images: &dyn ImageService, reference: &str) -> Option<cri::Image> {
+    images
+        .image_status(cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: reference.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .image
+}
+
+/// The preload dir on a node whose runtime is containerd: an archive (zstd, an image no
+/// registry has) imported through containerd's own API into the CRI namespace, pinned there
+/// (the label, and `pinned` as the kubelet sees it even on a containerd before 1.7), kept by
+/// containerd's garbage collector, and run as a container; a broken file refused by name
+/// while the other is imported; nothing imported again once unchanged, also after a
+/// restart; the image unpinned once its file is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_preload_dir_imports_into_containerd() {
+    use runtime::preload::{PinnedImages, Preload};
+    use runtime::remote::containerd::Containerd as Api;
+    let test = "the_preload_dir_imports_into_containerd";
+    let Some((ctd, rt)) = start(test).await else {
+        return;
+    };
+    const APP: &str = "preload.local/site/app:v1";
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("images-preload");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tar = root.path().join("app.tar");
+    containerd::retagged_archive(
+        &busybox_archive(),
+        &tar,
+        APP,
+        &["sh", "-c", "echo preloaded; exit 7"],
+    );
+    let zst = zstd::stream::encode_all(&std::fs::read(&tar).unwrap()[..], 3).unwrap();
+    let settled = |name: &str, data: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, data).unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(10))
+            .unwrap();
+    };
+    settled("app.tar.zst", &zst);
+    settled("broken.tar", b"not an image archive");
+
+    let api = Api::connect(&ctd.endpoint(), Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("containerd's API: {e}\n{}", ctd.log()));
+    eprintln!("containerd {}", api.version());
+    let mut preload = Preload::containerd(api.clone(), rt.clone(), root.path(), &dir);
+    let scan = preload.scan_files().await;
+    assert_eq!(
+        scan.imported,
+        [("app.tar.zst".to_string(), vec![APP.to_string()])],
+        "{scan:?}\n{}",
+        ctd.log()
+    );
+    let [(file, why)] = &scan.failed[..] else {
+        panic!("one failure expected: {scan:?}");
+    };
+    assert_eq!(file, "broken.tar");
+    assert!(why.contains("broken.tar"), "{why}");
+
+    // In the CRI namespace with the pinned label; the kubelet sees it pinned.
+    assert_eq!(api.is_pinned(APP).await.unwrap(), Some(true));
+    let pinned = PinnedImages::new(std::sync::Arc::new(rt.clone()), preload.pins());
+    let img = status_of(&pinned, APP).await.expect("listed by CRI");
+    assert!(img.pinned, "{img:?}");
+    assert_eq!(img.repo_tags, [APP]);
+    let listed = pinned.list_images(Default::default()).await.unwrap().images;
+    assert!(
+        listed.iter().any(|i| i.id == img.id && i.pinned),
+        "{listed:?}"
+    );
+
+    // containerd's collector keeps every blob (the labels link them), so the image still
+    // unpacks and runs after it.
+    collect_garbage(&ctd);
+    let content = ctr(&ctd, &["content", "ls", "-q"]);
+    assert!(content.lines().count() >= 3, "{content}");
+    let work = tempfile::tempdir().unwrap();
+    let mut cfg = sandbox_config("preloaded", &work.path().join("logs"));
+    cfg.hostname = String::new();
+    cfg.linux = Some(cri::LinuxPodSandboxConfig {
+        security_context: Some(cri::LinuxSandboxSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                network: cri::NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let run = cri::RunPodSandboxRequest {
+        config: Some(cfg.clone()),
+        runtime_handler: String::new(),
+    };
+    let sb_id = match rt.run_pod_sandbox(run).await {
+        Ok(r) => r.pod_sandbox_id,
+        Err(e) => panic!("RunPodSandbox: {e}\n{}", ctd.log()),
+    };
+    let mut app = container_config("app", &[]);
+    app.image = Some(cri::ImageSpec {
+        image: APP.into(),
+        ..Default::default()
+    });
+    let id = start_container_on(&rt, &(sb_id.clone(), cfg), app).await;
+    let s = wait_exited(&rt, &id).await;
+    assert_eq!(s.exit_code, 7, "{s:?}");
+    assert_eq!(log_output(Path::new(&s.log_path)).0, "preloaded\n");
+
+    // Unchanged: nothing imported again, now or after a restart.
+    let again = preload.scan().await;
+    assert!(again.imported.is_empty(), "{again:?}");
+    assert_eq!(again.unchanged, ["app.tar.zst"], "{again:?}");
+    drop(preload);
+    let mut preload = Preload::containerd(api.clone(), rt.clone(), root.path(), &dir);
+    let restarted = preload.scan().await;
+    assert!(restarted.imported.is_empty(), "{restarted:?}");
+    assert_eq!(restarted.unchanged, ["app.tar.zst"], "{restarted:?}");
+    let pinned = PinnedImages::new(std::sync::Arc::new(rt.clone()), preload.pins());
+    assert!(status_of(&pinned, APP).await.unwrap().pinned);
+
+    // The file goes: the image stays but is no longer pinned.
+    std::fs::remove_file(dir.join("app.tar.zst")).unwrap();
+    let gone = preload.scan().await;
+    assert_eq!(gone.removed, ["app.tar.zst"], "{gone:?}");
+    assert_eq!(api.is_pinned(APP).await.unwrap(), Some(false));
+    assert!(!status_of(&pinned, APP).await.unwrap().pinned);
+
+    remove_all(&rt, ctd, &[&sb_id]).await;
+}

@@ -8,6 +8,7 @@
 //! `tmp/` (staging), `images.json` (the index), `lock`, and `corrupt/` (state files that could
 //! not be read, set aside at open; see `recover`).
 
+mod archive;
 mod digest;
 mod error;
 mod fsinfo;
@@ -32,6 +33,7 @@ mod testutil;
 mod types;
 mod unpack;
 
+pub use archive::{Archive, ArchiveBlob, ArchiveImage, ChildKind};
 pub use error::{Error, Kind, Result};
 pub use mounts::unmount_below;
 pub use reference::normalize_reference;

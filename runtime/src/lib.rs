@@ -37,6 +37,9 @@ pub mod fake;
 #[cfg(feature = "builtin")]
 pub mod builtin;
 
+#[cfg(any(feature = "builtin", feature = "remote"))]
+pub mod preload;
+
 #[cfg(any(feature = "server", feature = "remote"))]
 pub mod endpoint;
 

@@ -172,6 +172,42 @@ async fn shutdown_signal() {
     }
 }
 
+/// The preload dir, with a remote runtime: imported into containerd through its own API at
+/// the image service's endpoint (the same socket), before any pod syncs, then watched. A
+/// runtime that is not containerd cannot take it: a warning when the dir holds something.
+/// Returns what the preload pins, for the image service to report.
+async fn preload_into_containerd(
+    cfg: &config::KubeletConfig,
+    images: &runtime::remote::RemoteRuntime,
+) -> Option<runtime::preload::Pins> {
+    let dir = cfg.image_preload_dir();
+    let timeout = cfg.runtime_request_timeout;
+    let ctd =
+        match runtime::remote::containerd::Containerd::connect(images.endpoint(), timeout).await {
+            Ok(ctd) => ctd,
+            Err(e) => {
+                if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+                    tracing::warn!(dir = %dir.display(), "image preload: not imported: {e}");
+                } else {
+                    tracing::debug!("image preload: no containerd API: {e}");
+                }
+                return None;
+            }
+        };
+    tracing::info!(
+        dir = %dir.display(),
+        "image preload: into containerd {} at {}",
+        ctd.version(),
+        images.endpoint()
+    );
+    let mut preload =
+        runtime::preload::Preload::containerd(ctd, images.clone(), &cfg.root_dir, &dir);
+    preload.scan_files().await;
+    let pins = preload.pins();
+    tokio::spawn(preload.run(std::future::pending()));
+    Some(pins)
+}
+
 /// The runtime the configuration asks for: the built-in one, or the remote CRI runtime at
 /// `containerRuntimeEndpoint` with its images from `imageServiceEndpoint` when that is set and
 /// different (as upstream: the image service defaults to the runtime's endpoint).
@@ -230,15 +266,6 @@ pub async fn open_runtime(
             cfg.container_runtime_endpoint
         );
     }
-    let preload = cfg.image_preload_dir();
-    if std::fs::read_dir(&preload).is_ok_and(|mut d| d.next().is_some()) {
-        tracing::warn!(
-            dir = %preload.display(),
-            "image preload: not imported: with containerRuntimeEndpoint {:?}, the preload dir is \
-             the built-in runtime's only (importing into containerd is not built yet)",
-            cfg.container_runtime_endpoint
-        );
-    }
     let remote = connect(&cfg.container_runtime_endpoint).await?;
     let images = if cfg.image_service_endpoint.is_empty()
         || cfg.image_service_endpoint == cfg.container_runtime_endpoint
@@ -247,8 +274,13 @@ pub async fn open_runtime(
     } else {
         connect(&cfg.image_service_endpoint).await?
     };
+    let pins = preload_into_containerd(cfg, &images).await;
+    let images: Arc<dyn runtime::ImageService> = match pins {
+        Some(pins) => Arc::new(runtime::preload::PinnedImages::new(Arc::new(images), pins)),
+        None => Arc::new(images),
+    };
     Ok(kubelet::Runtime {
         runtime: Arc::new(remote),
-        images: Arc::new(images),
+        images,
     })
 }

@@ -534,6 +534,12 @@ fn repo_and_tag(image: &str) -> (&str, &str) {
 
 /// Writes the busybox archive re-tagged as [`PAUSE`] with `sleep` as its command.
 pub fn pause_archive(busybox: &Path, out: &Path) {
+    retagged_archive(busybox, out, PAUSE, &["sleep", "86400"]);
+}
+
+/// Writes the busybox OCI archive re-tagged as `name` with `cmd` as its command (so a new
+/// config, manifest and image id; the layer is busybox's).
+pub fn retagged_archive(busybox: &Path, out: &Path, name: &str, cmd: &[&str]) {
     let mut blobs = std::collections::BTreeMap::new();
     let mut archive = tar::Archive::new(std::fs::File::open(busybox).unwrap());
     for entry in archive.entries().unwrap() {
@@ -553,7 +559,7 @@ pub fn pause_archive(busybox: &Path, out: &Path) {
     let mut manifest: serde_json::Value = serde_json::from_slice(&blobs[&manifest_path]).unwrap();
     let config_path = blob(&manifest["config"]["digest"]);
     let mut config: serde_json::Value = serde_json::from_slice(&blobs[&config_path]).unwrap();
-    config["config"]["Cmd"] = serde_json::json!(["sleep", "86400"]);
+    config["config"]["Cmd"] = serde_json::json!(cmd);
     let mut put = |value: &serde_json::Value, old: &str| {
         let data = serde_json::to_vec(value).unwrap();
         let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&data)));
@@ -567,7 +573,7 @@ pub fn pause_archive(busybox: &Path, out: &Path) {
     let (digest, size) = put(&manifest, &manifest_path);
     index["manifests"][0]["digest"] = digest.into();
     index["manifests"][0]["size"] = size.into();
-    index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] = PAUSE.into();
+    index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] = name.into();
     blobs.insert("index.json".into(), serde_json::to_vec(&index).unwrap());
     let mut builder = tar::Builder::new(std::fs::File::create(out).unwrap());
     for (path, data) in &blobs {

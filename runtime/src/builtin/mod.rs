@@ -17,7 +17,6 @@ mod dirs;
 mod image;
 mod network;
 mod pod;
-pub mod preload;
 mod recovery;
 mod service;
 pub mod spec;
@@ -203,6 +202,11 @@ impl BuiltinRuntime {
     /// alone there. This one must not be used afterwards.
     pub fn leave(&self) {
         store::lock(&self.inner.agents).take();
+    }
+
+    /// The runtime's root dir.
+    pub fn root_dir(&self) -> &Path {
+        &self.inner.cfg.root_dir
     }
 
     /// The image store (for import and other node-local image commands).

@@ -8,6 +8,7 @@
 //! [`RuntimeService`]: crate::RuntimeService
 //! [`ImageService`]: crate::ImageService
 
+pub mod containerd;
 mod service;
 
 use std::future::Future;
