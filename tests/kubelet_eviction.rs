@@ -1,7 +1,7 @@
 //! Node-pressure eviction end to end: `nodelet run-node` against the project's test API server.
 //!
-//! - Memory (both runtimes): the node's `memory.available` threshold is set 500 MiB below what
-//!   the machine has free when the test starts; a Burstable pod then fills 1 GiB of a
+//! - Memory (both runtimes): the node's `memory.available` threshold is set 1 GiB below what
+//!   the machine has free when the test starts; a Burstable pod then fills 1.5 GiB of a
 //!   memory-backed emptyDir. Within a monitoring period the Node reports MemoryPressure, the hog
 //!   ends Failed/`Evicted` with upstream's message (the threshold, what was available, the
 //!   container using more than it requests) and the `DisruptionTarget` condition, the
@@ -141,7 +141,7 @@ async fn memory_hog_is_evicted(backend: Backend, test: &str) {
         return;
     };
     let available = memory_available();
-    let threshold = (available - 500 * MI) / MI;
+    let threshold = (available - 1024 * MI) / MI;
     assert!(threshold > 0, "the machine has {available} bytes available");
     let mut config = std::fs::read_to_string(&node.config)
         .expect("the config")
@@ -160,7 +160,7 @@ async fn memory_hog_is_evicted(backend: Backend, test: &str) {
         "  terminationGracePeriodSeconds: 30\n  volumes:\n  - name: cache\n    emptyDir: {{medium: Memory, sizeLimit: 2Gi}}\n  containers:\n{}    resources:\n      requests: {{memory: 10Mi}}\n    volumeMounts:\n    - {{name: cache, mountPath: /cache}}\n",
         busybox(
             "hog",
-            "dd if=/dev/zero of=/cache/fill bs=1M count=1024 && exec sleep 3600"
+            "dd if=/dev/zero of=/cache/fill bs=1M count=1536 && exec sleep 3600"
         )
     );
     pods.create(&PostParams::default(), &node.pod("steady", &guaranteed))
