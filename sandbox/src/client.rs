@@ -184,6 +184,11 @@ impl Client {
                 ));
             }
             let resp: Response = serde_json::from_slice(&buf)?;
+            if matches!(req, Request::Shutdown) && matches!(resp, Response::Ok) {
+                // The sandbox holds this connection until its process exits.
+                let mut rest = Vec::new();
+                let _ = reader.read_to_end(&mut rest).await;
+            }
             match resp {
                 Response::Error { kind, message } => Err(Error::new(kind, message)),
                 r => Ok(r),
@@ -380,7 +385,8 @@ impl Client {
         .await
     }
 
-    /// Kills every container, releases the pod and ends the sandbox process.
+    /// Kills every container, releases the pod and ends the sandbox process; returns once the
+    /// process has exited.
     pub async fn shutdown(&self) -> Result<()> {
         self.ok_call(Request::Shutdown).await
     }

@@ -68,12 +68,14 @@ pub fn main(state_dir: &Path) -> i32 {
         Ok(ForkResult::Child) => {
             drop(r);
             let mut ready = std::fs::File::from(w);
+            // The answered shutdown request's connection closes with the process (see `serve`).
+            let mut _shutdown_conn = None;
             let code = match setup(&layout) {
                 Ok(mut server) => {
                     let _ = writeln!(ready, "ok {}", getpid());
                     drop(ready);
                     detach_stdio();
-                    server.serve();
+                    _shutdown_conn = Some(server.serve());
                     0
                 }
                 Err(e) => {

@@ -101,8 +101,10 @@ impl Server {
         })
     }
 
-    /// Serves until a `Shutdown` request has been carried out.
-    pub fn serve(&mut self) {
+    /// Serves until a `Shutdown` request has been carried out; returns that request's
+    /// connection, answered, for the caller to hold open until the process exits: the client
+    /// waits for it to close, so that a stopped sandbox's process is gone when the stop returns.
+    pub fn serve(&mut self) -> UnixStream {
         loop {
             let ready = self.wait();
             for token in ready {
@@ -128,7 +130,7 @@ impl Server {
             if let Some(conn) = self.shutdown.take() {
                 self.shutdown_all();
                 reply(&conn, &Response::Ok);
-                return;
+                return conn;
             }
         }
     }
