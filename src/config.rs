@@ -198,6 +198,9 @@ pub struct KubeletConfig {
     /// `nodeletRegistriesConfig`: the built-in runtime's registries config file (k3s's
     /// `registries.yaml` shape: mirrors, rewrites, credentials, CAs), read at start.
     pub registries_config: Option<PathBuf>,
+    /// `nodeletRegistryHostsDir`: the built-in runtime's registry hosts dir (containerd's
+    /// `certs.d/<registry>/hosts.toml` layout), read at start; instead of the file above.
+    pub registry_hosts_dir: Option<PathBuf>,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -247,6 +250,7 @@ impl Default for KubeletConfig {
             insecure_registries: Vec::new(),
             image_preload_dir: None,
             registries_config: None,
+            registry_hosts_dir: None,
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -409,6 +413,7 @@ struct RawConfig {
     nodelet_insecure_registries: Option<Typed<Vec<String>>>,
     nodelet_image_preload_dir: Option<Typed<String>>,
     nodelet_registries_config: Option<Typed<String>>,
+    nodelet_registry_hosts_dir: Option<Typed<String>>,
     nodelet_testing: Option<Testing>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
@@ -548,6 +553,9 @@ impl RawConfig {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             registries_config: get(self.nodelet_registries_config)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
+            registry_hosts_dir: get(self.nodelet_registry_hosts_dir)
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             // Set from flags.

@@ -241,6 +241,60 @@ async fn pull_run_mirror_and_errors() {
         stderr.contains(&dead) && stderr.contains("trying the next endpoint"),
         "the failed mirror is not named: {stderr}"
     );
+    // The same through a registry hosts dir (containerd's certs.d layout): docker.io's hosts
+    // are the dead endpoint, then its `server`, the local registry, which stands for docker.io
+    // itself (docker.io is never asked).
+    let hosted = registry::push_archive(
+        &client,
+        &busybox_archive(),
+        &reg.host,
+        "library/hosted",
+        "3.0",
+    )
+    .await;
+    let certs_d = bare.path().join("certs.d");
+    std::fs::create_dir_all(certs_d.join("docker.io")).unwrap();
+    std::fs::write(
+        certs_d.join("docker.io/hosts.toml"),
+        format!(
+            "server = \"http://{}\"\n\n[host.\"http://{dead}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            reg.host
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(bare.path().join("root-hosts"))
+        .args(["images", "pull", "--registry-hosts-dir"])
+        .arg(&certs_d)
+        .arg("hosted:3.0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pull through the hosts dir: {stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&hosted),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&dead) && stderr.contains("trying the next endpoint"),
+        "the failed host is not named: {stderr}"
+    );
+    // Both a config file and a hosts dir: refused, naming both.
+    let out = std::process::Command::new(nodelet_bin())
+        .arg("--root-dir")
+        .arg(bare.path().join("root-hosts"))
+        .args(["images", "pull", "--registry-hosts-dir"])
+        .arg(&certs_d)
+        .arg("--registries-config")
+        .arg(&registries)
+        .arg("hosted:3.0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("use one"), "{stderr}");
+
     // A broken config is refused before anything is pulled, naming the file and the field.
     std::fs::write(
         &registries,
@@ -308,13 +362,16 @@ async fn pull_run_mirror_and_errors() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let tls_ref = format!("{tls_host}/library/busybox:1.0");
-    let pull_with = |yaml: Option<String>| {
+    let registries_yaml = |yaml: String| {
         let file = pki.join("registries.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        runtime::builtin::RegistryConfig::from_file(&file, &[]).unwrap()
+    };
+    let pull_with = |registry: Option<runtime::builtin::RegistryConfig>| {
         let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
         let mut cfg = config(root.path(), &node.cgroup_root);
-        if let Some(yaml) = yaml {
-            std::fs::write(&file, yaml).unwrap();
-            cfg.registry = runtime::builtin::RegistryConfig::from_file(&file, &[]).unwrap();
+        if let Some(registry) = registry {
+            cfg.registry = registry;
         }
         let reference = tls_ref.clone();
         async move {
@@ -339,7 +396,7 @@ async fn pull_run_mirror_and_errors() {
         "configs:\n  \"{tls_host}\":\n    tls:\n      ca_file: {}\n",
         pki.join("ca.pem").display()
     );
-    let id = pull_with(Some(ca_yaml))
+    let id = pull_with(Some(registries_yaml(ca_yaml)))
         .await
         .expect("pull with the CA")
         .image_ref;
@@ -347,9 +404,26 @@ async fn pull_run_mirror_and_errors() {
     // As does insecure_skip_verify, without any CA.
     let skip_yaml =
         format!("configs:\n  \"{tls_host}\":\n    tls:\n      insecure_skip_verify: true\n");
-    let id = pull_with(Some(skip_yaml))
+    let id = pull_with(Some(registries_yaml(skip_yaml)))
         .await
         .expect("pull with insecure_skip_verify")
+        .image_ref;
+    assert_eq!(id, config_digest);
+    // The same CA from a registry hosts dir (containerd's certs.d layout), a path relative to
+    // the registry's own dir.
+    let certs_d = pki.join("certs.d");
+    let own = certs_d.join(&tls_host);
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::copy(pki.join("ca.pem"), own.join("registry-ca.pem")).unwrap();
+    std::fs::write(
+        own.join("hosts.toml"),
+        format!("server = \"https://{tls_host}\"\nca = \"registry-ca.pem\"\n"),
+    )
+    .unwrap();
+    let hosts = runtime::builtin::RegistryConfig::from_hosts_dir(&certs_d, &[]).unwrap();
+    let id = pull_with(Some(hosts))
+        .await
+        .expect("pull with the hosts dir's CA")
         .image_ref;
     assert_eq!(id, config_digest);
     node.teardown().await;

@@ -12,6 +12,7 @@ mod archive;
 mod digest;
 mod error;
 mod fsinfo;
+mod hosts_dir;
 pub mod idmap;
 mod import;
 mod index;

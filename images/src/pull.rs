@@ -42,31 +42,50 @@ fn bare_host(s: &str) -> String {
     s.trim_end_matches('/').to_string()
 }
 
-/// Registry hosts to try, mirrors first; None stands for the registry itself.
-fn endpoints(domain: &str, config: &RegistryConfig) -> Vec<Option<String>> {
+/// One place to pull from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    /// A mirror (rewrites apply).
+    Mirror(String),
+    /// The host that stands for the registry itself (containerd's hosts.toml `server`).
+    Server(String),
+    /// The registry itself.
+    Registry,
+}
+
+/// Where to pull `domain`'s images from, in order: its mirrors (or `*`'s, when it has no
+/// entry of its own), then its server or the registry itself. Hosts that serve references
+/// by digest only are skipped for a tag.
+fn endpoints(domain: &str, by_digest: bool, config: &RegistryConfig) -> Vec<Endpoint> {
     let aliases: &[&str] = if domain == DOCKER_HUB {
         &[DOCKER_HUB, "index.docker.io", "registry-1.docker.io"]
     } else {
         &[]
     };
-    let mut out: Vec<Option<String>> = Vec::new();
-    // `*` stands for every registry that has no entry of its own.
-    let own = config.mirrors.keys().any(|h| {
+    let is_domain = |h: &str| {
         let h = bare_host(h);
         h == domain || aliases.contains(&h.as_str())
-    });
+    };
+    let usable = |h: &str| by_digest || !config.hosts.get(h).is_some_and(|c| c.by_digest_only);
+    let mut out: Vec<Endpoint> = Vec::new();
+    // `*` stands for every registry that has no entry of its own.
+    let own = config.mirrors.keys().any(|h| is_domain(h));
     for (host, mirrors) in &config.mirrors {
-        let host = bare_host(host);
-        if host == domain || aliases.contains(&host.as_str()) || (!own && host == "*") {
+        if is_domain(host) || (!own && host == "*") {
             for mirror in mirrors {
-                let m = Some(bare_host(mirror));
-                if !out.contains(&m) && m.as_deref() != Some(domain) {
+                let m = Endpoint::Mirror(bare_host(mirror));
+                if !out.contains(&m) && bare_host(mirror) != domain && usable(mirror) {
                     out.push(m);
                 }
             }
         }
     }
-    out.push(None);
+    let own_server = config.servers.iter().find(|(r, _)| is_domain(r));
+    let server = own_server.or_else(|| (!own).then(|| config.servers.get_key_value("*")).flatten());
+    match server {
+        Some((_, host)) if bare_host(host) != domain => out.push(Endpoint::Server(bare_host(host))),
+        _ => out.push(Endpoint::Registry),
+    }
     out
 }
 
@@ -313,13 +332,13 @@ impl Store {
         let normalized = parsed.to_string();
         let given = auth;
         let mut stage = Stage::new(&self.inner.paths, "pull")?;
-        let endpoints = endpoints(&parsed.domain, config);
+        let endpoints = endpoints(&parsed.domain, parsed.digest.is_some(), config);
         let mut result = None;
         for (i, endpoint) in endpoints.iter().enumerate() {
             // Rewrites apply on mirrors only, never on the registry itself.
             let path = match endpoint {
-                Some(_) => rewritten(&parsed.domain, &parsed.path, config),
-                None => parsed.path.clone(),
+                Endpoint::Mirror(_) => rewritten(&parsed.domain, &parsed.path, config),
+                Endpoint::Server(_) | Endpoint::Registry => parsed.path.clone(),
             };
             let mut oref = match &parsed.digest {
                 Some(d) => {
@@ -331,14 +350,16 @@ impl Store {
                     parsed.tag.clone().unwrap_or_else(|| "latest".to_string()),
                 ),
             };
-            if let Some(mirror) = endpoint {
-                oref.set_mirror_registry(mirror.clone());
+            if let Endpoint::Mirror(host) | Endpoint::Server(host) = endpoint {
+                oref.set_mirror_registry(host.clone());
             }
             let registry = oref.resolve_registry().to_string();
             // The registries config names the registry itself by the name pulls use
             // (`docker.io`) or by the host it resolves to (`index.docker.io`).
             let key = match endpoint {
-                None if !config.hosts.contains_key(&registry) => parsed.domain.clone(),
+                Endpoint::Registry if !config.hosts.contains_key(&registry) => {
+                    parsed.domain.clone()
+                }
                 _ => registry.clone(),
             };
             let client = client(config, &normalized, &key)?;
@@ -501,4 +522,64 @@ async fn fetch_image(
         layers,
         blobs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::HostConfig;
+
+    fn config() -> RegistryConfig {
+        let mut c = RegistryConfig::default();
+        c.mirrors.insert(
+            "docker.io".into(),
+            vec!["http://m1:5000".into(), "m2".into(), "digests".into()],
+        );
+        c.mirrors.insert("*".into(), vec!["any".into()]);
+        c.mirrors.insert("own.example".into(), vec![]);
+        c.servers.insert("docker.io".into(), "hub.example".into());
+        c.servers.insert("*".into(), "default.example".into());
+        c.hosts.insert(
+            "digests".into(),
+            HostConfig {
+                by_digest_only: true,
+                ..Default::default()
+            },
+        );
+        c
+    }
+
+    #[test]
+    fn mirrors_come_first_then_the_server_or_the_registry() {
+        use Endpoint::*;
+        let c = config();
+        assert_eq!(
+            endpoints("docker.io", false, &c),
+            [
+                Mirror("m1:5000".into()),
+                Mirror("m2".into()),
+                Server("hub.example".into())
+            ]
+        );
+        // A host without `resolve` serves pulls by digest only.
+        assert_eq!(
+            endpoints("docker.io", true, &c),
+            [
+                Mirror("m1:5000".into()),
+                Mirror("m2".into()),
+                Mirror("digests".into()),
+                Server("hub.example".into())
+            ]
+        );
+        // `*` (and its server) for registries without an entry of their own.
+        assert_eq!(
+            endpoints("quay.io", false, &c),
+            [Mirror("any".into()), Server("default.example".into())]
+        );
+        assert_eq!(endpoints("own.example", false, &c), [Registry]);
+        assert_eq!(
+            endpoints("quay.io", false, &RegistryConfig::default()),
+            [Registry]
+        );
+    }
 }

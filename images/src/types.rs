@@ -95,6 +95,10 @@ pub struct RegistryConfig {
     /// Endpoint host[:port] → credentials and TLS settings.
     #[serde(default)]
     pub hosts: BTreeMap<String, HostConfig>,
+    /// Registry host (or `*`) → the host that stands for the registry itself, tried after its
+    /// mirrors (containerd's hosts.toml `server`).
+    #[serde(default)]
+    pub servers: BTreeMap<String, String>,
 }
 
 /// Credentials and TLS settings for one registry endpoint.
@@ -106,4 +110,7 @@ pub struct HostConfig {
     pub ca_pem: Vec<Vec<u8>>,
     /// Accept any certificate (as k3s's `insecure_skip_verify`).
     pub insecure_skip_verify: bool,
+    /// Only for references by digest (a hosts.toml host without the `resolve` capability).
+    #[serde(default)]
+    pub by_digest_only: bool,
 }

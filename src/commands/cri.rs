@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// credentials, CAs).
     #[arg(long)]
     pub registries_config: Option<PathBuf>,
+    /// The registry hosts dir (containerd's certs.d layout: `<registry>/hosts.toml`), instead
+    /// of --registries-config.
+    #[arg(long)]
+    pub registry_hosts_dir: Option<PathBuf>,
     /// Where the streaming server (the URLs of Exec and PortForward) listens; port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub streaming_addr: std::net::SocketAddr,
@@ -80,7 +84,11 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
     let bound = runtime::server::bind_unix(&socket)?;
     let mut cfg = dirs.builtin_config()?;
     cfg.cgroup_root = args.cgroup_root;
-    cfg.registry = super::registry_config(args.registries_config.as_deref(), &args.insecure)?;
+    cfg.registry = super::registry_config(
+        args.registries_config.as_deref(),
+        args.registry_hosts_dir.as_deref(),
+        &args.insecure,
+    )?;
     cfg.streaming.addr = args.streaming_addr;
     cfg.network = Some(super::pod_network(
         &args.pod_bridge,

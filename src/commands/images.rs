@@ -25,6 +25,10 @@ pub enum ImagesCommand {
         /// credentials, CAs).
         #[arg(long)]
         registries_config: Option<std::path::PathBuf>,
+        /// The registry hosts dir (containerd's certs.d layout: `<registry>/hosts.toml`),
+        /// instead of --registries-config.
+        #[arg(long)]
+        registry_hosts_dir: Option<std::path::PathBuf>,
     },
     /// Remove an image and all its tags.
     Remove { image: String },
@@ -69,9 +73,14 @@ pub async fn run(dirs: &super::Dirs, cmd: ImagesCommand) -> anyhow::Result<ExitC
             image,
             insecure,
             registries_config,
+            registry_hosts_dir,
         } => {
             let mut cfg = dirs.builtin_config()?;
-            cfg.registry = super::registry_config(registries_config.as_deref(), &insecure)?;
+            cfg.registry = super::registry_config(
+                registries_config.as_deref(),
+                registry_hosts_dir.as_deref(),
+                &insecure,
+            )?;
             let rt = runtime::builtin::BuiltinRuntime::new(cfg).await?;
             let r = rt
                 .pull_image(cri::PullImageRequest {

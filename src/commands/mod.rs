@@ -29,15 +29,25 @@ pub async fn builtin(dirs: &Dirs) -> anyhow::Result<runtime::builtin::BuiltinRun
     Ok(runtime::builtin::BuiltinRuntime::new(cfg).await?)
 }
 
-/// The built-in runtime's registries: the registries config file when one is given (its
-/// plain-HTTP endpoints joining `insecure`), else just the `insecure` hosts.
+/// The built-in runtime's registries: the registries config file or the registry hosts dir
+/// when one is given (their plain-HTTP endpoints joining `insecure`; not both), else just the
+/// `insecure` hosts.
 pub fn registry_config(
     file: Option<&std::path::Path>,
+    hosts_dir: Option<&std::path::Path>,
     insecure: &[String],
 ) -> anyhow::Result<runtime::builtin::RegistryConfig> {
-    match file {
-        Some(path) => Ok(runtime::builtin::RegistryConfig::from_file(path, insecure)?),
-        None => Ok(runtime::builtin::RegistryConfig {
+    match (file, hosts_dir) {
+        (Some(file), Some(dir)) => anyhow::bail!(
+            "both a registries config ({}) and a registry hosts dir ({}) are set: use one",
+            file.display(),
+            dir.display()
+        ),
+        (Some(path), None) => Ok(runtime::builtin::RegistryConfig::from_file(path, insecure)?),
+        (None, Some(dir)) => Ok(runtime::builtin::RegistryConfig::from_hosts_dir(
+            dir, insecure,
+        )?),
+        (None, None) => Ok(runtime::builtin::RegistryConfig {
             insecure: insecure.to_vec(),
             ..Default::default()
         }),

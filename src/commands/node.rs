@@ -239,8 +239,11 @@ pub async fn open_runtime(
             &cfg.pod_cidr,
             cfg.pod_masquerade,
         )?);
-        builtin.registry =
-            super::registry_config(cfg.registries_config.as_deref(), &cfg.insecure_registries)?;
+        builtin.registry = super::registry_config(
+            cfg.registries_config.as_deref(),
+            cfg.registry_hosts_dir.as_deref(),
+            &cfg.insecure_registries,
+        )?;
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         // The dir's files are in the store before any pod syncs; lists are pulled later.
         let mut preload = rt.preload(&cfg.image_preload_dir());
@@ -250,6 +253,14 @@ pub async fn open_runtime(
             runtime: Arc::new(rt.clone()),
             images: Arc::new(rt),
         });
+    }
+    if let Some(dir) = &cfg.registry_hosts_dir {
+        anyhow::bail!(
+            "nodeletRegistryHostsDir ({}) is the built-in runtime's; with containerRuntimeEndpoint \
+             {:?}, configure the registries in that runtime (containerd: its own config_path)",
+            dir.display(),
+            cfg.container_runtime_endpoint
+        );
     }
     if let Some(file) = &cfg.registries_config {
         anyhow::bail!(

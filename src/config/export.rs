@@ -160,6 +160,9 @@ impl KubeletConfig {
         if let Some(file) = &self.registries_config {
             v["nodeletRegistriesConfig"] = json!(file);
         }
+        if let Some(dir) = &self.registry_hosts_dir {
+            v["nodeletRegistryHostsDir"] = json!(dir);
+        }
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);

@@ -129,11 +129,16 @@ nodeletPodMasquerade: false
 nodeletInsecureRegistries: ["127.0.0.1:5000", registry.local]
 nodeletImagePreloadDir: /srv/images
 nodeletRegistriesConfig: /etc/nodelet/registries.yaml
+nodeletRegistryHostsDir: /etc/nodelet/certs.d
 "#);
     assert_eq!(c.image_preload_dir(), PathBuf::from("/srv/images"));
     assert_eq!(
         c.registries_config.as_deref(),
         Some(std::path::Path::new("/etc/nodelet/registries.yaml"))
+    );
+    assert_eq!(
+        c.registry_hosts_dir.as_deref(),
+        Some(std::path::Path::new("/etc/nodelet/certs.d"))
     );
     assert_eq!(
         KubeletConfig::default().image_preload_dir(),
