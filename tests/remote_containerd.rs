@@ -448,7 +448,8 @@ async fn status_of(images: &dyn ImageService, reference: &str) -> Option<cri::Im
 /// The preload dir on a node whose runtime is containerd: an archive (zstd, an image no
 /// registry has) imported through containerd's own API into the CRI namespace, pinned there
 /// (the label, and `pinned` as the kubelet sees it even on a containerd before 1.7), kept by
-/// containerd's garbage collector, and run as a container; a broken file refused by name
+/// containerd's garbage collector, and run as a container; a `*.txt` list pulled through CRI
+/// and pinned; a broken file refused by name
 /// while the other is imported; nothing imported again once unchanged, also after a
 /// restart; the image unpinned once its file is gone.
 #[tokio::test(flavor = "multi_thread")]
@@ -480,6 +481,10 @@ async fn the_preload_dir_imports_into_containerd() {
     };
     settled("app.tar.zst", &zst);
     settled("broken.tar", b"not an image archive");
+    settled(
+        "images.txt",
+        format!("# from the registry\n{}\n", containerd::BUSYBOX).as_bytes(),
+    );
 
     let api = Api::connect(&ctd.endpoint(), Duration::from_secs(20))
         .await
@@ -547,15 +552,34 @@ async fn the_preload_dir_imports_into_containerd() {
     assert_eq!(s.exit_code, 7, "{s:?}");
     assert_eq!(log_output(Path::new(&s.log_path)).0, "preloaded\n");
 
+    // The list, left for the scans after start: pulled through CRI, pinned.
+    let listed = preload.scan().await;
+    assert_eq!(
+        listed.imported,
+        [(
+            "images.txt".to_string(),
+            vec![containerd::BUSYBOX.to_string()]
+        )],
+        "{listed:?}"
+    );
+    assert_eq!(
+        api.is_pinned(containerd::BUSYBOX).await.unwrap(),
+        Some(true)
+    );
+
     // Unchanged: nothing imported again, now or after a restart.
     let again = preload.scan().await;
     assert!(again.imported.is_empty(), "{again:?}");
-    assert_eq!(again.unchanged, ["app.tar.zst"], "{again:?}");
+    assert_eq!(again.unchanged, ["app.tar.zst", "images.txt"], "{again:?}");
     drop(preload);
     let mut preload = Preload::containerd(api.clone(), rt.clone(), root.path(), &dir);
     let restarted = preload.scan().await;
     assert!(restarted.imported.is_empty(), "{restarted:?}");
-    assert_eq!(restarted.unchanged, ["app.tar.zst"], "{restarted:?}");
+    assert_eq!(
+        restarted.unchanged,
+        ["app.tar.zst", "images.txt"],
+        "{restarted:?}"
+    );
     let pinned = PinnedImages::new(std::sync::Arc::new(rt.clone()), preload.pins());
     assert!(status_of(&pinned, APP).await.unwrap().pinned);
 
