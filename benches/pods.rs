@@ -612,7 +612,7 @@ impl Results {
             median_f(&self.rates),
             stats(&self.kills).median
         );
-        timeline::print("", &self.breakdowns);
+        timeline::print(&self.breakdowns);
         if let Some(m) = &self.memory {
             m.print(name);
         }

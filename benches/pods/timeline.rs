@@ -109,7 +109,7 @@ impl Timeline {
 }
 
 /// Prints the median of each phase over `samples`.
-pub fn print(name: &str, samples: &[Breakdown]) {
+pub fn print(samples: &[Breakdown]) {
     if samples.is_empty() {
         return;
     }
@@ -121,7 +121,8 @@ pub fn print(name: &str, samples: &[Breakdown]) {
     let mut calls: Vec<usize> = samples.iter().map(|b| b.read_calls).collect();
     calls.sort_unstable();
     println!(
-        "   {name:<11} one pod, median ms: to the sandbox {:.1} | sandbox {:.1} | image check {:.1} | create {:.1} | start {:.1} | after start {:.1} | reads {:.1} in {} calls (n={})",
+        "   {:<11} one pod, median ms: to the sandbox {:.1} | sandbox {:.1} | image check {:.1} | create {:.1} | start {:.1} | after start {:.1} | reads {:.1} in {} calls (n={})",
+        "",
         med(&|b| b.to_sandbox),
         med(&|b| b.sandbox),
         med(&|b| b.image_check),

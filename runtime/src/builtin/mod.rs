@@ -414,10 +414,10 @@ impl BuiltinRuntime {
     /// container before its record is saved.
     fn emit_in(&self, sandbox_id: Option<&str>, container_id: &str, kind: cri::ContainerEventType) {
         let records = &self.inner.records;
-        let pod_sandbox_status = records
-            .container(container_id)
-            .map(|c| c.sandbox_id)
-            .or_else(|| sandbox_id.map(str::to_string))
+        // The sandbox process names its sandbox; otherwise the container's record does.
+        let pod_sandbox_status = sandbox_id
+            .map(str::to_string)
+            .or_else(|| records.sandbox_of(container_id))
             .and_then(|sb| records.sandbox(&sb))
             .or_else(|| records.sandbox(container_id))
             .map(|rec| {

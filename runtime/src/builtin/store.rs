@@ -125,6 +125,13 @@ impl Records {
         lock(&self.containers).get(id).cloned()
     }
 
+    /// The sandbox a container belongs to, without cloning its record.
+    pub fn sandbox_of(&self, container_id: &str) -> Option<String> {
+        lock(&self.containers)
+            .get(container_id)
+            .map(|c| c.sandbox_id.clone())
+    }
+
     pub fn all_sandboxes(&self) -> Vec<SandboxRecord> {
         lock(&self.sandboxes).values().cloned().collect()
     }
