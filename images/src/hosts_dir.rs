@@ -275,6 +275,18 @@ mod tests {
     }
 
     #[test]
+    fn the_example_in_deploy_reads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/registries/certs.d");
+        let c = RegistryConfig::from_hosts_dir(&dir, &[]).unwrap();
+        assert_eq!(
+            c.mirrors["docker.io"],
+            ["127.0.0.1:5000", "mirror.example.com"]
+        );
+        assert_eq!(c.servers["docker.io"], "registry-1.docker.io");
+        assert_eq!(c.mirrors["*"], ["cache.example.com"]);
+    }
+
+    #[test]
     fn bad_files_are_refused_naming_the_file_and_field() {
         for (toml, want) in [
             ("server = 1", "invalid type"),

@@ -253,6 +253,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_in_deploy_reads() {
+        let file =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/registries/registries.yaml");
+        let c = RegistryConfig::from_file(&file, &[]).unwrap();
+        assert_eq!(
+            c.mirrors["docker.io"],
+            ["127.0.0.1:5000", "mirror.example.com"]
+        );
+        assert_eq!(c.mirrors["*"], ["cache.example.com"]);
+        assert!(c.hosts["mirror.example.com"].auth.is_some());
+        assert!(!format!("{c:?}").contains("change-me"));
+    }
+
+    #[test]
     fn bad_files_are_refused_naming_the_field() {
         for (yaml, want) in [
             ("mirrors: [1]", "mirrors"),
