@@ -29,9 +29,10 @@ ACCEL="${BOOT_ACCEL:-}"
 PROBE=0
 if [ -z "$ACCEL" ]; then
   if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
-    # A /dev/kvm can be there and still crawl (nested, with no hardware virtualisation under
-    # it): KVM must show the first console line within the probe time, or the boot is done
-    # again under software emulation.
+    # A /dev/kvm can be there and still not work (nested, with no hardware virtualisation
+    # under it: a guest that crawls, or qemu aborting on an MSR the hypervisor refuses): KVM
+    # must show the first console line within the probe time without qemu exiting, or the boot
+    # is done again under software emulation.
     ACCEL=kvm
     PROBE="${BOOT_KVM_PROBE:-10}"
   else
@@ -40,6 +41,7 @@ if [ -z "$ACCEL" ]; then
 fi
 limit_for() { if [ "$1" = kvm ]; then echo "${BOOT_TIMEOUT:-60}"; else echo "${BOOT_TIMEOUT:-300}"; fi; }
 ACCEL_NOTE=""
+KVM_WHY=""
 
 # A free port on the loopback for the forwarded hostPort.
 PORT=""
@@ -94,11 +96,20 @@ boot() {
     fi
     if ! kill -0 "$QEMU" 2>/dev/null; then
       echo "boot-image: qemu exited" >&2
+      # Under KVM before the guest said anything: KVM cannot run it here (e.g. qemu aborting
+      # on an MSR the nested hypervisor refuses).
+      if [ "$probe" -gt 0 ] && ! grep -q "nodelet-image:" "$CONSOLE"; then
+        wait "$QEMU" 2>/dev/null || true
+        QEMU=""
+        KVM_WHY="qemu exited before the guest's first console line"
+        return 2
+      fi
       break
     fi
     if [ "$probe" -gt 0 ] && [ "$t" -gt "$probe_deadline" ] && ! grep -q "nodelet-image:" "$CONSOLE"; then
       kill "$QEMU" 2>/dev/null; wait "$QEMU" 2>/dev/null || true
       QEMU=""
+      KVM_WHY="no console output within ${probe} s"
       return 2
     fi
     sleep 0.02
@@ -111,8 +122,8 @@ boot() {
 rc=0
 boot "$ACCEL" "$(limit_for "$ACCEL")" "$PROBE" || rc=$?
 if [ "$rc" = 2 ]; then
-  ACCEL_NOTE=" (KVM tried first: no console output within ${PROBE} s, so /dev/kvm is too slow to use here)"
-  echo "boot-image: KVM showed no console output within ${PROBE} s; booting again under software emulation" >&2
+  ACCEL_NOTE=" (KVM tried first: $KVM_WHY, so /dev/kvm cannot be used here)"
+  echo "boot-image: under KVM, $KVM_WHY; booting again under software emulation" >&2
   ACCEL=tcg
   rc=0
   boot tcg "$(limit_for tcg)" 0 || rc=$?
