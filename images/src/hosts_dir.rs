@@ -57,25 +57,12 @@ enum Paths {
     Many(Vec<String>),
 }
 
-/// A host URL: its host[:port] and whether it is plain HTTP.
+/// A host URL (a scheme is required here): its host[:port] and whether it is plain HTTP.
 fn url_host(url: &str) -> Result<(String, bool), String> {
-    let (plain, rest) = if let Some(r) = url.strip_prefix("http://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("https://") {
-        (false, r)
-    } else {
+    if !url.contains("://") {
         return Err(format!("{url:?}: a host is a URL (http:// or https://)"));
-    };
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
     }
-    if !matches!(path.trim_end_matches('/'), "" | "v2") {
-        return Err(format!(
-            "{url:?}: a path (/{path}) is not supported; give the registry's root"
-        ));
-    }
-    Ok((host.to_string(), plain))
+    crate::registries::endpoint(url)
 }
 
 impl Settings {

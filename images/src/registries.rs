@@ -89,7 +89,7 @@ pub struct ConfigError {
 
 /// An endpoint as written (`http://h:p`, `https://h`, `h:p`): its host[:port] and whether it is
 /// plain HTTP. A path other than `/` or `/v2` is refused: the endpoint is a registry's root.
-fn endpoint(url: &str) -> Result<(String, bool), String> {
+pub(crate) fn endpoint(url: &str) -> Result<(String, bool), String> {
     let (plain, rest) = if let Some(r) = url.strip_prefix("http://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("https://") {
