@@ -65,6 +65,8 @@ impl Archive {
         };
         let tmp = paths.tmp();
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating scratch dir", &tmp, e))?;
+        // What an import cut short by a crash left (its process is gone).
+        paths.clean_stale_staging();
         let mut stage = Stage::new(&paths, "archive")?;
         let extract = stage.scratch("archive");
         let src = crate::source::Source::open(path, &extract)?;
@@ -291,6 +293,9 @@ mod tests {
         let tar = dir.path().join("broken.tar");
         std::fs::write(&tar, b"not a tar at all").unwrap();
         let scratch = dir.path().join("scratch");
+        // A staging dir left by an import whose process is gone goes too.
+        let stale = scratch.join("tmp").join(format!("{}-0-archive", i32::MAX));
+        std::fs::create_dir_all(stale.join("blobs")).unwrap();
         let err = Archive::read(&tar, &scratch).unwrap_err();
         assert!(err.to_string().contains("broken.tar"), "{err}");
         assert_eq!(std::fs::read_dir(scratch.join("tmp")).unwrap().count(), 0);
