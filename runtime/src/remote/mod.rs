@@ -271,8 +271,9 @@ fn expired(rpc: &str, deadline: Duration) -> Error {
 /// A status as an [`Error`]. A status the runtime sent is kept as it is. One tonic made up on
 /// this side (it then carries its cause) reports a transport failure: the deadline expiring
 /// becomes `DeadlineExceeded` (tonic says `Cancelled`), a lost or refused connection
-/// `Unavailable` (tonic says `Unknown` or `Internal` for most), so callers can tell them from
-/// the runtime's own answers and retry.
+/// `Unavailable` (tonic says `Unknown` or `Internal` for most, and `Cancelled` for a request
+/// handed to a connection that closed under it), so callers can tell them from the runtime's
+/// own answers and retry.
 fn status_error(rpc: &str, deadline: Option<Duration>, status: tonic::Status) -> Error {
     use std::error::Error as _;
     let Some(cause) = status.source() else {
@@ -289,12 +290,47 @@ fn status_error(rpc: &str, deadline: Option<Duration>, status: tonic::Status) ->
         chain = err.source();
     }
     match status.code() {
-        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable => {
-            Error::unavailable(format!(
-                "{rpc}: connection to the CRI runtime failed: {}",
-                status.message()
-            ))
-        }
+        tonic::Code::Unknown
+        | tonic::Code::Internal
+        | tonic::Code::Unavailable
+        | tonic::Code::Cancelled => Error::unavailable(format!(
+            "{rpc}: connection to the CRI runtime failed: {}",
+            status.message()
+        )),
         _ => Error::from(status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made_here(code: tonic::Code, cause: std::io::Error) -> tonic::Status {
+        let mut s = tonic::Status::new(code, "transport");
+        s.set_source(Arc::new(cause));
+        s
+    }
+
+    #[test]
+    fn transport_failures_made_on_this_side_are_unavailable() {
+        // A request handed to a connection that closed under it: hyper cancels it and tonic
+        // says `Cancelled`; the runtime is gone, not the caller's deadline.
+        for code in [
+            tonic::Code::Cancelled,
+            tonic::Code::Unknown,
+            tonic::Code::Internal,
+            tonic::Code::Unavailable,
+        ] {
+            let e = status_error("Status", None, made_here(code, std::io::Error::other("x")));
+            assert_eq!(e.code(), Code::Unavailable, "{code:?}: {e}");
+        }
+        // The runtime's own answers keep their code.
+        for code in [tonic::Code::Cancelled, tonic::Code::Unknown] {
+            let said = tonic::Status::new(code, "said so");
+            let want = Error::from(said.clone()).code();
+            let e = status_error("Status", None, said);
+            assert_eq!(e.code(), want, "{e}");
+            assert_ne!(e.code(), Code::Unavailable, "{e}");
+        }
     }
 }
