@@ -918,6 +918,99 @@ async fn binding_schedules_once_and_pod_specs_are_immutable() {
 }
 
 #[tokio::test]
+async fn the_resize_subresource_changes_cpu_and_memory_only() {
+    let server = ApiServer::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let mut p = serde_json::to_value(pod("r", Some("n1"), json!({}))).unwrap();
+    p["spec"]["containers"][0]["resources"] = json!({
+        "requests": {"cpu": "100m", "memory": "32Mi", "ephemeral-storage": "1Gi"},
+        "limits": {"cpu": "200m", "memory": "64Mi"}});
+    let created = pods
+        .create(&PostParams::default(), &serde_json::from_value(p).unwrap())
+        .await
+        .unwrap();
+    let resources =
+        |p: &Pod| serde_json::to_value(&p.spec.as_ref().unwrap().containers[0].resources).unwrap();
+    let patch = |v: Value| Patch::Strategic(v);
+    let pp = PatchParams::default();
+
+    // The main resource still refuses a resources change.
+    let change = json!({"spec": {"containers": [{"name": "c",
+        "resources": {"requests": {"cpu": "150m"}}}]}});
+    let e = api_status(
+        pods.patch("r", &pp, &patch(change.clone()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code, e.reason.as_str()),
+        (422, "Invalid"),
+        "{}",
+        e.message
+    );
+
+    // Through `resize`: the spec changes, the generation moves, the status does not.
+    let resized = pods
+        .patch_subresource("resize", "r", &pp, &patch(change))
+        .await
+        .unwrap();
+    assert_eq!(resources(&resized)["requests"]["cpu"], "150m");
+    assert_eq!(resources(&resized)["requests"]["ephemeral-storage"], "1Gi");
+    assert_eq!(
+        resized.metadata.generation.unwrap(),
+        created.metadata.generation.unwrap() + 1
+    );
+    assert_eq!(resized.status, created.status);
+    let got: Pod = pods.get_subresource("resize", "r").await.unwrap();
+    assert_eq!(resources(&got), resources(&resized));
+
+    // Refused: another resource, another field, a QoS class change; nothing is written.
+    for (body, says) in [
+        (
+            json!({"spec": {"containers": [{"name": "c",
+                "resources": {"requests": {"ephemeral-storage": "2Gi"}}}]}}),
+            "only cpu and memory resources are mutable",
+        ),
+        (
+            json!({"spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]}}),
+            "pod resize may not change fields other than cpu and memory resources",
+        ),
+        (
+            json!({"spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"cpu": "200m", "memory": "64Mi"}}}]}}),
+            "Pod QOS Class may not change as a result of resizing",
+        ),
+    ] {
+        let e = api_status(
+            pods.patch_subresource("resize", "r", &pp, &patch(body))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(
+            (e.code, e.reason.as_str()),
+            (422, "Invalid"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains(says), "{says}: {}", e.message);
+    }
+    assert_eq!(
+        pods.get("r").await.unwrap().metadata.resource_version,
+        resized.metadata.resource_version
+    );
+
+    // A stale resourceVersion conflicts, as on the main resource.
+    let stale = json!({"metadata": {"resourceVersion": created.metadata.resource_version},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "120m"}}}]}});
+    let e = api_status(
+        pods.patch_subresource("resize", "r", &pp, &patch(stale))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 409, "{}", e.message);
+}
+
+#[tokio::test]
 async fn compacted_history_gives_410_and_the_watcher_relists() {
     let server = ApiServer::start().await;
     let pods: Api<Pod> = Api::namespaced(server.client(), "w");

@@ -510,7 +510,7 @@ pub fn prepare_update(
         next["spec"] = spec.clone();
     }
     match part {
-        Part::Main => {
+        Part::Main | Part::Resize => {
             if let Some(status) = old.get("status") {
                 next["status"] = status.clone();
             }

@@ -3,7 +3,8 @@
 //!   allocated), persistentvolumes, persistentvolumeclaims and certificatesigningrequests, with
 //!   kube-apiserver's semantics for resourceVersions, conflicts, the status subresource,
 //!   patches, selectors, pagination, watches (bookmarks, streaming lists, 410 after
-//!   compaction) and graceful pod deletion (`store.rs`, `watch.rs`, `patch.rs`, `select.rs`);
+//!   compaction), graceful pod deletion, pods' `binding` and `resize` (only containers' cpu and
+//!   memory, the QoS class kept) (`store.rs`, `watch.rs`, `patch.rs`, `select.rs`);
 //! - TokenReview and SubjectAccessReview answered from what a test sets and the service
 //!   account tokens issued by TokenRequest (`serviceaccounts/<name>/token`, `tokens.rs`);
 //! - `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` proxied to the pod's kubelet
@@ -410,13 +411,16 @@ struct Target {
     token: bool,
     /// A CertificateSigningRequest's `approval`.
     approval: bool,
+    /// A pod's `resize`.
+    resize: bool,
 }
 
 impl Target {
     fn part(&self) -> Part {
-        match (self.status, self.approval) {
-            (true, _) => Part::Status,
-            (_, true) => Part::Approval,
+        match (self.status, self.approval, self.resize) {
+            (true, _, _) => Part::Status,
+            (_, true, _) => Part::Approval,
+            (_, _, true) => Part::Resize,
             _ => Part::Main,
         }
     }
@@ -443,14 +447,18 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
     if (!res.namespaced && ns.is_some()) || (res.namespaced && name.is_some() && ns.is_none()) {
         return Err(ApiError::path_not_found());
     }
-    let (status, binding, token, approval) = match sub {
-        None => (false, false, false, false),
-        Some("status") if res.has_status => (true, false, false, false),
-        Some("binding") if res.kind == "Pod" && res.group.is_empty() => (false, true, false, false),
-        Some("token") if res.kind == "ServiceAccount" => (false, false, true, false),
-        Some("approval") if res.kind == "CertificateSigningRequest" => (false, false, false, true),
+    let pod = res.kind == "Pod" && res.group.is_empty();
+    let (mut status, mut binding, mut token, mut approval, mut resize) =
+        (false, false, false, false, false);
+    match sub {
+        None => {}
+        Some("status") if res.has_status => status = true,
+        Some("binding") if pod => binding = true,
+        Some("resize") if pod => resize = true,
+        Some("token") if res.kind == "ServiceAccount" => token = true,
+        Some("approval") if res.kind == "CertificateSigningRequest" => approval = true,
         Some(_) => return Err(ApiError::path_not_found()),
-    };
+    }
     Ok(Target {
         res,
         ns,
@@ -459,6 +467,7 @@ fn parse_target(path: &str) -> Result<Target, ApiError> {
         binding,
         token,
         approval,
+        resize,
     })
 }
 
@@ -700,7 +709,7 @@ fn dispatch(
                 &app.store().patch(res, &ns, name, ct, body, t.part())?,
             ))
         }
-        (&Method::DELETE, Some(name)) if !t.status && !t.approval => {
+        (&Method::DELETE, Some(name)) if !t.status && !t.approval && !t.resize => {
             let opts = delete_options(q, body)?;
             Ok(respond(200, &app.store().delete(res, &ns, name, &opts)?))
         }

@@ -123,6 +123,8 @@ pub enum Part {
     Main,
     Status,
     Approval,
+    /// A pod's `resize`: only its containers' cpu and memory resources.
+    Resize,
 }
 
 pub fn find_resource(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
@@ -787,7 +789,7 @@ impl Store {
         new: Value,
         part: Part,
     ) -> Result<Value, ApiError> {
-        let status = part != Part::Main;
+        let status = matches!(part, Part::Status | Part::Approval);
         let uid = meta_str(&new, "uid");
         if !uid.is_empty() && uid != meta_str(&old, "uid") {
             let msg = format!("Invalid value: \"{uid}\": field is immutable");
@@ -821,6 +823,8 @@ impl Store {
         let mut next = if status { old.clone() } else { new.clone() };
         if status {
             copy_field(&mut next, &new, "/status");
+        } else if part == Part::Resize {
+            next = resized_pod(res, name, &old, &new)?;
         } else {
             if res.has_status {
                 copy_field(&mut next, &old, "/status");
@@ -1137,6 +1141,78 @@ fn default_pod_spec(spec: &mut Value) {
             }
         }
     }
+}
+
+/// A pod's `resize` subresource (kube-apiserver's `ValidatePodResize`): `old` with the cpu and
+/// memory of its containers' (and sidecars') resources taken from `new`; any other change, a
+/// change of another resource or of the QoS class is refused.
+fn resized_pod(res: &Resource, name: &str, old: &Value, new: &Value) -> Result<Value, ApiError> {
+    let forbidden = |field: &str, msg: &str| {
+        Err(ApiError::invalid(
+            res,
+            name,
+            field,
+            "FieldValueForbidden",
+            &format!("Forbidden: {msg}"),
+        ))
+    };
+    let mut next = old.clone();
+    let mut new_spec = new.get("spec").cloned().unwrap_or_default();
+    default_pod_spec(&mut new_spec);
+    let mut seen = old.get("spec").cloned().unwrap_or_default();
+    for list in ["initContainers", "containers"] {
+        let (olds, news) = (
+            old.pointer(&format!("/spec/{list}"))
+                .and_then(Value::as_array),
+            new_spec.get(list).and_then(Value::as_array),
+        );
+        if olds.map_or(0, Vec::len) != news.map_or(0, Vec::len) {
+            return forbidden(
+                "spec",
+                "pod resize may not change fields other than cpu and memory resources",
+            );
+        }
+        for (i, (o, n)) in olds
+            .into_iter()
+            .flatten()
+            .zip(news.into_iter().flatten())
+            .enumerate()
+        {
+            let field = format!("spec.{list}[{i}].resources");
+            let (was, asked) = (&o["resources"], &n["resources"]);
+            for part in ["requests", "limits"] {
+                let others = |v: &Value| {
+                    let mut m = v.get(part).cloned().unwrap_or_else(|| json!({}));
+                    if let Some(m) = m.as_object_mut() {
+                        m.remove("cpu");
+                        m.remove("memory");
+                    }
+                    m
+                };
+                if others(was) != others(asked) {
+                    return forbidden(&field, "only cpu and memory resources are mutable");
+                }
+            }
+            if list == "initContainers" && was != asked && o["restartPolicy"] != "Always" {
+                return forbidden(&field, "only sidecar init containers can be resized");
+            }
+            seen[list][i]["resources"] = asked.clone();
+            next["spec"][list][i]["resources"] = asked.clone();
+        }
+    }
+    if seen != new_spec {
+        return forbidden(
+            "spec",
+            "pod resize may not change fields other than cpu and memory resources",
+        );
+    }
+    if qos_class(&next["spec"]) != qos_class(&old["spec"]) {
+        return forbidden(
+            "spec",
+            "Pod QOS Class may not change as a result of resizing",
+        );
+    }
+    Ok(next)
 }
 
 /// Pod specs are immutable on update except container images, activeDeadlineSeconds,
