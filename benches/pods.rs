@@ -346,6 +346,8 @@ impl Kubelet {
                 )),
                 // The runtime places the pods under the bench's cgroup root, as before.
                 cm: Arc::new(nodelet::cm::ContainerManager::disabled()),
+                // Kept in memory: the bench's pods are never resized.
+                allocations: Arc::new(nodelet::kubelet::allocation::Allocations::open(None)),
             },
         ));
         let workers = PodWorkers::new(syncer, Timing::default());

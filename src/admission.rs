@@ -159,7 +159,7 @@ impl Requests {
 /// The resources checked first, in upstream's order; the others follow by name.
 const RESOURCES: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
-fn parse(resource: &str, q: &Quantity) -> i64 {
+pub(crate) fn parse_quantity(resource: &str, q: &Quantity) -> i64 {
     let v = if resource == "cpu" {
         quantity::parse_cpu_millis(&q.0)
     } else {
@@ -173,7 +173,7 @@ fn from_list(list: Option<&BTreeMap<String, Quantity>>) -> Requests {
     Requests(
         list.into_iter()
             .flatten()
-            .map(|(k, q)| (k.clone(), parse(k, q)))
+            .map(|(k, q)| (k.clone(), parse_quantity(k, q)))
             .collect(),
     )
 }
@@ -259,11 +259,17 @@ fn with_pod_level(mut total: Requests, pod_level: Option<&BTreeMap<String, Quant
     if let Some(pod_level) = pod_level {
         for name in ["cpu", "memory"] {
             if let Some(q) = pod_level.get(name) {
-                total.set(name, parse(name, q));
+                total.set(name, parse_quantity(name, q));
             }
         }
     }
     total
+}
+
+/// Whether `pod`'s requests fit `node` next to `others` (and the node's pod count).
+pub fn fits(pod: &Pod, others: &[Pod], node: &Node) -> Result<(), Rejection> {
+    let others: Vec<&Pod> = others.iter().collect();
+    fits_resources(pod, &others, node)
 }
 
 fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejection> {
@@ -271,7 +277,7 @@ fn fits_resources(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejecti
     let allocated = |name: &str| {
         allocatable
             .and_then(|a| a.get(name))
-            .map_or(0, |q| parse(name, q))
+            .map_or(0, |q| parse_quantity(name, q))
     };
     let insufficient = |name: &str, requested: i64, used: i64, capacity: i64| Rejection {
         reason: format!("OutOf{name}"),

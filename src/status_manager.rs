@@ -305,6 +305,22 @@ impl StatusManager {
 /// `terminated` (upstream's status manager sends a computed diff, which does the same).
 fn status_patch(status: &PodStatus) -> serde_json::Value {
     let mut v = serde_json::to_value(status).unwrap_or_default();
+    // The kubelet's own conditions that come and go (a resize's) are deleted when ours has
+    // none: a strategic merge keeps list elements the patch does not name.
+    let has = |t: &str| status.conditions.iter().flatten().any(|c| c.type_ == t);
+    let gone: Vec<serde_json::Value> = TRANSIENT_CONDITIONS
+        .into_iter()
+        .filter(|t| !has(t))
+        .map(|t| serde_json::json!({"type": t, "$patch": "delete"}))
+        .collect();
+    if let Some(obj) = v.as_object_mut() {
+        let list = obj
+            .entry("conditions")
+            .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+        if let Some(list) = list.as_array_mut() {
+            list.extend(gone);
+        }
+    }
     for list in [
         "containerStatuses",
         "initContainerStatuses",
@@ -349,7 +365,17 @@ fn same_owned_status(api: Option<&PodStatus>, ours: &PodStatus) -> bool {
                 .flatten()
                 .any(|a| a.type_ == c.type_ && a.status == c.status)
         })
+        && TRANSIENT_CONDITIONS.into_iter().all(|t| {
+            let has = |s: &PodStatus| s.conditions.iter().flatten().any(|c| c.type_ == t);
+            has(api) == has(ours)
+        })
 }
+
+/// Conditions only the kubelet writes and that are there only for a while.
+const TRANSIENT_CONDITIONS: [&str; 2] = [
+    crate::kubelet::allocation::RESIZE_PENDING,
+    crate::kubelet::allocation::RESIZE_IN_PROGRESS,
+];
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,8 @@
 //! (`enforceNodeAllocatable: [pods]`, the default), one pod of each QoS class with its cgroup
 //! in upstream's place and with upstream's values (read back from the cgroup files), the
 //! containers' processes inside their pod's cgroup with the QoS class's `oom_score_adj`, the
-//! agent at -999, and a deleted pod's cgroup removed while the QoS cgroups follow.
+//! agent at -999, an in-place resize reaching the pod's and the container's cgroups (and an
+//! infeasible one waiting), and a deleted pod's cgroup removed while the QoS cgroups follow.
 //!
 //! cgroup v1 only: this machine's unified hierarchy has no controllers (they are all bound to
 //! v1), so a v2 tree cannot be made here; the v2 paths are covered by `cm`'s unit tests
@@ -43,6 +44,19 @@ fn read(controller: &str, cgroup: &str, file: &str) -> String {
 }
 
 /// The processes in `cgroup` and below it (the pids hierarchy).
+/// The cgroup of `pid` in the v1 `controller` (relative to the hierarchy's root).
+fn own_cgroup(pid: i32, controller: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+    text.lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':').skip(1);
+            parts.next().zip(parts.next())
+        })
+        .find(|(cs, _)| cs.split(',').any(|c| c == controller))
+        .map(|(_, path)| path.to_string())
+        .unwrap_or_else(|| panic!("no {controller} cgroup for {pid}: {text}"))
+}
+
 fn pids_under(cgroup: &str) -> Vec<i32> {
     common::pids_in_cgroups(cgroup)
 }
@@ -251,6 +265,66 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
             (-997).max(oom_score_adj(std::process::id() as i32))
         ),
     }
+
+    // An in-place resize (`pods/resize`): the pod's and the container's CPU quota follow, the
+    // container keeps running (same process, no restart), the status shows the allocation and
+    // what runs; a resize larger than the node waits as Infeasible and changes nothing.
+    let resize = |cpu: &str| {
+        let body = serde_json::json!({"spec": {"containers": [{"name": "app", "resources": {
+            "requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]}});
+        let pods = pods.clone();
+        async move {
+            pods.patch_subresource(
+                "resize",
+                "guaranteed",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Strategic(body),
+            )
+            .await
+            .expect("resizing the pod")
+        }
+    };
+    resize("300m").await;
+    let container_cg = own_cgroup(gp, "cpu");
+    wait_for("the resize applied", 60, async || {
+        let st = pods.get("guaranteed").await.ok()?.status?;
+        let cs = st.container_statuses.as_ref()?.first()?.clone();
+        let done = read("cpu", &g, "cpu.cfs_quota_us") == "30000"
+            && read("cpu", &container_cg, "cpu.cfs_quota_us") == "30000"
+            && cs.allocated_resources.as_ref()?.get("cpu")?.0 == "300m"
+            && cs.resources.as_ref()?.limits.as_ref()?.get("cpu")?.0 == "300m"
+            && !st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_.starts_with("PodResize"));
+        done.then_some(())
+    })
+    .await;
+    assert_eq!(read("cpu", &g, "cpu.shares"), "307");
+    assert_eq!(
+        sleeper(&g, "sleep 3601"),
+        gp,
+        "resized in place, not restarted"
+    );
+    let st = pods.get("guaranteed").await.unwrap().status.unwrap();
+    assert_eq!(st.container_statuses.unwrap()[0].restart_count, 0);
+    resize("100000").await;
+    wait_for("the infeasible resize pending", 60, async || {
+        let st = pods.get("guaranteed").await.ok()?.status?;
+        let c = st
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodResizePending")?;
+        (c.reason.as_deref() == Some("Infeasible")).then_some(c.message?)
+    })
+    .await;
+    assert_eq!(
+        read("cpu", &g, "cpu.cfs_quota_us"),
+        "30000",
+        "nothing changed"
+    );
+    resize("300m").await;
 
     // A deleted pod's cgroup goes, and the QoS cgroups follow what is left.
     for name in ["besteffort", "burstable"] {

@@ -7,6 +7,7 @@
 //! housekeeping, node agent, runtime checks, event sink) lives in one task set under one
 //! cancellation token; shutdown cancels and joins them all.
 
+pub mod allocation;
 pub mod eviction;
 pub mod gc;
 pub mod housekeeping;
@@ -148,6 +149,7 @@ impl Kubelet {
         let ch = Channels::new();
         w.pleg(&cache, &health, ch.changed.0, ch.refresh.1);
         let probes = w.probes(&status, &recorder, ch.probes.0);
+        let allocations = w.allocations();
         let parts = SyncerParts {
             opts,
             runtime_name: version.runtime_name.clone(),
@@ -161,6 +163,7 @@ impl Kubelet {
             events: Arc::new(recorder.clone()),
             probes,
             cm,
+            allocations: allocations.clone(),
         };
         let syncer = w.syncer(parts, &local_node);
         let workers = w.workers(&syncer);
@@ -240,6 +243,7 @@ impl Kubelet {
             changes: 0,
             shutdown: shutdown_state,
             eviction: eviction_state,
+            allocations,
         };
         let inputs = sync_loop::Inputs {
             updates: ch.updates.1,
@@ -294,6 +298,8 @@ impl Kubelet {
 /// What new pods are admitted against: the Node, whether it shuts down, its pressure.
 pub(crate) struct Admit<'a> {
     pub node: &'a k8s_openapi::api::core::v1::Node,
+    /// What admitted pods hold, and their resizes.
+    pub allocations: &'a allocation::Allocations,
     pub shutting_down: bool,
     pub eviction: &'a eviction::EvictionState,
 }
@@ -329,11 +335,24 @@ fn dispatch(
     // The pods admission counts as running: gathered at the first new pod of the batch, then
     // grown by each pod admitted.
     let mut active: Option<Vec<Pod>> = None;
+    let allocations = admit.allocations;
+    // The pods that hold resources, as allocated (what admission and resizes count).
+    let running = || -> Vec<Pod> {
+        merger
+            .pods()
+            .into_iter()
+            .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
+            .map(|o| allocations.view(&o))
+            .collect()
+    };
+    let mut removed = false;
     for p in change.pods {
         let uid = sources::pod_uid(&p).to_string();
         if change.op == PodOp::Remove {
             rejected.remove(&uid);
             status.forget(&uid);
+            allocations.forget(&uid);
+            removed = true;
         } else if rejected.contains(&uid) {
             if p.metadata.deletion_timestamp.is_some() {
                 // Nothing runs: the deletion completes at once.
@@ -350,20 +369,18 @@ fn dispatch(
             workers.update_pod(p, UpdateType::Kill, None);
             continue;
         } else if change.op == PodOp::Add && p.metadata.deletion_timestamp.is_none() {
-            let active = active.get_or_insert_with(|| {
-                merger
-                    .pods()
-                    .into_iter()
-                    .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
-                    .collect()
-            });
+            let active = active.get_or_insert_with(running);
             if let Err(why) = admit.admit(&p, active) {
                 tracing::warn!(pod = %sources::pod_full_name(&p), "pod rejected: {why}");
                 status.set_status(&p, rejected_status(&p, &why));
                 rejected.insert(uid);
                 continue;
             }
+            allocations.admit(&p);
             active.push(p.clone());
+        } else if p.metadata.deletion_timestamp.is_none() {
+            // An admitted pod's spec may ask for other resources (a resize).
+            allocations.resize(&p, admit.node, running);
         }
         let mut grace = None;
         let update = match change.op {
@@ -387,6 +404,15 @@ fn dispatch(
         };
         tracing::info!(pod = %sources::pod_full_name(&p), op = ?change.op, "pod update");
         workers.update_pod(p, update, grace);
+    }
+    if removed {
+        // Resources freed: resizes deferred for want of them are tried again.
+        for uid in allocations.pending_uids() {
+            let Some(p) = merger.pod(&uid) else { continue };
+            if allocations.resize(p, admit.node, running) == allocation::Resize::Accepted {
+                workers.update_pod(p.clone(), UpdateType::Update, None);
+            }
+        }
     }
 }
 

@@ -255,6 +255,13 @@ impl Wiring {
             .spawn(EvictionManager::new(parts).run(self.cancel.clone()));
     }
 
+    /// The pods' allocated resources, kept in `<root>/pod-resources.json`.
+    pub fn allocations(&self) -> Arc<super::allocation::Allocations> {
+        Arc::new(super::allocation::Allocations::open(Some(
+            self.cfg.root_dir.join("pod-resources.json"),
+        )))
+    }
+
     /// The status manager, writing statuses in its own task.
     pub fn status_manager(&mut self) -> Arc<StatusManager> {
         let status = StatusManager::new(self.client.clone());

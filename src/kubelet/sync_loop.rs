@@ -40,6 +40,8 @@ pub struct SyncLoop {
     pub shutdown: Arc<super::shutdown::ShutdownState>,
     /// The node's pressure, for admission.
     pub eviction: Arc<super::eviction::EvictionState>,
+    /// The pods' allocated resources (in-place resize).
+    pub allocations: Arc<super::allocation::Allocations>,
 }
 
 /// What the loop listens to.
@@ -74,7 +76,7 @@ impl SyncLoop {
                     let node = (self.node)();
                     let shutting_down = self.shutdown.shutting_down();
                     for change in self.merger.merge(update) {
-                        let admit = super::Admit { node: &node, shutting_down, eviction: &self.eviction };
+                        let admit = super::Admit { node: &node, allocations: &self.allocations, shutting_down, eviction: &self.eviction };
                         dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &admit, change);
                     }
                     self.pods.send_replace(Arc::new(self.merger.pods()));

@@ -51,6 +51,8 @@ pub struct Syncer {
     synced: Mutex<HashMap<String, LastSync>>,
     /// The pods' cgroups: each made before its pod's sandbox.
     pub cm: Arc<ContainerManager>,
+    /// The pods' allocated resources (in-place resize).
+    pub allocations: Arc<super::allocation::Allocations>,
     /// Pods the kubelet itself stopped (the node's shutdown, evictions): their statuses say
     /// why.
     stopped_by_kubelet: Mutex<HashMap<String, Stopped>>,
@@ -85,6 +87,8 @@ pub struct SyncerParts {
     pub probes: Arc<ProbeManager>,
     /// The pods' cgroup tree.
     pub cm: Arc<ContainerManager>,
+    /// The pods' allocated resources (in-place resize).
+    pub allocations: Arc<super::allocation::Allocations>,
 }
 
 /// Makes `<pods_dir>/<uid>` with its `volumes` and `plugins` directories (mode 0750).
@@ -125,6 +129,7 @@ impl Syncer {
             probes: parts.probes,
             synced: Mutex::new(HashMap::new()),
             cm: parts.cm,
+            allocations: parts.allocations,
             stopped_by_kubelet: Mutex::default(),
         }
     }
@@ -209,6 +214,8 @@ impl Syncer {
         };
         let sandbox = snapshot.sandboxes.first();
         let mut status = pod::pod_status(pod, sandbox, &snapshot.containers, &ctx);
+        self.allocations
+            .decorate(pod, &mut status, ctx.now, ctx.previous.as_ref());
         // A pod never leaves a terminal phase the API server shows (upstream forces it back):
         // its reason and message stay with it.
         if let Some(api) = pod
@@ -247,6 +254,9 @@ impl Syncer {
     /// recorded (with the waiting reasons its last sync found), then its actions carried out.
     /// Waiting reasons the actions find anew are read at once by another sync.
     async fn sync_pod_inner(&self, pod: &Pod) -> Result<SyncOutcome, SyncError> {
+        // The pod as it runs: with its allocated resources, which a pending resize has not
+        // changed yet.
+        let pod = &self.allocations.allocated_pod(pod);
         let who = PodRef::of(pod);
         let mut window = SyncWindow::open(&self.refresh, &who.uid);
         let snapshot = self.view(&who).await?;
@@ -256,10 +266,12 @@ impl Syncer {
         self.probes.add_pod(pod);
         let probed = self.probes.view(pod, &snapshot.status);
         let now = runtime::clock::now();
-        let actions = {
+        let mut actions = {
             let backoff = self.manager.backoff();
             pod::compute_pod_actions_with(pod, &who, &snapshot.status, &backoff, now, &probed)
         };
+        let needs = self.allocations.needs(pod);
+        pod::actions::add_resize_actions(pod, &snapshot.status, &needs, &mut actions);
         let sync = PodSync {
             pod,
             who: &who,
@@ -275,6 +287,11 @@ impl Syncer {
                 return Err(e.into());
             }
         };
+        for name in result.started.iter().chain(&result.resized) {
+            let resources = pod::container::find(pod, name).and_then(|c| c.resources.as_ref());
+            self.allocations.set_actuated(&who.uid, name, resources);
+        }
+        self.allocations.set_errors(&who.uid, &result.resize_errors);
         let before = self.last_waiting(&who.uid);
         self.mark_synced(&who.uid, result.waiting.clone());
         // What the actions changed (or a reason found anew) is read once the sync ends and
@@ -283,6 +300,7 @@ impl Syncer {
             || actions.kill_pod
             || !actions.kill_containers.is_empty()
             || !result.started.is_empty()
+            || !result.resized.is_empty()
             || result.waiting != before;
         let finished = Phase::parse(status.phase.as_deref()).is_terminal();
         let requeue_after = result.requeue_after;

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::backoff::{self, Backoff};
+use super::hash::hash_matches;
 use super::{container_hash, host_network, restart_policy};
 use crate::model::PodRef;
 use crate::model::{RestartPolicy, Waiting, WaitingReason};
@@ -67,6 +68,72 @@ pub struct PodActions {
     pub waiting: HashMap<String, Waiting>,
     /// Sync again after this long (a container's back-off ends then).
     pub wait: Option<Duration>,
+    /// Running containers (id, name) whose resources are updated in place (a resize).
+    pub update_resources: Vec<(String, String)>,
+}
+
+/// What a running container needs to run with its allocated resources (see
+/// `kubelet::allocation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeNeed {
+    /// `UpdateContainerResources`.
+    Update,
+    /// A restart: a resource that changed has `resizePolicy` `RestartContainer`.
+    Restart,
+}
+
+/// Adds a resize's actions (upstream's part of `computePodActions` for in-place resize): each
+/// running container in `needs` is updated in place, or restarted when its resize policy says
+/// so; nothing is done for a pod whose sandbox goes, or a container already being restarted
+/// (it starts again with its new resources).
+pub fn add_resize_actions(
+    pod: &Pod,
+    status: &RuntimePodStatus,
+    needs: &HashMap<String, ResizeNeed>,
+    a: &mut PodActions,
+) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return;
+    };
+    if a.kill_pod || a.create_sandbox || needs.is_empty() {
+        return;
+    }
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| is_sidecar(c));
+    for (c, sidecar) in sidecars
+        .map(|c| (c, true))
+        .chain(spec.containers.iter().map(|c| (c, false)))
+    {
+        let Some(need) = needs.get(&c.name) else {
+            continue;
+        };
+        let Some(l) = status
+            .latest(&c.name)
+            .filter(|l| l.state == RunState::Running)
+        else {
+            continue;
+        };
+        if a.kill_containers.iter().any(|k| k.id == l.id) {
+            continue;
+        }
+        match need {
+            ResizeNeed::Update => a.update_resources.push((l.id.clone(), c.name.clone())),
+            ResizeNeed::Restart => {
+                a.kill_containers.push(KillContainer::new(
+                    &l.id,
+                    format!("Container {} resize requires restart", c.name),
+                ));
+                if sidecar {
+                    a.start_init.push(c.name.clone());
+                } else {
+                    a.start_containers.push(c.name.clone());
+                }
+            }
+        }
+    }
 }
 
 /// Whether a container whose newest instance is `latest` should be (re)started under `policy`
@@ -175,7 +242,7 @@ fn init_actions(
         if is_sidecar(c) {
             let exited = status.last_exited(&c.name);
             if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
-                if !l.hash.is_empty() && l.hash != container_hash(c) {
+                if !l.hash.is_empty() && !hash_matches(&l.hash, c) {
                     a.kill_containers.push(KillContainer::new(
                         &l.id,
                         format!(
@@ -366,7 +433,7 @@ fn app_actions(d: &Decide, spec: &PodSpec, status: &RuntimePodStatus, a: &mut Po
     for c in &spec.containers {
         let latest = status.latest(&c.name);
         if let Some(l) = latest.filter(|l| l.state == RunState::Running) {
-            if !l.hash.is_empty() && l.hash != container_hash(c) {
+            if !l.hash.is_empty() && !hash_matches(&l.hash, c) {
                 // Started again whatever the restart policy: its spec changed (as upstream).
                 a.kill_containers.push(KillContainer::new(
                     &l.id,

@@ -140,7 +140,19 @@ fn oom_score_adj(qos: &str, mem_request: i64, capacity: i64) -> i64 {
     }
 }
 
-fn resources(
+/// The container `name` of `pod` (an init or an app container).
+pub fn find<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    let spec = pod.spec.as_ref()?;
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .find(|c| c.name == name)
+}
+
+/// The CRI Linux resources of the container `c` of `pod`: CPU shares and CFS quota, memory
+/// limit, OOM score adjustment (what it is created with, and what a resize updates).
+pub fn linux_resources(
     pod: &Pod,
     c: &Container,
     opts: &ContainerOptions,
@@ -300,7 +312,7 @@ pub fn container_config(
     }
     let mut mounts = mounts(pod, who, container, opts, &vars)?;
     let linux = cri::LinuxContainerConfig {
-        resources: Some(resources(pod, container, opts)?),
+        resources: Some(linux_resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),
     };
     // Last, once nothing else can fail: the termination message file on the host.

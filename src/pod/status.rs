@@ -75,7 +75,7 @@ fn time_ns(ns: i64) -> Option<Time> {
         .flatten()
 }
 
-fn time_of(t: SystemTime) -> Option<Time> {
+pub fn time_of(t: SystemTime) -> Option<Time> {
     let ns = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
     Timestamp::from_nanosecond(i128::try_from(ns).ok()?)
         .ok()

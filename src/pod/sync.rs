@@ -36,6 +36,10 @@ pub struct SyncResult {
     pub sandbox_id: Option<String>,
     /// Containers created and started, by name.
     pub started: Vec<String>,
+    /// Running containers whose resources were updated in place, by name.
+    pub resized: Vec<String>,
+    /// Why a container's resources could not be updated (its name, the runtime's error).
+    pub resize_errors: Vec<(String, String)>,
     /// Containers that could not be started, by name: CrashLoopBackOff, ErrImagePull, ...
     pub waiting: HashMap<String, Waiting>,
     /// Containers and sandboxes that could not be stopped (the next sync retries).
@@ -123,6 +127,7 @@ impl RuntimeManager {
         }
         let grace = spec.termination_grace_period_seconds.unwrap_or(30);
         res.errors = self.kill_for_sync(s, grace).await;
+        self.update_resources(s, &mut res).await;
         let Some(sandbox) = self.sandbox_for_sync(s).await? else {
             return Ok(res);
         };
@@ -155,6 +160,40 @@ impl RuntimeManager {
             }
         }
         Ok(res)
+    }
+
+    /// Gives the running containers the actions name their (allocated) resources in place; what
+    /// the runtime refuses is kept for the pod's `PodResizeInProgress` condition (reason
+    /// `Error`, as upstream) and tried again.
+    async fn update_resources(&self, s: &PodSync<'_>, res: &mut SyncResult) {
+        for (id, name) in &s.actions.update_resources {
+            let Some(c) = super::container::find(s.pod, name) else {
+                continue;
+            };
+            let linux = match super::container::linux_resources(s.pod, c, s.opts) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(pod = %s.who.full_name(), container = %name, "resize: {e}");
+                    continue;
+                }
+            };
+            let req = cri::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(linux),
+                ..Default::default()
+            };
+            match self.rt.update_container_resources(req).await {
+                Ok(_) => {
+                    tracing::info!(pod = %s.who.full_name(), container = %name, "container resized");
+                    res.resized.push(name.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %s.who.full_name(), container = %name, "resize failed: {e}");
+                    res.resize_errors.push((name.clone(), e.to_string()));
+                    res.wait(Duration::from_secs(10));
+                }
+            }
+        }
     }
 
     /// Stops the pod (when its sandbox goes) or the containers the actions name.
