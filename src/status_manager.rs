@@ -318,6 +318,13 @@ fn status_patch(status: &PodStatus) -> serde_json::Value {
             .entry("conditions")
             .or_insert_with(|| serde_json::Value::Array(Vec::new()));
         if let Some(list) = list.as_array_mut() {
+            // A condition that lost its reason or message (Ready again) says so, or the merge
+            // would keep the old ones beside the new status.
+            for c in list.iter_mut().filter_map(|c| c.as_object_mut()) {
+                for field in ["reason", "message"] {
+                    c.entry(field).or_insert(serde_json::Value::Null);
+                }
+            }
             list.extend(gone);
         }
     }

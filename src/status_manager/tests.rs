@@ -147,3 +147,31 @@ fn a_static_pods_status_goes_to_its_current_mirror() {
     assert_eq!(m.mirror_uid("default", "p-s", "other-hash"), None);
     assert_eq!(m.mirror_uid("default", "missing", "s"), None);
 }
+
+#[test]
+fn the_patch_clears_stale_condition_fields_and_ended_resize_conditions() {
+    let status = PodStatus {
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let patch = status_patch(&status);
+    let conds = patch["conditions"].as_array().unwrap();
+    assert_eq!(conds[0]["type"], "Ready");
+    // Null, so that the merge removes a reason or message from when it was not ready.
+    assert!(conds[0]["reason"].is_null() && conds[0].get("reason").is_some());
+    assert!(
+        conds[0]
+            .get("message")
+            .is_some_and(serde_json::Value::is_null)
+    );
+    let deleted: Vec<&str> = conds
+        .iter()
+        .filter(|c| c["$patch"] == "delete")
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(deleted, vec!["PodResizePending", "PodResizeInProgress"]);
+}
