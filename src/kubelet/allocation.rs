@@ -78,12 +78,7 @@ fn uid(pod: &Pod) -> &str {
 /// The containers a resize may touch: the app containers and the init containers (of which
 /// the API server lets only sidecars change).
 fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    pod.spec.iter().flat_map(|s| {
-        s.init_containers
-            .iter()
-            .flatten()
-            .chain(s.containers.iter())
-    })
+    pod.spec.iter().flat_map(crate::pod::spec::all_containers)
 }
 
 fn containers_mut(pod: &mut Pod) -> impl Iterator<Item = &mut Container> {

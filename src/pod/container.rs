@@ -142,12 +142,7 @@ fn oom_score_adj(qos: &str, mem_request: i64, capacity: i64) -> i64 {
 
 /// The container `name` of `pod` (an init or an app container).
 pub fn find<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    let spec = pod.spec.as_ref()?;
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .find(|c| c.name == name)
+    all_containers(pod.spec.as_ref()?).find(|c| c.name == name)
 }
 
 /// The CRI Linux resources of the container `c` of `pod`: CPU shares and CFS quota, memory
