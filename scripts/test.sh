@@ -47,6 +47,10 @@ if [ "${STATIC:-1}" != 0 ] || [ "${CI:-}" = true ]; then
   # static pod answers HTTP (scripts/boot-image.sh).
   echo "== OS image boot (scripts/boot-image.sh)"
   NODELET_BIN="$static_bin" cargo test --all-features --test boot_image -- --ignored --nocapture
+  # A Debian machine with systemd as PID 1 (scripts/build-systemd-image.sh) running that binary
+  # as nodelet.service: graceful node shutdown through logind's inhibitor lock.
+  echo "== systemd host (tests/systemd_node.rs)"
+  NODELET_BIN="$static_bin" cargo test --all-features --test systemd_node -- --ignored --nocapture
 fi
 
 # Every fuzz target briefly, from its checked-in corpus, built without optimisation: the build

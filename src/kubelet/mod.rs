@@ -103,7 +103,7 @@ pub struct Kubelet {
     node_agent: Option<Arc<NodeAgent>>,
     status: Arc<StatusManager>,
     /// The node's shutdown sequence.
-    shutdown: shutdown::NodeShutdown,
+    shutdown: Arc<shutdown::NodeShutdown>,
 }
 
 impl Kubelet {
@@ -199,7 +199,7 @@ impl Kubelet {
             },
         );
         let stopping = syncer.clone();
-        let shutdown = shutdown::NodeShutdown {
+        let shutdown = Arc::new(shutdown::NodeShutdown {
             groups: w.cfg.shutdown.groups(),
             state: shutdown_state.clone(),
             workers: workers.clone(),
@@ -208,7 +208,8 @@ impl Kubelet {
             mark_stopped: Box::new(move |uid| {
                 stopping.mark_stopped(uid, syncer::Stopped::Shutdown)
             }),
-        };
+        });
+        w.logind_shutdown(&shutdown, &recorder);
         let desired = w.housekeeping(HousekeepingParts {
             workers: workers.clone(),
             userns,

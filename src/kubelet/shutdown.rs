@@ -1,6 +1,7 @@
-//! Graceful node shutdown (upstream's `nodeshutdown` manager), run when the agent gets SIGTERM
-//! with `nodeletShutdownOnSigterm: true` (an init system handing nodelet the grace period; the
-//! logind inhibitor path is not built). From then on new pods are refused (`NodeShutdown`) and
+//! Graceful node shutdown (upstream's `nodeshutdown` manager), run when systemd-logind announces
+//! the machine's shutdown (see [`logind`]: the agent holds a delay inhibitor lock meanwhile), or
+//! when the agent gets SIGTERM with `nodeletShutdownOnSigterm: true` (an init system without
+//! logind handing nodelet the grace period). From then on new pods are refused (`NodeShutdown`) and
 //! the Node is NotReady ("node is shutting down"); the running pods are stopped by priority
 //! group, lowest first, each within the smaller of its own grace period and its group's, and
 //! end Failed with reason `Terminated`, upstream's message and the `DisruptionTarget`
@@ -17,6 +18,8 @@ use crate::model::Phase;
 use crate::pod_workers::{PodWorkers, UpdateType, WorkerState};
 use crate::sources;
 use crate::status_manager::StatusManager;
+
+pub mod logind;
 
 /// The reason of pods refused and stopped because the node shuts down (upstream's).
 pub const REASON: &str = "NodeShutdown";
@@ -37,6 +40,11 @@ pub struct ShutdownState {
 impl ShutdownState {
     pub fn begin(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// A shutdown was cancelled: new pods are admitted again.
+    pub fn end(&self) {
+        self.shutting_down.store(false, Ordering::SeqCst);
     }
 
     pub fn shutting_down(&self) -> bool {

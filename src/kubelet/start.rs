@@ -255,6 +255,27 @@ impl Wiring {
             .spawn(EvictionManager::new(parts).run(self.cancel.clone()));
     }
 
+    /// Graceful node shutdown under systemd-logind (see [`super::shutdown::logind`]), in its
+    /// own task: when a grace period is set and SIGTERM is not the trigger.
+    pub fn logind_shutdown(
+        &mut self,
+        shutdown: &Arc<super::shutdown::NodeShutdown>,
+        events: &EventRecorder,
+    ) {
+        let sd = &self.cfg.shutdown;
+        if shutdown.groups.is_empty() || sd.on_sigterm {
+            return;
+        }
+        let grace = shutdown.groups.iter().map(|g| g.grace).sum();
+        self.tasks.spawn(super::shutdown::logind::watch(
+            shutdown.clone(),
+            grace,
+            super::shutdown::logind::LOGIND_CONF_DIR.into(),
+            events.clone(),
+            self.cancel.clone(),
+        ));
+    }
+
     /// The pods' allocated resources, kept in `<root>/pod-resources.json`.
     pub fn allocations(&self) -> Arc<super::allocation::Allocations> {
         Arc::new(super::allocation::Allocations::open(Some(

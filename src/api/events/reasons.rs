@@ -70,11 +70,14 @@ pub enum Reason {
     EvictionThresholdMet,
     /// A pod was evicted.
     Evicted,
+    // Graceful node shutdown.
+    /// logind announced the node's shutdown, or its cancellation.
+    NodeShutdown,
 }
 
 impl Reason {
     /// Every reason, in the order declared.
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 32] = [
         Reason::CreatedContainer,
         Reason::StartedContainer,
         Reason::Failed,
@@ -106,6 +109,7 @@ impl Reason {
         Reason::ImageGcFailed,
         Reason::EvictionThresholdMet,
         Reason::Evicted,
+        Reason::NodeShutdown,
     ];
 
     /// The reason as events spell it.
@@ -143,6 +147,7 @@ impl Reason {
             ImageGcFailed => "ImageGCFailed",
             EvictionThresholdMet => "EvictionThresholdMet",
             Evicted => "Evicted",
+            NodeShutdown => "NodeShutdown",
         }
     }
 }
