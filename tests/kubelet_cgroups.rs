@@ -324,7 +324,19 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
         "30000",
         "nothing changed"
     );
-    resize("300m").await;
+    // Shrunk below where it began: the container's quota first, then the pod's (cgroup v1
+    // refuses a pod quota below its container's).
+    resize("150m").await;
+    wait_for("the shrinking resize applied", 60, async || {
+        let st = pods.get("guaranteed").await.ok()?.status?;
+        let cs = st.container_statuses.as_ref()?.first()?.clone();
+        let done = read("cpu", &g, "cpu.cfs_quota_us") == "15000"
+            && read("cpu", &container_cg, "cpu.cfs_quota_us") == "15000"
+            && cs.resources.as_ref()?.limits.as_ref()?.get("cpu")?.0 == "150m";
+        done.then_some(())
+    })
+    .await;
+    assert_eq!(sleeper(&g, "sleep 3601"), gp, "shrunk in place too");
 
     // A deleted pod's cgroup goes, and the QoS cgroups follow what is left.
     for name in ["besteffort", "burstable"] {

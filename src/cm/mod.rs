@@ -105,6 +105,8 @@ struct PodEntry {
     qos: Qos,
     cpu: i64,
     applied: Option<ResourceConfig>,
+    /// What the cgroup takes once the pod's containers were resized.
+    pending: Option<ResourceConfig>,
 }
 
 /// The kubelet's cgroup tree; without `cgroupsPerQOS`, nothing (the runtime places pods).
@@ -164,8 +166,10 @@ impl ContainerManager {
     /// The pod's cgroup, made (with its values) when missing, after the QoS cgroups were
     /// updated for it: the CRI `cgroup_parent` of its sandbox. Empty without the tree. When
     /// the pod's resources changed since its cgroup was written (a resize), the cgroup (and the
-    /// `burstable` shares) are written again; a value the kernel refuses now (a memory limit
-    /// below what the pod still uses) is a warning, tried again on the next sync.
+    /// `burstable` shares) are written again in two steps around the containers' own resize:
+    /// here what grows ([`resources::widest`]), in [`ContainerManager::finish_pod_resize`] what
+    /// shrinks. A value the kernel refuses (a memory limit below what the pod still uses) is a
+    /// warning, tried again on the next sync.
     pub fn ensure_pod(&self, pod: &Pod, uid: &str) -> Result<String, Error> {
         let Some(t) = &self.tree else {
             return Ok(String::new());
@@ -179,6 +183,7 @@ impl ContainerManager {
                 qos,
                 cpu,
                 applied: None,
+                pending: None,
             },
         );
         let path = t.pod_path(qos, uid);
@@ -203,15 +208,21 @@ impl ContainerManager {
         if before.as_ref().is_none_or(|(old_cpu, _)| *old_cpu != cpu) {
             self.update_qos()?;
         }
-        let write = match &before {
-            Some((_, old)) => resources::replacing(old, &config),
-            None => config.clone(),
+        let (write, first) = match &before {
+            Some((_, old)) => {
+                let first = resources::widest(old, &config);
+                (resources::replacing(old, &first), first)
+            }
+            None => (config.clone(), config.clone()),
         };
         let old = before.map(|(_, old)| old);
         match t.fs.apply(&path, &write) {
             Ok(()) => {
                 tracing::info!(pod_cgroup = %path, ?config, "pod cgroup resized");
-                self.applied(uid, config);
+                self.applied(uid, first.clone());
+                if first != config {
+                    self.pending(uid, Some(config));
+                }
             }
             Err(e) => {
                 tracing::warn!(pod_cgroup = %path, "resizing the pod cgroup: {e}; trying again");
@@ -221,6 +232,48 @@ impl ContainerManager {
             }
         }
         Ok(path)
+    }
+
+    /// The second step of a pod cgroup's resize, once its containers were resized: what
+    /// shrinks (see [`ContainerManager::ensure_pod`]). Nothing when nothing waits.
+    pub fn finish_pod_resize(&self, uid: &str) {
+        let Some(t) = &self.tree else {
+            return;
+        };
+        let (qos, applied, target) = {
+            let mut pods = lock(&t.pods);
+            let Some(e) = pods.get_mut(uid) else {
+                return;
+            };
+            let Some(target) = e.pending.take() else {
+                return;
+            };
+            (e.qos, e.applied.clone(), target)
+        };
+        let path = t.pod_path(qos, uid);
+        let write = match &applied {
+            Some(old) => resources::replacing(old, &target),
+            None => target.clone(),
+        };
+        match t.fs.apply(&path, &write) {
+            Ok(()) => {
+                tracing::info!(pod_cgroup = %path, config = ?target, "pod cgroup shrunk after its containers");
+                self.applied(uid, target);
+            }
+            Err(e) => {
+                // `applied` still differs from the pod's values: the next sync tries again.
+                tracing::warn!(pod_cgroup = %path, "shrinking the pod cgroup: {e}; trying again");
+            }
+        }
+    }
+
+    /// Records the values the pod's cgroup is to take after its containers.
+    fn pending(&self, uid: &str, config: Option<ResourceConfig>) {
+        if let Some(t) = &self.tree
+            && let Some(e) = lock(&t.pods).get_mut(uid)
+        {
+            e.pending = config;
+        }
     }
 
     /// Records what the pod's cgroup holds.

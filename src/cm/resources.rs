@@ -40,6 +40,27 @@ pub fn replacing(old: &ResourceConfig, new: &ResourceConfig) -> ResourceConfig {
     write
 }
 
+/// What a cgroup holding `old` takes first when it is to hold `new`, before its children are
+/// resized: the larger of each limit (no limit being the largest), the new shares and period.
+/// A parent's limit below a child's is refused (a CFS quota, on cgroup v1) or squeezes the
+/// child's usage (memory), so the pod cgroup grows before its containers and shrinks after
+/// them, as upstream orders a resize.
+pub fn widest(old: &ResourceConfig, new: &ResourceConfig) -> ResourceConfig {
+    fn larger(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+        match (a, b) {
+            (Some(a), Some(b)) if a > 0 && b > 0 => Some(a.max(b)),
+            _ => None,
+        }
+    }
+    ResourceConfig {
+        cpu_shares: new.cpu_shares,
+        cpu_quota: larger(old.cpu_quota, new.cpu_quota),
+        cpu_period: new.cpu_period,
+        memory_limit: larger(old.memory_limit, new.memory_limit),
+        pids_limit: larger(old.pids_limit, new.pids_limit),
+    }
+}
+
 /// CPU shares for `milli` millicores requested (upstream `MilliCPUToShares`).
 pub fn milli_cpu_to_shares(milli: i64) -> u64 {
     if milli <= 0 {

@@ -88,6 +88,38 @@ fn tree_values_and_orphans_on_real_cgroups() {
         if !v2 {
             assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
         }
+        // Shrunk: the pod cgroup keeps its larger values until its containers took the smaller
+        // ones (a container's CFS quota above its parent's is refused on cgroup v1).
+        let container = format!("{g}/c1");
+        fs.create(&container).unwrap();
+        let whole_cpu = ResourceConfig {
+            cpu_quota: Some(100_000),
+            cpu_period: Some(100_000),
+            memory_limit: Some(128 << 20),
+            ..Default::default()
+        };
+        fs.apply(&container, &whole_cpu).unwrap();
+        assert_eq!(cm.ensure_pod(&guaranteed, "g1").unwrap(), g);
+        assert_eq!(read(&fs, "memory", &g, limit), (128u64 << 20).to_string());
+        if !v2 {
+            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
+        }
+        let half_cpu = ResourceConfig {
+            cpu_quota: Some(50_000),
+            memory_limit: Some(64 << 20),
+            ..whole_cpu
+        };
+        fs.apply(&container, &half_cpu).unwrap();
+        cm.finish_pod_resize("g1");
+        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        if !v2 {
+            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
+        }
+        // Done: a second call and the next sync change nothing.
+        cm.finish_pod_resize("g1");
+        assert_eq!(cm.ensure_pod(&guaranteed, "g1").unwrap(), g);
+        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        fs.destroy(&container).unwrap();
         let more_cpu = pod("b1", serde_json::json!({"requests": {"cpu": "600m"}}));
         cm.ensure_pod(&more_cpu, "b1").unwrap();
         assert_eq!(read(&fs, "cpu", &path, shares), want_shares(614));

@@ -287,6 +287,8 @@ impl Syncer {
                 return Err(e.into());
             }
         };
+        // What shrinks in the pod's cgroup, now that its containers have.
+        self.cm.finish_pod_resize(&who.uid);
         for name in result.started.iter().chain(&result.resized) {
             let resources = pod::container::find(pod, name).and_then(|c| c.resources.as_ref());
             self.allocations.set_actuated(&who.uid, name, resources);
