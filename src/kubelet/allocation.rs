@@ -404,6 +404,26 @@ impl Allocations {
     }
 }
 
+impl Allocations {
+    /// Forgets every pod `keep` does not name: pods deleted while the agent was down, whose
+    /// records would otherwise stay in the file for ever (upstream's `RemoveOrphanedPods`).
+    pub fn forget_others(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.pending).retain(|uid, _| keep(uid));
+        lock(&self.errors).retain(|uid, _| keep(uid));
+        let mut state = lock(&self.state);
+        let before = state.allocated.len() + state.actuated.len();
+        state.allocated.retain(|uid, _| keep(uid));
+        state.actuated.retain(|uid, _| keep(uid));
+        if state.allocated.len() + state.actuated.len() != before {
+            tracing::info!(
+                pods = before - state.allocated.len() - state.actuated.len(),
+                "forgot the allocations of pods gone while the agent was down"
+            );
+            self.save(&state);
+        }
+    }
+}
+
 /// A resize that would not fit the node even were it empty (upstream's message).
 fn infeasible(pod: &Pod, node: &Node) -> Option<Pending> {
     let want = admission::pod_requests(pod);

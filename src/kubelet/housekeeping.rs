@@ -87,6 +87,8 @@ impl Housekeeping {
     pub async fn run(self, mut desired: watch::Receiver<Desired>, cancel: CancellationToken) {
         // The changes count and time of the last collection.
         let mut collected: Option<(u64, Instant)> = None;
+        // Whether the allocations of pods gone while the agent was down were forgotten.
+        let mut pruned = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -97,14 +99,14 @@ impl Housekeeping {
                     let d = desired.borrow_and_update().clone();
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        _ = self.pass(&d, &mut collected) => {}
+                        _ = self.pass(&d, &mut collected, &mut pruned) => {}
                     }
                 }
             }
         }
     }
 
-    async fn pass(&self, d: &Desired, collected: &mut Option<(u64, Instant)>) {
+    async fn pass(&self, d: &Desired, collected: &mut Option<(u64, Instant)>, pruned: &mut bool) {
         tracing::debug!(
             pods = d.pods.len(),
             all_seen = d.all_sources_seen,
@@ -127,6 +129,13 @@ impl Housekeeping {
                 .volumes
                 .tear_down_gone(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
             self.remove_pod_cgroups(&wanted).await;
+            // Once, when every source was seen: later deletions forget their own.
+            if !*pruned {
+                self.syncer
+                    .allocations
+                    .forget_others(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
+                *pruned = true;
+            }
             let workers = &self.workers;
             let state = |uid: &str| match workers.state(uid) {
                 Some(WorkerState::Syncing | WorkerState::Terminating) => PodState::Active,

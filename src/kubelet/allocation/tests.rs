@@ -246,6 +246,22 @@ fn allocations_survive_a_restart_and_a_corrupt_file_is_set_aside() {
         "1m"
     );
 
+    // Pods gone while the agent was down are forgotten, in the file too; the others kept.
+    {
+        let a = Allocations::open(Some(path.clone()));
+        for uid in ["kept", "gone"] {
+            a.admit(&pod(uid, "100m", "200m", None));
+            assert_eq!(
+                a.resize(&pod(uid, "300m", "400m", None), &n, Vec::new),
+                Resize::Accepted
+            );
+        }
+        a.forget_others(|uid| uid == "kept");
+    }
+    let a = Allocations::open(Some(path.clone()));
+    assert_eq!(cpu_request(&a.view(&pod("kept", "1m", "1m", None))), "300m");
+    assert_eq!(cpu_request(&a.view(&pod("gone", "1m", "1m", None))), "1m");
+
     std::fs::write(&path, b"{not json").unwrap();
     let a = Allocations::open(Some(path.clone()));
     assert_eq!(cpu_request(&a.view(&pod("p", "1m", "1m", None))), "1m");
