@@ -43,7 +43,6 @@ fn read(controller: &str, cgroup: &str, file: &str) -> String {
         .to_string()
 }
 
-/// The processes in `cgroup` and below it (the pids hierarchy).
 /// The cgroup of `pid` in the v1 `controller` (relative to the hierarchy's root).
 fn own_cgroup(pid: i32, controller: &str) -> String {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
@@ -57,6 +56,7 @@ fn own_cgroup(pid: i32, controller: &str) -> String {
         .unwrap_or_else(|| panic!("no {controller} cgroup for {pid}: {text}"))
 }
 
+/// The processes in `cgroup` and below it (the pids hierarchy).
 fn pids_under(cgroup: &str) -> Vec<i32> {
     common::pids_in_cgroups(cgroup)
 }
@@ -269,9 +269,9 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
     // An in-place resize (`pods/resize`): the pod's and the container's CPU quota follow, the
     // container keeps running (same process, no restart), the status shows the allocation and
     // what runs; a resize larger than the node waits as Infeasible and changes nothing.
-    let resize = |cpu: &str| {
+    let resize_to = |cpu: &str, memory: &str| {
         let body = serde_json::json!({"spec": {"containers": [{"name": "app", "resources": {
-            "requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]}});
+            "requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}}]}});
         let pods = pods.clone();
         async move {
             pods.patch_subresource(
@@ -284,8 +284,10 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
             .expect("resizing the pod")
         }
     };
+    let resize = |cpu: &str| resize_to(cpu, "64Mi");
     resize("300m").await;
     let container_cg = own_cgroup(gp, "cpu");
+    let container_cg_memory = own_cgroup(gp, "memory");
     wait_for("the resize applied", 60, async || {
         let st = pods.get("guaranteed").await.ok()?.status?;
         let cs = st.container_statuses.as_ref()?.first()?.clone();
@@ -337,6 +339,75 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
     })
     .await;
     assert_eq!(sleeper(&g, "sleep 3601"), gp, "shrunk in place too");
+
+    // A memory limit below what the container uses waits (upstream's best-effort check): 40 MiB
+    // written to its /dev/shm (a tmpfs, charged to it), a resize to 32Mi is PodResizeInProgress
+    // with reason Error and the usage; once the file is gone, the retry applies it.
+    let app = node
+        .containers_of(&uids[0])
+        .await
+        .into_iter()
+        .find(|(_, name, state)| {
+            name == "app" && *state == runtime::cri::ContainerState::ContainerRunning as i32
+        })
+        .expect("the guaranteed pod's running container")
+        .0;
+    let rt = node.runtime().await;
+    let exec = async |script: &str| {
+        let out = rt
+            .exec_sync(runtime::cri::ExecSyncRequest {
+                container_id: app.clone(),
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                timeout: 20,
+            })
+            .await
+            .expect("ExecSync");
+        assert_eq!(
+            out.exit_code,
+            0,
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=40 2>/dev/null").await;
+    resize_to("150m", "32Mi").await;
+    let message = wait_for("the memory decrease refused", 60, async || {
+        let st = pods.get("guaranteed").await.ok()?.status?;
+        let c = st
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodResizeInProgress")?;
+        (c.reason.as_deref() == Some("Error")).then_some(c.message?)
+    })
+    .await;
+    assert!(
+        message.contains("memory limit (33554432) below its current usage"),
+        "{message}"
+    );
+    assert_eq!(
+        read("memory", &container_cg_memory, "memory.limit_in_bytes"),
+        (64u64 << 20).to_string(),
+        "the container keeps its limit"
+    );
+    exec("rm /dev/shm/fill").await;
+    wait_for("the memory decrease applied", 60, async || {
+        let st = pods.get("guaranteed").await.ok()?.status?;
+        let done = read("memory", &container_cg_memory, "memory.limit_in_bytes")
+            == (32u64 << 20).to_string()
+            && read("memory", &g, "memory.limit_in_bytes") == (32u64 << 20).to_string()
+            && !st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_.starts_with("PodResize"));
+        done.then_some(())
+    })
+    .await;
+    assert_eq!(
+        sleeper(&g, "sleep 3601"),
+        gp,
+        "the memory decrease kept it running"
+    );
 
     // A deleted pod's cgroup goes, and the QoS cgroups follow what is left.
     for name in ["besteffort", "burstable"] {

@@ -251,6 +251,16 @@ impl ContainerManager {
             (e.qos, e.applied.clone(), target)
         };
         let path = t.pod_path(qos, uid);
+        // A memory limit below what the pod uses would be refused (v1) or OOM-kill it (v2):
+        // it waits, as upstream's check before a pod's memory decrease.
+        if let Some(limit) = target.memory_limit.and_then(|l| u64::try_from(l).ok())
+            && limit > 0
+            && let Some(usage) = t.fs.memory_working_set(&path)
+            && usage >= limit
+        {
+            tracing::warn!(pod_cgroup = %path, usage, limit, "not shrinking the pod cgroup's memory limit below its usage; trying again");
+            return;
+        }
         let write = match &applied {
             Some(old) => resources::replacing(old, &target),
             None => target.clone(),

@@ -287,8 +287,11 @@ impl Syncer {
                 return Err(e.into());
             }
         };
-        // What shrinks in the pod's cgroup, now that its containers have.
-        self.cm.finish_pod_resize(&who.uid);
+        // What shrinks in the pod's cgroup, now that its containers have (not while one of
+        // them keeps its larger limit: the next sync tries both again).
+        if result.resize_errors.is_empty() {
+            self.cm.finish_pod_resize(&who.uid);
+        }
         for name in result.started.iter().chain(&result.resized) {
             let resources = pod::container::find(pod, name).and_then(|c| c.resources.as_ref());
             self.allocations.set_actuated(&who.uid, name, resources);

@@ -177,6 +177,15 @@ impl RuntimeManager {
                     continue;
                 }
             };
+            if let Some(refused) = self
+                .memory_in_use(id, name, linux.memory_limit_in_bytes)
+                .await
+            {
+                tracing::warn!(pod = %s.who.full_name(), container = %name, "resize waits: {refused}");
+                res.resize_errors.push((name.clone(), refused));
+                res.wait(Duration::from_secs(10));
+                continue;
+            }
             let req = cri::UpdateContainerResourcesRequest {
                 container_id: id.clone(),
                 linux: Some(linux),
@@ -194,6 +203,30 @@ impl RuntimeManager {
                 }
             }
         }
+    }
+
+    /// Why a memory limit of `limit` bytes cannot be given to the container now: its working
+    /// set is at least that (upstream's best-effort check before a decrease: the kernel refuses
+    /// it on cgroup v1, and OOM-kills the container on v2). `None` when there is no limit or
+    /// the usage cannot be read (the update goes ahead).
+    async fn memory_in_use(&self, id: &str, name: &str, limit: i64) -> Option<String> {
+        let limit = u64::try_from(limit).ok().filter(|l| *l > 0)?;
+        let req = cri::ContainerStatsRequest {
+            container_id: id.to_string(),
+        };
+        let stats = match self.rt.container_stats(req).await {
+            Ok(r) => r.stats?,
+            Err(e) => {
+                tracing::debug!(container = %name, "no memory usage before a resize: {e}");
+                return None;
+            }
+        };
+        let usage = stats.memory?.working_set_bytes?.value;
+        (usage >= limit).then(|| {
+            format!(
+                "attempting to set container {name:?} memory limit ({limit}) below its current usage ({usage})"
+            )
+        })
     }
 
     /// Stops the pod (when its sandbox goes) or the containers the actions name.
