@@ -409,6 +409,48 @@ async fn qos_cgroup_tree(backend: Backend, test: &str) {
         "the memory decrease kept it running"
     );
 
+    // A resize that does not fit next to the other pods waits (Deferred), and is allocated as
+    // soon as another pod takes less: the guaranteed pod grows to leave 100m of allocatable
+    // CPU, the burstable pod asks for 200m more, the guaranteed pod shrinks back.
+    let cpu_allocatable =
+        nodelet::util::quantity::parse_cpu_millis(&allocatable["cpu"].0).expect("cpu");
+    resize_to(&format!("{}m", cpu_allocatable - 200), "32Mi").await;
+    let burstable_resize = serde_json::json!({"spec": {"containers": [{"name": "app", "resources": {
+        "requests": {"cpu": "300m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}}}]}});
+    pods.patch_subresource(
+        "resize",
+        "burstable",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(burstable_resize),
+    )
+    .await
+    .expect("resizing the burstable pod");
+    wait_for("the burstable resize deferred", 60, async || {
+        let st = pods.get("burstable").await.ok()?.status?;
+        let c = st
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodResizePending")?;
+        (c.reason.as_deref() == Some("Deferred")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        read("cpu", &format!("{kubepods}/burstable"), "cpu.shares"),
+        "102"
+    );
+    resize_to("150m", "32Mi").await;
+    wait_for("the deferred resize allocated", 60, async || {
+        let st = pods.get("burstable").await.ok()?.status?;
+        let done = read("cpu", &format!("{kubepods}/burstable"), "cpu.shares") == "307"
+            && !st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_.starts_with("PodResize"));
+        done.then_some(())
+    })
+    .await;
+
     // A deleted pod's cgroup goes, and the QoS cgroups follow what is left.
     for name in ["besteffort", "burstable"] {
         pods.delete(name, &DeleteParams::default())

@@ -46,6 +46,8 @@ pub use syncer::{Syncer, SyncerParts};
 
 /// How often housekeeping runs (orphaned pods, forgotten workers, garbage collection).
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(2);
+/// How often resizes waiting for room are tried again, besides when a pod goes or shrinks.
+pub const PENDING_RESIZE_RETRY: Duration = Duration::from_secs(60);
 
 /// How long shutdown waits for the background tasks before aborting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -337,15 +339,7 @@ fn dispatch(
     // grown by each pod admitted.
     let mut active: Option<Vec<Pod>> = None;
     let allocations = admit.allocations;
-    // The pods that hold resources, as allocated (what admission and resizes count).
-    let running = || -> Vec<Pod> {
-        merger
-            .pods()
-            .into_iter()
-            .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
-            .map(|o| allocations.view(&o))
-            .collect()
-    };
+    let running = || holding_resources(workers, merger, allocations);
     let mut removed = false;
     for p in change.pods {
         let uid = sources::pod_uid(&p).to_string();
@@ -380,8 +374,11 @@ fn dispatch(
             allocations.admit(&p);
             active.push(p.clone());
         } else if p.metadata.deletion_timestamp.is_none() {
-            // An admitted pod's spec may ask for other resources (a resize).
-            allocations.resize(&p, admit.node, running);
+            // An admitted pod's spec may ask for other resources (a resize); one that takes
+            // less may make room for those waiting.
+            if allocations.resize(&p, admit.node, running) == allocation::Resize::Accepted {
+                removed = true;
+            }
         }
         let mut grace = None;
         let update = match change.op {
@@ -407,12 +404,39 @@ fn dispatch(
         workers.update_pod(p, update, grace);
     }
     if removed {
-        // Resources freed: resizes deferred for want of them are tried again.
-        for uid in allocations.pending_uids() {
-            let Some(p) = merger.pod(&uid) else { continue };
-            if allocations.resize(p, admit.node, running) == allocation::Resize::Accepted {
-                workers.update_pod(p.clone(), UpdateType::Update, None);
-            }
+        retry_pending_resizes(workers, merger, allocations, admit.node);
+    }
+}
+
+/// The pods that hold resources, as allocated (what admission and resizes count).
+fn holding_resources(
+    workers: &PodWorkers,
+    merger: &Merger,
+    allocations: &allocation::Allocations,
+) -> Vec<Pod> {
+    merger
+        .pods()
+        .into_iter()
+        .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
+        .map(|o| allocations.view(&o))
+        .collect()
+}
+
+/// Tries the resizes waiting for room again (upstream's `RetryPendingResizes`): after a pod
+/// went or took less, and periodically. Those that fit now are allocated and their pods
+/// synced.
+pub(crate) fn retry_pending_resizes(
+    workers: &PodWorkers,
+    merger: &Merger,
+    allocations: &allocation::Allocations,
+    node: &k8s_openapi::api::core::v1::Node,
+) {
+    for uid in allocations.pending_uids() {
+        let Some(p) = merger.pod(&uid) else { continue };
+        let running = || holding_resources(workers, merger, allocations);
+        if allocations.resize(p, node, running) == allocation::Resize::Accepted {
+            tracing::info!(pod = %sources::pod_full_name(p), "a pending resize fits now");
+            workers.update_pod(p.clone(), UpdateType::Update, None);
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::housekeeping::Desired;
-use super::{HOUSEKEEPING_INTERVAL, dispatch};
+use super::{HOUSEKEEPING_INTERVAL, PENDING_RESIZE_RETRY, dispatch, retry_pending_resizes};
 use crate::api::events::{EventRecorder, EventType, Reason};
 use crate::pod_workers::{PodWorkers, UpdateType};
 use crate::sources::{self, PodUpdate, merge::Merger};
@@ -67,6 +67,9 @@ impl SyncLoop {
         } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resizes = tokio::time::interval(PENDING_RESIZE_RETRY);
+        resizes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resizes.reset();
         loop {
             self.health.touch();
             tokio::select! {
@@ -99,6 +102,11 @@ impl SyncLoop {
                     self.recorder.event(&node, EventType::Warning, Reason::FailedValidation, problem);
                 }
                 _ = housekeeping.tick() => self.housekeeping(),
+                _ = resizes.tick() => {
+                    // Room may have come without a pod going (the Node's allocatable grew).
+                    let node = (self.node)();
+                    retry_pending_resizes(&self.workers, &self.merger, &self.allocations, &node);
+                }
             }
         }
     }
