@@ -33,6 +33,26 @@ use kube::api::PostParams;
 
 /// The guest's host name, its Node's name.
 const NODE: &str = "nodelet-systemd";
+/// The pods: one of each QoS class, as `(name, script, resources)`. The guaranteed one ignores
+/// SIGTERM.
+const POD_SPECS: [(&str, &str, &str); 3] = [
+    (
+        "stubborn",
+        "trap '' TERM; echo ready; while true; do sleep 1; done",
+        "{limits: {cpu: 200m, memory: 64Mi}}",
+    ),
+    (
+        "burstable",
+        "trap 'exit 0' TERM; echo ready; while true; do sleep 1; done",
+        "{requests: {cpu: 100m, memory: 16Mi}, limits: {memory: 128Mi}}",
+    ),
+    (
+        "besteffort",
+        "trap 'exit 0' TERM; echo ready; while true; do sleep 1; done",
+        "{}",
+    ),
+];
+const PODS: usize = POD_SPECS.len();
 
 /// The files the test adds to the machine, as `(path, mode, text)`.
 fn guest_files(kubeconfig: &str) -> Vec<(&'static str, u32, String)> {
@@ -45,17 +65,29 @@ fn guest_files(kubeconfig: &str) -> Vec<(&'static str, u32, String)> {
          --config /etc/nodelet/config.yaml --kubeconfig /etc/nodelet/kubeconfig \
          --hostname-override {NODE}\n"
     );
-    // Powers the machine off through logind once the pod's container said it is ready, and
-    // shows what logind holds first.
-    let trigger = "[Unit]\nDescription=test: power off once the pod is ready\nAfter=nodelet.service\n\n\
+    // Once every pod's container said it is ready: the cgroup files of the pods' tree, what
+    // logind holds, then the power-off through logind.
+    let unit =
+        "[Unit]\nDescription=test: power off once the pods are ready\nAfter=nodelet.service\n\n\
         [Service]\nType=oneshot\nStandardOutput=journal+console\n\
-        ExecStart=/bin/sh -c 'until grep -qs ready /var/log/pods/*/*/*.log; do sleep 1; done; \
-        echo test-guest: pod ready on $(stat -fc %%T /sys/fs/cgroup); \
-        echo test-guest: $(busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec); \
-        systemd-inhibit --list --no-pager | sed \"s/^/test-guest: /\"; \
-        echo test-guest: powering off; \
-        busctl call org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager PowerOff b false'\n"
-        .to_string();
+        ExecStart=/usr/local/bin/test-poweroff\n"
+            .to_string();
+    let script = format!(
+        r#"#!/bin/sh
+until [ "$(grep -ls ready /var/log/pods/*/*/*.log | wc -l)" -ge {PODS} ]; do sleep 1; done
+echo "test-guest: pods ready on $(stat -fc %T /sys/fs/cgroup)"
+cd /sys/fs/cgroup
+for d in kubepods kubepods/burstable kubepods/besteffort kubepods/pod* kubepods/*/pod*; do
+  for f in cpu.weight cpu.max memory.max pids.max; do
+    echo "test-guest: cg $d $f $(cat $d/$f)"
+  done
+done
+echo "test-guest: $(busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec)"
+systemd-inhibit --list --no-pager | sed "s/^/test-guest: /"
+echo "test-guest: powering off"
+busctl call org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager PowerOff b false
+"#
+    );
     vec![
         ("etc/nodelet/config.yaml", 0o644, config.to_string()),
         ("etc/nodelet/kubeconfig", 0o600, kubeconfig.to_string()),
@@ -67,8 +99,9 @@ fn guest_files(kubeconfig: &str) -> Vec<(&'static str, u32, String)> {
         (
             "etc/systemd/system/poweroff-when-ready.service",
             0o644,
-            trigger,
+            unit,
         ),
+        ("usr/local/bin/test-poweroff", 0o755, script),
     ]
 }
 
@@ -198,27 +231,39 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
         .expect("reading the kubeconfig")
         .replace("127.0.0.1", "10.0.2.2");
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
-    let pod: Pod = serde_norway::from_str(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: stubborn\n  namespace: {NS}\nspec:\n  nodeName: {NODE}\n  terminationGracePeriodSeconds: 12\n  containers:\n{}",
-        busybox(
-            "app",
-            "trap '' TERM; echo ready; while true; do sleep 1; done"
-        )
-    ))
-    .expect("a valid pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("creating the pod");
+    let mut uids = std::collections::HashMap::new();
+    for (name, script, resources) in POD_SPECS {
+        let pod: Pod = serde_norway::from_str(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  nodeName: {NODE}\n  terminationGracePeriodSeconds: 12\n  containers:\n{}    resources: {resources}\n",
+            busybox("app", script)
+        ))
+        .expect("a valid pod");
+        let created = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("creating the pod");
+        uids.insert(name, created.metadata.uid.expect("a uid"));
+    }
 
     let initramfs = with_files(&initramfs, &guest_files(&kubeconfig), dir.path());
     let console = dir.path().join("console.log");
     let mut vm = boot(&kernel, &initramfs, &console);
 
-    wait_for("the pod Running on the systemd machine", 480, async || {
-        let st = status(&pods, "stubborn").await?;
-        (st.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    for (name, _, _) in POD_SPECS {
+        wait_for(
+            &format!("{name} Running on the systemd machine"),
+            480,
+            async || {
+                let st = status(&pods, name).await?;
+                (st.phase.as_deref() == Some("Running")).then_some(())
+            },
+        )
+        .await;
+    }
+    let node = Api::<Node>::all(api.client())
+        .get(NODE)
+        .await
+        .expect("the Node");
     let nodes: Api<Node> = Api::all(api.client());
     let mut saw_not_ready = false;
     let (failed, powered_off_at) = {
@@ -294,7 +339,7 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
     // nodelet's delay lock, before the power-off; the lock released after the pods.
     for marker in [
         // systemd's own cgroup v2 hierarchy (`%T` doubled for systemd): the pod ran on it.
-        "test-guest: pod ready on cgroup2fs",
+        "test-guest: pods ready on cgroup2fs",
         "test-guest: t 20000000",
         "raised logind's InhibitDelayMaxSec",
         "holding a delay inhibitor lock",
@@ -307,6 +352,65 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
             console_tail(&console)
         );
     }
+    // The other pods ended the same way.
+    for name in ["burstable", "besteffort"] {
+        let st = status(&pods, name).await.expect("the pod's status");
+        assert_eq!(st.phase.as_deref(), Some("Failed"), "{name}: {st:?}");
+        assert_eq!(st.reason.as_deref(), Some("Terminated"), "{name}");
+    }
+
+    // The pods' cgroup tree on cgroup v2, as the guest read it while they ran (`cgroupRoot`
+    // "/", the cgroupfs driver): the QoS cgroups and each pod's values.
+    let cg: std::collections::HashMap<(String, String), String> = console_text
+        .lines()
+        .filter_map(|l| l.split_once("test-guest: cg ").map(|(_, rest)| rest))
+        .filter_map(|rest| {
+            let mut parts = rest.splitn(3, ' ');
+            let (dir, file, value) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((
+                (dir.to_string(), file.to_string()),
+                value.trim().to_string(),
+            ))
+        })
+        .collect();
+    let value = |dir: &str, file: &str| {
+        cg.get(&(dir.to_string(), file.to_string()))
+            .cloned()
+            .unwrap_or_else(|| panic!("{dir}/{file} not read by the guest: {cg:?}"))
+    };
+    let weight = |shares: u64| nodelet::cm::cgroupfs::shares_to_weight(shares).to_string();
+    let guaranteed = format!("kubepods/pod{}", uids["stubborn"]);
+    let burstable = format!("kubepods/burstable/pod{}", uids["burstable"]);
+    let besteffort = format!("kubepods/besteffort/pod{}", uids["besteffort"]);
+    // Guaranteed: 200m (204 shares) and its CFS quota, 64Mi.
+    assert_eq!(value(&guaranteed, "cpu.weight"), weight(204));
+    assert_eq!(value(&guaranteed, "cpu.max"), "20000 100000");
+    assert_eq!(value(&guaranteed, "memory.max"), (64u64 << 20).to_string());
+    // Burstable: its 100m request, no CPU limit, its one container's memory limit.
+    assert_eq!(value(&burstable, "cpu.weight"), weight(102));
+    assert_eq!(value(&burstable, "cpu.max"), "max 100000");
+    assert_eq!(value(&burstable, "memory.max"), (128u64 << 20).to_string());
+    assert_eq!(value("kubepods/burstable", "cpu.weight"), weight(102));
+    // BestEffort: the minimum.
+    assert_eq!(value(&besteffort, "cpu.weight"), "1");
+    assert_eq!(value(&besteffort, "memory.max"), "max");
+    assert_eq!(value("kubepods/besteffort", "cpu.weight"), "1");
+    // kubepods: the node's capacity (nothing reserved), whole pages of memory.
+    let capacity = node
+        .status
+        .and_then(|s| s.capacity)
+        .expect("the Node's capacity");
+    let memory = nodelet::util::quantity::parse_bytes(&capacity["memory"].0).expect("memory");
+    let cpu = nodelet::util::quantity::parse_cpu_millis(&capacity["cpu"].0).expect("cpu");
+    assert_eq!(
+        value("kubepods", "memory.max"),
+        (memory / 4096 * 4096).to_string()
+    );
+    assert_eq!(
+        value("kubepods", "cpu.weight"),
+        weight(u64::try_from(cpu * 1024 / 1000).expect("positive"))
+    );
+
     // What happened, for the log.
     for line in console_text.lines().filter(|l| {
         l.contains("test-guest:")
