@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::registries::ConfigError;
+use crate::registries::{ConfigError, EndpointError};
 use crate::types::{HostConfig, RegistryConfig};
 
 /// The dir standing for every registry without a dir of its own.
@@ -58,32 +58,61 @@ enum Paths {
 }
 
 /// A host URL (a scheme is required here): its host[:port] and whether it is plain HTTP.
-fn url_host(url: &str) -> Result<(String, bool), String> {
+fn url_host(url: &str) -> Result<(String, bool), EndpointError> {
     if !url.contains("://") {
-        return Err(format!("{url:?}: a host is a URL (http:// or https://)"));
+        return Err(EndpointError::NotAUrl(url.to_string()));
     }
     crate::registries::endpoint(url)
+}
+
+/// Why a host's settings cannot be used; `field` is the table's prefix (`host."…".`).
+#[derive(Debug, thiserror::Error)]
+enum HostError {
+    #[error("{field}{what}: {why}")]
+    Unsupported {
+        field: String,
+        what: &'static str,
+        why: &'static str,
+    },
+    #[error("{field}capabilities: unknown capability {cap:?} (pull, resolve, push)")]
+    Capability { field: String, cap: String },
+    #[error("{field}ca: reading {}: {source}", path.display())]
+    ReadCa {
+        field: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{field}ca: {} holds no PEM certificate", path.display())]
+    NotPem { field: String, path: PathBuf },
 }
 
 impl Settings {
     /// The endpoint settings, refusing what the store cannot do. `field` names the table for
     /// errors; relative CA paths are taken from `dir`.
-    fn host_config(&self, dir: &Path, field: &str) -> Result<(HostConfig, bool), String> {
+    fn host_config(&self, dir: &Path, field: &str) -> Result<(HostConfig, bool), HostError> {
+        let unsupported = |what, why| HostError::Unsupported {
+            field: field.to_string(),
+            what,
+            why,
+        };
         if self.client.is_some() {
-            return Err(format!(
-                "{field}client: client certificates are not supported: the built-in store's \
-                 registry client cannot present one"
+            return Err(unsupported(
+                "client",
+                "client certificates are not supported: the built-in store's registry client \
+                 cannot present one",
             ));
         }
         if self.header.is_some() {
-            return Err(format!(
-                "{field}header: extra headers are not supported: the built-in store's registry \
-                 client cannot send them"
+            return Err(unsupported(
+                "header",
+                "extra headers are not supported: the built-in store's registry client cannot \
+                 send them",
             ));
         }
         if self.override_path == Some(true) {
-            return Err(format!(
-                "{field}override_path: not supported: a host is a registry's root"
+            return Err(unsupported(
+                "override_path",
+                "not supported: a host is a registry's root",
             ));
         }
         let caps = self
@@ -92,9 +121,10 @@ impl Settings {
             .unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
         for c in &caps {
             if !matches!(c.as_str(), "pull" | "resolve" | "push") {
-                return Err(format!(
-                    "{field}capabilities: unknown capability {c:?} (pull, resolve, push)"
-                ));
+                return Err(HostError::Capability {
+                    field: field.to_string(),
+                    cap: c.clone(),
+                });
             }
         }
         let pull = caps.iter().any(|c| c == "pull");
@@ -110,13 +140,21 @@ impl Settings {
         };
         for ca in cas {
             let path = dir.join(&ca);
-            let pem = std::fs::read(&path)
-                .map_err(|e| format!("{field}ca: reading {}: {e}", path.display()))?;
+            let pem = match std::fs::read(&path) {
+                Ok(pem) => pem,
+                Err(source) => {
+                    return Err(HostError::ReadCa {
+                        field: field.to_string(),
+                        path,
+                        source,
+                    });
+                }
+            };
             if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(format!(
-                    "{field}ca: {} holds no PEM certificate",
-                    path.display()
-                ));
+                return Err(HostError::NotPem {
+                    field: field.to_string(),
+                    path,
+                });
             }
             out.ca_pem.push(pem);
         }
@@ -167,7 +205,7 @@ impl RegistryConfig {
                     url_host(url).map_err(|e| fail(file.clone(), format!("host: {e}")))?;
                 let (host_config, pull) = settings
                     .host_config(&registry_dir, &field)
-                    .map_err(|e| fail(file.clone(), e))?;
+                    .map_err(|e| fail(file.clone(), e.to_string()))?;
                 if !pull {
                     continue;
                 }
@@ -183,7 +221,7 @@ impl RegistryConfig {
                 let (host_config, _) = parsed
                     .settings
                     .host_config(&registry_dir, "")
-                    .map_err(|e| fail(file.clone(), e))?;
+                    .map_err(|e| fail(file.clone(), e.to_string()))?;
                 if plain && !config.insecure.contains(&host) {
                     config.insecure.push(host.clone());
                 }
@@ -198,7 +236,7 @@ impl RegistryConfig {
                 let (host_config, _) = parsed
                     .settings
                     .host_config(&registry_dir, "")
-                    .map_err(|e| fail(file.clone(), e))?;
+                    .map_err(|e| fail(file.clone(), e.to_string()))?;
                 config.hosts.insert(registry.clone(), host_config);
             }
             config.mirrors.insert(registry, mirrors);

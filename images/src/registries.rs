@@ -87,28 +87,40 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// Why an endpoint cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EndpointError {
+    #[error("endpoint {0:?}: only http:// and https:// are supported")]
+    Scheme(String),
+    #[error("endpoint {0:?} has no host")]
+    NoHost(String),
+    #[error("endpoint {url:?}: a path (/{path}) is not supported; give the registry's root")]
+    Path { url: String, path: String },
+    #[error("{0:?}: a host is a URL (http:// or https://)")]
+    NotAUrl(String),
+}
+
 /// An endpoint as written (`http://h:p`, `https://h`, `h:p`): its host[:port] and whether it is
 /// plain HTTP. A path other than `/` or `/v2` is refused: the endpoint is a registry's root.
-pub(crate) fn endpoint(url: &str) -> Result<(String, bool), String> {
+pub(crate) fn endpoint(url: &str) -> Result<(String, bool), EndpointError> {
     let (plain, rest) = if let Some(r) = url.strip_prefix("http://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("https://") {
         (false, r)
     } else if url.contains("://") {
-        return Err(format!(
-            "endpoint {url:?}: only http:// and https:// are supported"
-        ));
+        return Err(EndpointError::Scheme(url.to_string()));
     } else {
         (false, url)
     };
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     if host.is_empty() {
-        return Err(format!("endpoint {url:?} has no host"));
+        return Err(EndpointError::NoHost(url.to_string()));
     }
     if !matches!(path.trim_end_matches('/'), "" | "v2") {
-        return Err(format!(
-            "endpoint {url:?}: a path (/{path}) is not supported; give the registry's root"
-        ));
+        return Err(EndpointError::Path {
+            url: url.to_string(),
+            path: path.to_string(),
+        });
     }
     Ok((host.to_string(), plain))
 }
