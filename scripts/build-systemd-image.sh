@@ -26,7 +26,9 @@ SUITE=bookworm
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # libseccomp2: a dynamically linked nodelet runs here too (the guest's glibc is the build
 # machine's, both bookworm).
-PACKAGES=systemd,systemd-sysv,dbus,udev,kmod,iproute2,libseccomp2
+# containerd, runc and the CNI plugins: the same machine with nodelet driving containerd
+# (containerRuntimeEndpoint) instead of its built-in runtime.
+PACKAGES=systemd,systemd-sysv,dbus,udev,kmod,iproute2,libseccomp2,containerd,runc,containernetworking-plugins
 
 # The modules the node needs, as in the minimal image, and the virtual machine's devices.
 MODULES="overlay bridge br_netfilter veth nf_tables nft_chain_nat nft_masq virtio_net virtio_pci"
@@ -112,7 +114,31 @@ mkdir -p "$ROOT/etc/systemd/network" "$ROOT/etc/systemd/journald.conf.d"
 printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n' > "$ROOT/etc/systemd/network/10-nic.network"
 printf '[Journal]\nForwardToConsole=yes\nTTYPath=/dev/ttyS0\nMaxLevelConsole=info\n' \
   > "$ROOT/etc/systemd/journald.conf.d/console.conf"
-systemctl --root="$ROOT" enable systemd-networkd.service nodelet.service >&2
+# containerd: its CRI plugin with the sandbox image a test puts in nodelet's preload dir
+# (nodelet imports that dir into containerd), and a bridge pod network from Debian's plugins
+# (no masquerading or hostPorts: they would need iptables).
+mkdir -p "$ROOT/etc/containerd" "$ROOT/etc/cni/net.d"
+cat > "$ROOT/etc/containerd/config.toml" <<'EOF'
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:nodelet-busybox"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+EOF
+cat > "$ROOT/etc/cni/net.d/10-containerd.conflist" <<'EOF'
+{
+  "cniVersion": "1.0.0",
+  "name": "containerd-pods",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.22.0.0/16"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+EOF
+systemctl --root="$ROOT" enable systemd-networkd.service nodelet.service containerd.service >&2
 systemctl --root="$ROOT" mask serial-getty@ttyS0.service getty@tty1.service \
   systemd-networkd-wait-online.service >&2 || true
 # network-online.target without wait-online: the unit starts once networkd runs; the agent

@@ -50,7 +50,8 @@ if [ "${STATIC:-1}" != 0 ] || [ "${CI:-}" = true ]; then
   # A Debian machine with systemd as PID 1 (scripts/build-systemd-image.sh) running that binary
   # as nodelet.service: graceful node shutdown through logind's inhibitor lock.
   echo "== systemd host (tests/systemd_node.rs)"
-  NODELET_BIN="$static_bin" cargo test --all-features --test systemd_node -- --ignored --nocapture
+  NODELET_BIN="$static_bin" cargo test --all-features --test systemd_node -- --ignored --nocapture \
+    --test-threads 1
 fi
 
 # Every fuzz target briefly, from its checked-in corpus, built without optimisation: the build

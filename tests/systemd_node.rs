@@ -1,7 +1,8 @@
 //! nodelet on a systemd host: a Debian machine (scripts/build-systemd-image.sh: systemd as
-//! PID 1, systemd-logind, D-Bus, deploy/systemd/nodelet.service) booted under qemu, its agent
-//! registered with the project's test API server on this machine (reached at qemu's user
-//! network address for the host, 10.0.2.2).
+//! PID 1, systemd-logind, D-Bus, deploy/systemd/nodelet.service, Debian's containerd) booted
+//! under qemu, its agent registered with the project's test API server on this machine
+//! (reached at qemu's user network address for the host, 10.0.2.2), once with the built-in
+//! runtime and once driving the guest's containerd.
 //!
 //! Graceful node shutdown through logind: with `shutdownGracePeriod: 20s` the agent raises
 //! logind's `InhibitDelayMaxSec` (5 s by default) and holds a delay inhibitor lock. When the
@@ -54,14 +55,29 @@ const POD_SPECS: [(&str, &str, &str); 3] = [
 ];
 const PODS: usize = POD_SPECS.len();
 
-/// The files the test adds to the machine, as `(path, mode, text)`.
-fn guest_files(kubeconfig: &str) -> Vec<(&'static str, u32, String)> {
-    let config = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+/// Which runtime the guest's agent drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Builtin,
+    /// The guest's containerd (Debian's), its images imported from nodelet's preload dir.
+    Containerd,
+}
+
+/// The files the test adds to the machine, as `(path, mode, contents)`.
+fn guest_files(kubeconfig: &str, backend: Backend) -> Vec<(&'static str, u32, Vec<u8>)> {
+    let runtime = match backend {
+        Backend::Builtin => "",
+        Backend::Containerd => "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n",
+    };
+    let config = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime}\
         shutdownGracePeriod: 20s\nshutdownGracePeriodCriticalPods: 5s\n\
         nodeStatusUpdateFrequency: 2s\nfileCheckFrequency: 5s\n\
-        authentication: {webhook: {enabled: false}}\nauthorization: {mode: AlwaysAllow}\n";
+        authentication: {{webhook: {{enabled: false}}}}\nauthorization: {{mode: AlwaysAllow}}\n"
+    );
     let drop_in = format!(
-        "[Service]\nExecStart=\nExecStart=/usr/local/bin/nodelet --root-dir /var/lib/nodelet run-node \
+        "[Unit]\nAfter=containerd.service\n\n\
+         [Service]\nExecStart=\nExecStart=/usr/local/bin/nodelet --root-dir /var/lib/nodelet run-node \
          --config /etc/nodelet/config.yaml --kubeconfig /etc/nodelet/kubeconfig \
          --hostname-override {NODE}\n"
     );
@@ -88,21 +104,36 @@ echo "test-guest: powering off"
 busctl call org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager PowerOff b false
 "#
     );
-    vec![
-        ("etc/nodelet/config.yaml", 0o644, config.to_string()),
-        ("etc/nodelet/kubeconfig", 0o600, kubeconfig.to_string()),
+    let mut files = vec![
+        ("etc/nodelet/config.yaml", 0o644, config.into_bytes()),
+        (
+            "etc/nodelet/kubeconfig",
+            0o600,
+            kubeconfig.as_bytes().to_vec(),
+        ),
         (
             "etc/systemd/system/nodelet.service.d/10-test.conf",
             0o644,
-            drop_in,
+            drop_in.into_bytes(),
         ),
         (
             "etc/systemd/system/poweroff-when-ready.service",
             0o644,
-            unit,
+            unit.into_bytes(),
         ),
-        ("usr/local/bin/test-poweroff", 0o755, script),
-    ]
+        ("usr/local/bin/test-poweroff", 0o755, script.into_bytes()),
+    ];
+    if backend == Backend::Containerd {
+        // containerd's sandbox image (its config names it), imported with busybox from the
+        // preload dir.
+        let pause =
+            std::env::temp_dir().join(format!("nl-systemd-pause-{}.tar", std::process::id()));
+        common::containerd::pause_archive(&common::busybox_archive(), &pause);
+        let bytes = std::fs::read(&pause).expect("reading the pause archive");
+        let _ = std::fs::remove_file(&pause);
+        files.push(("var/lib/nodelet/images-preload/pause.tar", 0o644, bytes));
+    }
+    files
 }
 
 /// The image (built when missing, the Debian root kept between runs): `(vmlinuz, initramfs)`.
@@ -127,7 +158,7 @@ fn image(bin: &Path) -> (PathBuf, PathBuf) {
 }
 
 /// The image's initramfs with `files` added as a second archive.
-fn with_files(initramfs: &Path, files: &[(&str, u32, String)], dir: &Path) -> PathBuf {
+fn with_files(initramfs: &Path, files: &[(&str, u32, Vec<u8>)], dir: &Path) -> PathBuf {
     let tree = dir.join("extra");
     let mut names = Vec::new();
     for (path, mode, text) in files {
@@ -210,10 +241,31 @@ async fn status(pods: &Api<Pod>, name: &str) -> Option<PodStatus> {
     pods.get_opt(name).await.ok().flatten()?.status
 }
 
+/// One machine at a time: two guests under software emulation would starve each other.
+static ONE_MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
-async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
-    let test = "logind_shutdown_stops_the_pods_before_the_machine_goes_down";
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_builtin() {
+    logind_shutdown(
+        Backend::Builtin,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd() {
+    logind_shutdown(
+        Backend::Containerd,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd",
+    )
+    .await;
+}
+
+async fn logind_shutdown(backend: Backend, test: &str) {
+    let _one = ONE_MACHINE.lock().await;
     if !common::root_or_skip(test) {
         return;
     }
@@ -245,7 +297,7 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
         uids.insert(name, created.metadata.uid.expect("a uid"));
     }
 
-    let initramfs = with_files(&initramfs, &guest_files(&kubeconfig), dir.path());
+    let initramfs = with_files(&initramfs, &guest_files(&kubeconfig, backend), dir.path());
     let console = dir.path().join("console.log");
     let mut vm = boot(&kernel, &initramfs, &console);
 
@@ -264,6 +316,17 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down() {
         .get(NODE)
         .await
         .expect("the Node");
+    let runtime = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.container_runtime_version.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        runtime.starts_with("containerd://"),
+        backend == Backend::Containerd,
+        "the Node's runtime: {runtime}"
+    );
     let nodes: Api<Node> = Api::all(api.client());
     let mut saw_not_ready = false;
     let (failed, powered_off_at) = {
