@@ -302,7 +302,8 @@ impl StatusManager {
 /// The status as a strategic merge patch body. A container's `state` and `lastState` hold
 /// exactly one of `waiting`, `running` and `terminated`: the patch names the other two as
 /// `null`, or merging it into the stored status would leave, say, `running` beside the new
-/// `terminated` (upstream's status manager sends a computed diff, which does the same).
+/// `terminated` (upstream's status manager sends a computed diff, which does the same); a
+/// stopped container's `resources` are `null` likewise.
 fn status_patch(status: &PodStatus) -> serde_json::Value {
     let mut v = serde_json::to_value(status).unwrap_or_default();
     // The kubelet's own conditions that come and go (a resize's) are deleted when ours has
@@ -337,6 +338,11 @@ fn status_patch(status: &PodStatus) -> serde_json::Value {
             continue;
         };
         for item in items {
+            // What a container shows only while it runs (its resources) is cleared once it
+            // stops, or the merge would keep the last values.
+            if let Some(obj) = item.as_object_mut() {
+                obj.entry("resources").or_insert(serde_json::Value::Null);
+            }
             for field in ["state", "lastState"] {
                 let Some(obj) = item.as_object_mut() else {
                     continue;

@@ -175,3 +175,39 @@ fn the_patch_clears_stale_condition_fields_and_ended_resize_conditions() {
         .collect();
     assert_eq!(deleted, vec!["PodResizePending", "PodResizeInProgress"]);
 }
+
+#[test]
+fn the_patch_clears_a_stopped_containers_resources() {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, ResourceRequirements,
+    };
+    let container = |resources: Option<ResourceRequirements>| ContainerStatus {
+        name: "app".into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        resources,
+        ..Default::default()
+    };
+    let status = PodStatus {
+        container_statuses: Some(vec![container(None)]),
+        ..Default::default()
+    };
+    let patch = status_patch(&status);
+    let c = &patch["containerStatuses"][0];
+    assert!(
+        c.get("resources").is_some_and(serde_json::Value::is_null),
+        "{c}"
+    );
+    // A running container's are sent as they are.
+    let running = PodStatus {
+        container_statuses: Some(vec![container(Some(ResourceRequirements::default()))]),
+        ..Default::default()
+    };
+    let patch = status_patch(&running);
+    assert!(patch["containerStatuses"][0]["resources"].is_object());
+}
