@@ -44,20 +44,9 @@ fi
 
 # Debian packages, downloaded once into OUT/debs (delete it to fetch newer ones).
 DEBS="$OUT/debs"
-mkdir -p "$DEBS"
-fetch() { # fetch PACKAGE -> the .deb's path
-  local f
-  f=$(ls "$DEBS/$1"_*.deb 2>/dev/null | head -n 1 || true)
-  if [ -z "$f" ]; then
-    (cd "$DEBS" && apt-get download "$1" 2>&1 | grep -v "^W: Download is performed unsandboxed" >&2)
-    f=$(ls "$DEBS/$1"_*.deb | head -n 1)
-  fi
-  echo "$f"
-}
-META=$(fetch "${KERNEL_PACKAGE:-linux-image-amd64}")
-KPKG=$(dpkg-deb -f "$META" Depends | tr ',' '\n' | grep -o 'linux-image-[0-9][^ ]*' | head -n 1 || true)
-KPKG=${KPKG:-${KERNEL_PACKAGE:-linux-image-amd64}}
-KDEB=$(fetch "$KPKG")
+# shellcheck source=scripts/lib/debs.sh
+. scripts/lib/debs.sh
+KDEB=$(fetch_kernel)
 BBDEB=$(fetch busybox-static)
 
 WORK="$OUT/work"
@@ -100,7 +89,7 @@ cp "$WORK/kernel/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
 rm -rf "$WORK"
 
 size() { echo "$(( $(stat -c %s "$1") / 1024 )) KiB"; }
-echo "build-image: kernel $KVER ($KPKG): $(size "$OUT/vmlinuz"); initramfs: $(size "$OUT/initramfs.img") (nodelet $(size "$NODELET"))" >&2
+echo "build-image: kernel $KVER ($(basename "$KDEB")): $(size "$OUT/vmlinuz"); initramfs: $(size "$OUT/initramfs.img") (nodelet $(size "$NODELET"))" >&2
 total=$(( $(stat -c %s "$OUT/vmlinuz") + $(stat -c %s "$OUT/initramfs.img") ))
 echo "build-image: image size $(awk -v b="$total" 'BEGIN {printf "%.1f", b / 1048576}') MiB" >&2
 echo "$OUT/vmlinuz $OUT/initramfs.img"

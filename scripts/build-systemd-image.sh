@@ -65,20 +65,9 @@ fi
 
 # The kernel, as the minimal image's.
 DEBS="$OUT/debs"
-mkdir -p "$DEBS"
-fetch() { # fetch PACKAGE -> the .deb's path
-  local f
-  f=$(ls "$DEBS/$1"_*.deb 2>/dev/null | head -n 1 || true)
-  if [ -z "$f" ]; then
-    (cd "$DEBS" && apt-get download "$1" 2>&1 | grep -v "^W: Download is performed unsandboxed" >&2)
-    f=$(ls "$DEBS/$1"_*.deb | head -n 1)
-  fi
-  echo "$f"
-}
-META=$(fetch "${KERNEL_PACKAGE:-linux-image-amd64}")
-KPKG=$(dpkg-deb -f "$META" Depends | tr ',' '\n' | grep -o 'linux-image-[0-9][^ ]*' | head -n 1 || true)
-KPKG=${KPKG:-${KERNEL_PACKAGE:-linux-image-amd64}}
-KDEB=$(fetch "$KPKG")
+# shellcheck source=scripts/lib/debs.sh
+. scripts/lib/debs.sh
+KDEB=$(fetch_kernel)
 
 WORK="$OUT/work"
 rm -rf "$WORK"
