@@ -120,19 +120,26 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
         ),
     )
     .unwrap();
+    // What the main container writes on SIGTERM outlives the pod: its log directory is
+    // collected as soon as the pod is gone.
+    let web_out = node.root.join("web-out");
+    std::fs::create_dir_all(&web_out).unwrap();
     let web_spec = format!(
         "  terminationGracePeriodSeconds: 20\n  initContainers:\n{}{}  containers:\n{}",
         busybox("init-a", "echo a >> /shared/order"),
         busybox("init-b", "echo b >> /shared/order"),
         busybox(
             "main",
-            "cat /shared/order; trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"
+            "cat /shared/order; trap 'echo got TERM; echo got TERM > /out/term; exit 0' TERM; while true; do sleep 0.1; done"
         )
     )
     .replace(
         "    command:",
-        "    volumeMounts: [{name: shared, mountPath: /shared}]\n    command:",
-    ) + "  volumes: [{name: shared, emptyDir: {}}]\n";
+        "    volumeMounts: [{name: shared, mountPath: /shared}, {name: out, mountPath: /out}]\n    command:",
+    ) + &format!(
+        "  volumes: [{{name: shared, emptyDir: {{}}}}, {{name: out, hostPath: {{path: {}}}}}]\n",
+        web_out.display()
+    );
     let web = node.pod("web", &web_spec);
     pods.create(&PostParams::default(), &web).await.unwrap();
     // Admission: a pod for another OS is rejected with the upstream reason, never run.
@@ -375,8 +382,8 @@ async fn api_pods_lifecycle(backend: Backend, test: &str) {
             .and_then(|p| p.is_none().then_some(()))
     })
     .await;
-    let out = read_log(&node.logs, "web", "main");
-    assert!(out.contains("got TERM"), "graceful stop: {out}");
+    let out = std::fs::read_to_string(web_out.join("term")).unwrap_or_default();
+    assert!(out.contains("got TERM"), "graceful stop: {out:?}");
     assert!(
         api.requests()
             .iter()
