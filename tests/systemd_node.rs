@@ -59,6 +59,9 @@ const PODS: usize = POD_SPECS.len();
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     Builtin,
+    /// The built-in runtime with `cgroupDriver: systemd`: the pods' tree made of systemd
+    /// slices, each pod's cgroups in a delegated scope.
+    BuiltinSystemdCgroups,
     /// The guest's containerd (Debian's), its images imported from nodelet's preload dir.
     Containerd,
 }
@@ -67,6 +70,7 @@ enum Backend {
 fn guest_files(kubeconfig: &str, backend: Backend) -> Vec<(&'static str, u32, Vec<u8>)> {
     let runtime = match backend {
         Backend::Builtin => "",
+        Backend::BuiltinSystemdCgroups => "cgroupDriver: systemd\n",
         Backend::Containerd => "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n",
     };
     let config = format!(
@@ -93,7 +97,11 @@ fn guest_files(kubeconfig: &str, backend: Backend) -> Vec<(&'static str, u32, Ve
 until [ "$(grep -ls ready /var/log/pods/*/*/*.log | wc -l)" -ge {PODS} ]; do sleep 1; done
 echo "test-guest: pods ready on $(stat -fc %T /sys/fs/cgroup)"
 cd /sys/fs/cgroup
-for d in kubepods kubepods/burstable kubepods/besteffort kubepods/pod* kubepods/*/pod*; do
+echo "test-guest: units $(systemctl list-units --no-legend --plain --all 'kubepods*' 'nodelet-*' | awk '{{print $1 "=" $3}}' | tr '\n' ' ')"
+for d in kubepods kubepods/burstable kubepods/besteffort kubepods/pod* kubepods/*/pod* \
+  kubepods.slice kubepods.slice/kubepods-burstable.slice kubepods.slice/kubepods-besteffort.slice \
+  kubepods.slice/kubepods-pod*.slice kubepods.slice/*/kubepods-*-pod*.slice; do
+  [ -d "$d" ] || continue
   for f in cpu.weight cpu.max memory.max pids.max; do
     echo "test-guest: cg $d $f $(cat $d/$f)"
   done
@@ -264,6 +272,16 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd(
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups() {
+    logind_shutdown(
+        Backend::BuiltinSystemdCgroups,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups",
+    )
+    .await;
+}
+
 async fn logind_shutdown(backend: Backend, test: &str) {
     let _one = ONE_MACHINE.lock().await;
     if !common::root_or_skip(test) {
@@ -423,7 +441,7 @@ async fn logind_shutdown(backend: Backend, test: &str) {
     }
 
     // The pods' cgroup tree on cgroup v2, as the guest read it while they ran (`cgroupRoot`
-    // "/", the cgroupfs driver): the QoS cgroups and each pod's values.
+    // "/", the cgroupfs or the systemd driver): the QoS cgroups and each pod's values.
     let cg: std::collections::HashMap<(String, String), String> = console_text
         .lines()
         .filter_map(|l| l.split_once("test-guest: cg ").map(|(_, rest)| rest))
@@ -442,9 +460,55 @@ async fn logind_shutdown(backend: Backend, test: &str) {
             .unwrap_or_else(|| panic!("{dir}/{file} not read by the guest: {cg:?}"))
     };
     let weight = |shares: u64| nodelet::cm::cgroupfs::shares_to_weight(shares).to_string();
-    let guaranteed = format!("kubepods/pod{}", uids["stubborn"]);
-    let burstable = format!("kubepods/burstable/pod{}", uids["burstable"]);
-    let besteffort = format!("kubepods/besteffort/pod{}", uids["besteffort"]);
+    let systemd = backend == Backend::BuiltinSystemdCgroups;
+    let slice_uid = |name: &str| uids[name].replace('-', "_");
+    let (kubepods, qos_burstable, qos_besteffort, guaranteed, burstable, besteffort) = if systemd {
+        (
+            "kubepods.slice".to_string(),
+            "kubepods.slice/kubepods-burstable.slice".to_string(),
+            "kubepods.slice/kubepods-besteffort.slice".to_string(),
+            format!("kubepods.slice/kubepods-pod{}.slice", slice_uid("stubborn")),
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+                slice_uid("burstable")
+            ),
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+                slice_uid("besteffort")
+            ),
+        )
+    } else {
+        (
+            "kubepods".to_string(),
+            "kubepods/burstable".to_string(),
+            "kubepods/besteffort".to_string(),
+            format!("kubepods/pod{}", uids["stubborn"]),
+            format!("kubepods/burstable/pod{}", uids["burstable"]),
+            format!("kubepods/besteffort/pod{}", uids["besteffort"]),
+        )
+    };
+    // With systemd, the slices are systemd's units (active), each pod's sandbox in a scope
+    // of its own; with cgroupfs, systemd knows none of them.
+    let units = console_text
+        .lines()
+        .find_map(|l| {
+            l.split_once("test-guest: units ")
+                .map(|(_, u)| u.to_string())
+        })
+        .unwrap_or_default();
+    for slice in [&guaranteed, &burstable, &besteffort] {
+        let unit = slice.rsplit('/').next().unwrap_or_default();
+        assert_eq!(
+            units.contains(&format!("{unit}=active")),
+            systemd,
+            "{unit} among systemd's units: {units}"
+        );
+    }
+    assert_eq!(
+        units.matches("nodelet-").count(),
+        if systemd { PODS } else { 0 },
+        "the pods' scopes: {units}"
+    );
     // Guaranteed: 200m (204 shares) and its CFS quota, 64Mi.
     assert_eq!(value(&guaranteed, "cpu.weight"), weight(204));
     assert_eq!(value(&guaranteed, "cpu.max"), "20000 100000");
@@ -453,11 +517,11 @@ async fn logind_shutdown(backend: Backend, test: &str) {
     assert_eq!(value(&burstable, "cpu.weight"), weight(102));
     assert_eq!(value(&burstable, "cpu.max"), "max 100000");
     assert_eq!(value(&burstable, "memory.max"), (128u64 << 20).to_string());
-    assert_eq!(value("kubepods/burstable", "cpu.weight"), weight(102));
+    assert_eq!(value(&qos_burstable, "cpu.weight"), weight(102));
     // BestEffort: the minimum.
     assert_eq!(value(&besteffort, "cpu.weight"), "1");
     assert_eq!(value(&besteffort, "memory.max"), "max");
-    assert_eq!(value("kubepods/besteffort", "cpu.weight"), "1");
+    assert_eq!(value(&qos_besteffort, "cpu.weight"), "1");
     // kubepods: the node's capacity (nothing reserved), whole pages of memory.
     let capacity = node
         .status
@@ -466,11 +530,11 @@ async fn logind_shutdown(backend: Backend, test: &str) {
     let memory = nodelet::util::quantity::parse_bytes(&capacity["memory"].0).expect("memory");
     let cpu = nodelet::util::quantity::parse_cpu_millis(&capacity["cpu"].0).expect("cpu");
     assert_eq!(
-        value("kubepods", "memory.max"),
+        value(&kubepods, "memory.max"),
         (memory / 4096 * 4096).to_string()
     );
     assert_eq!(
-        value("kubepods", "cpu.weight"),
+        value(&kubepods, "cpu.weight"),
         weight(u64::try_from(cpu * 1024 / 1000).expect("positive"))
     );
 

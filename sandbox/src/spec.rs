@@ -57,6 +57,12 @@ pub struct Spec {
     pub cgroup_parent: String,
     /// Whether the sandbox created `cgroup_parent` and must remove it when it goes.
     pub owns_cgroup_parent: bool,
+    /// With the systemd cgroup driver: the slice the pod's scope goes in. The sandbox process
+    /// then first asks systemd for a delegated scope `nodelet-<id>.scope` in that slice (whose
+    /// cgroup is `cgroup_parent`), so that systemd knows the pod's processes and leaves the
+    /// cgroups below the scope to the sandbox.
+    #[serde(default)]
+    pub systemd_slice: Option<String>,
     /// DNS for resolv.conf; `None` copies the node's /etc/resolv.conf.
     pub dns: Option<Dns>,
     /// Extra `/etc/hosts` lines (ip, names).

@@ -14,11 +14,12 @@
 //! to the runtime as CRI `cgroup_parent`, so its sandbox and containers go below it on the
 //! built-in runtime and containerd alike; housekeeping destroys the cgroups of pods no longer
 //! running ([`ContainerManager::orphans`], [`ContainerManager::destroy_pods`]). The QoS cgroups are updated when a pod
-//! cgroup is made and every minute. Only the cgroupfs driver is supported: `cgroupDriver:
-//! systemd` is refused at start.
+//! cgroup is made and every minute. With `cgroupDriver: systemd` ([`systemd`]) the same tree
+//! is made of systemd slices (`kubepods.slice/kubepods-burstable.slice/...`), on cgroup v2.
 
 pub mod cgroupfs;
 pub mod resources;
+pub mod systemd;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use self::cgroupfs::Cgroupfs;
 use self::resources::{MIN_SHARES, ResourceConfig, milli_cpu_to_shares};
+use self::systemd::{Systemd, SystemdError};
 use crate::config::{CgroupDriver, Cgroups};
 use crate::util::lock;
 
@@ -60,10 +62,12 @@ pub enum Error {
     #[error("cgroup {path} still holds processes {pids:?} after SIGKILL")]
     Busy { path: String, pids: Vec<i32> },
     #[error(
-        "cgroupDriver systemd is not supported by nodelet yet: its cgroups are made directly in \
-         the cgroup filesystem; set cgroupDriver: cgroupfs (and the runtime's driver to match)"
+        "cgroupDriver systemd needs the unified cgroup hierarchy (cgroup v2), and this machine \
+         has cgroup v1: set cgroupDriver: cgroupfs (and the runtime's driver to match)"
     )]
-    SystemdDriver,
+    SystemdOnV1,
+    #[error(transparent)]
+    Systemd(Box<SystemdError>),
 }
 
 /// A pod's QoS class, as its cgroup's place in the tree.
@@ -72,6 +76,12 @@ pub enum Qos {
     Guaranteed,
     Burstable,
     BestEffort,
+}
+
+impl From<SystemdError> for Error {
+    fn from(e: SystemdError) -> Self {
+        Error::Systemd(Box::new(e))
+    }
 }
 
 impl Qos {
@@ -87,7 +97,11 @@ impl Qos {
 /// The tree under `kubepods` and what the manager knows of the pods in it.
 struct Tree {
     fs: Cgroupfs,
-    /// `<cgroupRoot>/kubepods`.
+    /// The systemd driver's connection; `None`: the cgroupfs driver.
+    systemd: Option<Systemd>,
+    /// `cgroupRoot`'s parts (none for `/`).
+    root: Vec<String>,
+    /// `<cgroupRoot>/kubepods` (with systemd, its slice's cgroupfs path).
     kubepods: String,
     /// What `kubepods` is set to.
     node: ResourceConfig,
@@ -123,22 +137,33 @@ impl ContainerManager {
     /// The manager of `cfg`'s tree, `kubepods` to be set to `node` (its CPU shares and, when
     /// node allocatable is enforced, its memory limit); `pod_pids_limit` caps each pod.
     pub fn new(cfg: &Cgroups, node: ResourceConfig, pod_pids_limit: i64) -> Result<Self, Error> {
-        if cfg.driver == CgroupDriver::Systemd {
-            return Err(Error::SystemdDriver);
-        }
         if !cfg.per_qos {
             return Ok(Self::disabled());
         }
-        Ok(ContainerManager {
-            tree: Some(Tree {
-                fs: Cgroupfs::detect()?,
-                kubepods: join(&cfg.root, "kubepods"),
-                node,
-                cpu_cfs_quota: cfg.cpu_cfs_quota,
-                pod_pids_limit,
-                pods: Mutex::new(HashMap::new()),
-            }),
-        })
+        let fs = Cgroupfs::detect()?;
+        let systemd = match cfg.driver {
+            CgroupDriver::Cgroupfs => None,
+            CgroupDriver::Systemd if !fs.is_v2() => return Err(Error::SystemdOnV1),
+            CgroupDriver::Systemd => Some(Systemd::connect()?),
+        };
+        let root: Vec<String> = cfg
+            .root
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        let mut tree = Tree {
+            fs,
+            systemd,
+            root,
+            kubepods: String::new(),
+            node,
+            cpu_cfs_quota: cfg.cpu_cfs_quota,
+            pod_pids_limit,
+            pods: Mutex::new(HashMap::new()),
+        };
+        tree.kubepods = tree.path(&["kubepods"]);
+        Ok(ContainerManager { tree: Some(tree) })
     }
 
     /// Makes `kubepods` (set to the node's values) and the QoS cgroups, and the pod cgroups
@@ -149,22 +174,23 @@ impl ContainerManager {
         let Some(t) = &self.tree else {
             return Ok(());
         };
-        t.fs.create(&t.kubepods)?;
-        t.fs.apply(&t.kubepods, &t.node)?;
+        t.make(&t.kubepods, &t.node)?;
         for qos in [Qos::Burstable, Qos::BestEffort] {
-            t.fs.create(&t.qos_path(qos))?;
+            t.make(&t.qos_path(qos), &ResourceConfig::default())?;
         }
         self.update_qos()?;
         tracing::info!(
             kubepods = %t.kubepods,
             version = if t.fs.is_v2() { "v2" } else { "v1" },
+            driver = if t.systemd.is_some() { "systemd" } else { "cgroupfs" },
             "the pods' cgroup tree is ready"
         );
         Ok(())
     }
 
     /// The pod's cgroup, made (with its values) when missing, after the QoS cgroups were
-    /// updated for it: the CRI `cgroup_parent` of its sandbox. Empty without the tree. When
+    /// updated for it: the CRI `cgroup_parent` of its sandbox (with systemd, its slice's name).
+    /// Empty without the tree. When
     /// the pod's resources changed since its cgroup was written (a resize), the cgroup (and the
     /// `burstable` shares) are written again in two steps around the containers' own resize:
     /// here what grows ([`resources::widest`]), in [`ContainerManager::finish_pod_resize`] what
@@ -189,11 +215,10 @@ impl ContainerManager {
         let path = t.pod_path(qos, uid);
         if !t.fs.exists(&path) {
             self.update_qos()?;
-            t.fs.create(&path)?;
-            t.fs.apply(&path, &config)?;
+            t.make(&path, &config)?;
             tracing::debug!(pod_cgroup = %path, ?config, "pod cgroup made");
             self.applied(uid, config);
-            return Ok(path);
+            return Ok(t.runtime_parent(&path));
         }
         // Adopted after a restart (`None`): written by an earlier agent, perhaps for other
         // values; write them again.
@@ -203,7 +228,7 @@ impl ContainerManager {
             && *old_cpu == cpu
         {
             self.applied(uid, config);
-            return Ok(path);
+            return Ok(t.runtime_parent(&path));
         }
         if before.as_ref().is_none_or(|(old_cpu, _)| *old_cpu != cpu) {
             self.update_qos()?;
@@ -216,7 +241,7 @@ impl ContainerManager {
             None => (config.clone(), config.clone()),
         };
         let old = before.map(|(_, old)| old);
-        match t.fs.apply(&path, &write) {
+        match t.set(&path, &write) {
             Ok(()) => {
                 tracing::info!(pod_cgroup = %path, ?config, "pod cgroup resized");
                 self.applied(uid, first.clone());
@@ -231,7 +256,7 @@ impl ContainerManager {
                 }
             }
         }
-        Ok(path)
+        Ok(t.runtime_parent(&path))
     }
 
     /// The second step of a pod cgroup's resize, once its containers were resized: what
@@ -265,7 +290,7 @@ impl ContainerManager {
             Some(old) => resources::replacing(old, &target),
             None => target.clone(),
         };
-        match t.fs.apply(&path, &write) {
+        match t.set(&path, &write) {
             Ok(()) => {
                 tracing::info!(pod_cgroup = %path, config = ?target, "pod cgroup shrunk after its containers");
                 self.applied(uid, target);
@@ -317,11 +342,11 @@ impl ContainerManager {
             cpu_shares: Some(s),
             ..Default::default()
         };
-        t.fs.apply(
+        t.set(
             &t.qos_path(Qos::Burstable),
             &shares(milli_cpu_to_shares(burstable)),
         )?;
-        t.fs.apply(&t.qos_path(Qos::BestEffort), &shares(MIN_SHARES))?;
+        t.set(&t.qos_path(Qos::BestEffort), &shares(MIN_SHARES))?;
         Ok(())
     }
 
@@ -351,8 +376,8 @@ impl ContainerManager {
         for qos in [Qos::Guaranteed, Qos::Burstable, Qos::BestEffort] {
             let dir = t.qos_path(qos);
             for name in t.fs.children(&dir)? {
-                if let Some(uid) = name.strip_prefix("pod") {
-                    out.push((uid.to_string(), join(&dir, &name)));
+                if let Some(uid) = t.pod_uid(&name) {
+                    out.push((uid, join(&dir, &name)));
                 }
             }
         }
@@ -381,7 +406,7 @@ impl ContainerManager {
             if running > 0 {
                 tracing::info!(pod_cgroup = %path, running, "killing what runs in the cgroup of a pod gone");
             }
-            match t.fs.destroy(path) {
+            match t.destroy(path) {
                 Ok(()) => {
                     tracing::debug!(pod_cgroup = %path, "pod cgroup removed");
                     lock(&t.pods).remove(uid);
@@ -399,17 +424,101 @@ impl ContainerManager {
 }
 
 impl Tree {
+    /// The cgroupfs path of the cgroup `parts` below `cgroupRoot`.
+    fn path(&self, parts: &[&str]) -> String {
+        let mut all: Vec<&str> = self.root.iter().map(String::as_str).collect();
+        all.extend_from_slice(parts);
+        if self.systemd.is_some() {
+            systemd::slice_path(&all)
+        } else {
+            format!("/{}", all.join("/"))
+        }
+    }
+
     fn qos_path(&self, qos: Qos) -> String {
         match qos {
             Qos::Guaranteed => self.kubepods.clone(),
-            Qos::Burstable => join(&self.kubepods, "burstable"),
-            Qos::BestEffort => join(&self.kubepods, "besteffort"),
+            Qos::Burstable => self.path(&["kubepods", "burstable"]),
+            Qos::BestEffort => self.path(&["kubepods", "besteffort"]),
         }
     }
 
     fn pod_path(&self, qos: Qos, uid: &str) -> String {
-        join(&self.qos_path(qos), &format!("pod{uid}"))
+        let pod = format!("pod{uid}");
+        match qos {
+            Qos::Guaranteed => self.path(&["kubepods", &pod]),
+            Qos::Burstable => self.path(&["kubepods", "burstable", &pod]),
+            Qos::BestEffort => self.path(&["kubepods", "besteffort", &pod]),
+        }
     }
+
+    /// The pod UID of a child cgroup of a QoS cgroup, when it is a pod's.
+    fn pod_uid(&self, name: &str) -> Option<String> {
+        if self.systemd.is_some() {
+            systemd::pod_uid(name)
+        } else {
+            name.strip_prefix("pod").map(str::to_string)
+        }
+    }
+
+    /// What the runtime is given for the cgroup `path`: the path itself, or with systemd the
+    /// slice's name (its last part).
+    fn runtime_parent(&self, path: &str) -> String {
+        match &self.systemd {
+            Some(_) => unit_of(path).to_string(),
+            None => path.to_string(),
+        }
+    }
+
+    /// Makes the cgroup `path` with `config`'s values: in the cgroup filesystem, or as a
+    /// systemd slice (waiting for systemd to make its cgroup) whose files are then written.
+    fn make(&self, path: &str, config: &ResourceConfig) -> Result<(), Error> {
+        let Some(sd) = &self.systemd else {
+            self.fs.create(path)?;
+            return self.fs.apply(path, config);
+        };
+        let unit = unit_of(path);
+        sd.start_slice(unit, config)?;
+        let deadline = std::time::Instant::now() + systemd::UNIT_WAIT;
+        while !self.fs.exists(path) {
+            if std::time::Instant::now() > deadline {
+                return Err(SystemdError::NotRealized {
+                    unit: unit.to_string(),
+                    path: path.to_string(),
+                }
+                .into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.fs.apply(path, config)
+    }
+
+    /// Sets `config`'s values on the cgroup `path` (with systemd, as the slice's properties
+    /// first).
+    fn set(&self, path: &str, config: &ResourceConfig) -> Result<(), Error> {
+        if let Some(sd) = &self.systemd {
+            sd.set(unit_of(path), config)?;
+        }
+        self.fs.apply(path, config)
+    }
+
+    /// Removes the cgroup `path` and what runs in it (with systemd, by stopping the slice;
+    /// what systemd leaves is removed from the filesystem).
+    fn destroy(&self, path: &str) -> Result<(), Error> {
+        if let Some(sd) = &self.systemd {
+            sd.stop(unit_of(path))?;
+            let deadline = std::time::Instant::now() + systemd::UNIT_WAIT;
+            while self.fs.exists(path) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        self.fs.destroy(path)
+    }
+}
+
+/// The last part of a cgroup path (with systemd, the unit's name).
+fn unit_of(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
 }
 
 /// `parent/name` as a cgroupfs path (`/` + `kubepods` is `/kubepods`).

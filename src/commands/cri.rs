@@ -31,6 +31,11 @@ pub struct ServeArgs {
     /// The cgroup pods go under when CRI gives no cgroup parent.
     #[arg(long, default_value = "/nodelet")]
     pub cgroup_root: String,
+    /// How pods' cgroups are made: `cgroupfs` (cgroup parents are cgroupfs paths) or `systemd`
+    /// (cgroup parents are slice names; each pod gets a delegated systemd scope; cgroup v2),
+    /// reported to the kubelet through RuntimeConfig.
+    #[arg(long, default_value = "cgroupfs", value_parser = ["cgroupfs", "systemd"])]
+    pub cgroup_driver: String,
     /// Registries (host[:port]) that PullImage may reach over plain http.
     #[arg(long = "insecure-registry")]
     pub insecure: Vec<String>,
@@ -84,6 +89,7 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
     let bound = runtime::server::bind_unix(&socket)?;
     let mut cfg = dirs.builtin_config()?;
     cfg.cgroup_root = args.cgroup_root;
+    cfg.systemd_cgroup = args.cgroup_driver == "systemd";
     cfg.registry = super::registry_config(
         args.registries_config.as_deref(),
         args.registry_hosts_dir.as_deref(),

@@ -234,6 +234,8 @@ pub async fn open_runtime(
             );
         }
         let mut builtin = dirs.builtin_config()?;
+        // The kubelet's cgroup driver is the in-process runtime's too.
+        builtin.systemd_cgroup = cfg.cgroups.driver == crate::config::CgroupDriver::Systemd;
         builtin.network = Some(super::pod_network(
             &cfg.pod_bridge,
             &cfg.pod_cidr,

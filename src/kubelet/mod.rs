@@ -122,6 +122,7 @@ impl Kubelet {
         notify::status(&format!("runtime {name} {v} answers; starting the kubelet"));
         let mut facts = NodeFacts::gather(&w.cfg, name, v)?;
         crate::node::check_reservations(&facts, &w.cfg)?;
+        w.runtime_cgroup_driver().await;
         let cm = w.container_manager(&facts)?;
         let opts = w.container_options(&facts, &version);
         let status = w.status_manager();

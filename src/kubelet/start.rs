@@ -125,6 +125,42 @@ impl Wiring {
         Ok(version)
     }
 
+    /// The cgroup driver the runtime reports through CRI `RuntimeConfig` wins over
+    /// `cgroupDriver`, as upstream's kubelet does since `KubeletCgroupDriverFromCRI`, so that the
+    /// pods' cgroups and the runtime's agree; a runtime that does not answer it (containerd
+    /// before 1.7) leaves the configured one.
+    pub async fn runtime_cgroup_driver(&mut self) {
+        use crate::config::CgroupDriver;
+        let reply = self
+            .rt
+            .runtime
+            .runtime_config(cri::RuntimeConfigRequest::default())
+            .await;
+        let reported = match reply {
+            Ok(r) => r.linux.map(|l| l.cgroup_driver),
+            Err(e) => {
+                tracing::info!(
+                    "the runtime does not report its cgroup driver ({e}); using cgroupDriver {}",
+                    self.cfg.cgroups.driver.as_str()
+                );
+                return;
+            }
+        };
+        let driver = match reported {
+            Some(d) if d == cri::CgroupDriver::Systemd as i32 => CgroupDriver::Systemd,
+            Some(d) if d == cri::CgroupDriver::Cgroupfs as i32 => CgroupDriver::Cgroupfs,
+            _ => return,
+        };
+        if driver != self.cfg.cgroups.driver {
+            tracing::warn!(
+                configured = self.cfg.cgroups.driver.as_str(),
+                runtime = driver.as_str(),
+                "cgroupDriver differs from the runtime's; using the runtime's"
+            );
+            self.cfg.cgroups.driver = driver;
+        }
+    }
+
     /// The node-wide container options, built once.
     pub fn container_options(
         &self,

@@ -68,6 +68,10 @@ pub struct Config {
     pub sandbox_args: Vec<String>,
     /// The cgroup pods go under when CRI gives no cgroup parent.
     pub cgroup_root: String,
+    /// The systemd cgroup driver (containerd's `SystemdCgroup`): CRI cgroup parents are slice
+    /// names, each pod's cgroups go in a delegated systemd scope in its slice (in
+    /// `system.slice` when CRI gives none), and RuntimeConfig reports `systemd`.
+    pub systemd_cgroup: bool,
     /// Registry settings for pulls (insecure registries, mirrors).
     pub registry: images::RegistryConfig,
     /// The streaming server (Exec, PortForward URLs); it starts on the first such request.
@@ -87,6 +91,7 @@ impl Config {
             sandbox_program: exe,
             sandbox_args: vec![SANDBOX_SUBCOMMAND.to_string()],
             cgroup_root: "/nodelet".to_string(),
+            systemd_cgroup: false,
             registry: images::RegistryConfig::default(),
             streaming: crate::streaming::Config::default(),
             network: Some(NetworkConfig::default()),

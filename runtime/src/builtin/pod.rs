@@ -117,6 +117,7 @@ impl BuiltinRuntime {
         let network = self.pod_network(&id, &want).await?;
         let ip = network.as_ref().map(|n| n.address);
         let spec = want.spec(&id, &cgroup_parent, network);
+        let cgroup_parent = cgroup_parent.path;
         let launched = async {
             create_log_directory(&want.config)?;
             self.launch(&spec).await
@@ -184,7 +185,10 @@ impl BuiltinRuntime {
         if let Some(rec) = self.inner.records.sandbox(&id) {
             // The sandbox process removes the cgroups it made; a crashed one may have left them.
             let root = self.inner.cfg.cgroup_root.trim_end_matches('/');
-            let owned = rec.cgroup_parent == format!("{root}/{id}");
+            let owned = rec.cgroup_parent == format!("{root}/{id}")
+                || rec
+                    .cgroup_parent
+                    .ends_with(&format!("/{}-{id}.scope", sandbox::process::SCOPE_PREFIX));
             Self::remove_sandbox_cgroups(&rec.cgroup_parent, owned).await?;
         }
         let dir = self.sandbox_dir(&id);

@@ -263,7 +263,11 @@ impl RuntimeService for BuiltinRuntime {
     ) -> Result<cri::RuntimeConfigResponse> {
         Ok(cri::RuntimeConfigResponse {
             linux: Some(cri::LinuxRuntimeConfiguration {
-                cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
+                cgroup_driver: if self.inner.cfg.systemd_cgroup {
+                    cri::CgroupDriver::Systemd as i32
+                } else {
+                    cri::CgroupDriver::Cgroupfs as i32
+                },
             }),
         })
     }

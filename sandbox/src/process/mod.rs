@@ -23,6 +23,8 @@ use crate::{Error, Kind, Result, cgroup, files};
 
 /// Name of the cgroup (below the pod's) that the sandbox process itself lives in.
 pub const SANDBOX_CGROUP: &str = "sandbox";
+/// The prefix of a pod's systemd scope (`nodelet-<sandbox id>.scope`).
+pub const SCOPE_PREFIX: &str = "nodelet";
 
 /// The sandbox process's `oom_score_adj` (upstream's `PodInfraOOMAdj`).
 pub const SANDBOX_OOM_SCORE_ADJ: i32 = -998;
@@ -105,6 +107,9 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     let spec: Spec = serde_json::from_slice(&text)?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| Error::new(Kind::Internal, format!("becoming child subreaper: {e}")))?;
+    if let Some(slice) = &spec.systemd_slice {
+        cgroup::join_systemd_scope(slice, SCOPE_PREFIX, &spec.id, getpid())?;
+    }
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
     }

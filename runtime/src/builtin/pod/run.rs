@@ -130,7 +130,7 @@ impl SandboxRequest {
     pub(super) fn spec(
         &self,
         id: &str,
-        cgroup_parent: &str,
+        cgroup_parent: &PodCgroup,
         network: Option<sandbox::PodNetwork>,
     ) -> sandbox::Spec {
         let (config, opts) = (&self.config, &self.opts);
@@ -142,8 +142,9 @@ impl SandboxRequest {
                 ipc: ns_mode(opts.ipc),
                 pid: ns_mode(opts.pid),
             },
-            owns_cgroup_parent: !sandbox::cgroup::exists(cgroup_parent),
-            cgroup_parent: cgroup_parent.to_string(),
+            owns_cgroup_parent: !sandbox::cgroup::exists(&cgroup_parent.path),
+            cgroup_parent: cgroup_parent.path.clone(),
+            systemd_slice: cgroup_parent.systemd_slice.clone(),
             dns: config.dns_config.as_ref().map(|d| sandbox::Dns {
                 servers: d.servers.clone(),
                 searches: d.searches.clone(),
@@ -182,6 +183,13 @@ impl SandboxRequest {
             ip,
         }
     }
+}
+
+/// Where a pod's cgroups go: `path` (a cgroupfs path), with the systemd driver the scope
+/// the sandbox asks systemd for in `systemd_slice`.
+pub(super) struct PodCgroup {
+    pub path: String,
+    pub systemd_slice: Option<String>,
 }
 
 /// Creates the pod's log directory, if it names one.
@@ -227,24 +235,58 @@ impl BuiltinRuntime {
     }
 
     /// The cgroup the pod of sandbox `id` goes under: the one `config` gives (an absolute
-    /// cgroupfs path), else one of its own under the runtime's cgroup root.
-    pub(super) fn cgroup_parent(&self, config: &cri::PodSandboxConfig, id: &str) -> Result<String> {
+    /// cgroupfs path), else one of its own under the runtime's cgroup root. With the systemd
+    /// driver, `config` gives a slice name (`system.slice` when it gives none) and the pod's
+    /// cgroup is its own scope in that slice.
+    pub(super) fn cgroup_parent(
+        &self,
+        config: &cri::PodSandboxConfig,
+        id: &str,
+    ) -> Result<PodCgroup> {
         let given_parent = config
             .linux
             .as_ref()
             .map(|l| l.cgroup_parent.trim_end_matches('/').to_string())
             .unwrap_or_default();
+        if self.inner.cfg.systemd_cgroup {
+            let slice = if given_parent.is_empty() {
+                "system.slice".to_string()
+            } else {
+                given_parent
+            };
+            let path =
+                sandbox::cgroup::systemd_scope_path(&slice, sandbox::process::SCOPE_PREFIX, id)
+                    .map_err(|e| {
+                        Error::invalid_argument(format!(
+                            "cgroup parent: the runtime's cgroup driver is systemd, which takes \
+                             a slice name such as kubepods-besteffort-pod<uid>.slice: {e}"
+                        ))
+                    })?;
+            return Ok(PodCgroup {
+                path,
+                systemd_slice: Some(slice),
+            });
+        }
         if !given_parent.is_empty()
             && (!given_parent.starts_with('/') || given_parent.contains(".."))
         {
+            let why = if given_parent.ends_with(".slice") {
+                " (a systemd slice name; the runtime's cgroup driver is cgroupfs)"
+            } else {
+                ""
+            };
             return Err(Error::invalid_argument(format!(
-                "cgroup parent {given_parent:?} must be an absolute cgroupfs path"
+                "cgroup parent {given_parent:?} must be an absolute cgroupfs path{why}"
             )));
         }
-        Ok(if given_parent.is_empty() {
+        let path = if given_parent.is_empty() {
             format!("{}/{id}", self.inner.cfg.cgroup_root.trim_end_matches('/'))
         } else {
             given_parent
+        };
+        Ok(PodCgroup {
+            path,
+            systemd_slice: None,
         })
     }
 
