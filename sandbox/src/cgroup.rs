@@ -38,8 +38,20 @@ fn manager(path: &str) -> Result<AnyCgroupManager> {
 
 /// Asks systemd (over the system bus) for the transient scope `<prefix>-<name>.scope` in
 /// `slice`, delegated (the cgroups below it are its owner's), holding `pid`, as runc and
-/// youki do for their containers under the systemd cgroup driver. cgroup v2 only.
-pub fn join_systemd_scope(slice: &str, prefix: &str, name: &str, pid: Pid) -> Result<()> {
+/// youki do for their containers under the systemd cgroup driver, then moves `pid` on to the
+/// scope's child `leaf`. cgroup v2 only.
+///
+/// The move comes first, before any controller is enabled in the scope: with `pid` still in
+/// it, enabling a threaded controller (cpu, pids) would make the scope a thread root, and
+/// no process could then join a domain child of it (EOPNOTSUPP).
+pub fn join_systemd_scope(
+    slice: &str,
+    prefix: &str,
+    name: &str,
+    leaf: &str,
+    pid: Pid,
+) -> Result<()> {
+    let scope = systemd_scope_path(slice, prefix, name)?;
     let spec = format!("{slice}:{prefix}:{name}");
     let m = create_cgroup_manager(CgroupConfig {
         cgroup_path: PathBuf::from(&spec),
@@ -52,8 +64,21 @@ pub fn join_systemd_scope(slice: &str, prefix: &str, name: &str, pid: Pid) -> Re
             Kind::Internal,
             format!("starting the systemd scope {prefix}-{name}.scope in {slice}: {e}"),
         )
-    })
+    })?;
+    let dir = Path::new(CGROUP_ROOT)
+        .join(scope.trim_start_matches('/'))
+        .join(leaf);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io("creating", &dir, e)),
+    }
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, pid.as_raw().to_string()).map_err(|e| Error::io("writing", &procs, e))
 }
+
+/// Where the cgroup filesystem is mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The cgroupfs path of the scope [`join_systemd_scope`] makes: the slice expanded as systemd
 /// does (`a-b.slice` is `/a.slice/a-b.slice`), then `<prefix>-<name>.scope`. A name that is

@@ -108,7 +108,7 @@ fn setup(layout: &Layout) -> Result<server::Server> {
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| Error::new(Kind::Internal, format!("becoming child subreaper: {e}")))?;
     if let Some(slice) = &spec.systemd_slice {
-        cgroup::join_systemd_scope(slice, SCOPE_PREFIX, &spec.id, getpid())?;
+        cgroup::join_systemd_scope(slice, SCOPE_PREFIX, &spec.id, SANDBOX_CGROUP, getpid())?;
     }
     if !spec.cgroup_parent.is_empty() {
         cgroup::join(&sandbox_cgroup(&spec), getpid())?;
