@@ -2,7 +2,9 @@
 //! PID 1, systemd-logind, D-Bus, deploy/systemd/nodelet.service, Debian's containerd) booted
 //! under qemu, its agent registered with the project's test API server on this machine
 //! (reached at qemu's user network address for the host, 10.0.2.2), once with the built-in
-//! runtime and once driving the guest's containerd.
+//! runtime (cgroupfs driver), once driving the guest's containerd, and once with the built-in
+//! runtime and `cgroupDriver: systemd` (the pods' tree made of systemd slices, each pod in a
+//! delegated scope).
 //!
 //! Graceful node shutdown through logind: with `shutdownGracePeriod: 20s` the agent raises
 //! logind's `InhibitDelayMaxSec` (5 s by default) and holds a delay inhibitor lock. When the
