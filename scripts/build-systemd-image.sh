@@ -104,11 +104,13 @@ printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n' > "$ROOT/etc/systemd/n
 printf '[Journal]\nForwardToConsole=yes\nTTYPath=/dev/ttyS0\nMaxLevelConsole=info\n' \
   > "$ROOT/etc/systemd/journald.conf.d/console.conf"
 # containerd: its CRI plugin with the sandbox image a test puts in nodelet's preload dir
+# (conf.d: where a test adds its own settings, such as runc's SystemdCgroup)
 # (nodelet imports that dir into containerd), and a bridge pod network from Debian's plugins
 # (no masquerading or hostPorts: they would need iptables).
 mkdir -p "$ROOT/etc/containerd" "$ROOT/etc/cni/net.d"
 cat > "$ROOT/etc/containerd/config.toml" <<'EOF'
 version = 2
+imports = ["/etc/containerd/conf.d/*.toml"]
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "registry.k8s.io/pause:nodelet-busybox"
   [plugins."io.containerd.grpc.v1.cri".cni]

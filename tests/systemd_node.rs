@@ -2,9 +2,9 @@
 //! PID 1, systemd-logind, D-Bus, deploy/systemd/nodelet.service, Debian's containerd) booted
 //! under qemu, its agent registered with the project's test API server on this machine
 //! (reached at qemu's user network address for the host, 10.0.2.2), once with the built-in
-//! runtime (cgroupfs driver), once driving the guest's containerd, and once with the built-in
-//! runtime and `cgroupDriver: systemd` (the pods' tree made of systemd slices, each pod in a
-//! delegated scope).
+//! runtime and once driving the guest's containerd, each with the cgroupfs and the systemd
+//! cgroup driver (`cgroupDriver: systemd`: the pods' tree made of systemd slices, each pod in a
+//! delegated scope, or each container in runc's scope with containerd's `SystemdCgroup`).
 //!
 //! Graceful node shutdown through logind: with `shutdownGracePeriod: 20s` the agent raises
 //! logind's `InhibitDelayMaxSec` (5 s by default) and holds a delay inhibitor lock. When the
@@ -64,8 +64,19 @@ enum Backend {
     /// The built-in runtime with `cgroupDriver: systemd`: the pods' tree made of systemd
     /// slices, each pod's cgroups in a delegated scope.
     BuiltinSystemdCgroups,
+    /// The guest's containerd with runc's `SystemdCgroup` and `cgroupDriver: systemd`.
+    ContainerdSystemdCgroups,
     /// The guest's containerd (Debian's), its images imported from nodelet's preload dir.
     Containerd,
+}
+
+impl Backend {
+    fn containerd(self) -> bool {
+        matches!(
+            self,
+            Backend::Containerd | Backend::ContainerdSystemdCgroups
+        )
+    }
 }
 
 /// The files the test adds to the machine, as `(path, mode, contents)`.
@@ -74,6 +85,9 @@ fn guest_files(kubeconfig: &str, backend: Backend) -> Vec<(&'static str, u32, Ve
         Backend::Builtin => "",
         Backend::BuiltinSystemdCgroups => "cgroupDriver: systemd\n",
         Backend::Containerd => "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n",
+        Backend::ContainerdSystemdCgroups => {
+            "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\ncgroupDriver: systemd\n"
+        }
     };
     let config = format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{runtime}\
@@ -99,7 +113,7 @@ fn guest_files(kubeconfig: &str, backend: Backend) -> Vec<(&'static str, u32, Ve
 until [ "$(grep -ls ready /var/log/pods/*/*/*.log | wc -l)" -ge {PODS} ]; do sleep 1; done
 echo "test-guest: pods ready on $(stat -fc %T /sys/fs/cgroup)"
 cd /sys/fs/cgroup
-echo "test-guest: units $(systemctl list-units --no-legend --plain --all 'kubepods*' 'nodelet-*' | awk '{{print $1 "=" $3}}' | tr '\n' ' ')"
+echo "test-guest: units $(systemctl list-units --no-legend --plain --all 'kubepods*' 'nodelet-*' 'cri-containerd-*' | awk '{{print $1 "=" $3}}' | tr '\n' ' ')"
 for d in kubepods kubepods/burstable kubepods/besteffort kubepods/pod* kubepods/*/pod* \
   kubepods.slice kubepods.slice/kubepods-burstable.slice kubepods.slice/kubepods-besteffort.slice \
   kubepods.slice/kubepods-pod*.slice kubepods.slice/*/kubepods-*-pod*.slice; do
@@ -133,7 +147,27 @@ busctl call org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login
         ),
         ("usr/local/bin/test-poweroff", 0o755, script.into_bytes()),
     ];
-    if backend == Backend::Containerd {
+    if backend == Backend::ContainerdSystemdCgroups {
+        // The image's containerd config imports this dir; the CRI plugin's section replaces
+        // the image's whole (containerd merges imports per plugin).
+        let drop_in = r#"version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:nodelet-busybox"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+"#;
+        files.push((
+            "etc/containerd/conf.d/10-systemd-cgroup.toml",
+            0o644,
+            drop_in.as_bytes().to_vec(),
+        ));
+    }
+    if backend.containerd() {
         // containerd's sandbox image (its config names it), imported with busybox from the
         // preload dir.
         let pause =
@@ -276,6 +310,16 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd(
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups() {
+    logind_shutdown(
+        Backend::ContainerdSystemdCgroups,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
 async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups() {
     logind_shutdown(
         Backend::BuiltinSystemdCgroups,
@@ -344,7 +388,7 @@ async fn logind_shutdown(backend: Backend, test: &str) {
         .unwrap_or_default();
     assert_eq!(
         runtime.starts_with("containerd://"),
-        backend == Backend::Containerd,
+        backend.containerd(),
         "the Node's runtime: {runtime}"
     );
     let nodes: Api<Node> = Api::all(api.client());
@@ -462,7 +506,10 @@ async fn logind_shutdown(backend: Backend, test: &str) {
             .unwrap_or_else(|| panic!("{dir}/{file} not read by the guest: {cg:?}"))
     };
     let weight = |shares: u64| nodelet::cm::cgroupfs::shares_to_weight(shares).to_string();
-    let systemd = backend == Backend::BuiltinSystemdCgroups;
+    let systemd = matches!(
+        backend,
+        Backend::BuiltinSystemdCgroups | Backend::ContainerdSystemdCgroups
+    );
     let slice_uid = |name: &str| uids[name].replace('-', "_");
     let (kubepods, qos_burstable, qos_besteffort, guaranteed, burstable, besteffort) = if systemd {
         (
@@ -506,9 +553,16 @@ async fn logind_shutdown(backend: Backend, test: &str) {
             "{unit} among systemd's units: {units}"
         );
     }
+    // The built-in runtime's scope per pod; containerd's (runc's) per container, the pause
+    // one included.
+    let (own, want) = match backend {
+        Backend::BuiltinSystemdCgroups => ("nodelet-", PODS),
+        Backend::ContainerdSystemdCgroups => ("cri-containerd-", 2 * PODS),
+        _ => ("nodelet-", 0),
+    };
     assert_eq!(
-        units.matches("nodelet-").count(),
-        if systemd { PODS } else { 0 },
+        units.matches(own).count(),
+        want,
         "the pods' scopes: {units}"
     );
     // Guaranteed: 200m (204 shares) and its CFS quota, 64Mi.
