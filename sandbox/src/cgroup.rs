@@ -317,6 +317,11 @@ pub fn oom_killed(path: &str) -> bool {
     })
 }
 
+/// Whether this machine has the unified cgroup hierarchy (cgroup v2) at `/sys/fs/cgroup`.
+pub fn unified() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
 /// Whether a cgroup exists at `path` (in the memory hierarchy on v1, the unified one on v2).
 pub fn exists(path: &str) -> bool {
     let rel = path.trim_start_matches('/');

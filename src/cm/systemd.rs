@@ -284,23 +284,13 @@ pub fn properties(config: &ResourceConfig) -> Vec<Property> {
         out.push(Property::U64("CPUQuotaPeriodUSec", period));
         out.push(Property::U64("CPUQuotaPerSecUSec", per_sec));
     }
-    if let Some(limit) = config.memory_limit {
-        out.push(Property::U64(
-            "MemoryMax",
-            u64::try_from(limit)
-                .ok()
-                .filter(|l| *l > 0)
-                .unwrap_or(u64::MAX),
-        ));
+    // A limit of -1 (none) is systemd's infinity.
+    let limit = |l: i64| u64::try_from(l).ok().filter(|l| *l > 0).unwrap_or(u64::MAX);
+    if let Some(l) = config.memory_limit {
+        out.push(Property::U64("MemoryMax", limit(l)));
     }
-    if let Some(limit) = config.pids_limit {
-        out.push(Property::U64(
-            "TasksMax",
-            u64::try_from(limit)
-                .ok()
-                .filter(|l| *l > 0)
-                .unwrap_or(u64::MAX),
-        ));
+    if let Some(l) = config.pids_limit {
+        out.push(Property::U64("TasksMax", limit(l)));
     }
     out
 }

@@ -159,6 +159,12 @@ impl BuiltinRuntime {
         if cfg.root_dir.as_os_str().is_empty() {
             return Err(Error::invalid_argument("the root dir must not be empty"));
         }
+        if cfg.systemd_cgroup && !sandbox::cgroup::unified() {
+            return Err(Error::failed_precondition(
+                "the systemd cgroup driver needs the unified cgroup hierarchy (cgroup v2), and \
+                 this machine has cgroup v1: use the cgroupfs driver",
+            ));
+        }
         let state_dir = dirs::prepare(&mut cfg)?;
         let legacy = dirs::Legacy::find(&cfg.root_dir);
         let (agents, alone) =

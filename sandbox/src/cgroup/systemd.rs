@@ -24,6 +24,13 @@ pub fn join_systemd_scope(
     pid: Pid,
 ) -> Result<()> {
     let scope = systemd_scope_path(slice, prefix, name)?;
+    // On v1 libcgroups would quietly make a v1 cgroup named after the whole spec.
+    if !super::unified() {
+        return Err(Error::new(
+            Kind::FailedPrecondition,
+            "the systemd cgroup driver needs the unified cgroup hierarchy (cgroup v2)",
+        ));
+    }
     let spec = format!("{slice}:{prefix}:{name}");
     let m = create_cgroup_manager(CgroupConfig {
         cgroup_path: PathBuf::from(&spec),

@@ -128,7 +128,7 @@ pub(crate) struct Host {
 impl Host {
     pub(crate) fn current() -> Host {
         let read = |p: &str| std::fs::read_to_string(p).ok();
-        let cgroup_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let cgroup_v2 = sandbox::cgroup::unified();
         Host {
             cgroup_v2,
             oom_score_adj: read("/proc/self/oom_score_adj").and_then(|s| s.trim().parse().ok()),
