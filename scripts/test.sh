@@ -48,7 +48,8 @@ if [ "${STATIC:-1}" != 0 ] || [ "${CI:-}" = true ]; then
   echo "== OS image boot (scripts/boot-image.sh)"
   NODELET_BIN="$static_bin" cargo test --all-features --test boot_image -- --ignored --nocapture
   # A Debian machine with systemd as PID 1 (scripts/build-systemd-image.sh) running that binary
-  # as nodelet.service: graceful node shutdown through logind's inhibitor lock.
+  # as nodelet.service: graceful node shutdown through logind's inhibitor lock, and the pods'
+  # cgroup tree with the cgroupfs and systemd drivers (the latter on cgroup v1 and v2).
   echo "== systemd host (tests/systemd_node.rs)"
   NODELET_BIN="$static_bin" cargo test --all-features --test systemd_node -- --ignored --nocapture \
     --test-threads 1

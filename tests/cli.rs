@@ -147,3 +147,33 @@ fn run_prints_output_and_exits_with_the_container_code() {
         "failed run cleans up"
     );
 }
+
+#[test]
+fn cri_serve_refuses_the_systemd_driver_on_a_machine_without_systemd() {
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        eprintln!(
+            "SKIP: systemd runs this machine (tests/systemd_node.rs covers the driver there)"
+        );
+        return;
+    }
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let sock = root.path().join("cri.sock");
+    let out = nodelet(
+        root.path(),
+        &[
+            "cri",
+            "serve",
+            "--listen",
+            &format!("unix://{}", sock.display()),
+            "--cgroup-driver",
+            "systemd",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("the systemd cgroup driver needs systemd as this machine's init system"),
+        "{err}"
+    );
+    assert!(!sock.exists(), "nothing was served");
+}

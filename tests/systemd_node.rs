@@ -4,7 +4,9 @@
 //! (reached at qemu's user network address for the host, 10.0.2.2), once with the built-in
 //! runtime and once driving the guest's containerd, each with the cgroupfs and the systemd
 //! cgroup driver (`cgroupDriver: systemd`: the pods' tree made of systemd slices, each pod in a
-//! delegated scope, or each container in runc's scope with containerd's `SystemdCgroup`).
+//! delegated scope, or each container in runc's scope with containerd's `SystemdCgroup`), and
+//! with the systemd driver again on cgroup v1 (systemd's legacy hierarchy, chosen on the
+//! kernel's command line): six machines, one at a time.
 //!
 //! Graceful node shutdown through logind: with `shutdownGracePeriod: 20s` the agent raises
 //! logind's `InhibitDelayMaxSec` (5 s by default) and holds a delay inhibitor lock. When the
@@ -114,13 +116,27 @@ until [ "$(grep -ls ready /var/log/pods/*/*/*.log | wc -l)" -ge {PODS} ]; do sle
 echo "test-guest: pods ready on $(stat -fc %T /sys/fs/cgroup)"
 cd /sys/fs/cgroup
 echo "test-guest: units $(systemctl list-units --no-legend --plain --all 'kubepods*' 'nodelet-*' 'cri-containerd-*' | awk '{{print $1 "=" $3}}' | tr '\n' ' ')"
+# The files of each cgroup of the pods' tree: v2's, or v1's from each controller's hierarchy
+# (the tree's dirs found in the memory one).
+v1=; [ -f cgroup.controllers ] || {{ v1=1; cd memory; }}
 for d in kubepods kubepods/burstable kubepods/besteffort kubepods/pod* kubepods/*/pod* \
   kubepods.slice kubepods.slice/kubepods-burstable.slice kubepods.slice/kubepods-besteffort.slice \
   kubepods.slice/kubepods-pod*.slice kubepods.slice/*/kubepods-*-pod*.slice; do
   [ -d "$d" ] || continue
-  for f in cpu.weight cpu.max memory.max pids.max; do
-    echo "test-guest: cg $d $f $(cat $d/$f)"
-  done
+  if [ -n "$v1" ]; then
+    for f in cpu/cpu.shares cpu/cpu.cfs_quota_us cpu/cpu.cfs_period_us memory/memory.limit_in_bytes \
+      pids/pids.max cpuset/cpuset.cpus; do
+      echo "test-guest: cg $d ${{f#*/}} $(cat ../${{f%%/*}}/$d/${{f#*/}})"
+    done
+  else
+    for f in cpu.weight cpu.max memory.max pids.max; do
+      echo "test-guest: cg $d $f $(cat $d/$f)"
+    done
+  fi
+done
+# The cgroups processes run in, below the pods' tree.
+find kubepods kubepods.slice -name cgroup.procs 2>/dev/null | while read -r f; do
+  [ -n "$(cat "$f")" ] && echo "test-guest: procs ${{f%/cgroup.procs}}"
 done
 echo "test-guest: $(busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec)"
 systemd-inhibit --list --no-pager | sed "s/^/test-guest: /"
@@ -241,7 +257,22 @@ fn with_files(initramfs: &Path, files: &[(&str, u32, Vec<u8>)], dir: &Path) -> P
     out
 }
 
-fn boot(kernel: &Path, initramfs: &Path, console: &Path) -> KillOnDrop {
+/// The cgroup hierarchy systemd mounts in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hierarchy {
+    /// cgroup v2 (systemd's default).
+    Unified,
+    /// cgroup v1 only (systemd's legacy hierarchy, chosen on the kernel's command line).
+    Legacy,
+}
+
+fn boot(kernel: &Path, initramfs: &Path, console: &Path, hierarchy: Hierarchy) -> KillOnDrop {
+    let mut cmdline = "console=ttyS0 panic=-1".to_string();
+    if hierarchy == Hierarchy::Legacy {
+        cmdline.push_str(
+            " systemd.unified_cgroup_hierarchy=0 systemd.legacy_systemd_cgroup_controller=1",
+        );
+    }
     let accel = std::env::var("BOOT_ACCEL").unwrap_or_else(|_| "tcg".into());
     let cpu = if accel == "kvm" { "host" } else { "max" };
     KillOnDrop(
@@ -260,7 +291,8 @@ fn boot(kernel: &Path, initramfs: &Path, console: &Path) -> KillOnDrop {
             .arg(kernel)
             .arg("-initrd")
             .arg(initramfs)
-            .args(["-append", "console=ttyS0 panic=-1"])
+            .arg("-append")
+            .arg(&cmdline)
             .args([
                 "-netdev",
                 "user,id=net0",
@@ -293,6 +325,7 @@ static ONE_MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_builtin() {
     logind_shutdown(
         Backend::Builtin,
+        Hierarchy::Unified,
         "logind_shutdown_stops_the_pods_before_the_machine_goes_down_builtin",
     )
     .await;
@@ -303,6 +336,7 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_builtin() {
 async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd() {
     logind_shutdown(
         Backend::Containerd,
+        Hierarchy::Unified,
         "logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd",
     )
     .await;
@@ -313,6 +347,7 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd(
 async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups() {
     logind_shutdown(
         Backend::ContainerdSystemdCgroups,
+        Hierarchy::Unified,
         "logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups",
     )
     .await;
@@ -323,12 +358,36 @@ async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_
 async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups() {
     logind_shutdown(
         Backend::BuiltinSystemdCgroups,
+        Hierarchy::Unified,
         "logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups",
     )
     .await;
 }
 
-async fn logind_shutdown(backend: Backend, test: &str) {
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups_v1() {
+    logind_shutdown(
+        Backend::BuiltinSystemdCgroups,
+        Hierarchy::Legacy,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_systemd_cgroups_v1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots a Debian machine under qemu: scripts/test.sh runs it with NODELET_BIN and --ignored"]
+async fn logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups_v1()
+{
+    logind_shutdown(
+        Backend::ContainerdSystemdCgroups,
+        Hierarchy::Legacy,
+        "logind_shutdown_stops_the_pods_before_the_machine_goes_down_containerd_systemd_cgroups_v1",
+    )
+    .await;
+}
+
+async fn logind_shutdown(backend: Backend, hierarchy: Hierarchy, test: &str) {
     let _one = ONE_MACHINE.lock().await;
     if !common::root_or_skip(test) {
         return;
@@ -363,7 +422,7 @@ async fn logind_shutdown(backend: Backend, test: &str) {
 
     let initramfs = with_files(&initramfs, &guest_files(&kubeconfig, backend), dir.path());
     let console = dir.path().join("console.log");
-    let mut vm = boot(&kernel, &initramfs, &console);
+    let mut vm = boot(&kernel, &initramfs, &console, hierarchy);
 
     for (name, _, _) in POD_SPECS {
         wait_for(
@@ -465,8 +524,12 @@ async fn logind_shutdown(backend: Backend, test: &str) {
     // What the guest said: logind's delay raised to the grace period (in microseconds) and
     // nodelet's delay lock, before the power-off; the lock released after the pods.
     for marker in [
-        // systemd's own cgroup v2 hierarchy (`%T` doubled for systemd): the pod ran on it.
-        "test-guest: pods ready on cgroup2fs",
+        // The hierarchy systemd mounted: the pods ran on it.
+        if hierarchy == Hierarchy::Legacy {
+            "test-guest: pods ready on tmpfs"
+        } else {
+            "test-guest: pods ready on cgroup2fs"
+        },
         "test-guest: t 20000000",
         "raised logind's InhibitDelayMaxSec",
         "holding a delay inhibitor lock",
@@ -486,7 +549,7 @@ async fn logind_shutdown(backend: Backend, test: &str) {
         assert_eq!(st.reason.as_deref(), Some("Terminated"), "{name}");
     }
 
-    // The pods' cgroup tree on cgroup v2, as the guest read it while they ran (`cgroupRoot`
+    // The pods' cgroup tree, as the guest read it while they ran (`cgroupRoot`
     // "/", the cgroupfs or the systemd driver): the QoS cgroups and each pod's values.
     let cg: std::collections::HashMap<(String, String), String> = console_text
         .lines()
@@ -565,34 +628,99 @@ async fn logind_shutdown(backend: Backend, test: &str) {
         want,
         "the pods' scopes: {units}"
     );
+    // The values, in v2's files or v1's.
+    let legacy = hierarchy == Hierarchy::Legacy;
+    let cpu = |dir: &str, shares: u64| {
+        if legacy {
+            assert_eq!(value(dir, "cpu.shares"), shares.to_string(), "{dir}");
+        } else {
+            assert_eq!(value(dir, "cpu.weight"), weight(shares), "{dir}");
+        }
+    };
+    let quota = |dir: &str, quota: Option<u64>| {
+        if legacy {
+            let q = quota.map_or("-1".to_string(), |q| q.to_string());
+            assert_eq!(value(dir, "cpu.cfs_quota_us"), q, "{dir}");
+            assert_eq!(value(dir, "cpu.cfs_period_us"), "100000", "{dir}");
+        } else {
+            let q = quota.map_or("max".to_string(), |q| q.to_string());
+            assert_eq!(value(dir, "cpu.max"), format!("{q} 100000"), "{dir}");
+        }
+    };
+    let memory = |dir: &str, limit: Option<u64>| {
+        let unlimited = if legacy {
+            // v1's "no limit": the largest i64, in whole pages.
+            (i64::MAX as u64 / 4096 * 4096).to_string()
+        } else {
+            "max".to_string()
+        };
+        let file = if legacy {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        let want = limit.map_or(unlimited, |l| l.to_string());
+        assert_eq!(value(dir, file), want, "{dir}");
+    };
     // Guaranteed: 200m (204 shares) and its CFS quota, 64Mi.
-    assert_eq!(value(&guaranteed, "cpu.weight"), weight(204));
-    assert_eq!(value(&guaranteed, "cpu.max"), "20000 100000");
-    assert_eq!(value(&guaranteed, "memory.max"), (64u64 << 20).to_string());
+    cpu(&guaranteed, 204);
+    quota(&guaranteed, Some(20_000));
+    memory(&guaranteed, Some(64 << 20));
     // Burstable: its 100m request, no CPU limit, its one container's memory limit.
-    assert_eq!(value(&burstable, "cpu.weight"), weight(102));
-    assert_eq!(value(&burstable, "cpu.max"), "max 100000");
-    assert_eq!(value(&burstable, "memory.max"), (128u64 << 20).to_string());
-    assert_eq!(value(&qos_burstable, "cpu.weight"), weight(102));
+    cpu(&burstable, 102);
+    quota(&burstable, None);
+    memory(&burstable, Some(128 << 20));
+    cpu(&qos_burstable, 102);
     // BestEffort: the minimum.
-    assert_eq!(value(&besteffort, "cpu.weight"), "1");
-    assert_eq!(value(&besteffort, "memory.max"), "max");
-    assert_eq!(value(&qos_besteffort, "cpu.weight"), "1");
+    cpu(&besteffort, 2);
+    memory(&besteffort, None);
+    cpu(&qos_besteffort, 2);
     // kubepods: the node's capacity (nothing reserved), whole pages of memory.
     let capacity = node
         .status
         .and_then(|s| s.capacity)
         .expect("the Node's capacity");
-    let memory = nodelet::util::quantity::parse_bytes(&capacity["memory"].0).expect("memory");
-    let cpu = nodelet::util::quantity::parse_cpu_millis(&capacity["cpu"].0).expect("cpu");
-    assert_eq!(
-        value(&kubepods, "memory.max"),
-        (memory / 4096 * 4096).to_string()
+    let node_memory = nodelet::util::quantity::parse_bytes(&capacity["memory"].0).expect("memory");
+    let node_cpu = nodelet::util::quantity::parse_cpu_millis(&capacity["cpu"].0).expect("cpu");
+    memory(
+        &kubepods,
+        Some(u64::try_from(node_memory / 4096 * 4096).expect("positive")),
     );
-    assert_eq!(
-        value(&kubepods, "cpu.weight"),
-        weight(u64::try_from(cpu * 1024 / 1000).expect("positive"))
+    cpu(
+        &kubepods,
+        u64::try_from(node_cpu * 1024 / 1000).expect("positive"),
     );
+    if legacy {
+        // The hierarchies systemd does not manage have the tree too (cpuset: the machine's
+        // CPUs, inherited, else no process could join).
+        for dir in [&kubepods, &guaranteed, &besteffort] {
+            assert_eq!(value(dir, "cpuset.cpus"), "0-1", "{dir}");
+        }
+    }
+    // Where the processes run: below each pod's cgroup, in the runtime's own cgroups (with
+    // the systemd driver, the built-in runtime's sandbox in `sandbox` below the pod's scope).
+    let procs: Vec<&str> = console_text
+        .lines()
+        .filter_map(|l| l.split_once("test-guest: procs ").map(|(_, p)| p.trim()))
+        .collect();
+    for pod in [&guaranteed, &burstable, &besteffort] {
+        let below: Vec<&&str> = procs
+            .iter()
+            .filter(|p| p.starts_with(&format!("{pod}/")))
+            .collect();
+        assert!(
+            below.len() >= 2,
+            "processes below {pod}: {below:?} (all: {procs:?})"
+        );
+        if backend == Backend::BuiltinSystemdCgroups {
+            assert!(
+                below
+                    .iter()
+                    .any(|p| p.contains("/nodelet-") && p.ends_with(".scope/sandbox")),
+                "no sandbox process in a scope below {pod}: {below:?}"
+            );
+        }
+    }
 
     // What happened, for the log.
     for line in console_text.lines().filter(|l| {

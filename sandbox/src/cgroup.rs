@@ -13,7 +13,7 @@ use oci_spec::runtime::LinuxResources;
 use crate::{Error, Kind, Result};
 
 mod systemd;
-pub use systemd::{join_systemd_scope, systemd_scope_path};
+pub use systemd::{join_systemd_scope, systemd_booted, systemd_scope_path};
 
 /// Resource usage of one cgroup, as the runtime reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

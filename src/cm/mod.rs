@@ -15,7 +15,7 @@
 //! built-in runtime and containerd alike; housekeeping destroys the cgroups of pods no longer
 //! running ([`ContainerManager::orphans`], [`ContainerManager::destroy_pods`]). The QoS cgroups are updated when a pod
 //! cgroup is made and every minute. With `cgroupDriver: systemd` ([`systemd`]) the same tree
-//! is made of systemd slices (`kubepods.slice/kubepods-burstable.slice/...`), on cgroup v2.
+//! is made of systemd slices (`kubepods.slice/kubepods-burstable.slice/...`), on cgroup v1 and v2.
 
 pub mod cgroupfs;
 pub mod resources;
@@ -61,11 +61,6 @@ pub enum Error {
     },
     #[error("cgroup {path} still holds processes {pids:?} after SIGKILL")]
     Busy { path: String, pids: Vec<i32> },
-    #[error(
-        "cgroupDriver systemd needs the unified cgroup hierarchy (cgroup v2), and this machine \
-         has cgroup v1: set cgroupDriver: cgroupfs (and the runtime's driver to match)"
-    )]
-    SystemdOnV1,
     #[error(transparent)]
     Systemd(Box<SystemdError>),
 }
@@ -143,8 +138,7 @@ impl ContainerManager {
         let fs = Cgroupfs::detect()?;
         let systemd = match cfg.driver {
             CgroupDriver::Cgroupfs => None,
-            CgroupDriver::Systemd if !fs.is_v2() => return Err(Error::SystemdOnV1),
-            CgroupDriver::Systemd => Some(Systemd::connect()?),
+            CgroupDriver::Systemd => Some(Systemd::connect(!fs.is_v2())?),
         };
         let root: Vec<String> = cfg
             .root
@@ -489,6 +483,11 @@ impl Tree {
                 .into());
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if !self.fs.is_v2() {
+            // systemd made it in the hierarchies it manages (cpu, memory, pids, ...); the
+            // others (cpuset, hugetlb, ...) get it here, as runc's v1 systemd manager does.
+            self.fs.create(path)?;
         }
         self.fs.apply(path, config)
     }

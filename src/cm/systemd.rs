@@ -13,7 +13,9 @@
 //! `CPUQuotaPeriodUSec`, `MemoryMax`, `TasksMax`) so that a `daemon-reload` keeps them, and then
 //! written to the cgroup files too (systemd's quota has a 10 ms granularity; the files get the
 //! exact value), as runc does. The CRI `cgroup_parent` of a pod is its slice's name; the runtime
-//! makes its own scopes under it. Only on cgroup v2: nodelet's systemd driver refuses v1.
+//! makes its own scopes under it. On cgroup v1 systemd makes a slice in the hierarchies it
+//! manages (cpu, memory, pids, blkio, devices) and the others get it from the files, as runc's
+//! v1 systemd manager does.
 //!
 //! The D-Bus calls run on a thread of their own (a small current-thread runtime holding the
 //! connection), so the container manager stays synchronous.
@@ -38,6 +40,11 @@ pub enum SystemdError {
          system? (on a machine without it, set cgroupDriver: cgroupfs)"
     )]
     Connect(Box<zbus::Error>),
+    #[error(
+        "cgroupDriver systemd: systemd is not this machine's init system (no /run/systemd/system); \
+         set cgroupDriver: cgroupfs"
+    )]
+    NotBooted,
     #[error("systemd {call} {unit}: {source}")]
     Call {
         call: &'static str,
@@ -106,11 +113,18 @@ type Reply = std_mpsc::Sender<Result<(), SystemdError>>;
 /// A handle on the D-Bus worker thread.
 pub struct Systemd {
     tx: mpsc::UnboundedSender<(Call, Reply)>,
+    /// cgroup v1 (systemd's legacy hierarchy): CPU shares as `CPUShares`.
+    legacy: bool,
 }
 
 impl Systemd {
-    /// Connects to systemd on the system bus (from a thread of its own).
-    pub fn connect() -> Result<Systemd, SystemdError> {
+    /// Connects to systemd on the system bus (from a thread of its own); `legacy`: the
+    /// machine has cgroup v1.
+    pub fn connect(legacy: bool) -> Result<Systemd, SystemdError> {
+        // systemd's own test of having booted the machine (`sd_booted`).
+        if !std::path::Path::new("/run/systemd/system").is_dir() {
+            return Err(SystemdError::NotBooted);
+        }
         let (tx, mut rx) = mpsc::unbounded_channel::<(Call, Reply)>();
         let (ready_tx, ready_rx) = std_mpsc::channel();
         std::thread::Builder::new()
@@ -148,7 +162,7 @@ impl Systemd {
                 SystemdError::Connect(Box::new(zbus::Error::InputOutput(std::sync::Arc::new(e))))
             })?;
         ready_rx.recv().map_err(|_| SystemdError::Gone)??;
-        Ok(Systemd { tx })
+        Ok(Systemd { tx, legacy })
     }
 
     fn call(&self, call: Call) -> Result<(), SystemdError> {
@@ -170,13 +184,13 @@ impl Systemd {
             Property::Bool("IOAccounting", true),
             Property::Bool("TasksAccounting", true),
         ];
-        props.extend(properties(config));
+        props.extend(properties(config, self.legacy));
         self.call(Call::Start(unit.to_string(), props))
     }
 
     /// Gives the slice `unit` `config`'s values as unit properties (nothing when it sets none).
     pub fn set(&self, unit: &str, config: &ResourceConfig) -> Result<(), SystemdError> {
-        let props = properties(config);
+        let props = properties(config, self.legacy);
         if props.is_empty() {
             return Ok(());
         }
@@ -255,22 +269,33 @@ fn is_resource(p: &Property) -> bool {
     matches!(
         p,
         Property::U64(
-            "CPUWeight" | "CPUQuotaPerSecUSec" | "CPUQuotaPeriodUSec" | "MemoryMax" | "TasksMax",
+            "CPUWeight"
+                | "CPUShares"
+                | "CPUQuotaPerSecUSec"
+                | "CPUQuotaPeriodUSec"
+                | "MemoryMax"
+                | "TasksMax",
             _
         )
     )
 }
 
-/// `config`'s values as systemd unit properties (v2): shares as `CPUWeight` (the same
-/// conversion as the files), the CFS quota per second rounded up to systemd's 10 ms, limits of
-/// -1 as infinity (`u64::MAX`).
-pub fn properties(config: &ResourceConfig) -> Vec<Property> {
+/// `config`'s values as systemd unit properties: shares as `CPUWeight` on v2 (the same
+/// conversion as the files) and as `CPUShares` on v1 (`legacy`, as runc's v1 systemd manager
+/// gives them: systemd would turn a weight back into other shares than the file's), the CFS
+/// quota per second rounded up to systemd's 10 ms, limits of -1 as infinity (`u64::MAX`;
+/// systemd applies `MemoryMax` as `memory.limit_in_bytes` on v1).
+pub fn properties(config: &ResourceConfig, legacy: bool) -> Vec<Property> {
     let mut out = Vec::new();
     if let Some(shares) = config.cpu_shares {
-        out.push(Property::U64(
-            "CPUWeight",
-            super::cgroupfs::shares_to_weight(shares).max(1),
-        ));
+        out.push(if legacy {
+            Property::U64("CPUShares", shares.max(2))
+        } else {
+            Property::U64(
+                "CPUWeight",
+                super::cgroupfs::shares_to_weight(shares).max(1),
+            )
+        });
     }
     if config.cpu_quota.is_some() || config.cpu_period.is_some() {
         let period = config.cpu_period.unwrap_or(CFS_PERIOD_US).max(1);
@@ -364,7 +389,7 @@ mod tests {
             pids_limit: Some(-1),
         };
         assert_eq!(
-            properties(&g),
+            properties(&g, false),
             vec![
                 Property::U64("CPUWeight", 29),
                 Property::U64("CPUQuotaPeriodUSec", 100_000),
@@ -375,15 +400,30 @@ mod tests {
         );
         // 1 ms of quota a 100 ms period is 10 ms a second; 1.5 ms is rounded up to 20.
         let q = |quota| {
-            properties(&ResourceConfig {
-                cpu_quota: Some(quota),
-                ..Default::default()
-            })[1]
-                .clone()
+            properties(
+                &ResourceConfig {
+                    cpu_quota: Some(quota),
+                    ..Default::default()
+                },
+                false,
+            )[1]
+            .clone()
         };
         assert_eq!(q(1000), Property::U64("CPUQuotaPerSecUSec", 10_000));
         assert_eq!(q(1500), Property::U64("CPUQuotaPerSecUSec", 20_000));
         assert_eq!(q(-1), Property::U64("CPUQuotaPerSecUSec", u64::MAX));
-        assert!(properties(&ResourceConfig::default()).is_empty());
+        assert!(properties(&ResourceConfig::default(), false).is_empty());
+        // cgroup v1: the shares themselves (at least systemd's minimum), the rest the same.
+        let v1 = properties(&g, true);
+        assert_eq!(v1[0], Property::U64("CPUShares", 204));
+        assert_eq!(v1[1..], properties(&g, false)[1..]);
+        let best_effort = ResourceConfig {
+            cpu_shares: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            properties(&best_effort, true),
+            vec![Property::U64("CPUShares", 2)]
+        );
     }
 }

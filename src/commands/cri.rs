@@ -32,7 +32,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "/nodelet")]
     pub cgroup_root: String,
     /// How pods' cgroups are made: `cgroupfs` (cgroup parents are cgroupfs paths) or `systemd`
-    /// (cgroup parents are slice names; each pod gets a delegated systemd scope; cgroup v2),
+    /// (cgroup parents are slice names; each pod gets a delegated systemd scope; cgroup v1 or v2),
     /// reported to the kubelet through RuntimeConfig.
     #[arg(long, default_value = "cgroupfs", value_parser = ["cgroupfs", "systemd"])]
     pub cgroup_driver: String,
@@ -104,7 +104,16 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
     let preload_dir = args
         .image_preload_dir
         .unwrap_or_else(|| cfg.root_dir.join("images-preload"));
-    let rt = Arc::new(runtime::builtin::BuiltinRuntime::new(cfg).await?);
+    let rt = match runtime::builtin::BuiltinRuntime::new(cfg).await {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            // Refused (a bad config, a root dir another runtime holds): no socket is left
+            // behind that nothing serves.
+            drop(bound);
+            let _ = std::fs::remove_file(&socket);
+            return Err(e.into());
+        }
+    };
     // The dir's files are in the store before the socket serves; lists are pulled later.
     let mut preload = rt.preload(&preload_dir);
     preload.scan_files().await;

@@ -159,10 +159,10 @@ impl BuiltinRuntime {
         if cfg.root_dir.as_os_str().is_empty() {
             return Err(Error::invalid_argument("the root dir must not be empty"));
         }
-        if cfg.systemd_cgroup && !sandbox::cgroup::unified() {
+        if cfg.systemd_cgroup && !sandbox::cgroup::systemd_booted() {
             return Err(Error::failed_precondition(
-                "the systemd cgroup driver needs the unified cgroup hierarchy (cgroup v2), and \
-                 this machine has cgroup v1: use the cgroupfs driver",
+                "the systemd cgroup driver needs systemd as this machine's init system (there is \
+                 no /run/systemd/system): use the cgroupfs driver",
             ));
         }
         let state_dir = dirs::prepare(&mut cfg)?;
