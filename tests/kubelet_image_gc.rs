@@ -1,10 +1,13 @@
-//! Image garbage collection end to end (`nodelet run-node` on the built-in runtime against the
-//! project's test API server), the node's root dir on a small tmpfs of its own so that the
-//! image filesystem's usage is the test's to set:
+//! Image garbage collection end to end (`nodelet run-node` against the project's test API
+//! server), on the built-in runtime (the node's root dir on a small tmpfs of its own) and on a
+//! private containerd (its root, the content store and snapshots, on one), so that the image
+//! filesystem's usage is the test's to set:
 //!
 //! 1. With collection by usage off (`imageGCHighThresholdPercent: 100`), pods use `gc-b` and
-//!    then `gc-a` and go; `gc-c` and the pinned `gc-pinned` are never used; `busybox` is used
-//!    by a pod that keeps running.
+//!    then `gc-a` and go; `gc-c` and the pinned image are never used; `busybox` is used by a
+//!    pod that keeps running. The pinned image is `gc-pinned` (`nodelet images pin`) on the
+//!    built-in runtime, the sandbox image `pause` on containerd (1.6 pins no other image; the
+//!    agent keeps the runtime's sandbox image whether or not it says pinned).
 //! 2. The agent restarts with thresholds set from the measured usage so that freeing must take
 //!    one and a half images: the never used `gc-c` goes, then the least recently used `gc-b`;
 //!    `gc-a`, the pinned image and the one in use stay (the order was kept across the restart).
@@ -27,8 +30,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use runtime::{ImageService, cri};
 
 const NODE: &str = "image-gc-node";
-const TEST: &str = "image_gc_by_usage_least_recently_used_first_builtin";
-const IMAGES: [&str; 4] = ["gc-a", "gc-b", "gc-c", "gc-pinned"];
+/// The images the test adds (with `gc-pinned` on the built-in runtime only).
+const IMAGES: [&str; 3] = ["gc-a", "gc-b", "gc-c"];
 
 const SETUP: Setup = Setup {
     name: NODE,
@@ -63,20 +66,33 @@ fn build_image(dir: &Path, name: &str) -> PathBuf {
     out
 }
 
-/// The node's images by name (without registry and tag), with their sizes.
-async fn images(root: &Path) -> Vec<(String, u64)> {
-    let rt = runtime::builtin::BuiltinRuntime::new(common::config(root, UNUSED_CGROUP_ROOT))
-        .await
-        .expect("a runtime handle");
-    let mut out: Vec<(String, u64)> = rt
-        .list_images(cri::ListImagesRequest { filter: None })
-        .await
+/// The node's images by name (the last part of the repository, no registry or tag), with
+/// their sizes, as the node's runtime lists them.
+async fn images(node: &ApiNode) -> Vec<(String, u64)> {
+    let list = cri::ListImagesRequest { filter: None };
+    let listed = match &node.containerd {
+        None => {
+            runtime::builtin::BuiltinRuntime::new(common::config(&node.root, UNUSED_CGROUP_ROOT))
+                .await
+                .expect("a runtime handle")
+                .list_images(list)
+                .await
+        }
+        Some(ctd) => {
+            runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+                .await
+                .expect("connecting to containerd")
+                .list_images(list)
+                .await
+        }
+    };
+    let mut out: Vec<(String, u64)> = listed
         .expect("ListImages")
         .images
         .into_iter()
         .map(|i| {
             let tag = i.repo_tags.first().cloned().unwrap_or_default();
-            let name = tag.trim_start_matches("docker.io/library/");
+            let name = tag.rsplit('/').next().unwrap_or_default();
             (
                 name.split(':').next().unwrap_or_default().to_string(),
                 i.size,
@@ -87,8 +103,16 @@ async fn images(root: &Path) -> Vec<(String, u64)> {
     out
 }
 
-async fn names(root: &Path) -> Vec<String> {
-    images(root).await.into_iter().map(|(n, _)| n).collect()
+async fn names(node: &ApiNode) -> Vec<String> {
+    images(node).await.into_iter().map(|(n, _)| n).collect()
+}
+
+/// The image filesystem: the node's root dir, or containerd's.
+fn image_fs(node: &ApiNode) -> PathBuf {
+    match &node.containerd {
+        None => node.root.clone(),
+        Some(ctd) => ctd.dir().join("root"),
+    }
 }
 
 /// Runs pod `name` (its container made from `image`) until it runs, lets the collector see it
@@ -134,30 +158,75 @@ fn set_thresholds(node: &ApiNode, base: &str, high: u64, low: u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn image_gc_by_usage_least_recently_used_first_builtin() {
+    image_gc_by_usage(
+        Backend::Builtin,
+        "image_gc_by_usage_least_recently_used_first_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_gc_by_usage_least_recently_used_first_containerd() {
+    image_gc_by_usage(
+        Backend::Containerd,
+        "image_gc_by_usage_least_recently_used_first_containerd",
+    )
+    .await;
+}
+
+async fn image_gc_by_usage(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
     let mut tmpfs = common::Tmpfs(None);
-    let Some(node) = ApiNode::prepare(&SETUP, Backend::Builtin, TEST, |dir| {
-        api.write_kubeconfig(dir)
-    })
+    let Some(node) = ApiNode::prepare_with_containerd_root(
+        &SETUP,
+        backend,
+        test,
+        |dir| api.write_kubeconfig(dir),
+        Some("96m"),
+    )
     .await
     else {
         return;
     };
-    // The root on a tmpfs of its own (hiding what `prepare` imported), the images imported anew.
     let work = tempfile::tempdir().expect("a work dir");
-    let archives: Vec<PathBuf> = IMAGES.iter().map(|n| build_image(work.path(), n)).collect();
-    tmpfs.mount(&node.root, "96m");
-    common::import_busybox(&node.root);
-    for archive in &archives {
-        common::import_archive(&node.root, archive);
-    }
-    let pin = std::process::Command::new(common::nodelet_bin())
-        .arg("--root-dir")
-        .arg(&node.root)
-        .args(["images", "pin", &reference("gc-pinned")])
-        .output()
-        .expect("nodelet images pin");
-    assert!(pin.status.success(), "{pin:?}");
+    let archives: Vec<(&str, PathBuf)> = IMAGES
+        .iter()
+        .map(|n| (*n, build_image(work.path(), n)))
+        .collect();
+    let pinned = if node.containerd.is_none() {
+        // The root on a tmpfs of its own (hiding what `prepare` imported), the images
+        // imported anew, one pinned.
+        tmpfs.mount(&node.root, "96m");
+        common::import_busybox(&node.root);
+        for (_, archive) in &archives {
+            common::import_archive(&node.root, archive);
+        }
+        let archive = build_image(work.path(), "gc-pinned");
+        common::import_archive(&node.root, &archive);
+        let pin = std::process::Command::new(common::nodelet_bin())
+            .arg("--root-dir")
+            .arg(&node.root)
+            .args(["images", "pin", &reference("gc-pinned")])
+            .output()
+            .expect("nodelet images pin");
+        assert!(pin.status.success(), "{pin:?}");
+        "gc-pinned"
+    } else {
+        // Pushed to containerd's registry and pulled; its root is on the tmpfs already.
+        for (name, archive) in &archives {
+            node.add_image(archive, &reference(name)).await;
+        }
+        "pause"
+    };
+    let sorted = |names: &[&str]| {
+        let mut v: Vec<String> = names
+            .iter()
+            .chain(std::iter::once(&pinned))
+            .map(|n| n.to_string())
+            .collect();
+        v.sort();
+        v
+    };
     let base = std::fs::read_to_string(&node.config)
         .expect("the config")
         .replace(common::TEST_IMAGE_GC, "");
@@ -173,8 +242,8 @@ async fn image_gc_by_usage_least_recently_used_first_builtin() {
     use_image(&node, &pods, "uses-b", "gc-b").await;
     use_image(&node, &pods, "uses-a", "gc-a").await;
     assert_eq!(
-        names(&node.root).await,
-        ["busybox", "gc-a", "gc-b", "gc-c", "gc-pinned"],
+        names(&node).await,
+        sorted(&["busybox", "gc-a", "gc-b", "gc-c"]),
         "nothing removed with collection by usage off"
     );
     let records = std::fs::read_to_string(node.root.join("image-gc.json")).expect("the records");
@@ -182,22 +251,23 @@ async fn image_gc_by_usage_least_recently_used_first_builtin() {
     drop(agent);
 
     // 2. Thresholds wanting one and a half images freed: c (never used), then b.
-    let sizes = images(&node.root).await;
+    let sizes = images(&node).await;
     let size = sizes.iter().find(|(n, _)| n == "gc-c").expect("gc-c").1;
-    let (capacity, available) = common::fs_space(&node.root);
+    let (capacity, available) = common::fs_space(&image_fs(&node));
     let usage = 100 - available * 100 / capacity;
     let low = 100 - (available + size * 3 / 2) * 100 / capacity;
     assert!(low < usage, "usage {usage}%, low {low}%");
     set_thresholds(&node, &base, usage, low);
     let agent = node.start();
+    let kept = sorted(&["busybox", "gc-a"]);
     wait_for("gc-c and gc-b removed", 30, async || {
-        (names(&node.root).await == ["busybox", "gc-a", "gc-pinned"]).then_some(())
+        (names(&node).await == kept).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        names(&node.root).await,
-        ["busybox", "gc-a", "gc-pinned"],
+        names(&node).await,
+        kept,
         "enough was freed: nothing more goes"
     );
     drop(agent);
@@ -229,5 +299,5 @@ async fn image_gc_by_usage_least_recently_used_first_builtin() {
         "{message}"
     );
     assert_eq!(found.0.type_.as_deref(), Some("Warning"));
-    assert_eq!(names(&node.root).await, ["busybox", "gc-pinned"]);
+    assert_eq!(names(&node).await, sorted(&["busybox"]));
 }

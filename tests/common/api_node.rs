@@ -73,6 +73,18 @@ impl ApiNode {
         test: &str,
         kubeconfig: impl FnOnce(&Path) -> PathBuf,
     ) -> Option<ApiNode> {
+        Self::prepare_with_containerd_root(setup, backend, test, kubeconfig, None).await
+    }
+
+    /// As [`ApiNode::prepare`], a private containerd's root (its image filesystem) on a tmpfs
+    /// of `containerd_root` (see [`Containerd::start_with_root`]).
+    pub async fn prepare_with_containerd_root(
+        setup: &Setup,
+        backend: Backend,
+        test: &str,
+        kubeconfig: impl FnOnce(&Path) -> PathBuf,
+        containerd_root: Option<&str>,
+    ) -> Option<ApiNode> {
         if !root_or_skip(test) {
             return None;
         }
@@ -98,7 +110,8 @@ impl ApiNode {
                         return None;
                     }
                 };
-                let ctd = Containerd::start(&bin, &busybox_archive()).await;
+                let ctd =
+                    Containerd::start_with_root(&bin, &busybox_archive(), containerd_root).await;
                 if !ctd.has_pod_network() {
                     eprintln!("NOTE: {test}: containerd has no pod network; hostNetwork pods");
                 }

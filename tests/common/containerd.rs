@@ -233,7 +233,30 @@ impl Containerd {
     /// containerd and waits until its CRI service answers. Nothing is pulled yet: see
     /// [`Containerd::pull`]. Check [`prerequisites`] first.
     pub async fn start(bin: &Path, busybox: &Path) -> Containerd {
+        Self::start_with_root(bin, busybox, None).await
+    }
+
+    /// As [`Containerd::start`], its root dir (the content store and the snapshots: the
+    /// image filesystem) on a tmpfs of `root_size` (`"96m"`) of its own when given, unmounted
+    /// with the rest when dropped.
+    pub async fn start_with_root(
+        bin: &Path,
+        busybox: &Path,
+        root_size: Option<&str>,
+    ) -> Containerd {
         let dir = tempfile::Builder::new().prefix("ctd").tempdir().unwrap();
+        if let Some(size) = root_size {
+            let root = dir.path().join("root");
+            std::fs::create_dir(&root).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &root,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={size}").as_str()),
+            )
+            .expect("mounting a tmpfs on containerd's root");
+        }
         let reg = registry::start_registry().expect("docker-registry (see prerequisites())");
         let pause = dir.path().join("pause.tar");
         pause_archive(busybox, &pause);
