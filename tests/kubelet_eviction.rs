@@ -8,11 +8,13 @@
 //!   Guaranteed pod beside it keeps running, the agent is not OOM-killed, and a BestEffort pod
 //!   created meanwhile is refused with upstream's reason and message. An agent started again
 //!   does not start the evicted pod again, and its status stays.
-//! - Disk (built-in runtime, the root dir on a 128 MiB tmpfs of its own): a pod with an emptyDir
+//! - Disk (both runtimes, the root dir on a 128 MiB tmpfs of its own): a pod with an emptyDir
 //!   over its `sizeLimit` is evicted for it (local storage isolation); then a pod filling its
-//!   emptyDir pushes `nodefs.available` under 40%: the Node reports DiskPressure, the kubelet
-//!   first removes the unused image, then (not enough) evicts the pod using the most disk, not
-//!   the other one; its emptyDir's space comes back.
+//!   emptyDir pushes `nodefs.available` under 40%: the Node reports DiskPressure and the pod
+//!   using the most disk is evicted, not the other one; its emptyDir's space comes back. On
+//!   the built-in runtime the images share the root dir's filesystem, so the kubelet first
+//!   removes the unused image (not enough); containerd's root is a tmpfs of its own (a
+//!   dedicated image filesystem), so, as upstream, no image is removed for `nodefs` pressure.
 //!
 //! Needs root; skips loudly otherwise.
 
@@ -291,7 +293,23 @@ async fn memory_hog_is_evicted(backend: Backend, test: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin() {
-    let test = "disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin";
+    disk_pressure(
+        Backend::Builtin,
+        "disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_pressure_with_a_dedicated_image_fs_evicts_the_biggest_user_containerd() {
+    disk_pressure(
+        Backend::Containerd,
+        "disk_pressure_with_a_dedicated_image_fs_evicts_the_biggest_user_containerd",
+    )
+    .await;
+}
+
+async fn disk_pressure(backend: Backend, test: &str) {
     let api = ApiServer::start().await;
     let mut tmpfs = common::Tmpfs(None);
     let setup = Setup {
@@ -299,9 +317,13 @@ async fn disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin() {
         config: "imageMinimumGCAge: 0s\nimageGCHighThresholdPercent: 100\nevictionHard: {nodefs.available: 40%}\n",
         cri_listen: false,
     };
-    let Some(node) = ApiNode::prepare(&setup, Backend::Builtin, test, |dir| {
-        api.write_kubeconfig(dir)
-    })
+    let Some(node) = ApiNode::prepare_with_containerd_root(
+        &setup,
+        backend,
+        test,
+        |dir| api.write_kubeconfig(dir),
+        Some("96m"),
+    )
     .await
     else {
         return;
@@ -318,9 +340,12 @@ async fn disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin() {
         .status()
         .expect("running build-busybox-image.sh");
     assert!(st.success(), "building the extra image");
+    std::fs::create_dir_all(&node.root).expect("the root dir");
     tmpfs.mount(&node.root, "128m");
-    common::import_busybox(&node.root);
-    common::import_archive(&node.root, &extra);
+    if node.containerd.is_none() {
+        common::import_busybox(&node.root);
+    }
+    node.add_image(&extra, "docker.io/library/extra:1").await;
 
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let filling = |mib: u32, limit: &str| {
@@ -388,18 +413,25 @@ async fn disk_pressure_reclaims_images_then_evicts_the_biggest_user_builtin() {
             .then_some(())
     })
     .await;
-    // Reclaimed first: the unused image; busybox (in use) stays.
     let log = std::fs::read_to_string(node.root.with_extension("log")).unwrap_or_default();
-    assert!(log.contains("reclaimed node-level disk"), "{log}");
-    let images = std::process::Command::new(common::nodelet_bin())
-        .arg("--root-dir")
-        .arg(&node.root)
-        .args(["images", "list"])
-        .output()
-        .expect("nodelet images list");
-    let listed = String::from_utf8_lossy(&images.stdout);
-    assert!(!listed.contains("extra"), "{listed}");
-    assert!(listed.contains("busybox"), "{listed}");
+    let listed: Vec<String> = node
+        .images()
+        .await
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .collect();
+    let has = |name: &str| listed.iter().any(|t| t.contains(name));
+    assert!(has("busybox"), "{listed:?}");
+    if node.containerd.is_none() {
+        // Reclaimed first: the unused image; busybox (in use) stays.
+        assert!(log.contains("reclaimed node-level disk"), "{log}");
+        assert!(!has("extra"), "{listed:?}");
+    } else {
+        // The images are on a filesystem of their own: removing one would free nothing here.
+        assert!(log.contains("no node-level reclaim"), "{log}");
+        assert!(!log.contains("reclaimed node-level disk"), "{log}");
+        assert!(has("extra"), "{listed:?}");
+    }
     // The small pod runs on; the big one's emptyDir went with it.
     assert_eq!(
         status(&pods, "small")

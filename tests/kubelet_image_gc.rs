@@ -23,11 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use apiserver::ApiServer;
-use common::api_node::{ApiNode, Backend, NS, Setup, UNUSED_CGROUP_ROOT, busybox, wait_for};
+use common::api_node::{ApiNode, Backend, NS, Setup, busybox, wait_for};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use runtime::{ImageService, cri};
 
 const NODE: &str = "image-gc-node";
 /// The images the test adds (with `gc-pinned` on the built-in runtime only).
@@ -69,26 +68,9 @@ fn build_image(dir: &Path, name: &str) -> PathBuf {
 /// The node's images by name (the last part of the repository, no registry or tag), with
 /// their sizes, as the node's runtime lists them.
 async fn images(node: &ApiNode) -> Vec<(String, u64)> {
-    let list = cri::ListImagesRequest { filter: None };
-    let listed = match &node.containerd {
-        None => {
-            runtime::builtin::BuiltinRuntime::new(common::config(&node.root, UNUSED_CGROUP_ROOT))
-                .await
-                .expect("a runtime handle")
-                .list_images(list)
-                .await
-        }
-        Some(ctd) => {
-            runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
-                .await
-                .expect("connecting to containerd")
-                .list_images(list)
-                .await
-        }
-    };
-    let mut out: Vec<(String, u64)> = listed
-        .expect("ListImages")
-        .images
+    let mut out: Vec<(String, u64)> = node
+        .images()
+        .await
         .into_iter()
         .map(|i| {
             let tag = i.repo_tags.first().cloned().unwrap_or_default();

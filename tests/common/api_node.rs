@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use runtime::{RuntimeService, cri};
+use runtime::{ImageService, RuntimeService, cri};
 
 use super::containerd::{self, Containerd};
 use super::{KillOnDrop, busybox_archive, config, import_busybox, nodelet_bin, root_or_skip};
@@ -184,6 +184,28 @@ impl ApiNode {
                 .spawn()
                 .expect("start nodelet run-node"),
         )
+    }
+
+    /// The node's images, as its runtime lists them (through CRI).
+    pub async fn images(&self) -> Vec<cri::Image> {
+        let list = cri::ListImagesRequest { filter: None };
+        let listed = match &self.containerd {
+            None => {
+                runtime::builtin::BuiltinRuntime::new(config(&self.root, UNUSED_CGROUP_ROOT))
+                    .await
+                    .expect("a runtime handle")
+                    .list_images(list)
+                    .await
+            }
+            Some(ctd) => {
+                runtime::remote::connect(&ctd.endpoint(), Duration::from_secs(20))
+                    .await
+                    .unwrap_or_else(|e| panic!("connect to containerd: {e}\n{}", ctd.log()))
+                    .list_images(list)
+                    .await
+            }
+        };
+        listed.expect("ListImages").images
     }
 
     /// Makes the image in the OCI archive `archive` (named `image`) available to the node:

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::rank::{self, Usage};
 use super::signals::{self, NodeSignals};
 use super::thresholds::{self, Observations, Threshold, Tracker};
-use super::{EvictionState, Pressure, local_storage};
+use super::{EvictionState, Pressure, Signal, local_storage};
 use crate::api::events::{EventRecorder, EventType, Reason, pod_ref};
 use crate::kubelet::image_gc::ImageGc;
 use crate::kubelet::syncer::{Stopped, Syncer};
@@ -154,7 +154,13 @@ impl EvictionManager {
             Reason::EvictionThresholdMet,
             format!("Attempting to reclaim {resource}"),
         );
-        if first.signal.pressure() == Pressure::Disk && self.reclaim_disk(&decision.act_on).await {
+        let disk = first.signal.pressure() == Pressure::Disk;
+        let dedicated_image_fs = disk && self.parts.signals.dedicated_image_fs().await;
+        if disk
+            && self
+                .reclaim_disk(&decision.act_on, dedicated_image_fs)
+                .await
+        {
             return None;
         }
         let usage = self.usage().await;
@@ -169,7 +175,12 @@ impl EvictionManager {
             );
             return None;
         }
-        rank::rank(&mut candidates, resource, &usage);
+        rank::rank(
+            &mut candidates,
+            resource,
+            &usage,
+            disk_measure(first.signal, dedicated_image_fs),
+        );
         let pod = candidates.into_iter().next()?;
         let grace = if first.is_hard() {
             IMMEDIATE_GRACE
@@ -193,8 +204,17 @@ impl EvictionManager {
 
     /// Frees node-level disk (upstream's `reclaimNodeLevelResources`): every dead container,
     /// then every unused image. True when the thresholds acted on are no longer met (their
-    /// minimum reclaim counted).
-    async fn reclaim_disk(&self, acted_on: &[Threshold]) -> bool {
+    /// minimum reclaim counted). With the images on a filesystem of their own, `nodefs`
+    /// pressure has nothing to reclaim there (upstream's reclaim functions for it are none):
+    /// pods are evicted for it at once.
+    async fn reclaim_disk(&self, acted_on: &[Threshold], dedicated_image_fs: bool) -> bool {
+        if dedicated_image_fs && acted_on.iter().all(|t| t.signal.on_node_fs()) {
+            tracing::info!(
+                "nodefs pressure with a dedicated image filesystem: no node-level reclaim (no \
+                 image or container would free the root dir's filesystem)"
+            );
+            return false;
+        }
         let removed = self.remove_dead_containers().await;
         let freed = match &self.parts.image_gc {
             Some(gc) => match gc.delete_unused(runtime::clock::now()).await {
@@ -309,5 +329,16 @@ impl EvictionManager {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// How pods' disk usage is measured for ranking under `signal`'s pressure (upstream's
+/// `rankDiskPressureFunc` arguments): everything when the images share the root dir's
+/// filesystem; else logs and local volumes for `nodefs`, writable layers for `imagefs`.
+fn disk_measure(signal: Signal, dedicated_image_fs: bool) -> rank::DiskMeasure {
+    match (dedicated_image_fs, signal.on_node_fs()) {
+        (false, _) => rank::DiskMeasure::Everything,
+        (true, true) => rank::DiskMeasure::LogsAndLocalVolumes,
+        (true, false) => rank::DiskMeasure::WritableLayers,
     }
 }

@@ -113,6 +113,11 @@ impl Signal {
         }
     }
 
+    /// Whether the signal measures the root dir's filesystem (`nodefs.*`).
+    pub fn on_node_fs(self) -> bool {
+        matches!(self, Signal::NodeFsAvailable | Signal::NodeFsInodesFree)
+    }
+
     /// The node condition the signal's pressure sets.
     pub fn pressure(self) -> Pressure {
         match self {

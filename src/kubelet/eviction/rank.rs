@@ -30,6 +30,8 @@ pub struct PodUsage {
     pub memory: Option<u64>,
     /// Ephemeral storage: writable layers, logs and disk-backed emptyDirs.
     pub storage: Option<u64>,
+    /// The containers' writable layers alone.
+    pub rootfs: Option<u64>,
     pub inodes: Option<u64>,
     pub processes: Option<u64>,
     pub containers: Vec<ContainerUsage>,
@@ -50,6 +52,11 @@ pub fn usage_of(summary: &Summary) -> Usage {
             let usage = PodUsage {
                 memory: p.memory.as_ref().and_then(|m| m.working_set_bytes),
                 storage: eph.and_then(|f| f.used_bytes),
+                rootfs: p
+                    .containers
+                    .iter()
+                    .filter_map(|c| c.rootfs.as_ref()?.used_bytes)
+                    .reduce(|a, b| a + b),
                 inodes: eph.and_then(|f| f.inodes_used),
                 processes: p.process_stats.as_ref().and_then(|s| s.process_count),
                 containers: p
@@ -122,14 +129,33 @@ pub fn pod_request(pod: &Pod, resource: &str) -> i64 {
     (apps + sidecars).max(init)
 }
 
+/// Which of a pod's disk usage counts under disk pressure (upstream's `fsStatsType`s): all of
+/// it when the images share the root dir's filesystem; with a dedicated image filesystem, its
+/// logs and local volumes under `nodefs` pressure and its writable layers under `imagefs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskMeasure {
+    Everything,
+    LogsAndLocalVolumes,
+    WritableLayers,
+}
+
 /// Orders `pods` for reclaiming `resource` (`memory`, `ephemeral-storage`, `inodes`, `pids`),
-/// the first to evict first. A pod without usage figures sorts as using nothing.
-pub fn rank(pods: &mut [Pod], resource: &str, usage: &Usage) {
+/// the first to evict first, disk usage measured as `disk` says. A pod without usage figures
+/// sorts as using nothing.
+pub fn rank(pods: &mut [Pod], resource: &str, usage: &Usage, disk: DiskMeasure) {
+    let storage = |u: &PodUsage| match disk {
+        DiskMeasure::Everything => u.storage,
+        DiskMeasure::WritableLayers => u.rootfs,
+        // The ephemeral storage less the writable layers: the logs and disk-backed emptyDirs.
+        DiskMeasure::LogsAndLocalVolumes => {
+            u.storage.map(|s| s.saturating_sub(u.rootfs.unwrap_or(0)))
+        }
+    };
     let used = |p: &Pod| -> i64 {
         let u = usage.get(crate::model::pod_uid(p));
         let v = match resource {
             "memory" => u.and_then(|u| u.memory),
-            "ephemeral-storage" => u.and_then(|u| u.storage),
+            "ephemeral-storage" => u.and_then(storage),
             "inodes" => u.and_then(|u| u.inodes),
             _ => u.and_then(|u| u.processes),
         };

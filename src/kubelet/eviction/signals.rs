@@ -96,6 +96,23 @@ impl NodeSignals {
         out
     }
 
+    /// Whether the runtime's images are on a filesystem of their own, not the root dir's
+    /// (upstream's `HasDedicatedImageFs`: another device). Unknown (the runtime named none)
+    /// is not.
+    pub async fn dedicated_image_fs(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some(image_fs) = self.image_fs().await else {
+            return false;
+        };
+        match (
+            std::fs::metadata(&self.root_dir),
+            std::fs::metadata(&image_fs),
+        ) {
+            (Ok(root), Ok(images)) => root.dev() != images.dev(),
+            _ => false,
+        }
+    }
+
     /// The mount point of the runtime's image filesystem (`ImageFsInfo`, asked until it names
     /// one).
     async fn image_fs(&self) -> Option<PathBuf> {

@@ -202,7 +202,7 @@ fn memory_ranking_puts_pods_over_their_request_first_then_priority_then_excess()
         ("over-a-little", 150 * MI),
         ("over-a-lot", 600 * MI),
     ]);
-    rank::rank(&mut pods, "memory", &usage);
+    rank::rank(&mut pods, "memory", &usage, rank::DiskMeasure::Everything);
     let names: Vec<_> = pods
         .iter()
         .map(|p| p.metadata.name.clone().unwrap_or_default())
@@ -211,6 +211,38 @@ fn memory_ranking_puts_pods_over_their_request_first_then_priority_then_excess()
         names,
         ["over-a-lot", "over-a-little", "over-high-priority", "under"]
     );
+}
+
+#[test]
+fn disk_ranking_measures_what_the_pressured_filesystem_holds() {
+    // "layers" writes 300Mi in its container, "volume" 200Mi to an emptyDir (with 10Mi of
+    // writable layer); neither requests ephemeral storage.
+    let usage: Usage = [("layers", 310u64, 300u64), ("volume", 210, 10)]
+        .iter()
+        .map(|(n, storage, rootfs)| {
+            (
+                format!("uid-{n}"),
+                PodUsage {
+                    storage: Some(*storage * MI as u64),
+                    rootfs: Some(*rootfs * MI as u64),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    let first = |measure| {
+        let mut pods = vec![
+            requesting("volume", 0, "1Mi"),
+            requesting("layers", 0, "1Mi"),
+        ];
+        rank::rank(&mut pods, "ephemeral-storage", &usage, measure);
+        pods[0].metadata.name.clone().unwrap_or_default()
+    };
+    // One filesystem: everything counts.
+    assert_eq!(first(rank::DiskMeasure::Everything), "layers");
+    // A dedicated image filesystem: the root dir's holds the emptyDir, the image one the layers.
+    assert_eq!(first(rank::DiskMeasure::LogsAndLocalVolumes), "volume");
+    assert_eq!(first(rank::DiskMeasure::WritableLayers), "layers");
 }
 
 #[test]
@@ -232,7 +264,7 @@ fn pid_ranking_is_by_priority_then_process_count() {
             )
         })
         .collect();
-    rank::rank(&mut pods, "pids", &usage);
+    rank::rank(&mut pods, "pids", &usage, rank::DiskMeasure::Everything);
     let names: Vec<_> = pods
         .iter()
         .map(|p| p.metadata.name.clone().unwrap_or_default())
