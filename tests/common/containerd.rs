@@ -248,7 +248,15 @@ impl Containerd {
         if let Some(size) = root_size {
             let root = dir.path().join("root");
             std::fs::create_dir(&root).unwrap();
-            super::mount_tmpfs(&root, size);
+            // (nix directly: benches include this file without the tests' common module.)
+            nix::mount::mount(
+                Some("tmpfs"),
+                &root,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={size}").as_str()),
+            )
+            .expect("mounting a tmpfs on containerd's root");
         }
         let reg = registry::start_registry().expect("docker-registry (see prerequisites())");
         let pause = dir.path().join("pause.tar");

@@ -907,7 +907,14 @@ pub struct Tmpfs(pub Option<PathBuf>);
 impl Tmpfs {
     /// Mounts a tmpfs of `size` (`"128m"`) on `dir` and remembers it.
     pub fn mount(&mut self, dir: &Path, size: &str) {
-        mount_tmpfs(dir, size);
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("mounting a tmpfs");
         self.0 = Some(dir.to_path_buf());
     }
 }
@@ -921,18 +928,6 @@ impl Drop for Tmpfs {
             }
         }
     }
-}
-
-/// Mounts a tmpfs of `size` (`"128m"`) on `dir`.
-pub fn mount_tmpfs(dir: &Path, size: &str) {
-    nix::mount::mount(
-        Some("tmpfs"),
-        dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some(format!("size={size}").as_str()),
-    )
-    .expect("mounting a tmpfs");
 }
 
 /// Capacity and available bytes of the filesystem of `path`.
