@@ -33,6 +33,8 @@ pub struct PodUsage {
     /// The containers' writable layers alone.
     pub rootfs: Option<u64>,
     pub inodes: Option<u64>,
+    /// The inodes of the containers' writable layers alone.
+    pub rootfs_inodes: Option<u64>,
     pub processes: Option<u64>,
     pub containers: Vec<ContainerUsage>,
     /// Each volume in the pod's directory by name: bytes used.
@@ -58,6 +60,11 @@ pub fn usage_of(summary: &Summary) -> Usage {
                     .filter_map(|c| c.rootfs.as_ref()?.used_bytes)
                     .reduce(|a, b| a + b),
                 inodes: eph.and_then(|f| f.inodes_used),
+                rootfs_inodes: p
+                    .containers
+                    .iter()
+                    .filter_map(|c| c.rootfs.as_ref()?.inodes_used)
+                    .reduce(|a, b| a + b),
                 processes: p.process_stats.as_ref().and_then(|s| s.process_count),
                 containers: p
                     .containers
@@ -143,20 +150,19 @@ pub enum DiskMeasure {
 /// the first to evict first, disk usage measured as `disk` says. A pod without usage figures
 /// sorts as using nothing.
 pub fn rank(pods: &mut [Pod], resource: &str, usage: &Usage, disk: DiskMeasure) {
-    let storage = |u: &PodUsage| match disk {
-        DiskMeasure::Everything => u.storage,
-        DiskMeasure::WritableLayers => u.rootfs,
-        // The ephemeral storage less the writable layers: the logs and disk-backed emptyDirs.
-        DiskMeasure::LogsAndLocalVolumes => {
-            u.storage.map(|s| s.saturating_sub(u.rootfs.unwrap_or(0)))
-        }
+    // (total, writable layers') of bytes or inodes, as `disk` counts them.
+    let measure = |total: Option<u64>, layers: Option<u64>| match disk {
+        DiskMeasure::Everything => total,
+        DiskMeasure::WritableLayers => layers,
+        // The rest: the logs and disk-backed emptyDirs.
+        DiskMeasure::LogsAndLocalVolumes => total.map(|t| t.saturating_sub(layers.unwrap_or(0))),
     };
     let used = |p: &Pod| -> i64 {
         let u = usage.get(crate::model::pod_uid(p));
         let v = match resource {
             "memory" => u.and_then(|u| u.memory),
-            "ephemeral-storage" => u.and_then(storage),
-            "inodes" => u.and_then(|u| u.inodes),
+            "ephemeral-storage" => u.and_then(|u| measure(u.storage, u.rootfs)),
+            "inodes" => u.and_then(|u| measure(u.inodes, u.rootfs_inodes)),
             _ => u.and_then(|u| u.processes),
         };
         v.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX))

@@ -243,6 +243,35 @@ fn disk_ranking_measures_what_the_pressured_filesystem_holds() {
     // A dedicated image filesystem: the root dir's holds the emptyDir, the image one the layers.
     assert_eq!(first(rank::DiskMeasure::LogsAndLocalVolumes), "volume");
     assert_eq!(first(rank::DiskMeasure::WritableLayers), "layers");
+    // Inodes the same way: "layers" made 3000 files in its layer, "volume" 2000 in its
+    // emptyDir (and 100 in its layer).
+    let inodes: Usage = [("layers", 3100u64, 3000u64), ("volume", 2100, 100)]
+        .iter()
+        .map(|(n, total, layers)| {
+            (
+                format!("uid-{n}"),
+                PodUsage {
+                    inodes: Some(*total),
+                    rootfs_inodes: Some(*layers),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    let first_by_inodes = |measure| {
+        let mut pods = vec![
+            requesting("volume", 0, "1Mi"),
+            requesting("layers", 0, "1Mi"),
+        ];
+        rank::rank(&mut pods, "inodes", &inodes, measure);
+        pods[0].metadata.name.clone().unwrap_or_default()
+    };
+    assert_eq!(first_by_inodes(rank::DiskMeasure::Everything), "layers");
+    assert_eq!(
+        first_by_inodes(rank::DiskMeasure::LogsAndLocalVolumes),
+        "volume"
+    );
+    assert_eq!(first_by_inodes(rank::DiskMeasure::WritableLayers), "layers");
 }
 
 #[test]
