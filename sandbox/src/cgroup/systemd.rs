@@ -76,7 +76,7 @@ pub fn join_systemd_scope(
     })
     .map_err(|e| failed(&e))?;
     drop(rt);
-    wait_in_cgroup(pid, &scope).map_err(|e| failed(&e))?;
+    wait_in_cgroup(pid, &scope)?;
     if !super::unified() {
         return Ok(());
     }
@@ -115,18 +115,22 @@ fn scope_properties(slice: &str, name: &str, pid: Pid) -> Vec<(&'static str, Val
 
 /// Waits until `/proc/<pid>/cgroup` places `pid` in `scope` (systemd moves it while it
 /// starts the unit): in the unified hierarchy on v2, in systemd's own (`name=systemd`) on v1.
-fn wait_in_cgroup(pid: Pid, scope: &str) -> std::result::Result<(), String> {
+fn wait_in_cgroup(pid: Pid, scope: &str) -> Result<()> {
     let file = format!("/proc/{pid}/cgroup");
     let deadline = Instant::now() + SCOPE_WAIT;
     loop {
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("reading {file}: {e}"))?;
+        let text = std::fs::read_to_string(&file).map_err(|e| Error::io("reading", &file, e))?;
         if in_cgroup(&text, scope) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "systemd did not move the process into {scope} within {SCOPE_WAIT:?} ({file}: {})",
-                text.trim().replace('\n', "; ")
+            return Err(Error::new(
+                Kind::DeadlineExceeded,
+                format!(
+                    "systemd did not move the process into {scope} within {SCOPE_WAIT:?} \
+                     ({file}: {})",
+                    text.trim().replace('\n', "; ")
+                ),
             ));
         }
         std::thread::sleep(Duration::from_millis(5));

@@ -215,63 +215,61 @@ fn memory_ranking_puts_pods_over_their_request_first_then_priority_then_excess()
 
 #[test]
 fn disk_ranking_measures_what_the_pressured_filesystem_holds() {
-    // "layers" writes 300Mi in its container, "volume" 200Mi to an emptyDir (with 10Mi of
-    // writable layer); neither requests ephemeral storage.
-    let usage: Usage = [("layers", 310u64, 300u64), ("volume", 210, 10)]
-        .iter()
-        .map(|(n, storage, rootfs)| {
-            (
-                format!("uid-{n}"),
-                PodUsage {
-                    storage: Some(*storage * MI as u64),
-                    rootfs: Some(*rootfs * MI as u64),
-                    ..Default::default()
-                },
-            )
-        })
-        .collect();
-    let first = |measure| {
+    // Which of "layers" and "volume" goes first for `resource`, each using `(total, in its
+    // writable layer)` of it; neither requests ephemeral storage.
+    let first = |resource: &str, layers: (u64, u64), volume: (u64, u64), measure| {
+        let usage: Usage = [("layers", layers), ("volume", volume)]
+            .into_iter()
+            .map(|(n, (total, in_layer))| {
+                let u = if resource == "inodes" {
+                    PodUsage {
+                        inodes: Some(total),
+                        rootfs_inodes: Some(in_layer),
+                        ..Default::default()
+                    }
+                } else {
+                    PodUsage {
+                        storage: Some(total),
+                        rootfs: Some(in_layer),
+                        ..Default::default()
+                    }
+                };
+                (format!("uid-{n}"), u)
+            })
+            .collect();
         let mut pods = vec![
             requesting("volume", 0, "1Mi"),
             requesting("layers", 0, "1Mi"),
         ];
-        rank::rank(&mut pods, "ephemeral-storage", &usage, measure);
+        rank::rank(&mut pods, resource, &usage, measure);
         pods[0].metadata.name.clone().unwrap_or_default()
     };
-    // One filesystem: everything counts.
-    assert_eq!(first(rank::DiskMeasure::Everything), "layers");
-    // A dedicated image filesystem: the root dir's holds the emptyDir, the image one the layers.
-    assert_eq!(first(rank::DiskMeasure::LogsAndLocalVolumes), "volume");
-    assert_eq!(first(rank::DiskMeasure::WritableLayers), "layers");
-    // Inodes the same way: "layers" made 3000 files in its layer, "volume" 2000 in its
-    // emptyDir (and 100 in its layer).
-    let inodes: Usage = [("layers", 3100u64, 3000u64), ("volume", 2100, 100)]
-        .iter()
-        .map(|(n, total, layers)| {
-            (
-                format!("uid-{n}"),
-                PodUsage {
-                    inodes: Some(*total),
-                    rootfs_inodes: Some(*layers),
-                    ..Default::default()
-                },
-            )
-        })
-        .collect();
-    let first_by_inodes = |measure| {
-        let mut pods = vec![
-            requesting("volume", 0, "1Mi"),
-            requesting("layers", 0, "1Mi"),
-        ];
-        rank::rank(&mut pods, "inodes", &inodes, measure);
-        pods[0].metadata.name.clone().unwrap_or_default()
-    };
-    assert_eq!(first_by_inodes(rank::DiskMeasure::Everything), "layers");
-    assert_eq!(
-        first_by_inodes(rank::DiskMeasure::LogsAndLocalVolumes),
-        "volume"
-    );
-    assert_eq!(first_by_inodes(rank::DiskMeasure::WritableLayers), "layers");
+    let mi = MI as u64;
+    // Bytes: "layers" writes 300Mi in its container, "volume" 200Mi to an emptyDir (with
+    // 10Mi in its layer). Inodes: 3000 files in the layer against 2000 in the emptyDir.
+    for (resource, layers, volume) in [
+        (
+            "ephemeral-storage",
+            (310 * mi, 300 * mi),
+            (210 * mi, 10 * mi),
+        ),
+        ("inodes", (3100, 3000), (2100, 100)),
+    ] {
+        // One filesystem: everything counts.
+        let everything = first(resource, layers, volume, rank::DiskMeasure::Everything);
+        assert_eq!(everything, "layers", "{resource}");
+        // A dedicated image filesystem: the root dir's holds the emptyDir, the image one the
+        // layers.
+        let nodefs = first(
+            resource,
+            layers,
+            volume,
+            rank::DiskMeasure::LogsAndLocalVolumes,
+        );
+        assert_eq!(nodefs, "volume", "{resource}");
+        let imagefs = first(resource, layers, volume, rank::DiskMeasure::WritableLayers);
+        assert_eq!(imagefs, "layers", "{resource}");
+    }
 }
 
 #[test]
