@@ -1,6 +1,6 @@
 //! Pulling from an OCI distribution registry with `oci-client`: Docker v2 schema 2 and OCI
 //! manifests, manifest lists and indexes (resolved to the host platform), mirrors tried before
-//! the registry itself, plain HTTP only for hosts configured as insecure. Blobs are streamed to
+//! the registry itself, plain HTTP only for hosts configured as insecure and for loopback. Blobs are streamed to
 //! the staging area, hashed on the way, and committed like an import.
 
 use crate::digest::{self, Hasher};
@@ -40,6 +40,25 @@ fn bare_host(s: &str) -> String {
         .or_else(|| s.strip_prefix("http://"))
         .unwrap_or(s);
     s.trim_end_matches('/').to_string()
+}
+
+/// Whether `endpoint` (`host[:port]`) is this machine: `localhost` or a loopback address. A
+/// registry there is spoken to over plain HTTP, as containerd does, since no certificate could
+/// name it anyway.
+fn is_loopback(endpoint: &str) -> bool {
+    let host = match endpoint.strip_prefix('[') {
+        // `[::1]:5000`
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => match endpoint.rsplit_once(':') {
+            // A bare IPv6 address has more than one colon.
+            Some((h, port)) if !h.contains(':') && port.parse::<u16>().is_ok() => h,
+            _ => endpoint,
+        },
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// One place to pull from.
@@ -119,7 +138,7 @@ fn endpoint_auth(given: &RegistryAuth, endpoint: &str, config: &RegistryConfig) 
     }
 }
 
-/// The client for one endpoint: its plain-HTTP hosts and, from the registries config, the
+/// The client for one endpoint: its plain-HTTP hosts (the configured ones and loopback) and, from the registries config, the
 /// endpoint's own CAs and `insecure_skip_verify`.
 fn client(config: &RegistryConfig, reference: &str, endpoint: &str) -> Result<Client> {
     let mut insecure: Vec<String> = config.insecure.iter().map(|h| bare_host(h)).collect();
@@ -130,6 +149,9 @@ fn client(config: &RegistryConfig, reference: &str, endpoint: &str) -> Result<Cl
                 .filter(|m| m.starts_with("http://"))
                 .map(|m| bare_host(m)),
         );
+    }
+    if is_loopback(endpoint) {
+        insecure.push(endpoint.to_string());
     }
     let host = config.hosts.get(endpoint).cloned().unwrap_or_default();
     let client_config = ClientConfig {
@@ -528,6 +550,28 @@ async fn fetch_image(
 mod tests {
     use super::*;
     use crate::types::HostConfig;
+
+    #[test]
+    fn loopback_registries_are_plain_http() {
+        for e in [
+            "localhost",
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.3.2.1",
+            "[::1]:5000",
+            "::1",
+        ] {
+            assert!(is_loopback(e), "{e}");
+        }
+        for e in [
+            "registry.example:5000",
+            "10.0.0.1:5000",
+            "[fd00::1]:443",
+            "localhost.example",
+        ] {
+            assert!(!is_loopback(e), "{e}");
+        }
+    }
 
     fn config() -> RegistryConfig {
         let mut c = RegistryConfig::default();
