@@ -1,3 +1,5 @@
+//! `nodelet cri check` lives in [`super::cri_check`].
+//!
 //! `nodelet cri serve`: the built-in runtime as a CRI v1 gRPC server on a unix socket, so
 //! crictl, a kubelet or another nodelet (through the remote backend) can drive it. Serves until
 //! SIGINT or SIGTERM; the pods and containers outlive the server and are adopted by the next one.
@@ -14,6 +16,9 @@ use tokio::signal::unix::{SignalKind, signal};
 pub enum CriCommand {
     /// Serve the built-in runtime's CRI v1 RuntimeService and ImageService until SIGINT/SIGTERM.
     Serve(ServeArgs),
+    /// Run the CRI scenario suite (and with --bench the lifecycle timings) against one or more
+    /// CRI endpoints and print the results side by side.
+    Check(super::cri_check::CheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +74,7 @@ pub struct ServeArgs {
 pub async fn run(dirs: &super::Dirs, cmd: CriCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         CriCommand::Serve(args) => serve(dirs, args).await,
+        CriCommand::Check(args) => super::cri_check::run(args).await,
     }
 }
 

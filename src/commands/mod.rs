@@ -1,6 +1,7 @@
 //! Node-local commands of the nodelet binary.
 
 pub mod cri;
+pub mod cri_check;
 pub mod images;
 pub mod node;
 pub mod pods;
