@@ -105,6 +105,11 @@ impl Drop for CriServe {
 }
 
 impl CriServe {
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
