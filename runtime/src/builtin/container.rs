@@ -218,6 +218,8 @@ impl BuiltinRuntime {
     /// [`Self::discard_container`], its rootfs and bundle released in the background when
     /// `later`.
     async fn discard_container_then(&self, id: &str, later: bool) {
+        // The deletion's event carries the pod's status, as the others do.
+        let sandbox_id = self.inner.records.sandbox_of(id);
         if let Some(rec) = self.inner.records.container(id) {
             let client = self.client(&rec.sandbox_id);
             if !client.is_stopped() {
@@ -235,7 +237,11 @@ impl BuiltinRuntime {
             self.release(id);
             self.inner.records.remove_container(id);
         }
-        self.emit(id, cri::ContainerEventType::ContainerDeletedEvent);
+        self.emit_in(
+            sandbox_id.as_deref(),
+            id,
+            cri::ContainerEventType::ContainerDeletedEvent,
+        );
     }
 
     pub(super) async fn start(&self, id: &str) -> Result<()> {

@@ -65,11 +65,8 @@ impl RuntimeService for BuiltinRuntime {
         &self,
         req: cri::CreateContainerRequest,
     ) -> Result<cri::CreateContainerResponse> {
+        // The sandbox process publishes the created container's event (see `watch_sandbox`).
         let container_id = self.create(req).await?;
-        self.emit(
-            &container_id,
-            cri::ContainerEventType::ContainerCreatedEvent,
-        );
         Ok(cri::CreateContainerResponse { container_id })
     }
 
