@@ -57,6 +57,8 @@ pub struct Env {
     pub image: TestImage,
     /// Pods' log directories go below it.
     pub log_root: PathBuf,
+    /// The host directories scenarios mount into containers go below it.
+    pub host_root: PathBuf,
     /// Why pods get no network namespace of their own (the runtime's NetworkReady condition is
     /// false), or `None` when they do.
     pub no_pod_network: Option<String>,
@@ -140,6 +142,11 @@ impl Ctx<'_> {
     }
 
     /// Where pod `name` logs.
+    /// A host directory of the scenario's, for mounts (not created here).
+    pub fn host_dir(&self, name: &str) -> PathBuf {
+        self.env.host_root.join(self.scenario).join(name)
+    }
+
     pub fn log_dir(&self, name: &str) -> PathBuf {
         self.env.log_root.join(self.scenario).join(name)
     }

@@ -326,6 +326,7 @@ async fn prepare(target: &Target, opts: &Options, reference: &str) -> Step<(Env,
             repo_tag,
         },
         log_root: opts.work_dir.join("logs").join(sanitize(&target.endpoint)),
+        host_root: opts.work_dir.join("host").join(sanitize(&target.endpoint)),
         no_pod_network,
         call_timeout: opts.call_timeout,
     };

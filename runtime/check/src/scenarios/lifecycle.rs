@@ -210,3 +210,30 @@ pub async fn stop_and_remove_pod_sandbox(c: &Ctx<'_>) -> Step {
     );
     Ok(())
 }
+
+pub async fn out_of_memory(c: &Ctx<'_>) -> Step {
+    let pod = c.pod("oom").await?;
+    // A string doubled until it outgrows the limit (no swap to spill into).
+    let script = "a=x; while true; do a=\"$a$a\"; done";
+    let mut cfg = c.container_config("hog", &["sh", "-c", script]);
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        resources: Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 32 << 20,
+            memory_swap_limit_in_bytes: 32 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = c.run_with(&pod, cfg).await?;
+    let s = c.wait_exited(&id).await?;
+    ensure_eq!(
+        (s.exit_code, s.reason.as_str()),
+        (137, "OOMKilled"),
+        "a container killed for memory"
+    );
+    // The pod and its other containers carry on.
+    let other = c.run(&pod, "other", &["sleep", "600"]).await?;
+    let r = c.exec(&other, &["true"]).await?;
+    ensure_eq!(r.code, 0, "the pod's other container after the OOM kill");
+    Ok(())
+}

@@ -3,9 +3,15 @@
 
 mod basics;
 mod containers;
+mod events;
 mod idempotence;
+mod kubelet;
 mod lifecycle;
+mod mounts;
+mod namespaces;
 mod network;
+mod security;
+mod streaming;
 
 use futures::future::BoxFuture;
 
@@ -79,6 +85,40 @@ scenarios! {
         "a pod's containers share a network namespace of their own and its hostname",
     network::pod_network =>
         "pod addresses, pod to pod, node to pod and a hostPort; the port closes on stop",
+    namespaces::host_pid_and_ipc_namespaces =>
+        "hostPID and hostIPC pods' containers see the node's PID and IPC namespaces",
+    namespaces::pod_pid_namespace_shared =>
+        "a pod with one PID namespace: its containers see each other's processes",
+    namespaces::private_pid_namespaces =>
+        "by default a PID namespace per container (its command is PID 1), IPC per pod",
+    lifecycle::out_of_memory =>
+        "a container over its memory limit is killed: exit code 137, reason OOMKilled",
+    security::user_and_groups =>
+        "run_as_user, run_as_group and supplemental groups, for the container and its execs",
+    security::capabilities =>
+        "dropping ALL capabilities and adding two leaves exactly those two",
+    security::no_new_privs_and_seccomp =>
+        "no_new_privs, the RuntimeDefault seccomp profile, and Unconfined",
+    security::read_only_rootfs_masked_and_read_only_paths =>
+        "a read-only root filesystem; masked paths read empty, read-only paths refuse writes",
+    mounts::mounts_and_propagation =>
+        "host directories read-write and read-only; later host mounts reach HostToContainer only",
+    streaming::exec_stream =>
+        "Exec's URL over WebSocket (v4): stdout, stderr, the exit status, stdin; one use only",
+    streaming::attach_stream =>
+        "Attach's URL over WebSocket (v4): a line in, the container's output back",
+    streaming::port_forward_stream =>
+        "PortForward's URL over WebSocket (v4): HTTP to a server on the pod's loopback",
+    events::container_events =>
+        "GetContainerEvents: created, started, stopped and deleted, with the pod's status",
+    events::container_events_carry_statuses =>
+        "each container event carries the container's status, as an evented PLEG needs",
+    events::reopen_container_log =>
+        "ReopenContainerLog after the log file was renamed: new lines go to a new file",
+    kubelet::init_container_then_app_container =>
+        "an init container runs to completion, then the app container; both stay listed",
+    kubelet::restart_after_exit =>
+        "a restart: attempt 1 beside the exited attempt 0, each with its log; 0 then removed",
     idempotence::idempotence_of_stopped_and_removed =>
         "stopping or removing stopped and removed containers and pods again succeeds",
     idempotence::idempotence_of_unknown_ids =>
