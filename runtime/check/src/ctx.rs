@@ -533,6 +533,15 @@ pub fn parse_log(path: &Path) -> Step<Vec<LogRecord>> {
 }
 
 /// Now, in ns since the epoch.
+/// A free TCP port on 127.0.0.1 (a pod on the hostNetwork fallback shares the node's
+/// loopback, so its servers need one too).
+pub fn free_port() -> Step<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Stop::Fail(format!("no free port on 127.0.0.1: {e}")))
+}
+
 pub fn now_ns() -> i64 {
     chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
 }

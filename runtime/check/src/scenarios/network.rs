@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runtime::cri;
 
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, free_port};
 use crate::outcome::{OrFail, Step, Stop, ensure, ensure_eq};
 
 /// This process's network namespace, e.g. `net:[4026531840]`.
@@ -59,14 +59,6 @@ pub async fn private_pod_network_namespace(c: &Ctx<'_>) -> Step {
     );
     ensure_eq!(lines.get(1).copied(), Some("ownnet"), "the pod's hostname");
     Ok(())
-}
-
-/// A free TCP port on 127.0.0.1.
-fn free_port() -> Step<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| Stop::Fail(format!("no free port on 127.0.0.1: {e}")))
 }
 
 /// The body of `GET /` (HTTP/1.0) from `addr`, retried for up to 20 s while the server

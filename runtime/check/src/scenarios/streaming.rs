@@ -10,7 +10,7 @@ use runtime::cri;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use crate::ctx::{Ctx, Pod};
+use crate::ctx::{Ctx, Pod, free_port};
 use crate::outcome::{OrFail, Step, Stop, ensure, ensure_eq, fail};
 
 type Ws =
@@ -197,14 +197,6 @@ pub async fn attach_stream(c: &Ctx<'_>) -> Step {
     let s = c.wait_exited(&id).await?;
     ensure_eq!(s.exit_code, 0, "the attached container's exit code");
     Ok(())
-}
-
-/// A free TCP port on 127.0.0.1 (the hostNetwork fallback shares the node's loopback).
-fn free_port() -> Step<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| Stop::Fail(format!("no free port on 127.0.0.1: {e}")))
 }
 
 /// An HTTP/1.0 GET of `/` through a port-forward session to `port` of `pod`: the data and
