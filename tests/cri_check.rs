@@ -95,7 +95,9 @@ async fn held(endpoint: &str) -> (Vec<cri::PodSandbox>, Vec<cri::Container>) {
 }
 
 /// What each runtime is known to fail (tests/cri_suite.rs says why), and what it then says.
-const CONTAINERD_FAILS: [(&str, &str); 4] = [
+const CONTAINERD_FAILS: [(&str, &str); 6] = [
+    ("target_pid_namespace", "the target's command"),
+    ("pod_user_namespace", "UID and GID maps"),
     (
         "idempotence_of_stopped_and_removed",
         "must succeed, got not found",

@@ -91,6 +91,10 @@ scenarios! {
         "a pod with one PID namespace: its containers see each other's processes",
     namespaces::private_pid_namespaces =>
         "by default a PID namespace per container (its command is PID 1), IPC per pod",
+    namespaces::target_pid_namespace =>
+        "a container in another container's PID namespace (TARGET), as kubectl debug makes",
+    namespaces::pod_user_namespace =>
+        "a pod in a user namespace of its own: the ID maps asked for, root inside only",
     lifecycle::out_of_memory =>
         "a container over its memory limit is killed: exit code 137, reason OOMKilled",
     security::user_and_groups =>

@@ -144,3 +144,126 @@ pub async fn private_pid_namespaces(c: &Ctx<'_>) -> Step {
     );
     Ok(())
 }
+
+pub async fn target_pid_namespace(c: &Ctx<'_>) -> Step {
+    let pod = c.pod("target").await?;
+    let a = c.run(&pod, "a", &["sleep", "601"]).await?;
+    // A debugging container (kubectl debug --target) in container a's PID namespace.
+    let mut cfg = c.container_config("debug", &["sleep", "602"]);
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                network: pod_network_mode(&pod),
+                ipc: POD,
+                pid: cri::NamespaceMode::Target as i32,
+                target_id: a.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let debug = c.run_with(&pod, cfg).await?;
+    let init = c
+        .exec(&debug, &["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"])
+        .await?;
+    ensure_eq!(
+        init.out.trim(),
+        "sleep 601",
+        "PID 1 as the targeting container sees it: the target's command"
+    );
+    let ns = "readlink /proc/self/ns/pid";
+    let ra = c.exec(&a, &["sh", "-c", ns]).await?;
+    let rd = c.exec(&debug, &["sh", "-c", ns]).await?;
+    ensure_eq!(rd.out, ra.out, "the targeting container's PID namespace");
+    Ok(())
+}
+
+/// The pod's network mode as its config says (NODE on the hostNetwork fallback).
+fn pod_network_mode(pod: &Pod) -> i32 {
+    pod.1
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .map(|n| n.network)
+        .unwrap_or(POD)
+}
+
+pub async fn pod_user_namespace(c: &Ctx<'_>) -> Step {
+    // The kubelet gives a user-namespaced pod its own network, IPC and PID namespaces.
+    c.needs_pod_network()?;
+    // 65536 IDs from 2^30, where no node's own users live.
+    let (host, length) = (1u32 << 30, 65_536u32);
+    let map = || {
+        vec![cri::IdMapping {
+            host_id: host,
+            container_id: 0,
+            length,
+        }]
+    };
+    let userns = cri::UserNamespace {
+        mode: POD,
+        uids: map(),
+        gids: map(),
+    };
+    let mut cfg = c.own_network_pod("userns");
+    let linux = cfg.linux.get_or_insert_with(Default::default);
+    let sc = linux.security_context.get_or_insert_with(Default::default);
+    sc.namespace_options = Some(cri::NamespaceOption {
+        network: POD,
+        ipc: POD,
+        pid: CONTAINER,
+        userns_options: Some(userns.clone()),
+        ..Default::default()
+    });
+    let pod = c.run_pod(cfg).await?;
+    let mut ccfg = c.container_config("c", &["sleep", "600"]);
+    ccfg.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                network: POD,
+                ipc: POD,
+                pid: CONTAINER,
+                userns_options: Some(userns),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = c.run_with(&pod, ccfg).await?;
+    let r = c
+        .exec(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "cat /proc/self/uid_map /proc/self/gid_map; id -u",
+            ],
+        )
+        .await?;
+    let fields: Vec<Vec<&str>> = r
+        .out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let want_map = vec!["0".to_string(), host.to_string(), length.to_string()];
+    let got: Vec<Vec<String>> = fields
+        .iter()
+        .map(|f| f.iter().map(|s| s.to_string()).collect())
+        .collect();
+    ensure_eq!(
+        got,
+        vec![want_map.clone(), want_map, vec!["0".to_string()]],
+        "the container's UID and GID maps, and its user (stderr {:?})",
+        r.err
+    );
+    let own = own_ns("user")?;
+    let r = c.exec(&id, &["readlink", "/proc/self/ns/user"]).await?;
+    ensure!(
+        r.out.trim() != own,
+        "the container is in the node's user namespace {own}"
+    );
+    Ok(())
+}
