@@ -423,11 +423,7 @@ pub async fn summary(
     node.runtime = Some(RuntimeStats {
         image_fs: image_fs.clone(),
     });
-    let sandboxes = rt
-        .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
-        .await
-        .map_err(Error::ListPodSandboxStats)?
-        .stats;
+    let sandboxes = sandbox_stats(rt).await?;
     let containers = rt
         .list_containers(cri::ListContainersRequest { filter: None })
         .await
@@ -451,6 +447,42 @@ pub async fn summary(
     };
     let pods = sandboxes.iter().filter_map(|s| scrape.pod(s)).collect();
     Ok(Summary { node, pods })
+}
+
+/// Every sandbox's stats. When the runtime cannot list them all (containerd 1.6 fails the
+/// whole list when one sandbox's metrics cannot be decoded, as for a pod being torn down), each
+/// ready sandbox is asked on its own; the list's error stands only if one of those fails too.
+async fn sandbox_stats(rt: &dyn RuntimeService) -> Result<Vec<cri::PodSandboxStats>, Error> {
+    let listed = rt
+        .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+        .await;
+    let e = match listed {
+        Ok(r) => return Ok(r.stats),
+        Err(e) => e,
+    };
+    let ready = cri::ListPodSandboxRequest {
+        filter: Some(cri::PodSandboxFilter {
+            state: Some(cri::PodSandboxStateValue {
+                state: cri::PodSandboxState::SandboxReady as i32,
+            }),
+            ..Default::default()
+        }),
+    };
+    let Ok(ready) = rt.list_pod_sandbox(ready).await else {
+        return Err(Error::ListPodSandboxStats(e));
+    };
+    let mut stats = Vec::new();
+    for pod in ready.items {
+        let req = cri::PodSandboxStatsRequest {
+            pod_sandbox_id: pod.id,
+        };
+        match rt.pod_sandbox_stats(req).await {
+            Ok(r) => stats.extend(r.stats),
+            Err(_) => return Err(Error::ListPodSandboxStats(e)),
+        }
+    }
+    tracing::debug!("ListPodSandboxStats: {e}; each ready pod's stats read on their own");
+    Ok(stats)
 }
 
 /// The image filesystem's figures: the runtime's usage on the filesystem's own.
@@ -584,6 +616,61 @@ fn network(n: &cri::NetworkUsage) -> Network {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn run_pod(rt: &runtime::fake::FakeRuntime, name: &str) -> String {
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.into(),
+                uid: name.into(),
+                namespace: "ns".into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        };
+        rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap()
+        .pod_sandbox_id
+    }
+
+    #[tokio::test]
+    async fn a_failed_stats_list_falls_back_to_each_ready_pod() {
+        let rt = runtime::fake::FakeRuntime::new();
+        let ready = run_pod(&rt, "ready").await;
+        let stopped = run_pod(&rt, "stopped").await;
+        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: stopped,
+        })
+        .await
+        .unwrap();
+        let all = sandbox_stats(&rt).await.unwrap();
+        assert_eq!(all.len(), 2);
+        // The list fails (a sandbox being torn down): the ready pod's stats, on their own.
+        rt.inject_error(
+            "ListPodSandboxStats",
+            runtime::Error::new(runtime::Code::Unknown, "failed to decode"),
+        );
+        let got = sandbox_stats(&rt).await.unwrap();
+        let ids: Vec<&str> = got
+            .iter()
+            .filter_map(|s| s.attributes.as_ref().map(|a| a.id.as_str()))
+            .collect();
+        assert_eq!(ids, [ready.as_str()]);
+        // A ready pod's own stats fail too: no stats, the list's error.
+        rt.inject_error(
+            "ListPodSandboxStats",
+            runtime::Error::new(runtime::Code::Unknown, "failed to decode"),
+        );
+        rt.inject_error(
+            "PodSandboxStats",
+            runtime::Error::new(runtime::Code::Unknown, "gone"),
+        );
+        let err = sandbox_stats(&rt).await.unwrap_err();
+        assert!(err.to_string().contains("failed to decode"), "{err}");
+    }
 
     #[test]
     fn cpu_rates_come_from_two_samples() {

@@ -114,8 +114,9 @@ impl EvictionManager {
     /// One cycle at `now`: local storage limits, then the thresholds. Returns the pod evicted.
     pub async fn synchronize(&mut self, now: Instant) -> Option<Pod> {
         let active = self.active_pods();
-        if active.iter().any(local_storage::has_limits) {
-            let usage = self.usage().await;
+        if active.iter().any(local_storage::has_limits)
+            && let Some(usage) = self.usage().await
+        {
             for pod in &active {
                 let Some(u) = usage.get(pod_uid(pod)) else {
                     continue;
@@ -163,7 +164,7 @@ impl EvictionManager {
         {
             return None;
         }
-        let usage = self.usage().await;
+        let usage = self.usage().await?;
         let mut candidates: Vec<Pod> = active
             .into_iter()
             .filter(|p| !rank::is_critical(p))
@@ -272,8 +273,10 @@ impl EvictionManager {
         removed
     }
 
-    /// What each pod uses, from the summary provider (`/stats/summary`'s).
-    async fn usage(&self) -> Usage {
+    /// What each pod uses, from the summary provider (`/stats/summary`'s); `None` when it
+    /// cannot be read (then, as upstream, nothing is evicted this round: a ranking without
+    /// usage would pick a pod at random).
+    async fn usage(&self) -> Option<Usage> {
         let pods_dir = self.parts.root_dir.join("pods");
         let src = summary::Sources {
             node_name: &self.parts.node_name,
@@ -282,10 +285,10 @@ impl EvictionManager {
             pods_dir: &pods_dir,
         };
         match summary::summary(&src, self.parts.rt.as_ref(), self.parts.images.as_ref()).await {
-            Ok(s) => rank::usage_of(&s),
+            Ok(s) => Some(rank::usage_of(&s)),
             Err(e) => {
-                tracing::warn!("reading the pods' usage: {e}");
-                Usage::new()
+                tracing::warn!("reading the pods' usage: {e}; no eviction this round");
+                None
             }
         }
     }
