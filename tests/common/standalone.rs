@@ -97,7 +97,8 @@ impl Standalone {
     }
 
     /// Waits (the agent running, at most 30 s) until the kubelet's garbage collection has
-    /// removed every sandbox of the pods no source wants any more.
+    /// removed every sandbox of the pods no source wants any more, and its housekeeping their
+    /// pod cgroups (a pass every few seconds, after the sandboxes).
     pub async fn wait_all_removed(&self) {
         for _ in 0..300 {
             // Opened afresh each time: a handle sees the root as it was when opened.
@@ -107,12 +108,15 @@ impl Standalone {
                 .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
                 .await
                 .unwrap();
-            if left.items.is_empty() {
+            if left.items.is_empty() && super::pod_cgroups_left(&self.cgroup_root).is_empty() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        panic!("sandboxes left 30 s after their pods were removed");
+        panic!(
+            "sandboxes or pod cgroups left 30 s after their pods were removed: {:?}",
+            super::pod_cgroups_left(&self.cgroup_root)
+        );
     }
 
     /// Checks (with the agent stopped) that the kubelet left no sandbox, mount or process.
