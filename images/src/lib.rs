@@ -16,6 +16,7 @@ mod hosts_dir;
 pub mod idmap;
 mod import;
 mod index;
+mod loopback;
 mod mounts;
 mod paths;
 mod platform;
