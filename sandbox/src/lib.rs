@@ -9,6 +9,7 @@ pub mod cgroup;
 mod client;
 mod error;
 pub mod fdpass;
+mod fds;
 pub mod files;
 pub mod logs;
 pub mod net;

@@ -125,17 +125,7 @@ fn isolate(keep: &[RawFd]) {
     if let Ok(null) = std::fs::File::open("/dev/null") {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
     }
-    let max = nix::unistd::sysconf(nix::unistd::SysconfVar::OPEN_MAX)
-        .ok()
-        .flatten()
-        .and_then(|n| i32::try_from(n).ok())
-        .unwrap_or(4096)
-        .min(65536);
-    for fd in 3..max {
-        if !keep.contains(&fd) {
-            let _ = nix::unistd::close(fd);
-        }
-    }
+    crate::fds::close_from(3, keep);
 }
 
 fn run(listeners: Vec<Listener>, target: Ipv4Addr) -> ! {

@@ -319,11 +319,7 @@ fn isolate_fds(keep: i32) {
             let _ = nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);
         }
     }
-    for fd in 3..4096 {
-        if fd != keep {
-            let _ = nix::unistd::close(fd);
-        }
-    }
+    crate::fds::close_from(3, &[keep]);
 }
 
 fn pid1_loop() -> ! {
