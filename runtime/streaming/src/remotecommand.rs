@@ -239,6 +239,7 @@ async fn serve(socket: WebSocket, v5: bool, session: Session, backend: Arc<dyn B
         }
     });
 
+    let mut client_gone = false;
     let result: Result<Option<i32>> = match session {
         Session::Exec {
             container_id, cmd, ..
@@ -246,7 +247,10 @@ async fn serve(socket: WebSocket, v5: bool, session: Session, backend: Arc<dyn B
         // An attach also ends when the client goes (the container runs on).
         Session::Attach { container_id, .. } => tokio::select! {
             r = backend.attach(&container_id, io) => r.map(|()| None),
-            _ = &mut reader => Ok(None),
+            _ = &mut reader => {
+                client_gone = true;
+                Ok(None)
+            }
         },
     };
     for f in forwarders {
@@ -263,9 +267,18 @@ async fn serve(socket: WebSocket, v5: bool, session: Session, backend: Arc<dyn B
     let status = serde_json::to_vec(&status).unwrap_or_default();
     let _ = tx.send(Message::Binary(frame(ERROR, &status).into())).await;
     drop(tx);
-    reader.abort();
     let _ = writer.await;
+    // The client answers the close frame with its own (RFC 6455, 7.1.1): what it sent until
+    // then is read, so the connection does not close with unread data, which the kernel turns
+    // into a reset. A reset can overtake the exit status on its way through a proxy (the
+    // kubelet's, the API server's), and the client then sees an abnormal closure (1006).
+    if !client_gone && tokio::time::timeout(CLOSE_WAIT, &mut reader).await.is_err() {
+        reader.abort();
+    }
 }
+
+/// How long a session waits for the client's close frame after its own.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
