@@ -282,6 +282,26 @@ struct Again {
 }
 
 impl Reads {
+    /// Takes the view of pod `uid` event `ev` carries into the cache and hands the pod to the
+    /// sync loop, when it carries a whole one ([`view::of_event`]) newer than the cache's and
+    /// no read of the pod is under way (that read could bring an older view after it).
+    /// Returns whether it did; if not, the pod is to be read.
+    fn apply_event(&self, uid: &str, ev: &cri::ContainerEventResponse) -> bool {
+        if crate::util::lock(&self.inflight).contains_key(uid) {
+            return false;
+        }
+        let cached = self.cache.latest(uid);
+        let Some(v) = view::of_event(ev, cached.as_deref()) else {
+            return false;
+        };
+        if !self.cache.set(uid, Ok(v.clone()), view::taken_at(ev)) {
+            return false;
+        }
+        crate::util::lock(&self.relister).observe_pod(uid, &v);
+        let _ = self.changed.send(uid.to_string());
+        true
+    }
+
     /// Reads `uid` (now, or again after the read under way), and hands it to the sync loop
     /// when `notify`.
     fn request(&self, uid: String, notify: bool) {
@@ -458,7 +478,11 @@ impl Pleg {
             .cloned()
             .or_else(|| crate::util::lock(&reads.relister).pod_of(&ev.container_id));
         if let Some(uid) = known {
-            syncing.read_unless_held(uid, reads);
+            // An event that carries the pod's whole view updates the cache as it is; a pod
+            // being synced waits for the sync's end instead, as with any other event.
+            if syncing.in_sync(&uid) || !reads.apply_event(&uid, &ev) {
+                syncing.read_unless_held(uid, reads);
+            }
             return;
         }
         // Asked in its own task; the answer comes back through the loop, where a sync under
@@ -568,6 +592,8 @@ async fn next_event(
         None => std::future::pending().await,
     }
 }
+
+mod view;
 
 #[cfg(test)]
 mod tests;

@@ -49,12 +49,12 @@ impl PodCache {
     }
 
     /// Records the view of `uid` read from `at` on (or the error of reading it). An older
-    /// view never replaces a newer one.
-    pub fn set(&self, uid: &str, view: runtime::Result<RuntimeSnapshot>, at: Instant) {
+    /// view never replaces a newer one; returns whether this one was kept.
+    pub fn set(&self, uid: &str, view: runtime::Result<RuntimeSnapshot>, at: Instant) -> bool {
         {
             let mut inner = lock(&self.inner);
             if inner.pods.get(uid).is_some_and(|e| e.at > at) {
-                return;
+                return false;
             }
             inner.pods.insert(
                 uid.to_string(),
@@ -65,6 +65,15 @@ impl PodCache {
             );
         }
         self.changed.send_replace(());
+        true
+    }
+
+    /// The last view of `uid` read without an error, however old.
+    pub fn latest(&self, uid: &str) -> Option<Arc<RuntimeSnapshot>> {
+        lock(&self.inner)
+            .pods
+            .get(uid)
+            .and_then(|e| e.view.as_ref().ok().cloned())
     }
 
     /// Records that a full relist begun at `at` saw every pod: those without an entry have

@@ -375,3 +375,48 @@ fn health_turns_bad_after_the_threshold_with_the_upstream_message() {
         Some("PLEG is not healthy: pleg was last seen active 3m5s ago; threshold is 3m0s")
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_event_with_the_pods_whole_view_updates_the_cache_without_a_read() {
+    let rt = Arc::new(FakeRuntime::new());
+    let sb = sandbox(&rt).await;
+    let c1 = run_container(&rt, &sb, "a").await;
+    let mut p = start(rt.clone(), PlegConfig::default());
+    // The first relist reads the pod: the PLEG knows its only sandbox.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(p.cache.newer_than(UID, None).is_some());
+    while p.changed.try_recv().is_ok() {}
+    rt.clear_calls();
+    // The container exits: the fake's event carries the sandbox's and every container's
+    // status, as containerd's and the built-in runtime's do.
+    rt.set_container_exited(&c1, 3, "Error").expect("exit");
+    let got = tokio::time::timeout(Duration::from_millis(50), p.changed.recv()).await;
+    assert_eq!(got.ok().flatten().as_deref(), Some(UID));
+    let view = p.cache.newer_than(UID, None).expect("view").expect("ok");
+    assert_eq!(view.containers.len(), 1);
+    assert_eq!(
+        (view.containers[0].state, view.containers[0].exit_code),
+        (cri::ContainerState::ContainerExited as i32, 3)
+    );
+    assert_eq!(view.status.containers.len(), 1);
+    // No read of the pod: no list, no status call.
+    assert_no_pod_read(&rt);
+    // A second container in the same sandbox: its events carry both.
+    run_container(&rt, &sb, "b").await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let view = p.cache.newer_than(UID, None).expect("view").expect("ok");
+    assert_eq!(view.containers.len(), 2);
+    assert_no_pod_read(&rt);
+    p.cancel.cancel();
+}
+
+/// No read of a pod was asked of the runtime: no list, no status call.
+fn assert_no_pod_read(rt: &FakeRuntime) {
+    let calls = rt.called();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("List") || c.ends_with("Status")),
+        "{calls:?}"
+    );
+}
