@@ -514,16 +514,30 @@ async fn bind_mounts() {
     let line = mountinfo_line(&info, "/shared");
     assert!(line.contains("shared:"), "bidirectional is shared: {line}");
 
-    // A mount the container's init cannot make (a file over the image's /bin directory) is
-    // refused with the init's own reason, not just libcontainer's "failed to prepare rootfs".
+    // A mount the container's init cannot make (a file over the image's /bin directory)
+    // fails the start (the container is made then, as containerd makes its task), with the
+    // init's own reason, not just libcontainer's "failed to prepare rootfs"; the container
+    // has exited without having started, as containerd reports it.
     let mut cfg = sleeper("file-over-dir");
     cfg.mounts = vec![mount("/bin", &file, true, P::PropagationPrivate)];
-    let err = node.try_create(&sb, cfg).await.unwrap_err();
+    let id = node.try_create(&sb, cfg).await.expect("created");
+    let err = node
+        .rt
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap_err();
     assert!(
         err.message().contains("failed to prepare rootfs: ")
             && err.message().contains("libcontainer::rootfs"),
         "{err}"
     );
+    let st = node.status(&id).await;
+    assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
+    assert_eq!((st.exit_code, st.reason.as_str()), (128, "StartError"));
+    assert!(st.message.contains("failed to prepare rootfs"), "{st:?}");
+    assert_eq!(st.started_at, 0);
     node.teardown().await;
 }
 

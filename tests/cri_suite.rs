@@ -301,9 +301,8 @@ impl Drop for Backend {
 /// answers NotFound where the CRI contract (and critest's idempotence specs) want a success, has
 /// no GetContainerEvents (containerd 1.7 added it), puts a container asking for another's PID
 /// namespace (TARGET) in the pod's (its PID 1 is the pause process, `sleep 86400` in the test
-/// set-up) and ignores a pod's user namespace (its containers run with the node's ID maps). The built-in runtime's events carry the
-/// pod's status but not yet the containers' (issue 27).
-const KNOWN_FAILURES: [(Kind, &str, &str); 7] = [
+/// set-up) and ignores a pod's user namespace (its containers run with the node's ID maps).
+const KNOWN_FAILURES: [(Kind, &str, &str); 6] = [
     (
         Kind::Containerd,
         "target_pid_namespace",
@@ -333,11 +332,6 @@ const KNOWN_FAILURES: [(Kind, &str, &str); 7] = [
         Kind::Containerd,
         "container_events_carry_statuses",
         "GetContainerEvents: unimplemented",
-    ),
-    (
-        Kind::Builtin,
-        "container_events_carry_statuses",
-        "event 0 does not carry the container's status",
     ),
 ];
 

@@ -278,6 +278,14 @@ pub struct SandboxState {
 pub struct Event {
     pub sandbox_id: String,
     pub status: ContainerStatus,
+    /// Every container of the sandbox as of the event, the one it is about included (empty
+    /// from a sandbox process of an older build).
+    #[serde(default)]
+    pub containers: Vec<ContainerStatus>,
+    /// When the sandbox took these statuses, in nanoseconds since the Unix epoch (0 from a
+    /// sandbox process of an older build).
+    #[serde(default)]
+    pub at: i64,
 }
 
 /// Nanoseconds since the Unix epoch, now.

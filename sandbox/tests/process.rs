@@ -278,9 +278,12 @@ fn exit_code_and_cri_logs(env: &Env) {
     let log = c.log_path.clone().expect("log path");
     let created = env.block(client.create(c)).expect("create");
     assert_eq!(created.state, State::Created);
-    assert!(created.pid > 0);
+    // Nothing is made before the start: libcontainer makes the container then.
+    assert_eq!(created.pid, 0);
     let started = env.block(client.start("c1")).expect("start");
     assert_eq!(started.state, State::Running);
+    assert!(started.pid > 0);
+    assert_eq!(started.created_at, created.created_at);
     let st = env.wait_exited(&client, "c1");
     assert_eq!(st.exit_code, 3);
     assert_eq!(st.reason, "Error");

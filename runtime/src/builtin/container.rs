@@ -93,8 +93,7 @@ impl BuiltinRuntime {
                 userns: userns.as_ref(),
             };
             let user = self.write_spec(&want, &spec)?;
-            self.create_in_sandbox(&want, &id, &bundle, userns.is_some())
-                .await?;
+            self.create_in_sandbox(&want, &id, &bundle).await?;
             self.inner.records.save_container(&want.record(&id, user))
         }
         .await;
@@ -103,6 +102,17 @@ impl BuiltinRuntime {
             self.release(&id);
             return Err(e);
         }
+        // Told now that the record is there (the sandbox's own event for it is not passed on),
+        // with the sandbox's containers as they are now.
+        let at = sandbox::now_ns();
+        let statuses = self.client(&sandbox_id).state().await.map(|s| s.containers);
+        let taken = statuses.ok().map(|s| (s, at));
+        self.emit_in(
+            Some(&sandbox_id),
+            &id,
+            cri::ContainerEventType::ContainerCreatedEvent,
+            taken,
+        );
         Ok(id)
     }
 
@@ -241,15 +251,17 @@ impl BuiltinRuntime {
             sandbox_id.as_deref(),
             id,
             cri::ContainerEventType::ContainerDeletedEvent,
+            None,
         );
     }
 
     pub(super) async fn start(&self, id: &str) -> Result<()> {
         let rec = self.inner.records.need_container(id)?;
-        self.client(&rec.sandbox_id)
-            .start(&rec.id)
-            .await
-            .map_err(sandbox_error)?;
+        let started = self.client(&rec.sandbox_id).start(&rec.id).await;
+        // The container has its binds now (libcontainer made it at its start, or failed to):
+        // the ID-mapped clones staged for a pod user namespace are not needed any more.
+        userns::unstage(&self.bundle_dir(&rec.id));
+        started.map_err(sandbox_error)?;
         Ok(())
     }
 

@@ -294,7 +294,9 @@ impl BuiltinRuntime {
             loop {
                 while let Some(ev) = rx.recv().await {
                     let kind = match ev.status.state {
-                        sandbox::State::Created => cri::ContainerEventType::ContainerCreatedEvent,
+                        // CreateContainer tells of it once the container's record is saved:
+                        // the event carries the container's status, which needs the record.
+                        sandbox::State::Created => continue,
                         sandbox::State::Running => cri::ContainerEventType::ContainerStartedEvent,
                         _ => cri::ContainerEventType::ContainerStoppedEvent,
                     };
@@ -302,7 +304,8 @@ impl BuiltinRuntime {
                     if ev.status.state == sandbox::State::Exited {
                         this.unmount_rootfs_of(vec![ev.status.id.clone()]).await;
                     }
-                    this.emit_in(Some(&id), &ev.status.id, kind);
+                    let taken = (!ev.containers.is_empty()).then_some((ev.containers, ev.at));
+                    this.emit_in(Some(&id), &ev.status.id, kind, taken);
                 }
                 // The subscription ends with the process; one that is alive (it dropped us)
                 // is subscribed to again while its sandbox exists.
@@ -418,12 +421,21 @@ impl BuiltinRuntime {
     /// the records (no call to the sandbox process; ready unless stopped). None once the
     /// container's record is gone (a deletion), as the kubelet knows that container already.
     pub(crate) fn emit(&self, container_id: &str, kind: cri::ContainerEventType) {
-        self.emit_in(None, container_id, kind);
+        self.emit_in(None, container_id, kind, None);
     }
 
-    /// [`Self::emit`] for an event of sandbox `sandbox_id`'s process, which may report a
-    /// container before its record is saved.
-    fn emit_in(&self, sandbox_id: Option<&str>, container_id: &str, kind: cri::ContainerEventType) {
+    /// [`Self::emit`] for an event of sandbox `sandbox_id` (given when the container's record
+    /// may be gone), with the statuses of the sandbox's containers when they were `taken` (and
+    /// when, in nanoseconds since the epoch): the event then carries them, as containerd's do
+    /// and as upstream's evented PLEG reads them. Containers without a record (being created
+    /// or deleted) are left out.
+    fn emit_in(
+        &self,
+        sandbox_id: Option<&str>,
+        container_id: &str,
+        kind: cri::ContainerEventType,
+        taken: Option<(Vec<sandbox::ContainerStatus>, i64)>,
+    ) {
         let records = &self.inner.records;
         // The sandbox process names its sandbox; otherwise the container's record does.
         let pod_sandbox_status = sandbox_id
@@ -435,12 +447,22 @@ impl BuiltinRuntime {
                 let ready = !rec.stopped && !self.client(&rec.id).is_stopped();
                 pod::sandbox_status_of(&rec, ready)
             });
+        let (containers_statuses, at) = match taken {
+            Some((statuses, at)) => (
+                statuses
+                    .iter()
+                    .filter_map(|st| Some(self.cri_status(&records.container(&st.id)?, Some(st))))
+                    .collect(),
+                at,
+            ),
+            None => (Vec::new(), 0),
+        };
         let ev = cri::ContainerEventResponse {
             container_id: container_id.to_string(),
             container_event_type: kind as i32,
-            created_at: sandbox::now_ns(),
+            created_at: if at > 0 { at } else { sandbox::now_ns() },
             pod_sandbox_status,
-            containers_statuses: Vec::new(),
+            containers_statuses,
         };
         let _ = self.inner.events.send(ev);
     }

@@ -105,11 +105,22 @@ pub(super) fn labels_match(
 }
 
 impl BuiltinRuntime {
+    /// RunPodSandbox, run to its end even when its caller goes (a CRI client's deadline or
+    /// disconnection drops this future): dropped half way, it would leave a sandbox half made
+    /// (its state dir without a process or a record) that nothing lists; made whole, the
+    /// sandbox is listed and removed like any other.
+    pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
+        let rt = self.clone();
+        tokio::spawn(async move { rt.run_sandbox_whole(req).await })
+            .await
+            .map_err(|e| Error::internal(format!("RunPodSandbox: {e}")))?
+    }
+
     /// RunPodSandbox: checks the request and reserves the pod's name, then picks the pod's
     /// cgroup parent and address, makes its log directory, launches the sandbox process and
     /// records it. What a failed log directory, launch or record leaves (the address taken
     /// first of all) is undone at the end.
-    pub(super) async fn run_sandbox(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
+    async fn run_sandbox_whole(&self, req: cri::RunPodSandboxRequest) -> Result<String> {
         let want = SandboxRequest::check(req)?;
         let _reserved = self.reserve_sandbox_name(&want.meta)?;
         let id = new_id()?;

@@ -3,24 +3,22 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::os::unix::net::UnixStream;
 
 use libcontainer::container::Container;
-use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::syscall::syscall::SyscallType;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::MsgFlags;
 use nix::unistd::{Pid, pipe2};
 
-use super::ns::pidfd_open;
 use super::payload;
 use crate::logs::{LogWriter, Stream};
 use crate::protocol::{ATTACH_STDERR, ATTACH_STDOUT};
 use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
 use crate::{Error, Kind, Result, cgroup};
+
+mod make;
+pub use make::{build, register, update_bundle_resources};
 
 /// A container's live bookkeeping in the sandbox process.
 pub struct Ctr {
@@ -42,6 +40,10 @@ pub struct Ctr {
     pub bundle: std::path::PathBuf,
     /// What its execs need, from its first exec until it exits (see [`exec`](super::exec)).
     pub exec_target: Option<Box<super::exec::Target>>,
+    /// Until `start`: the container as asked for, made through libcontainer only then (as
+    /// containerd makes a container's task at its start), so that creating it costs no
+    /// process, namespace or cgroup yet.
+    pub pending: Option<ContainerSpec>,
 }
 
 /// An attach connection (non-blocking).
@@ -60,198 +62,12 @@ pub(super) fn output_pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
-/// The error lines a failed container init left on its stderr pipe, as `": line; line"`.
-fn init_errors(stderr: &OwnedFd) -> String {
-    let mut text = Vec::new();
-    let mut buf = [0u8; 4096];
-    while text.len() < 64 * 1024 {
-        match nix::unistd::read(stderr.as_raw_fd(), &mut buf) {
-            Ok(n) if n > 0 => text.extend_from_slice(&buf[..n]),
-            _ => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split_once(" ERROR ").map(|(_, msg)| msg.trim()))
-        .collect();
-    if lines.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", lines.join("; "))
-    }
-}
-
 pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what}: {e}"))
 }
 
 pub(super) fn lc_error(what: &str, id: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what} container {id}: {e}"))
-}
-
-/// Reads the cgroup path a bundle's OCI spec asks for, and whether its process wants a terminal.
-fn bundle_cgroup(bundle: &Path) -> Result<(Option<String>, bool)> {
-    let path = bundle.join("config.json");
-    let spec = oci_spec::runtime::Spec::load(&path).map_err(|e| {
-        Error::new(
-            Kind::InvalidArgument,
-            format!("loading OCI spec {}: {e}", path.display()),
-        )
-    })?;
-    let terminal = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.terminal())
-        .unwrap_or(false);
-    let cgroup = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.cgroups_path().as_ref())
-        .map(|p| p.to_string_lossy().into_owned());
-    Ok((cgroup, terminal))
-}
-
-/// Creates a container whose init waits for `start`.
-pub fn create(layout: &Layout, spec: &ContainerSpec) -> Result<Ctr> {
-    if spec.id.is_empty() || spec.id.contains('/') || spec.id.starts_with('.') {
-        return Err(Error::new(
-            Kind::InvalidArgument,
-            format!("invalid container id {:?}", spec.id),
-        ));
-    }
-    let (cgroup_path, terminal) = bundle_cgroup(&spec.bundle)?;
-    let log = LogWriter::open(spec.log_path.as_deref()).map_err(|e| {
-        Error::new(
-            Kind::InvalidArgument,
-            format!("opening log file {:?}: {e}", spec.log_path),
-        )
-    })?;
-    let (report, payload) = payload::report_pipe()?;
-    let mut builder = ContainerBuilder::new(spec.id.clone(), SyscallType::default())
-        .with_root_path(layout.container_root())
-        .and_then(|b| b.validate_id())
-        .map_err(|e| Error::new(Kind::InvalidArgument, e.to_string()))?
-        .with_executor(payload);
-    let mut out = [None, None];
-    let mut stdin = None;
-    let mut console = None;
-    // Alive until the container exists: a console socket path through its directory's
-    // descriptor (see `sockpath`) must stay resolvable until libcontainer has connected.
-    let mut _console_path = None;
-    if terminal {
-        // libcontainer makes the terminal inside the container and sends its master to a
-        // console socket: the master is the container's output and its stdin.
-        let path = layout.console_socket();
-        let _ = std::fs::remove_file(&path);
-        let short =
-            crate::sockpath::SocketPath::new(&path).map_err(|e| Error::io("binding", &path, e))?;
-        let l = UnixListener::bind(short.path()).map_err(|e| Error::io("binding", &path, e))?;
-        console = Some(l);
-        builder = builder.with_console_socket(Some(short.path()));
-        _console_path = Some(short);
-    } else {
-        let (out_r, out_w) = output_pipe()?;
-        let (err_r, err_w) = output_pipe()?;
-        out = [Some(out_r), Some(err_r)];
-        builder = builder.with_stdout(out_w).with_stderr(err_w);
-        if spec.stdin {
-            let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", e))?;
-            builder = builder.with_stdin(r);
-            stdin = Some(w);
-        }
-    }
-    let container = builder
-        .as_init(&spec.bundle)
-        .with_systemd(false)
-        .with_detach(true)
-        .build();
-    if let Some(l) = console {
-        let _ = std::fs::remove_file(layout.console_socket());
-        if container.is_ok() {
-            let master = receive_master(&l)?;
-            let reader = master.try_clone().map_err(|e| internal("dup", e))?;
-            fcntl(reader.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
-                .map_err(|e| internal("fcntl", e))?;
-            out[0] = Some(reader);
-            stdin = Some(master);
-        }
-    }
-    let container = match container {
-        Ok(c) => c,
-        Err(e) => {
-            // libcontainer may leave its state dir behind on failure.
-            let _ = std::fs::remove_dir_all(layout.container_root().join(&spec.id));
-            // The init logs why it failed (libcontainer's message does not say) on its
-            // stderr, which is ours to read.
-            let why = out[1].as_ref().map(init_errors).unwrap_or_default();
-            return Err(Error::new(
-                Kind::InvalidArgument,
-                format!("creating container {}: {e}{why}", spec.id),
-            ));
-        }
-    };
-    let pid = container
-        .pid()
-        .ok_or_else(|| lc_error("no init pid for", &spec.id, "libcontainer reported none"))?;
-    let status = ContainerStatus {
-        id: spec.id.clone(),
-        state: State::Created,
-        pid: pid.as_raw(),
-        created_at: now_ns(),
-        started_at: 0,
-        finished_at: 0,
-        exit_code: 0,
-        reason: String::new(),
-        message: String::new(),
-        log_path: spec.log_path.clone(),
-        cgroup_path,
-    };
-    Ok(Ctr {
-        status,
-        out,
-        log,
-        pidfd: pidfd_open(pid).ok(),
-        stdin,
-        stdin_once: spec.stdin_once && !terminal,
-        attached: Vec::new(),
-        report: Some(report),
-        bundle: spec.bundle.clone(),
-        exec_target: None,
-    })
-}
-
-/// The terminal master libcontainer sends to the console socket while creating a container
-/// with a terminal.
-fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
-    use std::os::fd::AsFd;
-    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-    let ready = poll(&mut fds, PollTimeout::from(5000u16)).map_err(|e| internal("poll", e))?;
-    if ready == 0 {
-        return Err(internal(
-            "terminal container",
-            "no terminal came back from the container",
-        ));
-    }
-    let (conn, _) = listener
-        .accept()
-        .map_err(|e| internal("accepting the console socket", e))?;
-    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    let mut buf = [0u8; 4096];
-    let mut fds = Vec::new();
-    loop {
-        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
-            .map_err(|e| internal("receiving the terminal", e))?;
-        if let Some(fd) = fds.pop() {
-            return Ok(fd);
-        }
-        if n == 0 {
-            return Err(internal(
-                "terminal container",
-                "the console socket closed without a terminal",
-            ));
-        }
-    }
 }
 
 /// Lets a created container's init exec the user's process.
@@ -263,6 +79,16 @@ pub fn start(layout: &Layout, c: &mut Ctr) -> Result<()> {
                 "container {} is {:?}, not created",
                 c.status.id, c.status.state
             ),
+        ));
+    }
+    if let Err(e) = build(layout, c) {
+        // What libcontainer could not make fails the start, as containerd's task creation
+        // does: the container has exited without having started.
+        let why = e.to_string();
+        ended_unstarted(c, &why);
+        return Err(Error::new(
+            e.kind(),
+            format!("starting container {}: {why}", c.status.id),
         ));
     }
     let mut container = Container::load(layout.container_root().join(&c.status.id))
@@ -290,6 +116,12 @@ fn start_failed(c: &mut Ctr, why: &str) {
     // The init is exiting; reaped here, its exit is not recorded as the program's.
     let _ = waitpid(Pid::from_raw(c.status.pid), None);
     pump_output(c);
+    ended_unstarted(c, why);
+}
+
+/// Marks a container exited without having started, with containerd's start-error code and
+/// reason and `why` as the message.
+fn ended_unstarted(c: &mut Ctr, why: &str) {
     c.attached.clear();
     c.stdin = None;
     c.pidfd = None;
@@ -462,13 +294,23 @@ pub fn exited(c: &mut Ctr, status: nix::sys::wait::WaitStatus) {
     c.exec_target = None;
 }
 
-/// Deletes a container: kills it if it still runs, then removes its libcontainer state and cgroup.
+/// Deletes a container: kills it if it still runs ([`kill_for_delete`]), then removes its
+/// libcontainer state and cgroup ([`remove_state`]).
+///
+/// Returns the exits of other children reaped meanwhile (for the caller's bookkeeping).
+pub fn delete(layout: &Layout, c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
+    let others = kill_for_delete(c);
+    remove_state(layout, c);
+    others
+}
+
+/// Kills a container being deleted if it still runs, and waits for its init to be reaped.
 ///
 /// Returns the exits of other children reaped meanwhile (for the caller's bookkeeping): a
 /// killed init of a PID namespace only finishes dying once every process of the namespace is
 /// reaped, and the sandbox is the parent of those too (an exec's process, or the remains of an
 /// exec that failed to start), so waiting for the init alone could wait forever.
-pub fn delete(layout: &Layout, c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
+pub fn kill_for_delete(c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     let mut others = Vec::new();
     if matches!(c.status.state, State::Created | State::Running) && c.status.pid > 0 {
@@ -500,20 +342,35 @@ pub fn delete(layout: &Layout, c: &mut Ctr) -> Vec<nix::sys::wait::WaitStatus> {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
-    let root = layout.container_root().join(&c.status.id);
-    match Container::load(root.clone()) {
-        Ok(mut container) => {
-            if let Err(e) = container.delete(true) {
-                tracing::warn!(id = %c.status.id, "libcontainer delete: {e}");
-            }
-        }
-        Err(e) => tracing::debug!(id = %c.status.id, "no libcontainer state: {e}"),
+    others
+}
+
+/// Removes the libcontainer state and the cgroup of a container that no longer runs.
+pub fn remove_state(layout: &Layout, c: &Ctr) {
+    if c.pending.is_some() {
+        // libcontainer never made it: there is nothing of it.
+        return;
     }
+    let root = layout.container_root().join(&c.status.id);
+    // libcontainer's delete removes the container's cgroup too; only when it could not is it
+    // removed here (setting up a cgroup manager again costs a millisecond or two).
+    let deleted = match Container::load(root.clone()) {
+        Ok(mut container) => match container.delete(true) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(id = %c.status.id, "libcontainer delete: {e}");
+                false
+            }
+        },
+        Err(e) => {
+            tracing::debug!(id = %c.status.id, "no libcontainer state: {e}");
+            false
+        }
+    };
     let _ = std::fs::remove_dir_all(&root);
-    if let Some(cg) = c.status.cgroup_path.as_deref() {
+    if let (false, Some(cg)) = (deleted, c.status.cgroup_path.as_deref()) {
         let _ = cgroup::remove(cg);
     }
-    others
 }
 
 /// Persists a container's status atomically under the sandbox's status dir.

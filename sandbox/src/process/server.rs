@@ -215,7 +215,18 @@ impl Server {
                 signal,
                 timeout_ms,
             } => return self.stop(id, signal, timeout_ms, conn),
-            Request::Delete { id } => Ok(self.delete(&id)),
+            Request::Delete { id } => {
+                // Answered once the container is dead and forgotten; its libcontainer state
+                // and cgroup (a few milliseconds on cgroup v1) go right after, before any
+                // other request is served.
+                let gone = self.delete(&id);
+                reply(&conn, &Response::Ok);
+                drop(conn);
+                if let Some(c) = gone {
+                    containers::remove_state(&self.layout, &c);
+                }
+                return;
+            }
             Request::Exec(spec) => {
                 let started = self
                     .container_mut(&spec.container_id)
@@ -289,7 +300,7 @@ impl Server {
                 format!("container {} already exists", spec.id),
             ));
         }
-        let c = containers::create(&self.layout, spec)?;
+        let c = containers::register(spec)?;
         containers::persist(&self.layout, &c.status);
         let status = c.status.clone();
         self.containers.insert(spec.id.clone(), c);
@@ -315,7 +326,9 @@ impl Server {
             Ok(c) => c,
             Err(e) => return reply(&conn, &error_response(&e)),
         };
-        if !matches!(c.status.state, State::Created | State::Running) {
+        // A container never started has nothing to stop (libcontainer has not made it yet);
+        // it stays created, as containerd's does.
+        if !matches!(c.status.state, State::Created | State::Running) || c.pending.is_some() {
             return reply(&conn, &Response::Container(c.status.clone()));
         }
         let sig = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
@@ -341,21 +354,29 @@ impl Server {
         });
     }
 
-    fn delete(&mut self, id: &str) -> Response {
-        if let Some(mut c) = self.containers.remove(id) {
-            for ws in containers::delete(&self.layout, &mut c) {
+    /// Kills and forgets container `id`; returns it, for its state to be removed
+    /// ([`containers::remove_state`]).
+    fn delete(&mut self, id: &str) -> Option<containers::Ctr> {
+        let gone = self.containers.remove(id).map(|mut c| {
+            for ws in containers::kill_for_delete(&mut c) {
                 self.record_exit(ws);
             }
             self.answer_stops(&c);
-        }
+            c
+        });
         containers::forget(&self.layout, id);
-        Response::Ok
+        gone
     }
 
     fn update_resources(&mut self, id: &str, resources: serde_json::Value) -> Result<Response> {
         let c = self.container(id)?;
         let res: oci_spec::runtime::LinuxResources = serde_json::from_value(resources)
             .map_err(|e| Error::new(Kind::InvalidArgument, format!("invalid resources: {e}")))?;
+        if c.pending.is_some() {
+            // Not made yet: its spec gets them, for libcontainer to apply at the start.
+            containers::update_bundle_resources(&c.bundle, res)?;
+            return Ok(Response::Ok);
+        }
         let Some(cg) = c.status.cgroup_path.as_deref() else {
             return Err(Error::new(
                 Kind::FailedPrecondition,
@@ -496,9 +517,19 @@ impl Server {
     }
 
     fn publish(&mut self, status: &crate::spec::ContainerStatus) {
+        // The event's own container first: a deletion has taken it out of the map already.
+        let mut containers = vec![status.clone()];
+        containers.extend(
+            self.containers
+                .values()
+                .filter(|c| c.status.id != status.id)
+                .map(|c| c.status.clone()),
+        );
         let event = Event {
             sandbox_id: self.spec.id.clone(),
             status: status.clone(),
+            containers,
+            at: crate::now_ns(),
         };
         let Ok(mut line) = serde_json::to_vec(&event) else {
             return;

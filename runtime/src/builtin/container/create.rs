@@ -292,17 +292,15 @@ impl BuiltinRuntime {
         Ok(user)
     }
 
-    /// Has the sandbox create container `id` from its bundle; the ID-mapped binds staged for a
-    /// pod user namespace (`staged`) go once it has.
+    /// Has the sandbox create container `id` from its bundle (libcontainer makes it at its
+    /// start; the ID-mapped binds staged for a pod user namespace stay until then).
     pub(super) async fn create_in_sandbox(
         &self,
         want: &Creation,
         id: &str,
         bundle: &Path,
-        staged: bool,
     ) -> Result<()> {
-        let created = self
-            .client(&want.sandbox.id)
+        self.client(&want.sandbox.id)
             .create(sandbox::ContainerSpec {
                 id: id.to_string(),
                 bundle: bundle.to_path_buf(),
@@ -310,12 +308,8 @@ impl BuiltinRuntime {
                 stdin: want.config.stdin,
                 stdin_once: want.config.stdin_once,
             })
-            .await;
-        // The container has its binds now; the staged clones are not needed.
-        if staged {
-            userns::unstage(bundle);
-        }
-        created.map_err(sandbox_error)?;
+            .await
+            .map_err(sandbox_error)?;
         Ok(())
     }
 }
