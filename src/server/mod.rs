@@ -306,6 +306,9 @@ async fn serve_tls(
                 }
             },
         };
+        // Small writes (an exec's output, a log line) go out at once, as upstream's Go server
+        // sends them, not after the client's delayed ACK.
+        let _ = tcp.set_nodelay(true);
         let (acceptor, router) = (acceptor.clone(), router.clone());
         conns.spawn(async move {
             let tls =

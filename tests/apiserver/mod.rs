@@ -365,6 +365,10 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: oneshot:
             _ = &mut stopped => break,
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // As a real API server (Go sets it on every TCP connection): without it a watch
+                // event written behind another small write waits for the client's delayed ACK
+                // (40 ms on Linux).
+                let _ = stream.set_nodelay(true);
                 let (router, acceptor) = (router.clone(), acceptor.clone());
                 conns.spawn(async move {
                     let Some(acceptor) = acceptor else {

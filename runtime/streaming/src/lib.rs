@@ -25,6 +25,7 @@ use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
@@ -127,6 +128,11 @@ impl Server {
             .route("/portforward/{token}", get(port_forward).post(port_forward))
             .with_state(shared);
         let task = tokio::spawn(async move {
+            // A stream's small writes (a keystroke's echo) go out at once, not after the
+            // client's delayed ACK.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!("streaming server: {e}");
             }
