@@ -1,15 +1,16 @@
-//! Exec in a running container: the sandbox process forks the exec's process straight into the
-//! container. The fork lands in the container's PID namespace (the sandbox points its
-//! children's PID namespace there for the fork and back), and the child joins the container's
+//! Exec in a running container: the sandbox process starts the exec's process straight into the
+//! container, as a vfork-style child (sharing the sandbox's memory until it executes the
+//! command, so no page table is copied). The child lands in the container's PID namespace (the
+//! sandbox points its children's PID namespace there for the clone and back), joins the container's
 //! cgroups and its other namespaces (the user namespace first, the mount namespace last),
 //! takes a terminal made in the container or the given stdio, becomes the container's user
 //! with its groups, rlimits, capabilities, no_new_privs and seccomp filter, changes to its
 //! working directory and executes the command with the container's environment: the
 //! container's own OCI process with other arguments, as containerd execs it.
 //!
-//! What this needs of a container (descriptors of its namespaces and of its cgroups'
-//! `cgroup.procs`, its OCI process) is gathered at its first exec and kept until it exits
-//! ([`Target`]), so an exec costs one fork and the command's own exec. libcontainer's tenant
+//! What this needs of a container (descriptors of its namespaces and of the files that move a
+//! process into its cgroups, its OCI process) is gathered at its first exec and kept until it exits
+//! ([`Target`]), so an exec costs one clone and the command's own exec. libcontainer's tenant
 //! builder, used before, loaded the container's state and OCI spec from disk for every exec,
 //! wrote a process file, forked an intermediate and an init process and, on cgroup v1, parsed
 //! the mount table once per controller: about 12 ms of CPU per exec probe (docs/BENCHMARKS.md).
@@ -17,7 +18,7 @@
 //! A command that cannot be executed (not found, not executable, no interpreter) is the exec's
 //! error, in runc's words, reported by the child on a close-on-exec pipe as the container's own
 //! start reports it ([`payload`](super::payload)).
-#![allow(unsafe_code)] // fork, _exit, the TIOCSCTTY ioctl and close_range in the forked child
+#![allow(unsafe_code)] // clone, _exit, the id and close_range system calls and the TIOCSCTTY ioctl in the child
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -33,7 +34,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sched::CloneFlags;
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, pipe2};
+use nix::unistd::{Pid, pipe2};
 use oci_spec::runtime::{
     Capability, LinuxCapabilities, LinuxNamespaceType, LinuxSeccomp, Process, Spec,
 };
@@ -75,7 +76,8 @@ pub struct Target {
     user_ns: Option<OwnedFd>,
     /// Its other namespaces, joined in this order (the mount namespace last).
     namespaces: Vec<(CloneFlags, OwnedFd)>,
-    /// `cgroup.procs` of each of its cgroups: one on cgroup v2, one per hierarchy on v1.
+    /// The file moving a process into each of its cgroups: `cgroup.procs` on cgroup v2, `tasks`
+    /// of each hierarchy on v1 (see [`cgroup_procs`]).
     cgroups: Vec<OwnedFd>,
     /// Its OCI process: user, groups, capabilities, rlimits, no_new_privs, working directory.
     process: Process,
@@ -171,11 +173,15 @@ fn namespace_file(typ: LinuxNamespaceType) -> &'static str {
     }
 }
 
-/// Opens `cgroup.procs` of every cgroup `pid` is in that this process is not in too (a fork
-/// is in this process's cgroups), through this process's cgroup mounts: the unified
-/// hierarchy, and each v1 hierarchy with controllers (named ones such as `name=systemd` hold no
-/// container: libcontainer moves its processes into none of them). Writing `0` to each moves
-/// the writer.
+/// Opens the file that moves a process into each cgroup `pid` is in that this process is not
+/// in too (a child starts in this process's cgroups), through this process's cgroup mounts: the
+/// unified hierarchy, and each v1 hierarchy with controllers (named ones such as `name=systemd`
+/// hold no container: libcontainer moves its processes into none of them). Writing `0` to each
+/// moves the writer. On v1 that file is `tasks`, which moves the writing thread alone: the
+/// exec's child is a single thread, and the kernel then skips the lock that keeps thread groups
+/// still during a move (a per-CPU semaphore whose write side waits for an RCU grace period, a
+/// wait of milliseconds on every exec). On v2 a thread cannot leave its domain, so it is
+/// `cgroup.procs`.
 fn cgroup_procs(pid: i32) -> Result<Vec<OwnedFd>> {
     let read = |p: procfs::ProcResult<procfs::process::Process>| {
         p.and_then(|p| p.cgroups())
@@ -195,7 +201,8 @@ fn cgroup_procs(pid: i32) -> Result<Vec<OwnedFd>> {
         {
             continue;
         }
-        let mount = if g.controllers.is_empty() && g.hierarchy == 0 {
+        let v2 = g.controllers.is_empty() && g.hierarchy == 0;
+        let mount = if v2 {
             mounts.0.iter().find(|m| m.fs_type == "cgroup2")
         } else if g.controllers.is_empty() || g.controllers.iter().any(|c| c.starts_with("name=")) {
             continue;
@@ -218,7 +225,10 @@ fn cgroup_procs(pid: i32) -> Result<Vec<OwnedFd>> {
                 ),
             )
         })?;
-        let file: PathBuf = m.mount_point.join(rel).join("cgroup.procs");
+        let file: PathBuf = m
+            .mount_point
+            .join(rel)
+            .join(if v2 { "cgroup.procs" } else { "tasks" });
         let fd = std::fs::OpenOptions::new()
             .write(true)
             .open(&file)
@@ -328,22 +338,37 @@ pub fn exec(
         nix::sched::setns(ns, CloneFlags::CLONE_NEWPID)
             .map_err(|e| internal(&format!("joining the PID namespace of container {id}"), e))?;
     }
-    // SAFETY: the sandbox process is single-threaded (one event loop), so the child may run
-    // any code: no lock or allocator state is held by a thread that does not exist there.
-    let forked = unsafe { fork() };
-    if t.pid_ns.is_some() && !matches!(forked, Ok(ForkResult::Child)) {
+    // The child shares this process's memory and this process waits until it has executed
+    // its command or exited (vfork's semantics through clone): no page table is copied at the
+    // start and none torn down at the exec, which was most of what an exec cost the sandbox
+    // beyond the command itself. The child has its own descriptor table, working directory,
+    // signal handlers and credentials (no CLONE_FILES, CLONE_FS, CLONE_SIGHAND), so what it
+    // changes there stays its own; what it writes to memory (what it allocates) is this
+    // process's, which is not running meanwhile, and the sandbox process is single-threaded.
+    let (report, io, cmd) = (&report_w, &child_io, &argv);
+    let child = Box::new(move || -> isize {
+        let Err(why) = enter(t, cmd, io);
+        let _ = nix::unistd::write(report, why.as_bytes());
+        // SAFETY: ends the child without running anything of the sandbox's (no destructor,
+        // no atexit handler: its memory is the sandbox's).
+        unsafe { libc::_exit(payload::START_ERROR_EXIT_CODE) }
+    });
+    let cloned = CHILD_STACK.with_borrow_mut(|stack| {
+        // SAFETY: the stack is this thread's own, used by one child at a time (this thread
+        // waits for it); the callback never returns into the sandbox's code.
+        unsafe {
+            nix::sched::clone(
+                child,
+                stack,
+                CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK,
+                Some(libc::SIGCHLD),
+            )
+        }
+    });
+    if t.pid_ns.is_some() {
         restore_pid_namespace();
     }
-    let pid = match forked {
-        Ok(ForkResult::Child) => {
-            let Err(why) = enter(t, &argv, child_io);
-            let _ = nix::unistd::write(&report_w, why.as_bytes());
-            // SAFETY: ends the forked child without running anything of the sandbox's.
-            unsafe { libc::_exit(payload::START_ERROR_EXIT_CODE) }
-        }
-        Ok(ForkResult::Parent { child }) => child,
-        Err(e) => return Err(internal("fork", e)),
-    };
+    let pid = cloned.map_err(|e| internal("clone", e))?;
     drop(report_w);
     drop(child_io);
     if let Some(why) = payload::read_report(&report_r) {
@@ -412,7 +437,7 @@ fn receive_master(sock: BorrowedFd<'_>) -> Result<OwnedFd> {
 
 /// The forked child: joins the container and executes the command; returns only why it could
 /// not.
-fn enter(t: &Target, argv: &[CString], io: ChildIo) -> std::result::Result<Infallible, String> {
+fn enter(t: &Target, argv: &[CString], io: &ChildIo) -> std::result::Result<Infallible, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| format!("exec: {what}: {e}");
     reset_signals();
     for fd in &t.cgroups {
@@ -435,22 +460,14 @@ fn enter(t: &Target, argv: &[CString], io: ChildIo) -> std::result::Result<Infal
             .map_err(|e| fail(&format!("joining namespace {flag:?}"), &e))?;
     }
     match io {
-        ChildIo::Files(fds) => stdio(&fds).map_err(|e| fail("setting up stdio", &e))?,
-        ChildIo::Tty(sock) => terminal(&sock).map_err(|e| fail("making the terminal", &e))?,
+        ChildIo::Files(fds) => stdio(fds).map_err(|e| fail("setting up stdio", &e))?,
+        ChildIo::Tty(sock) => terminal(sock).map_err(|e| fail("making the terminal", &e))?,
     }
     let syscall = create_syscall();
     let user = t.process.user();
     nix::sys::prctl::set_keepcaps(true).map_err(|e| fail("keeping capabilities", &e))?;
-    let groups: Vec<Gid> = user
-        .additional_gids()
-        .iter()
-        .flatten()
-        .map(|&g| Gid::from_raw(g))
-        .collect();
-    nix::unistd::setgroups(&groups).map_err(|e| fail("setting the groups", &e))?;
-    let (gid, uid) = (Gid::from_raw(user.gid()), Uid::from_raw(user.uid()));
-    nix::unistd::setresgid(gid, gid, gid).map_err(|e| fail("setting the gid", &e))?;
-    nix::unistd::setresuid(uid, uid, uid).map_err(|e| fail("setting the uid", &e))?;
+    let groups: Vec<libc::gid_t> = user.additional_gids().iter().flatten().copied().collect();
+    set_ids(&groups, user.gid(), user.uid())?;
     reset_effective(&*syscall).map_err(|e| fail("keeping capabilities", &e))?;
     for limit in t.process.rlimits().iter().flatten() {
         syscall
@@ -508,6 +525,44 @@ fn enter(t: &Target, argv: &[CString], io: ChildIo) -> std::result::Result<Infal
         Ok(never) => match never {},
         Err(e) => Err(format!("exec {}: {}", path.display(), errno_text(e))),
     }
+}
+
+/// Sets this task's supplementary groups, gid and uid with the system calls themselves: the C
+/// library's wrappers would apply them to every thread of the process they believe they are in,
+/// which for a child sharing the sandbox's memory is the sandbox's.
+fn set_ids(
+    groups: &[libc::gid_t],
+    gid: libc::gid_t,
+    uid: libc::uid_t,
+) -> std::result::Result<(), String> {
+    let check = |what: &str, r: libc::c_long| {
+        if r < 0 {
+            Err(format!("exec: {what}: {}", std::io::Error::last_os_error()))
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain system calls; `groups` outlives the call and its length is passed.
+    unsafe {
+        check(
+            "setting the groups",
+            libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()),
+        )?;
+        check(
+            "setting the gid",
+            libc::syscall(libc::SYS_setresgid, gid, gid, gid),
+        )?;
+        check(
+            "setting the uid",
+            libc::syscall(libc::SYS_setresuid, uid, uid, uid),
+        )
+    }
+}
+
+thread_local! {
+    /// The stack an exec's child runs on until it executes its command (1 MiB, touched only
+    /// as deep as the child goes: the seccomp filter's compilation is the deepest).
+    static CHILD_STACK: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 1 << 20]);
 }
 
 /// Default dispositions and an empty mask, as a new process has (the sandbox ignores SIGPIPE).
