@@ -469,6 +469,73 @@ async fn pod_namespaces_exec_and_files() {
     node.teardown().await;
 }
 
+/// The v1 controller lines of a `/proc/<pid>/cgroup` text (`controllers:path`), without named
+/// hierarchies and the unified one.
+fn controller_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(_, rest)| rest))
+        .filter(|rest| !rest.starts_with(':') && !rest.starts_with("name="))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// The sandbox process moves itself into its cgroup and an exec's child into its container's
+/// (on cgroup v1 through each hierarchy's `tasks`, which skips the kernel's grace-period wait):
+/// both end up in every controller's cgroup, cpuset included, as a move of the whole process
+/// would put them.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandbox_and_exec_processes_are_in_their_cgroups_in_every_controller() {
+    if !root_or_skip("sandbox_and_exec_processes_are_in_their_cgroups_in_every_controller") {
+        return;
+    }
+    let node = Node::new("cgjoin").await;
+    let sb = node.sandbox("cgjoin").await;
+    let a = node.container(&sb, "a", &["sleep", "600"]).await;
+    let sandbox = sandbox_pid(&node.rt, &sb.0).await;
+    let own = std::fs::read_to_string(format!("/proc/{sandbox}/cgroup")).expect("its cgroups");
+    let lines = controller_lines(&own);
+    assert!(
+        lines.iter().any(|l| l
+            .split(':')
+            .next()
+            .is_some_and(|c| c.split(',').any(|c| c == "cpuset"))),
+        "cpuset is among the sandbox's controllers: {own}"
+    );
+    for l in &lines {
+        assert!(
+            l.ends_with("/sandbox") && l.contains(node.cgroup_root.as_str()),
+            "the sandbox process is in its pod's sandbox cgroup in every controller: {own}"
+        );
+    }
+    let r = node
+        .exec(
+            &a,
+            &[
+                "sh",
+                "-c",
+                "cat /proc/self/cgroup; echo ---; cat /proc/1/cgroup",
+            ],
+        )
+        .await;
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    let (exec, init) = out.split_once("---\n").expect("both cgroup files");
+    assert_eq!(r.exit_code, 0, "{out}");
+    assert_eq!(
+        controller_lines(exec),
+        controller_lines(init),
+        "the exec is in its container's cgroups in every controller"
+    );
+    assert_ne!(
+        controller_lines(exec),
+        lines,
+        "the container's cgroups are not the sandbox's"
+    );
+    node.teardown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_rejected_and_changes_nothing() {
     if !root_or_skip("bad_input_is_rejected_and_changes_nothing") {

@@ -111,7 +111,7 @@ fn setup(layout: &Layout) -> Result<server::Server> {
         cgroup::join_systemd_scope(slice, SCOPE_PREFIX, &spec.id, SANDBOX_CGROUP, getpid())?;
     }
     if !spec.cgroup_parent.is_empty() {
-        cgroup::join(&sandbox_cgroup(&spec), getpid())?;
+        cgroup::join_self(&sandbox_cgroup(&spec))?;
     }
     // The pod's infrastructure is the last of its processes the OOM killer takes (upstream
     // gives its pause container the same), whatever the agent that launched it has; where
@@ -147,7 +147,7 @@ fn release_cgroups(spec: &Spec) {
     if spec.cgroup_parent.is_empty() {
         return;
     }
-    if let Err(e) = cgroup::join("/", getpid()) {
+    if let Err(e) = cgroup::join_self("/") {
         tracing::warn!("leaving the pod cgroup: {e}");
     }
     if let Err(e) = cgroup::remove(&sandbox_cgroup(spec)) {
