@@ -5,7 +5,15 @@
 //! ```sh
 //! sudo cargo bench --bench probes                                  # 100 pods, 60 s window
 //! sudo BENCH_PROBE_PODS=20 BENCH_PROBE_SECS=30 cargo bench --bench probes
+//! sudo BENCH_PROBE_SERIES=none,exec,http cargo bench --bench probes  # the cost of each probe
 //! ```
+//!
+//! `BENCH_PROBE_SERIES` (a comma-separated list, default `both`) runs the whole measurement once
+//! per series, each runtime in turn: `both` (the pods described below), `exec` (the liveness
+//! probe only), `http` (the readiness probe only), `none` (no probe). With `none` and `exec` or
+//! `http` in one run, the summary prints **the node's CPU per probe**: the series' node CPU
+//! minus the `none` series', per probe (N a second); for exec probes also minus the probe
+//! command's own cost (below), so what the runtime and the kubelet add to each probe.
 //!
 //! For each runtime (built-in first, then containerd) the kubelet runs standalone in this
 //! process (`nodelet::kubelet::Kubelet::start` with no API server) with N static pods written to
@@ -79,7 +87,52 @@ struct Opts {
     pods: usize,
     window: Duration,
     execs: usize,
+    series: Vec<Probes>,
 }
+
+/// Which probes a series' pods have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probes {
+    Both,
+    None,
+    Exec,
+    Http,
+}
+
+impl Probes {
+    fn parse(s: &str) -> Result<Probes> {
+        Ok(match s.trim() {
+            "both" => Probes::Both,
+            "none" => Probes::None,
+            "exec" => Probes::Exec,
+            "http" => Probes::Http,
+            other => {
+                anyhow::bail!("BENCH_PROBE_SERIES: {other:?} is not one of both, none, exec, http")
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Probes::Both => "both",
+            Probes::None => "none",
+            Probes::Exec => "exec",
+            Probes::Http => "http",
+        }
+    }
+
+    fn exec(self) -> bool {
+        matches!(self, Probes::Both | Probes::Exec)
+    }
+
+    fn http(self) -> bool {
+        matches!(self, Probes::Both | Probes::Http)
+    }
+}
+
+/// The aims of issue 27: the node's CPU per probe beyond the command's own, in ms.
+const AIM_EXEC_PROBE_MS: f64 = 0.5;
+const AIM_HTTP_PROBE_MS: f64 = 0.1;
 
 fn main() -> ExitCode {
     if let Some(code) = common::run_sandbox_if_asked() {
@@ -109,6 +162,11 @@ fn opts() -> Result<Opts> {
         pods,
         window: Duration::from_secs(env_count("BENCH_PROBE_SECS", 60)? as u64),
         execs: env_count("BENCH_PROBE_EXECS", 300)?,
+        series: std::env::var("BENCH_PROBE_SERIES")
+            .unwrap_or_else(|_| "both".into())
+            .split(',')
+            .map(Probes::parse)
+            .collect::<Result<_>>()?,
     })
 }
 
@@ -253,41 +311,107 @@ async fn run(
         opts.window.as_secs_f64()
     );
 
-    let b = Arc::new(builtin.clone());
-    let builtin_run = one_runtime(
-        "builtin",
-        Runtime {
-            runtime: b.clone(),
-            images: b,
-        },
-        Kind::Builtin {
-            root: root.to_string_lossy().into_owned(),
-        },
-        work,
-        pod_network,
-        opts,
-    )
-    .await
-    .context("builtin")?;
-    let containerd_run = one_runtime(
-        "containerd",
-        Runtime {
-            runtime: remote.clone(),
-            images: remote,
-        },
-        Kind::Containerd {
-            pid: ctd.pid(),
-            dir: ctd.dir().to_string_lossy().into_owned(),
-        },
-        work,
-        pod_network,
-        opts,
-    )
-    .await
-    .map_err(|e| anyhow!("containerd: {e:#}\n{}", ctd.log()))?;
+    let mut done = Vec::new();
+    for &probes in &opts.series {
+        println!("== series {}: {}", probes.name(), describe_series(probes));
+        let b = Arc::new(builtin.clone());
+        let builtin_run = one_runtime(
+            "builtin",
+            Runtime {
+                runtime: b.clone(),
+                images: b,
+            },
+            Kind::Builtin {
+                root: root.to_string_lossy().into_owned(),
+            },
+            work,
+            pod_network,
+            probes,
+            opts,
+        )
+        .await
+        .context("builtin")?;
+        let r = remote.clone();
+        let containerd_run = one_runtime(
+            "containerd",
+            Runtime {
+                runtime: r.clone(),
+                images: r,
+            },
+            Kind::Containerd {
+                pid: ctd.pid(),
+                dir: ctd.dir().to_string_lossy().into_owned(),
+            },
+            work,
+            pod_network,
+            probes,
+            opts,
+        )
+        .await
+        .map_err(|e| anyhow!("containerd: {e:#}\n{}", ctd.log()))?;
+        done.push((probes, builtin_run, containerd_run));
+    }
     let floor = command_floor(FLOOR_RUNS).context("measuring the probe command alone")?;
-    summary(&builtin_run, &containerd_run, floor, opts.pods);
+    for (probes, b, c) in &done {
+        if *probes == Probes::Both {
+            summary(b, c, floor, opts.pods);
+        }
+    }
+    per_probe(&done, floor, opts.pods);
     Ok(())
+}
+
+fn describe_series(probes: Probes) -> &'static str {
+    match probes {
+        Probes::Both => "an exec liveness and an HTTP readiness probe per pod",
+        Probes::None => "no probe",
+        Probes::Exec => "an exec liveness probe per pod",
+        Probes::Http => "an HTTP readiness probe per pod",
+    }
+}
+
+/// The node's CPU per probe, from the `none` series and the `exec` and `http` ones: each
+/// series' node CPU (the containerd node's kubelet included) minus `none`'s, over N probes a
+/// second; for exec probes less the command's own `floor_ms`.
+fn per_probe(done: &[(Probes, Measured, Measured)], floor_ms: f64, pods: usize) {
+    let Some((_, b0, c0)) = done.iter().find(|(p, _, _)| *p == Probes::None) else {
+        return;
+    };
+    println!(
+        "== the node's CPU per probe ({pods} probes a second; the none series' CPU subtracted)"
+    );
+    // % of one core over N probes a second: 1% is 10 ms of CPU a second.
+    let per = |m: &Measured, base: &Measured| (m.cpu_node() - base.cpu_node()) * 10.0 / pods as f64;
+    let holds = |ok: bool| if ok { "HOLDS" } else { "DOES NOT HOLD" };
+    for (probes, b, c) in done {
+        let (label, command, aim) = match probes {
+            Probes::Exec => (
+                "exec probe, beyond the command",
+                floor_ms,
+                AIM_EXEC_PROBE_MS,
+            ),
+            Probes::Http => ("HTTP probe", 0.0, AIM_HTTP_PROBE_MS),
+            _ => continue,
+        };
+        let (bm, cm) = (per(b, b0) - command, per(c, c0) - command);
+        println!(
+            "   {label:<31} {bm:>7.3} ms / {cm:>7.3} ms   ratio {:.3}   (builtin: agent {:+.3} + sandboxes {:+.3} ms)",
+            bm / cm,
+            (b.cpu_head - b0.cpu_head) * 10.0 / pods as f64,
+            (b.cpu_total() - b.cpu_head - (b0.cpu_total() - b0.cpu_head)) * 10.0 / pods as f64
+                - command,
+        );
+        println!(
+            "   aim: the built-in node's CPU per {} at most {aim} ms: {} ({bm:.3} ms)",
+            label,
+            holds(bm <= aim)
+        );
+    }
+    if done.iter().any(|(p, _, _)| *p == Probes::Exec) {
+        println!(
+            "   the exec probe's command alone: {floor_ms:.3} ms of CPU per run (subtracted above)"
+        );
+    }
 }
 
 /// How many times [`command_floor`] runs the probe command.
@@ -396,10 +520,11 @@ async fn one_runtime(
     kind: Kind,
     work: &Path,
     pod_network: bool,
+    probes: Probes,
     opts: &Opts,
 ) -> Result<Measured> {
-    println!("-- {name} (load {})", loadavg());
-    let dir = work.join(name);
+    println!("-- {name}, series {} (load {})", probes.name(), loadavg());
+    let dir = work.join(format!("{name}-{}", probes.name()));
     let manifests = dir.join("manifests");
     for d in [&manifests, &dir.join("root"), &dir.join("logs")] {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
@@ -420,7 +545,7 @@ async fn one_runtime(
         .await
         .context("starting the kubelet")?;
     let uids: Vec<String> = (0..opts.pods)
-        .map(|i| format!("{name}-probe-{i}-{}", std::process::id()))
+        .map(|i| format!("{name}-{}-probe-{i}-{}", probes.name(), std::process::id()))
         .collect();
     let measured = measure(
         name,
@@ -430,6 +555,7 @@ async fn one_runtime(
         &manifests,
         &uids,
         pod_network,
+        probes,
         opts,
     )
     .await;
@@ -458,6 +584,7 @@ async fn measure(
     manifests: &Path,
     uids: &[String],
     pod_network: bool,
+    probes: Probes,
     opts: &Opts,
 ) -> Result<Measured> {
     // All pods at once, then wait until every one is Ready.
@@ -465,7 +592,7 @@ async fn measure(
     for (i, uid) in uids.iter().enumerate() {
         let port = if pod_network { PORT } else { PORT + i as u16 };
         let path = manifests.join(format!("probe-{i}.json"));
-        let pod = manifest(i, uid, port, !pod_network);
+        let pod = manifest(i, uid, port, !pod_network, probes);
         std::fs::write(&path, serde_json::to_vec_pretty(&pod)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
@@ -673,8 +800,14 @@ fn print_cpu(m: &Measured) {
 
 /// The static pod `i`: busybox httpd on `port`, an exec liveness probe and an HTTP readiness
 /// probe every second.
-fn manifest(i: usize, uid: &str, port: u16, host_network: bool) -> serde_json::Value {
-    serde_json::json!({
+fn manifest(
+    i: usize,
+    uid: &str,
+    port: u16,
+    host_network: bool,
+    probes: Probes,
+) -> serde_json::Value {
+    let mut pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": format!("probe-{i}"), "namespace": "bench", "uid": uid},
@@ -689,17 +822,23 @@ fn manifest(i: usize, uid: &str, port: u16, host_network: bool) -> serde_json::V
                     "mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p {port} -h /www"
                 )],
                 "ports": [{"containerPort": port}],
-                "livenessProbe": {
-                    "exec": {"command": ["cat", "/www/healthz"]},
-                    "periodSeconds": 1,
-                },
-                "readinessProbe": {
-                    "httpGet": {"path": "/healthz", "port": port},
-                    "periodSeconds": 1,
-                },
             }],
         },
-    })
+    });
+    let container = &mut pod["spec"]["containers"][0];
+    if probes.exec() {
+        container["livenessProbe"] = serde_json::json!({
+            "exec": {"command": ["cat", "/www/healthz"]},
+            "periodSeconds": 1,
+        });
+    }
+    if probes.http() {
+        container["readinessProbe"] = serde_json::json!({
+            "httpGet": {"path": "/healthz", "port": port},
+            "periodSeconds": 1,
+        });
+    }
+    pod
 }
 
 fn is_ready(status: &PodStatus) -> bool {
