@@ -249,6 +249,9 @@ struct Measured {
     cpu_machine: f64,
     memory: Memory,
     exec: Stats,
+    /// CPU in ms of one plain HTTP GET on a new connection to a pod, with no prober (the
+    /// series with HTTP probes).
+    http_floor: Option<f64>,
     ready_end: usize,
     restarts: i32,
     exec_failed: usize,
@@ -289,7 +292,7 @@ async fn run(
     let pod_network = ctd.has_pod_network();
 
     println!(
-        "== probes: {} pods through the kubelet (Kubelet::start, standalone, static pods), each a busybox `httpd` with an exec liveness probe (`cat /www/healthz`) and an HTTP readiness probe (GET /healthz), both periodSeconds 1",
+        "== probes: {} pods through the kubelet (Kubelet::start, standalone, static pods), each a busybox `httpd` with an exec liveness probe (`cat /www/healthz`) and an HTTP readiness probe (GET /healthz), both periodSeconds 1 (a series other than both: the probes it names)",
         opts.pods
     );
     println!(
@@ -394,6 +397,13 @@ fn per_probe(done: &[(Probes, Measured, Measured)], floor_ms: f64, pods: usize) 
             _ => continue,
         };
         let (bm, cm) = (per(b, b0) - command, per(c, c0) - command);
+        if let (Probes::Http, Some(floor)) = (probes, b.http_floor) {
+            println!(
+                "   one plain HTTP GET on a new connection (no prober): {floor:.3} ms of CPU; the HTTP probe beyond it {:.3} ms / {:.3} ms",
+                bm - floor,
+                cm - c.http_floor.unwrap_or(floor)
+            );
+        }
         println!(
             "   {label:<31} {bm:>7.3} ms / {cm:>7.3} ms   ratio {:.3}   (builtin: agent {:+.3} + sandboxes {:+.3} ms)",
             bm / cm,
@@ -412,6 +422,76 @@ fn per_probe(done: &[(Probes, Measured, Measured)], floor_ms: f64, pods: usize) 
             "   the exec probe's command alone: {floor_ms:.3} ms of CPU per run (subtracted above)"
         );
     }
+}
+
+/// How many requests [`http_floor`] makes.
+const HTTP_FLOOR_RUNS: u32 = 2000;
+
+/// The CPU in ms that one HTTP GET of `/healthz` on a new TCP connection to `addr` costs the
+/// thread making it, with no prober, no runtime and no async machinery: `runs` sequential
+/// requests from a blocking `std` client, its thread's CPU time around them. The kernel handles
+/// the packets of both ends (through the veth and bridge) mostly in the sender's context, so
+/// this is the least an HTTP probe costs the node on this machine.
+fn http_floor(addr: &str, runs: u32) -> Result<f64> {
+    use std::io::{Read, Write};
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let start = thread_cpu_ms()?;
+    for _ in 0..runs {
+        let mut tcp =
+            std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        tcp.write_all(request.as_bytes())?;
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer)?;
+        ensure!(
+            answer.starts_with(b"HTTP/1.") && answer.windows(3).any(|w| w == b"200"),
+            "GET /healthz on {addr}: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    Ok((thread_cpu_ms()? - start) / f64::from(runs))
+}
+
+/// utime + stime of the calling thread, in ms: the accounting the node's figures use.
+fn thread_cpu_ms() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // After the command's name: state is field 0, utime 11, stime 12.
+    Ok((ticks(11) + ticks(12)) as f64 * 1e3 / procs::clock_ticks() as f64)
+}
+
+/// The CPU in ms of one `GET /healthz` to `addr` through the kubelet's own HTTP prober
+/// (`nodelet::prober::http::get`: a new connection, hyper, the body read), on a current-thread
+/// tokio runtime of this thread's own (its spawned connection task runs here too): the
+/// prober's part of an HTTP probe, without the probe worker around it.
+fn prober_get(addr: &str, runs: u32) -> Result<f64> {
+    let (host, port) = addr.rsplit_once(':').context("host:port")?;
+    let req = nodelet::prober::http::Request {
+        https: false,
+        host: host.to_string(),
+        port: port.parse()?,
+        path: "/healthz".into(),
+        headers: vec![("Host".into(), addr.to_string())],
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let start = thread_cpu_ms()?;
+    for _ in 0..runs {
+        let r = rt
+            .block_on(nodelet::prober::http::get(&req))
+            .map_err(|e| anyhow!("{e}"))?;
+        ensure!(r.status == 200, "GET /healthz on {addr}: {}", r.status);
+    }
+    Ok((thread_cpu_ms()? - start) / f64::from(runs))
 }
 
 /// How many times [`command_floor`] runs the probe command.
@@ -705,6 +785,7 @@ async fn measure(
         cpu_machine,
         memory,
         exec: stats(&[]),
+        http_floor: None,
         ready_end,
         restarts,
         exec_failed: 0,
@@ -717,6 +798,31 @@ async fn measure(
         "   {name:<11} at the end of the window: {ready_end} of {} pods Ready, {restarts} container restarts",
         uids.len()
     );
+
+    if probes.http() {
+        let addr = match uids
+            .first()
+            .and_then(|u| kubelet.pod_status(u))
+            .and_then(|s| s.pod_ip)
+        {
+            Some(ip) if pod_network => format!("{ip}:{PORT}"),
+            _ => format!("127.0.0.1:{PORT}"),
+        };
+        let target = addr.clone();
+        let floor = tokio::task::spawn_blocking(move || http_floor(&target, HTTP_FLOOR_RUNS))
+            .await
+            .context("the HTTP floor's thread")??;
+        let prober = tokio::task::spawn_blocking(move || prober_get(&addr, HTTP_FLOOR_RUNS))
+            .await
+            .context("the prober GET's thread")??;
+        println!(
+            "   {name:<11} the kubelet prober's GET (prober::http::get, a current-thread runtime of its own): {prober:.3} ms of CPU each ({HTTP_FLOOR_RUNS} sequential)"
+        );
+        println!(
+            "   {name:<11} one plain HTTP GET on a new connection to a pod: {floor:.3} ms of CPU ({HTTP_FLOOR_RUNS} sequential, a blocking client's thread; the kernel's work for both ends' packets included)"
+        );
+        m.http_floor = Some(floor);
+    }
 
     // ExecSync from this process, round robin over the containers, the probes still running.
     let containers = running_containers(rt, uids).await?;
