@@ -62,6 +62,27 @@ pub(super) fn output_pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
+/// The terminal master a process sends on `sock` (a container's init on its console socket,
+/// an exec's child on its socketpair); `what` and `none` name the failure when none comes.
+pub(super) fn receive_terminal(
+    sock: std::os::fd::BorrowedFd<'_>,
+    what: &str,
+    none: &str,
+) -> Result<OwnedFd> {
+    let mut buf = [0u8; 4096];
+    let mut fds = Vec::new();
+    loop {
+        let n = crate::fdpass::recv(sock, &mut buf, &mut fds)
+            .map_err(|e| internal(&format!("receiving the terminal ({what})"), e))?;
+        if let Some(fd) = fds.pop() {
+            return Ok(fd);
+        }
+        if n == 0 {
+            return Err(internal(what, none));
+        }
+    }
+}
+
 pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(Kind::Internal, format!("{what}: {e}"))
 }
@@ -225,7 +246,7 @@ pub fn prune_attached(c: &mut Ctr) {
         if a.eof {
             return true;
         }
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 4096];
         match nix::sys::socket::recv(a.conn.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
             Ok(0) => {
                 a.eof = true;

@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -39,7 +39,7 @@ use oci_spec::runtime::{
     Capability, LinuxCapabilities, LinuxNamespaceType, LinuxSeccomp, Process, Spec,
 };
 
-use super::containers::{Ctr, internal, output_pipe};
+use super::containers::{Ctr, internal, output_pipe, receive_terminal};
 use super::ns::pidfd_open;
 use super::payload::{self, errno_text, look_path};
 use crate::spec::State;
@@ -379,7 +379,11 @@ pub fn exec(
         ));
     }
     let master = match &tty {
-        Some(sock) => Some(receive_master(sock.as_fd())?),
+        Some(sock) => Some(receive_terminal(
+            sock.as_fd(),
+            "terminal exec",
+            "the exec's process sent no terminal",
+        )?),
         None => None,
     };
     let deadline = (timeout_ms > 0)
@@ -413,25 +417,6 @@ fn restore_pid_namespace() {
         tracing::error!(
             "cannot point new children back to the sandbox's PID namespace: {restored:?}"
         );
-    }
-}
-
-/// The terminal master an exec's child sends on `sock` before executing its command.
-fn receive_master(sock: BorrowedFd<'_>) -> Result<OwnedFd> {
-    let mut buf = [0u8; 16];
-    let mut fds = Vec::new();
-    loop {
-        let n = crate::fdpass::recv(sock, &mut buf, &mut fds)
-            .map_err(|e| internal("receiving the exec's terminal", e))?;
-        if let Some(fd) = fds.pop() {
-            return Ok(fd);
-        }
-        if n == 0 {
-            return Err(internal(
-                "terminal exec",
-                "the exec's process sent no terminal",
-            ));
-        }
     }
 }
 

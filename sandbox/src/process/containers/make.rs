@@ -14,6 +14,7 @@ use nix::unistd::pipe2;
 
 use super::super::ns::pidfd_open;
 use super::super::payload;
+use super::receive_terminal;
 use super::{Ctr, internal, lc_error, output_pipe};
 use crate::logs::LogWriter;
 use crate::spec::{ContainerSpec, ContainerStatus, Layout, State, now_ns};
@@ -233,19 +234,9 @@ fn receive_master(listener: &UnixListener) -> Result<OwnedFd> {
         .accept()
         .map_err(|e| internal("accepting the console socket", e))?;
     let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    let mut buf = [0u8; 4096];
-    let mut fds = Vec::new();
-    loop {
-        let n = crate::fdpass::recv(&conn, &mut buf, &mut fds)
-            .map_err(|e| internal("receiving the terminal", e))?;
-        if let Some(fd) = fds.pop() {
-            return Ok(fd);
-        }
-        if n == 0 {
-            return Err(internal(
-                "terminal container",
-                "the console socket closed without a terminal",
-            ));
-        }
-    }
+    receive_terminal(
+        conn.as_fd(),
+        "terminal container",
+        "the console socket closed without a terminal",
+    )
 }
