@@ -9,8 +9,22 @@
 //! A static build (`scripts/build-static.sh`: `crt-static` with `relocation-model=static`) is
 //! non-PIE already: rustc links it with `-static`, and `-no-pie` on top would turn it into a
 //! static binary that still names a program interpreter.
+//!
+//! It also generates the gRPC code of the device plugin API (v1beta1) and the pod-resources API
+//! (v1) from the protos in `src/devices/proto/` (both sides: the kubelet serves registration and
+//! pod-resources and is a client of each plugin; the tests' sample plugin is the other side).
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/devices/proto");
+    if let Err(e) = tonic_prost_build::configure().compile_protos(
+        &[
+            "src/devices/proto/deviceplugin_v1beta1.proto",
+            "src/devices/proto/podresources_v1.proto",
+        ],
+        &["src/devices/proto"],
+    ) {
+        panic!("generating the device plugin and pod-resources APIs: {e}");
+    }
     let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
     if features.split(',').any(|f| f == "crt-static") {
         return;

@@ -11,6 +11,7 @@ pub mod cm;
 pub mod commands;
 pub mod config;
 pub mod crilog;
+pub mod devices;
 pub mod inputs;
 pub mod kubelet;
 pub mod logging;

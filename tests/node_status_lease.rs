@@ -409,7 +409,10 @@ async fn agent_reports_runtime_health_and_images() {
                 );
             }
         }),
-        Some(recorder),
+        nodelet::node::agent::Reporting {
+            events: Some(recorder),
+            devices: None,
+        },
     );
     let node = wait_for("Ready=False for the network", 20, async || {
         let n = nodes.get_opt("node-agent").await.ok().flatten()?;

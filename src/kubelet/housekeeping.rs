@@ -129,6 +129,10 @@ impl Housekeeping {
                 .volumes
                 .tear_down_gone(|uid| wanted.contains(uid) || self.workers.state(uid).is_some());
             self.remove_pod_cgroups(&wanted).await;
+            // Devices held by pods that ended are free again.
+            if let Some(devices) = &self.syncer.opts.device_manager {
+                devices.retain(|uid| self.workers.could_have_running_containers(uid));
+            }
             // Once, when every source was seen: later deletions forget their own.
             if !*pruned {
                 self.syncer

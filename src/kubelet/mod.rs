@@ -67,6 +67,9 @@ pub enum Error {
     /// The pods' cgroup tree could not be made (upstream: "Failed to start ContainerManager").
     #[error("failed to start the container manager: {0}")]
     Cgroups(#[from] crate::cm::Error),
+    /// The device plugin registration or pod-resources socket could not be served.
+    #[error("failed to start the device manager: {0}")]
+    Devices(#[source] std::io::Error),
 }
 
 /// The runtime the kubelet drives.
@@ -124,7 +127,7 @@ impl Kubelet {
         crate::node::check_reservations(&facts, &w.cfg)?;
         w.runtime_cgroup_driver().await;
         let cm = w.container_manager(&facts)?;
-        let opts = w.container_options(&facts, &version);
+        let mut opts = w.container_options(&facts, &version);
         let status = w.status_manager();
         let runtime_state = w.runtime_state().await;
         let userns = w.user_namespaces(&opts)?;
@@ -148,6 +151,8 @@ impl Kubelet {
             ),
             None => format!("serving on port {port}; admitting the static pods"),
         });
+        let devices = w.devices(&pods).await.map_err(Error::Devices)?;
+        opts.device_manager = Some(devices.clone());
         let local_node = crate::node::build_node(&facts, &w.cfg);
         let ch = Channels::new();
         w.pleg(&cache, &health, ch.changed.0, ch.refresh.1);
@@ -248,6 +253,7 @@ impl Kubelet {
             shutdown: shutdown_state,
             eviction: eviction_state,
             allocations,
+            devices: Some(devices),
         };
         let inputs = sync_loop::Inputs {
             updates: ch.updates.1,
@@ -306,6 +312,10 @@ pub(crate) struct Admit<'a> {
     pub allocations: &'a allocation::Allocations,
     pub shutting_down: bool,
     pub eviction: &'a eviction::EvictionState,
+    /// Device plugins' devices (allocated before the resource predicates, as upstream).
+    pub devices: Option<&'a crate::devices::DeviceManager>,
+    /// Every configured source has sent its pods: devices of pods not active are free.
+    pub sources_ready: bool,
 }
 
 impl Admit<'_> {
@@ -322,7 +332,14 @@ impl Admit<'_> {
                 message,
             });
         }
-        admission::admit(pod, active, self.node)
+        let Some(devices) = self.devices else {
+            return admission::admit(pod, active, self.node);
+        };
+        devices.admit(pod, active, self.sources_ready)?;
+        admission::admit(pod, active, self.node).inspect_err(|_| {
+            let uid = sources::pod_uid(pod);
+            devices.retain(|u| u != uid);
+        })
     }
 }
 

@@ -18,6 +18,7 @@ use crate::api::events::{EventRecorder, EventType, Reason};
 use crate::cm::ContainerManager;
 use crate::cm::resources::ResourceConfig;
 use crate::config::KubeletConfig;
+use crate::devices::DeviceManager;
 use crate::node::agent::RUNTIME_CHECK_PERIOD;
 use crate::node::{NodeAgent, NodeFacts, RuntimeState};
 use crate::pod::images::ImagePulls;
@@ -37,6 +38,8 @@ pub(super) struct Wiring {
     pub tasks: JoinSet<()>,
     /// With `serverTLSBootstrap`: where the serving certificate learns the Node's addresses.
     pub serving_addresses: Option<watch::Sender<Vec<k8s_openapi::api::core::v1::NodeAddress>>>,
+    /// The device manager, once made (the Node reports its resources).
+    pub devices: Option<DeviceManager>,
 }
 
 /// What the eviction manager is wired to besides the runtime.
@@ -106,6 +109,7 @@ impl Wiring {
             cancel: CancellationToken::new(),
             tasks: JoinSet::new(),
             serving_addresses: None,
+            devices: None,
         }
     }
 
@@ -528,6 +532,24 @@ impl Wiring {
         started
     }
 
+    /// The device manager: its checkpoint read (allocations rebuilt from the running
+    /// containers when it was unusable), plugin registration and the pod-resources API served.
+    pub async fn devices(&mut self, pods: &PodsSender) -> std::io::Result<DeviceManager> {
+        let devices = DeviceManager::new(&self.cfg.root_dir);
+        devices.rebuild(self.rt.runtime.as_ref()).await;
+        let registration = devices.serve_registration(self.cancel.clone())?;
+        self.tasks.spawn(registration);
+        let pod_resources = crate::devices::podresources::serve(
+            &self.cfg.root_dir,
+            devices.clone(),
+            pods.subscribe(),
+            self.cancel.clone(),
+        )?;
+        self.tasks.spawn(pod_resources);
+        self.devices = Some(devices.clone());
+        Ok(devices)
+    }
+
     /// With an API server: the node agent (the Node, its status and Lease); the serving
     /// certificate follows the addresses of the Node it reports.
     pub fn node_agent(
@@ -557,7 +579,10 @@ impl Wiring {
                 h.disk_pressure = eviction.has(Pressure::Disk);
                 h.pid_pressure = eviction.has(Pressure::Pid);
             }),
-            Some(recorder.clone()),
+            crate::node::agent::Reporting {
+                events: Some(recorder.clone()),
+                devices: self.devices.clone(),
+            },
         ));
         if let Some(addresses) = self.serving_addresses.take() {
             let mut nodes = agent.manager().subscribe();

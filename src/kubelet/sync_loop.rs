@@ -42,6 +42,8 @@ pub struct SyncLoop {
     pub eviction: Arc<super::eviction::EvictionState>,
     /// The pods' allocated resources (in-place resize).
     pub allocations: Arc<super::allocation::Allocations>,
+    /// Device plugins' devices, for admission.
+    pub devices: Option<crate::devices::DeviceManager>,
 }
 
 /// What the loop listens to.
@@ -78,8 +80,10 @@ impl SyncLoop {
                     self.changes += 1;
                     let node = (self.node)();
                     let shutting_down = self.shutdown.shutting_down();
-                    for change in self.merger.merge(update) {
-                        let admit = super::Admit { node: &node, allocations: &self.allocations, shutting_down, eviction: &self.eviction };
+                    let changes = self.merger.merge(update);
+                    let sources_ready = self.all_sources_seen();
+                    for change in changes {
+                        let admit = super::Admit { node: &node, allocations: &self.allocations, shutting_down, eviction: &self.eviction, devices: self.devices.as_ref(), sources_ready };
                         dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &admit, change);
                     }
                     self.pods.send_replace(Arc::new(self.merger.pods()));
@@ -111,6 +115,13 @@ impl SyncLoop {
         }
     }
 
+    /// Whether every configured source has sent its first full set.
+    fn all_sources_seen(&self) -> bool {
+        self.expected_sources
+            .iter()
+            .all(|s| self.merger.seen_source(s))
+    }
+
     /// Forgets terminated workers no source wants and hands the desired pods to the
     /// housekeeping task, which does the slow part.
     fn housekeeping(&mut self) {
@@ -121,10 +132,7 @@ impl SyncLoop {
             .collect();
         let forgotten = self.workers.forget_terminated(&uids);
         self.changes += forgotten.len() as u64;
-        let all_seen = self
-            .expected_sources
-            .iter()
-            .all(|s| self.merger.seen_source(s));
+        let all_seen = self.all_sources_seen();
         self.desired.send_replace(Desired {
             pods,
             all_sources_seen: all_seen,

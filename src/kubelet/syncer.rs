@@ -347,6 +347,13 @@ impl Syncer {
         // removes them once the pod is gone).
         make_pod_dirs(&self.opts.pods_dir, &who.uid)?;
         let events = self.manager.events();
+        // The devices its containers ask for, before anything of the pod is made.
+        if let Some(devices) = &self.opts.device_manager {
+            opts.devices = devices.allocate(pod).await.inspect_err(|e| {
+                let reason = Reason::UnexpectedAdmissionError;
+                events.event(pod, None, EventType::Warning, reason, e.to_string());
+            })?;
+        }
         opts.volumes = self.volumes.set_up(pod, who, events).await?;
         let inputs = PodInputs::new(self.volumes.clone());
         opts.env_objects = inputs.env_objects(pod, who).await;

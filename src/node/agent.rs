@@ -22,6 +22,15 @@ pub const RUNTIME_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// the eviction manager's pressure conditions.
 pub type HealthFn = Arc<dyn Fn(&mut super::conditions::Health) + Send + Sync>;
 
+/// What the Node's status reports besides the runtime's health and images.
+#[derive(Default)]
+pub struct Reporting {
+    /// Records the node's condition changes as events.
+    pub events: Option<crate::api::events::EventRecorder>,
+    /// The device plugins' resources, in capacity and allocatable.
+    pub devices: Option<crate::devices::DeviceManager>,
+}
+
 /// The running node status manager and Lease controller.
 pub struct NodeAgent {
     manager: Arc<NodeStatusManager>,
@@ -39,7 +48,7 @@ impl NodeAgent {
         state: Arc<RuntimeState>,
         images: Arc<dyn ImageService>,
         extra: HealthFn,
-        events: Option<crate::api::events::EventRecorder>,
+        reporting: Reporting,
     ) -> NodeAgent {
         let health_state = state.clone();
         let health = Arc::new(move || {
@@ -50,7 +59,8 @@ impl NodeAgent {
         let manager = Arc::new(
             NodeStatusManager::new(client.clone(), cfg, facts, health)
                 .with_images(images)
-                .with_events(events),
+                .with_events(reporting.events)
+                .with_devices(reporting.devices),
         );
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {

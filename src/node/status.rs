@@ -92,6 +92,26 @@ pub fn desired_status(
     status
 }
 
+/// Adds the device plugins' resources to `status`: capacity every advertised device,
+/// allocatable the healthy ones (upstream's `MachineInfo` setter with the device manager's
+/// `GetCapacity`).
+pub fn add_devices(
+    status: &mut NodeStatus,
+    devices: &std::collections::BTreeMap<String, (i64, i64)>,
+) {
+    let count = |n: i64| k8s_openapi::apimachinery::pkg::api::resource::Quantity(n.to_string());
+    for (resource, (capacity, allocatable)) in devices {
+        status
+            .capacity
+            .get_or_insert_with(Default::default)
+            .insert(resource.clone(), count(*capacity));
+        status
+            .allocatable
+            .get_or_insert_with(Default::default)
+            .insert(resource.clone(), count(*allocatable));
+    }
+}
+
 /// Whether `new` differs from `old` in anything but the conditions' heartbeat times (upstream's
 /// `nodeStatusHasChanged`). Fields the kubelet does not set (volumes, config, ...) count too,
 /// but `desired_status` never sets them, so they only matter if another writer set them.
@@ -179,6 +199,7 @@ pub struct NodeStatusManager {
     health: HealthCheck,
     images: Option<Arc<dyn ImageService>>,
     events: Option<crate::api::events::EventRecorder>,
+    devices: Option<crate::devices::DeviceManager>,
     node: watch::Sender<Option<Node>>,
     state: Mutex<State>,
     timeout: Duration,
@@ -205,6 +226,7 @@ impl NodeStatusManager {
             health,
             images: None,
             events: None,
+            devices: None,
             node: watch::Sender::new(None),
             state: Mutex::new(State::default()),
             timeout: heartbeat_timeout(cfg),
@@ -215,6 +237,13 @@ impl NodeStatusManager {
     /// as events about the Node.
     pub fn with_events(mut self, events: Option<crate::api::events::EventRecorder>) -> Self {
         self.events = events;
+        self
+    }
+
+    /// Also report the device plugins' resources in capacity and allocatable (each change
+    /// written at once, not at the next tick).
+    pub fn with_devices(mut self, devices: Option<crate::devices::DeviceManager>) -> Self {
+        self.devices = devices;
         self
     }
 
@@ -369,10 +398,20 @@ impl NodeStatusManager {
         let mut tick = tokio::time::interval(self.cfg.node_status_update_frequency);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut devices = self.devices.as_ref().map(|d| d.subscribe());
+        let device_change = async |d: &mut Option<watch::Receiver<u64>>| {
+            let Some(rx) = d else {
+                return std::future::pending().await;
+            };
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         loop {
             tokio::select! {
                 _ = shutdown.as_mut() => return,
                 _ = tick.tick() => {}
+                () = device_change(&mut devices) => {}
             }
             let registered = self.state.lock().map(|s| s.registered).unwrap_or(true);
             if !registered {
@@ -422,6 +461,9 @@ impl NodeStatusManager {
         let mut base = build_node(&self.facts, &self.cfg)
             .status
             .unwrap_or_default();
+        if let Some(devices) = &self.devices {
+            add_devices(&mut base, &devices.capacity());
+        }
         let health = (self.health)();
         let previous = current.status.clone().unwrap_or_default();
         base.addresses = reported_addresses(

@@ -284,7 +284,16 @@ pub fn container_config(
         .termination_message_policy
         .clone()
         .unwrap_or_else(|| "File".into());
-    let mut annotations = HashMap::from([
+    // What the container's device plugins answered: their annotations under the kubelet's
+    // own, their envs before the container's (whose own win), their mounts before its
+    // volumes', their device nodes and CDI devices (upstream's GetResources).
+    let devices = opts
+        .devices
+        .get(&container.name)
+        .cloned()
+        .unwrap_or_default();
+    let mut annotations: HashMap<String, String> = devices.annotations.into_iter().collect();
+    annotations.extend([
         (
             ANNOTATION_CONTAINER_HASH.to_string(),
             container_hash(container),
@@ -305,7 +314,9 @@ pub fn container_config(
     if let Some(sig) = stop_signal {
         annotations.insert(runtime::builtin::ANNOTATION_STOP_SIGNAL.to_string(), sig);
     }
-    let mut mounts = mounts(pod, who, container, opts, &vars)?;
+    let volume_mounts = mounts(pod, who, container, opts, &vars)?;
+    let mut mounts = devices.mounts;
+    mounts.extend(volume_mounts);
     let linux = cri::LinuxContainerConfig {
         resources: Some(linux_resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),
@@ -330,9 +341,17 @@ pub fn container_config(
         command: expand_all(&container.command),
         args: expand_all(&container.args),
         working_dir: container.working_dir.clone().unwrap_or_default(),
-        envs: env
+        envs: devices
+            .envs
             .into_iter()
+            .chain(env)
             .map(|(key, value)| cri::KeyValue { key, value })
+            .collect(),
+        devices: devices.devices,
+        cdi_devices: devices
+            .cdi_devices
+            .into_iter()
+            .map(|name| cri::CdiDevice { name })
             .collect(),
         mounts,
         labels,

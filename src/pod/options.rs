@@ -36,6 +36,10 @@ pub struct ContainerOptions {
     pub volumes: std::collections::BTreeMap<String, crate::volumes::MountedVolume>,
     /// The pod's `imagePullSecrets` read for this sync.
     pub pull_secrets: Vec<k8s_openapi::api::core::v1::Secret>,
+    /// The device manager (device plugins), when the kubelet runs one.
+    pub device_manager: Option<crate::devices::DeviceManager>,
+    /// What each container gets from its devices, by container name, given for this sync.
+    pub devices: BTreeMap<String, crate::devices::RunOptions>,
 }
 
 impl Default for ContainerOptions {
@@ -51,6 +55,8 @@ impl Default for ContainerOptions {
             env_objects: Default::default(),
             volumes: Default::default(),
             pull_secrets: Vec::new(),
+            device_manager: None,
+            devices: BTreeMap::new(),
         }
     }
 }

@@ -433,6 +433,18 @@ impl RuntimeManager {
         if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
             img.image = image_ref;
         }
+        // Device plugins that ask for it prepare the container's devices first (upstream
+        // calls PreStartContainer while making the container's options).
+        if let Some(devices) = sandbox.opts.device_manager.as_ref() {
+            if sandbox.opts.devices.contains_key(name) {
+                devices.pre_start(&s.who.uid, name).await.map_err(|e| {
+                    let msg = format!("Error: {e}");
+                    say(EventType::Warning, Reason::Failed, msg);
+                    let reason = WaitingReason::CreateContainerError;
+                    (Waiting::new(reason, e.to_string()), None)
+                })?;
+            }
+        }
         Ok(config)
     }
 

@@ -39,6 +39,10 @@ pub enum SyncError {
     /// `ContainerCreating`.
     #[error(transparent)]
     Volumes(#[from] VolumeError),
+    /// The devices the pod's containers ask for could not be given (a device plugin failed
+    /// or went away): its containers wait in `ContainerCreating`.
+    #[error(transparent)]
+    Devices(#[from] crate::devices::DeviceError),
     /// The runtime refused or failed a call (its code kept).
     #[error(transparent)]
     Runtime(#[from] runtime::Error),

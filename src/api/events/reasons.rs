@@ -29,6 +29,8 @@ pub enum Reason {
     FailedMountVolume,
     /// An image pull secret could not be read.
     FailedToRetrieveImagePullSecret,
+    /// The devices an admitted pod asks for could not be given to it.
+    UnexpectedAdmissionError,
     // Images.
     /// An image pull began.
     PullingImage,
@@ -77,7 +79,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order declared.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::CreatedContainer,
         Reason::StartedContainer,
         Reason::Failed,
@@ -88,6 +90,7 @@ impl Reason {
         Reason::FailedCreatePodSandbox,
         Reason::FailedMountVolume,
         Reason::FailedToRetrieveImagePullSecret,
+        Reason::UnexpectedAdmissionError,
         Reason::PullingImage,
         Reason::PulledImage,
         Reason::ErrImageNeverPull,
@@ -126,6 +129,7 @@ impl Reason {
             FailedCreatePodSandbox => "FailedCreatePodSandBox",
             FailedMountVolume => "FailedMount",
             FailedToRetrieveImagePullSecret => "FailedToRetrieveImagePullSecret",
+            UnexpectedAdmissionError => "UnexpectedAdmissionError",
             PullingImage => "Pulling",
             PulledImage => "Pulled",
             ErrImageNeverPull => "ErrImageNeverPull",

@@ -1,0 +1,202 @@
+//! Giving an admitted pod's containers their devices: the choice (reused, preferred, by ID),
+//! the plugins' `Allocate` and `PreStartContainer` calls, and what the containers' CRI configs
+//! get from the answers.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use runtime::cri;
+
+use super::{ANNOTATION_DEVICES, DeviceError, DeviceManager, RunOptions, state};
+use crate::util::lock;
+
+impl DeviceManager {
+    /// Gives each container of `pod` the devices it asks for (see the module documentation)
+    /// and returns, by container name, what their CRI configs get.
+    pub async fn allocate(&self, pod: &Pod) -> Result<BTreeMap<String, RunOptions>, DeviceError> {
+        let uid = crate::sources::pod_uid(pod).to_string();
+        let demands = {
+            let st = lock(&self.inner.state);
+            state::demands(pod, |r| st.is_device_resource(r))
+        };
+        if demands.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let init: BTreeSet<String> = demands
+            .iter()
+            .filter(|d| d.init)
+            .map(|d| d.container.clone())
+            .collect();
+        for d in &demands {
+            for resource in d.counts.keys() {
+                self.allocate_one(&uid, d, resource, &init).await?;
+            }
+        }
+        Ok(self.run_options(&uid))
+    }
+
+    async fn allocate_one(
+        &self,
+        uid: &str,
+        d: &state::Demand,
+        resource: &str,
+        init: &BTreeSet<String>,
+    ) -> Result<(), DeviceError> {
+        let held = lock(&self.inner.state)
+            .pods
+            .get(uid)
+            .and_then(|p| p.get(&d.container))
+            .and_then(|c| c.get(resource))
+            .cloned();
+        let ids = match held {
+            Some(a) if a.response.is_some() => return Ok(()),
+            // Held without an answer (rebuilt from the container): ask again for the same.
+            Some(a) => a.ids,
+            None => self.choose(uid, d, resource, init).await?,
+        };
+        let plugin = match self.plugin(resource) {
+            Some(p) => p,
+            None => {
+                lock(&self.inner.state).give_back(uid, &d.container, resource);
+                return Err(DeviceError::NoPlugin(resource.to_string()));
+            }
+        };
+        match plugin.allocate(&ids).await {
+            Ok(resp) => {
+                lock(&self.inner.state).answered(uid, &d.container, resource, resp);
+                self.save();
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.inner.state).give_back(uid, &d.container, resource);
+                Err(e)
+            }
+        }
+    }
+
+    /// Chooses and holds the devices of `resource` for one container: the plugin's preferred
+    /// ones when it offers a preference.
+    async fn choose(
+        &self,
+        uid: &str,
+        d: &state::Demand,
+        resource: &str,
+        init: &BTreeSet<String>,
+    ) -> Result<Vec<String>, DeviceError> {
+        let n = d.counts.get(resource).copied().unwrap_or(0);
+        let mut preferred = Vec::new();
+        if let Some(plugin) = self.plugin(resource).filter(|p| p.prefers()) {
+            let (available, must) = {
+                let st = lock(&self.inner.state);
+                let must: Vec<String> = st
+                    .reusable(uid, resource, init)
+                    .into_iter()
+                    .take(n)
+                    .collect();
+                let mut available = st.free(resource);
+                available.extend(must.iter().cloned());
+                (available, must)
+            };
+            match plugin.preferred(&available, &must, n).await {
+                Ok(p) => preferred = p,
+                // Only a preference: allocation goes on without it.
+                Err(e) => tracing::warn!(resource, "{e}; allocating without a preference"),
+            }
+        }
+        lock(&self.inner.state)
+            .take(uid, d, resource, init, &preferred)
+            .map_err(DeviceError::Shortage)
+    }
+
+    /// What each container of pod `uid` gets from its devices' answers: envs, mounts and
+    /// device nodes (the first answer for a name or path wins), annotations, CDI devices,
+    /// and the annotation recording its devices.
+    pub fn run_options(&self, uid: &str) -> BTreeMap<String, RunOptions> {
+        let st = lock(&self.inner.state);
+        let mut out = BTreeMap::new();
+        for (container, resources) in st.pods.get(uid).into_iter().flatten() {
+            let mut o = RunOptions::default();
+            let mut record = BTreeMap::new();
+            for (resource, alloc) in resources {
+                record.insert(resource.clone(), alloc.ids.clone());
+                let Some(resp) = &alloc.response else {
+                    continue;
+                };
+                let sorted = |m: &std::collections::HashMap<String, String>| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect::<BTreeMap<_, _>>()
+                };
+                for (k, v) in sorted(&resp.envs) {
+                    if !o.envs.iter().any(|(e, _)| *e == k) {
+                        o.envs.push((k, v));
+                    }
+                }
+                for m in &resp.mounts {
+                    if !o
+                        .mounts
+                        .iter()
+                        .any(|x| x.container_path == m.container_path)
+                    {
+                        o.mounts.push(cri::Mount {
+                            container_path: m.container_path.clone(),
+                            host_path: m.host_path.clone(),
+                            readonly: m.read_only,
+                            ..Default::default()
+                        });
+                    }
+                }
+                for dev in &resp.devices {
+                    if !o
+                        .devices
+                        .iter()
+                        .any(|x| x.container_path == dev.container_path)
+                    {
+                        o.devices.push(cri::Device {
+                            container_path: dev.container_path.clone(),
+                            host_path: dev.host_path.clone(),
+                            permissions: dev.permissions.clone(),
+                        });
+                    }
+                }
+                for (k, v) in sorted(&resp.annotations) {
+                    if !o.annotations.iter().any(|(a, _)| *a == k) {
+                        o.annotations.push((k, v));
+                    }
+                }
+                for c in &resp.cdi_devices {
+                    if !o.cdi_devices.contains(&c.name) {
+                        o.cdi_devices.push(c.name.clone());
+                    }
+                }
+            }
+            if let Ok(json) = serde_json::to_string(&record) {
+                o.annotations.push((ANNOTATION_DEVICES.to_string(), json));
+            }
+            out.insert(container.clone(), o);
+        }
+        out
+    }
+
+    /// Calls `PreStartContainer` for each device resource of `container` whose plugin asks
+    /// for it, before the container starts (upstream's 30 s deadline).
+    pub async fn pre_start(&self, uid: &str, container: &str) -> Result<(), DeviceError> {
+        let held: Vec<(String, Vec<String>)> = lock(&self.inner.state)
+            .pods
+            .get(uid)
+            .and_then(|p| p.get(container))
+            .into_iter()
+            .flatten()
+            .map(|(r, a)| (r.clone(), a.ids.clone()))
+            .collect();
+        for (resource, ids) in held {
+            let plugin = self
+                .plugin(&resource)
+                .ok_or_else(|| DeviceError::NoPlugin(resource.clone()))?;
+            if plugin.pre_start_required() {
+                plugin.pre_start(&ids).await?;
+            }
+        }
+        Ok(())
+    }
+}
