@@ -191,7 +191,7 @@ fn container_requests(c: &Container) -> Requests {
 
 /// An extended resource (`example.com/dongle`): a domain-qualified name outside
 /// `kubernetes.io/`.
-fn is_extended(name: &str) -> bool {
+pub(crate) fn is_extended(name: &str) -> bool {
     name.contains('/') && !name.starts_with("kubernetes.io/") && !name.starts_with("requests.")
 }
 

@@ -297,6 +297,49 @@ async fn bodies_that_contradict_the_request_are_rejected() {
         (code, st["details"]["causes"][0]["field"].as_str()),
         (422, Some("spec.containers[0].image"))
     );
+    // Extended resources are not overcommitable.
+    let with_resources = |resources: Value| {
+        json!({"metadata": {"name": "x"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "resources": resources}]}})
+        .to_string()
+    };
+    for (resources, field, detail) in [
+        (
+            json!({"requests": {"example.com/dev": "1"}}),
+            "spec.containers[0].resources.limits",
+            "Limit must be set for non overcommitable resources",
+        ),
+        (
+            json!({"limits": {"example.com/dev": "2"}, "requests": {"example.com/dev": "1"}}),
+            "spec.containers[0].resources.requests[example.com/dev]",
+            "must be equal to example.com/dev limit of 2",
+        ),
+        (
+            json!({"limits": {"example.com/dev": "500m"}}),
+            "spec.containers[0].resources.limits[example.com/dev]",
+            "must be an integer",
+        ),
+    ] {
+        let (code, st) = http(
+            &server,
+            "POST",
+            pods,
+            "application/json",
+            &with_resources(resources),
+        )
+        .await;
+        let cause = &st["details"]["causes"][0];
+        assert_eq!((code, cause["field"].as_str()), (422, Some(field)), "{st}");
+        assert!(
+            cause["message"].as_str().unwrap_or("").contains(detail),
+            "{st}"
+        );
+    }
+    let fine = with_resources(
+        json!({"limits": {"example.com/dev": "2"}, "requests": {"example.com/dev": "2"}}),
+    );
+    let (code, _) = http(&server, "POST", pods, "application/json", &fine).await;
+    assert_eq!(code, 201);
     let odd = json!({"metadata": {"name": "p"}, "spec": {"containers": ["c"]}}).to_string();
     let (code, _) = http(&server, "POST", pods, "application/json", &odd).await;
     assert_eq!(code, 422);

@@ -58,6 +58,14 @@ pub enum Error {
     DuplicateContainer { field: &'static str, name: String },
     #[error("{field}: container {name:?} has no image")]
     NoImage { field: &'static str, name: String },
+    /// An extended resource (a device plugin's) is not overcommitable: its request, when
+    /// given, must equal its limit, and both must be whole numbers (the API server's rules).
+    #[error("{field}[{name}].resources: {why}")]
+    ExtendedResource {
+        field: &'static str,
+        name: String,
+        why: String,
+    },
     /// A container's probe or lifecycle handler is invalid; the prober's reason, which names
     /// the field.
     #[error("{0}")]

@@ -91,10 +91,53 @@ pub fn validate(pod: &Pod) -> Result<(), Error> {
                 name: name(),
             });
         }
+        if let Some(why) = extended_resource_problem(c) {
+            return Err(Error::ExtendedResource {
+                field,
+                name: name(),
+                why,
+            });
+        }
         let regular_init = field == "spec.initContainers" && !crate::model::is_sidecar(c);
         crate::prober::validate_container(&format!("{field}[{n}]"), c, regular_init)?;
     }
     Ok(())
+}
+
+/// What is wrong with a container's extended resources, in the API server's words: a
+/// request without a limit, a request other than the limit, a fraction.
+fn extended_resource_problem(c: &k8s_openapi::api::core::v1::Container) -> Option<String> {
+    let res = c.resources.as_ref()?;
+    let limits = res.limits.as_ref();
+    for (name, q) in res.requests.iter().flatten() {
+        if !crate::admission::is_extended(name) {
+            continue;
+        }
+        match limits.and_then(|l| l.get(name)) {
+            None => {
+                return Some(format!(
+                    "limits: Required value: Limit must be set for non overcommitable resources \
+                     ({name})"
+                ));
+            }
+            Some(l) if l.0.trim() != q.0.trim() => {
+                return Some(format!(
+                    "requests[{name}]: Invalid value: {:?}: must be equal to {name} limit of {}",
+                    q.0, l.0
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, q) in limits.into_iter().flatten() {
+        if crate::admission::is_extended(name) && q.0.trim().parse::<u64>().is_err() {
+            return Some(format!(
+                "limits[{name}]: Invalid value: {:?}: must be an integer",
+                q.0
+            ));
+        }
+    }
+    None
 }
 
 /// A DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.

@@ -1096,10 +1096,59 @@ fn prepare_pod(res: &Resource, name: &str, pod: &mut Value) -> Result<(), ApiErr
             }
         }
     }
+    for list in ["initContainers", "containers"] {
+        let cs = pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array);
+        for (i, c) in cs.into_iter().flatten().enumerate() {
+            let at = format!("spec.{list}[{i}].resources");
+            if let Some((field, cause, detail)) = extended_resource_error(&at, &c["resources"]) {
+                return Err(ApiError::invalid(res, name, &field, cause, &detail));
+            }
+        }
+    }
     let qos = qos_class(&pod["spec"]);
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
     default_pod_spec(&mut pod["spec"]);
     Ok(())
+}
+
+/// Extended resources (`example.com/dev`: a domain outside kubernetes.io) are not
+/// overcommitable: a request needs a limit equal to it, and the amounts are whole numbers (the
+/// pod validation's rules, with its messages).
+fn extended_resource_error(at: &str, resources: &Value) -> Option<(String, &'static str, String)> {
+    let extended =
+        |n: &str| n.contains('/') && !n.contains("kubernetes.io/") && !n.starts_with("requests.");
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let limits = resources.get("limits").and_then(Value::as_object);
+    let requests = resources.get("requests").and_then(Value::as_object);
+    for (n, q) in requests.into_iter().flatten().filter(|(n, _)| extended(n)) {
+        match limits.and_then(|l| l.get(n)) {
+            None => {
+                let detail = "Required value: Limit must be set for non overcommitable resources";
+                return Some((format!("{at}.limits"), "FieldValueRequired", detail.into()));
+            }
+            Some(l) if text(l) != text(q) => {
+                let detail = format!(
+                    "Invalid value: {:?}: must be equal to {n} limit of {}",
+                    text(q),
+                    text(l)
+                );
+                return Some((format!("{at}.requests[{n}]"), "FieldValueInvalid", detail));
+            }
+            Some(_) => {}
+        }
+    }
+    for (n, q) in limits.into_iter().flatten().filter(|(n, _)| extended(n)) {
+        if text(q).parse::<u64>().is_err() {
+            let detail = format!("Invalid value: {:?}: must be an integer", text(q));
+            return Some((format!("{at}.limits[{n}]"), "FieldValueInvalid", detail));
+        }
+    }
+    None
 }
 
 /// The defaults kube-apiserver fills into a pod spec that the kubelet reads.

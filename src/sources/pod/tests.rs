@@ -226,3 +226,32 @@ spec:
     assert_eq!(a[CONFIG_HASH_ANNOTATION], "my-uid");
     assert_eq!(a[CONFIG_SOURCE_ANNOTATION], "http");
 }
+
+#[test]
+fn extended_resources_are_not_overcommitable() {
+    let with = |resources: &str| {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: d}}\nspec:\n  containers:\n  - name: app\n    image: busybox\n    resources: {resources}\n"
+        );
+        validate(&decoded(&text)).err().map(|e| e.to_string())
+    };
+    assert_eq!(with("{limits: {example.com/dev: '2'}}"), None);
+    assert_eq!(
+        with("{limits: {example.com/dev: '2'}, requests: {example.com/dev: '2', cpu: 100m}}"),
+        None
+    );
+    let e = with("{requests: {example.com/dev: '1'}}").unwrap();
+    assert!(
+        e.contains("Limit must be set for non overcommitable resources"),
+        "{e}"
+    );
+    let e = with("{limits: {example.com/dev: '2'}, requests: {example.com/dev: '1'}}").unwrap();
+    assert!(
+        e.contains("must be equal to example.com/dev limit of 2"),
+        "{e}"
+    );
+    let e = with("{limits: {example.com/dev: 500m}}").unwrap();
+    assert!(e.contains("must be an integer"), "{e}");
+    // cpu and memory may be overcommitted as always.
+    assert_eq!(with("{limits: {cpu: '2'}, requests: {cpu: '1'}}"), None);
+}
