@@ -201,6 +201,9 @@ pub struct KubeletConfig {
     /// `nodeletRegistryHostsDir`: the built-in runtime's registry hosts dir (containerd's
     /// `certs.d/<registry>/hosts.toml` layout), read at start; instead of the file above.
     pub registry_hosts_dir: Option<PathBuf>,
+    /// `nodeletCDISpecDirs`: the built-in runtime's CDI spec dirs, later ones taking priority
+    /// (default `/etc/cdi`, `/var/run/cdi`).
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -251,6 +254,10 @@ impl Default for KubeletConfig {
             image_preload_dir: None,
             registries_config: None,
             registry_hosts_dir: None,
+            cdi_spec_dirs: runtime::builtin::DEFAULT_CDI_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -414,6 +421,8 @@ struct RawConfig {
     nodelet_image_preload_dir: Option<Typed<String>>,
     nodelet_registries_config: Option<Typed<String>>,
     nodelet_registry_hosts_dir: Option<Typed<String>>,
+    #[serde(rename = "nodeletCDISpecDirs")]
+    nodelet_cdi_spec_dirs: Option<Typed<Vec<String>>>,
     nodelet_testing: Option<Testing>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
@@ -482,6 +491,7 @@ impl RawConfig {
         }
         .into_config()?;
         let pod_cidr = pod_cidr(self.pod_cidr, d.pod_cidr)?;
+        let cdi_spec_dirs = cdi_spec_dirs(self.nodelet_cdi_spec_dirs, d.cdi_spec_dirs)?;
         let (serialize_image_pulls, max_parallel_image_pulls) =
             image_pulls(self.serialize_image_pulls, self.max_parallel_image_pulls)?;
 
@@ -558,6 +568,7 @@ impl RawConfig {
             registry_hosts_dir: get(self.nodelet_registry_hosts_dir)
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
+            cdi_spec_dirs,
             // Set from flags.
             node_name: d.node_name,
             node_ips: d.node_ips,
@@ -599,6 +610,23 @@ fn pod_cidr(field: Option<Typed<String>>, default: String) -> Result<String, Err
     };
     runtime::builtin::parse_pod_cidr(&cidr).map_err(|e| invalid("podCIDR", e.message()))?;
     Ok(cidr)
+}
+
+/// `nodeletCDISpecDirs`: absolute paths (an empty list reads no CDI spec).
+fn cdi_spec_dirs(
+    field: Option<Typed<Vec<String>>>,
+    default: Vec<PathBuf>,
+) -> Result<Vec<PathBuf>, Error> {
+    let Some(dirs) = get(field) else {
+        return Ok(default);
+    };
+    match dirs.iter().find(|d| !d.starts_with('/')) {
+        Some(d) => Err(invalid(
+            "nodeletCDISpecDirs",
+            format!("{d:?} is not an absolute path"),
+        )),
+        None => Ok(dirs.into_iter().map(PathBuf::from).collect()),
+    }
 }
 
 /// `serializeImagePulls` and `maxParallelImagePulls`. Upstream: unset, serializeImagePulls is

@@ -69,6 +69,13 @@ pub struct ServeArgs {
     /// `<root-dir>/images-preload`.
     #[arg(long)]
     pub image_preload_dir: Option<PathBuf>,
+    /// A CDI spec dir (repeat it for several, later ones taking priority); given, the list
+    /// replaces the default /etc/cdi and /var/run/cdi.
+    #[arg(
+        long = "cdi-spec-dir",
+        default_values = runtime::builtin::DEFAULT_CDI_SPEC_DIRS.iter().copied()
+    )]
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 pub async fn run(dirs: &super::Dirs, cmd: CriCommand) -> anyhow::Result<ExitCode> {
@@ -107,6 +114,7 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
         &args.pod_cidr,
         args.pod_masquerade,
     )?);
+    cfg.cdi_spec_dirs = args.cdi_spec_dirs;
     let preload_dir = args
         .image_preload_dir
         .unwrap_or_else(|| cfg.root_dir.join("images-preload"));
@@ -131,4 +139,35 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
     };
     runtime::server::serve(bound, rt.clone(), rt, server_cfg, shutdown).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn cdi_spec_dirs_default_and_repeat() {
+        let dirs = |argv: &[&str]| {
+            Serve::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+                .expect("parses")
+                .args
+                .cdi_spec_dirs
+        };
+        assert_eq!(
+            dirs(&[]),
+            [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+        );
+        assert_eq!(
+            dirs(&["--cdi-spec-dir", "/a", "--cdi-spec-dir=/b"]),
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+    }
 }

@@ -246,6 +246,7 @@ pub async fn open_runtime(
             cfg.registry_hosts_dir.as_deref(),
             &cfg.insecure_registries,
         )?;
+        builtin.cdi_spec_dirs = cfg.cdi_spec_dirs.clone();
         let rt = runtime::builtin::BuiltinRuntime::new(builtin).await?;
         // The dir's files are in the store before any pod syncs; lists are pulled later.
         let mut preload = rt.preload(&cfg.image_preload_dir());
@@ -276,6 +277,13 @@ pub async fn open_runtime(
         anyhow::bail!(
             "nodeletInsecureRegistries is the built-in runtime's; with containerRuntimeEndpoint \
              {:?}, configure the registries in that runtime",
+            cfg.container_runtime_endpoint
+        );
+    }
+    if cfg.cdi_spec_dirs != crate::config::KubeletConfig::default().cdi_spec_dirs {
+        anyhow::bail!(
+            "nodeletCDISpecDirs is the built-in runtime's; with containerRuntimeEndpoint {:?}, \
+             configure the CDI spec dirs in that runtime (containerd: cdi_spec_dirs)",
             cfg.container_runtime_endpoint
         );
     }

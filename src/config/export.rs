@@ -163,6 +163,7 @@ impl KubeletConfig {
         if let Some(dir) = &self.registry_hosts_dir {
             v["nodeletRegistryHostsDir"] = json!(dir);
         }
+        v["nodeletCDISpecDirs"] = json!(self.cdi_spec_dirs);
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);
@@ -245,6 +246,7 @@ mod tests {
             },
             runtime_request_timeout: std::time::Duration::from_secs(30),
             rotate_certificates: true,
+            cdi_spec_dirs: vec!["/srv/cdi".into()],
             ..Default::default()
         };
         let (mut read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");

@@ -130,6 +130,7 @@ nodeletInsecureRegistries: ["127.0.0.1:5000", registry.local]
 nodeletImagePreloadDir: /srv/images
 nodeletRegistriesConfig: /etc/nodelet/registries.yaml
 nodeletRegistryHostsDir: /etc/nodelet/certs.d
+nodeletCDISpecDirs: [/etc/cdi, /srv/cdi]
 "#);
     assert_eq!(c.image_preload_dir(), PathBuf::from("/srv/images"));
     assert_eq!(
@@ -144,6 +145,15 @@ nodeletRegistryHostsDir: /etc/nodelet/certs.d
         KubeletConfig::default().image_preload_dir(),
         PathBuf::from("/var/lib/nodelet/images-preload")
     );
+    assert_eq!(
+        c.cdi_spec_dirs,
+        [PathBuf::from("/etc/cdi"), PathBuf::from("/srv/cdi")]
+    );
+    assert_eq!(
+        KubeletConfig::default().cdi_spec_dirs,
+        [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+    );
+    assert!(ok("nodeletCDISpecDirs: []").0.cdi_spec_dirs.is_empty());
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(
         c.insecure_registries,
@@ -249,6 +259,10 @@ fn invalid_values_name_the_field() {
         (
             "podLogsDir: logs",
             "podLogsDir: \"logs\" is not an absolute path",
+        ),
+        (
+            "nodeletCDISpecDirs: [/etc/cdi, cdi]",
+            "nodeletCDISpecDirs: \"cdi\" is not an absolute path",
         ),
         (
             "cgroupsPerQOS: yes please",
@@ -436,6 +450,10 @@ fn wrong_types_name_the_field() {
         (
             "clusterDNS: {a: 1}",
             "clusterDNS: must be a list of IP addresses, not a mapping",
+        ),
+        (
+            "nodeletCDISpecDirs: /etc/cdi",
+            "nodeletCDISpecDirs: must be a list of strings, not \"/etc/cdi\"",
         ),
         (
             "clusterDNS: [10.0.0.1, [1]]",

@@ -12,6 +12,7 @@
 //! sandbox reads as stopped and its containers as exited with an unknown code (255), as
 //! containerd reports containers whose task is gone, and the kubelet makes the pods again.
 
+pub mod cdi;
 mod container;
 mod dirs;
 mod image;
@@ -37,6 +38,9 @@ pub use images::{
 };
 pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
 pub use service::RUNTIME_NAME;
+
+/// The CDI spec dirs of [`Config::new`]: `/etc/cdi`, then `/var/run/cdi`.
+pub const DEFAULT_CDI_SPEC_DIRS: &[&str] = cdi::DEFAULT_SPEC_DIRS;
 
 /// The container annotation naming the signal StopContainer sends first (`"SIGUSR1"`,
 /// `"10"`, ...), instead of the image's STOPSIGNAL or SIGTERM: how the kubelet passes a
@@ -78,6 +82,9 @@ pub struct Config {
     pub streaming: crate::streaming::Config,
     /// The pod network; `None` gives pods without hostNetwork loopback only.
     pub network: Option<NetworkConfig>,
+    /// The CDI spec dirs, later ones taking priority ([`cdi`]); read again for each container
+    /// that asks for a CDI device.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Config {
@@ -95,6 +102,7 @@ impl Config {
             registry: images::RegistryConfig::default(),
             streaming: crate::streaming::Config::default(),
             network: Some(NetworkConfig::default()),
+            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
         })
     }
 }

@@ -214,15 +214,23 @@ async fn every_rpc_round_trips_and_matches_the_runtime() {
     assert_eq!(pods, fake.list_pod_sandbox(by_label).await.unwrap());
     assert_eq!(pods.items.len(), 1);
 
+    // CDI devices are the runtime's to resolve: they reach it as the kubelet sent them.
+    let cdi = vec![cri::CdiDevice {
+        name: "vendor.com/gpu=0".into(),
+    }];
     let c = rt
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sb.clone(),
-            config: Some(container_config("app")),
+            config: Some(cri::ContainerConfig {
+                cdi_devices: cdi.clone(),
+                ..container_config("app")
+            }),
             sandbox_config: Some(sandbox_config("web")),
         })
         .await
         .unwrap()
         .container_id;
+    assert_eq!(fake.containers()[0].config.cdi_devices, cdi);
     let cid = || c.clone();
     rt.start_container(cri::StartContainerRequest {
         container_id: cid(),

@@ -9,8 +9,8 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::builtin::store::{ContainerRecord, SandboxRecord};
 use crate::builtin::{
-    ANNOTATION_STOP_SIGNAL, BuiltinRuntime, Reservation, image_error, pod, sandbox_error, spec,
-    userns,
+    ANNOTATION_STOP_SIGNAL, BuiltinRuntime, Reservation, cdi, image_error, pod, sandbox_error,
+    spec, userns,
 };
 use crate::{Error, Result, cri};
 
@@ -46,6 +46,8 @@ pub(super) struct Creation {
     /// The container's own stop signal, which wins over the image's.
     own_stop_signal: Option<i32>,
     log: String,
+    /// The CDI devices it asks for, found in the spec dirs.
+    cdi: cdi::Devices,
 }
 
 impl Creation {
@@ -144,6 +146,9 @@ impl BuiltinRuntime {
             .map_err(image_error)?
             .ok_or_else(|| Error::not_found(format!("image {image_name:?} not found")))?;
         let log = log_path(&sandbox.config.log_directory, &config.log_path)?;
+        // Asked for by the container or, through annotations, its pod (as it was created).
+        let cdi_names = cdi::requested(&config, &sandbox.config)?;
+        let cdi = cdi::Devices::resolve(&self.inner.cfg.cdi_spec_dirs, &cdi_names)?;
         Ok(Creation {
             config,
             meta,
@@ -152,6 +157,7 @@ impl BuiltinRuntime {
             image,
             own_stop_signal,
             log,
+            cdi,
         })
     }
 
@@ -269,6 +275,7 @@ impl BuiltinRuntime {
             etc_resolv_conf: &etc.resolv_conf(),
         })?;
         spec::annotate_sandbox_id(&mut oci, sandbox_id);
+        want.cdi.apply(&mut oci)?;
         create_bind_sources(&oci)?;
         if let Some(process) = oci.process() {
             for made in create_working_dir(&rootfs, process.cwd())? {
