@@ -12,6 +12,9 @@
 //! - `--preferred`: offers `GetPreferredAllocation`, preferring the highest IDs first (so a
 //!   test can tell the preference was followed).
 //! - `--pre-start-log`: asks for `PreStartContainer` and appends each call's IDs to the file.
+//! - `--mount HOST:CONTAINER`: every allocation also mounts HOST (read-only) at CONTAINER.
+//! - `--hang-allocate`: `Allocate` never answers (a plugin that hangs).
+//! - `--garbage`: `ListAndWatch` also sends a device without an ID and one twice.
 //!
 //! `Allocate` gives each device node at `/dev/sample-<id>` (rw), the env
 //! `SAMPLE_DEVICES=<ids>`, the annotation `example.com/sample-devices=<ids>` and, with
@@ -30,7 +33,7 @@ use nodelet::devices::api::v1beta1::registration_client::RegistrationClient;
 use nodelet::devices::api::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
-    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+    ListAndWatchResponse, Mount, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
 };
 use tokio::sync::watch;
@@ -47,6 +50,9 @@ struct Args {
     preferred: bool,
     pre_start_log: Option<PathBuf>,
     cdi_kind: Option<String>,
+    mount: Option<(String, String)>,
+    hang_allocate: bool,
+    garbage: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -67,6 +73,13 @@ fn parse_args() -> Result<Args, String> {
             "--preferred" => a.preferred = true,
             "--pre-start-log" => a.pre_start_log = Some(value()?.into()),
             "--cdi-kind" => a.cdi_kind = Some(value()?),
+            "--mount" => {
+                let v = value()?;
+                let (host, container) = v.split_once(':').ok_or("--mount is HOST:CONTAINER")?;
+                a.mount = Some((host.to_string(), container.to_string()));
+            }
+            "--hang-allocate" => a.hang_allocate = true,
+            "--garbage" => a.garbage = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -90,7 +103,8 @@ fn read_devices(args: &Args) -> Vec<Device> {
         .lines()
         .map(|l| l.trim().to_string())
         .collect();
-    args.devices
+    let mut devices: Vec<Device> = args
+        .devices
         .iter()
         .map(|(id, _)| Device {
             id: id.clone(),
@@ -101,7 +115,15 @@ fn read_devices(args: &Args) -> Vec<Device> {
             },
             topology: None,
         })
-        .collect()
+        .collect();
+    if args.garbage {
+        let mut nameless = devices.first().cloned().unwrap_or_default();
+        let twice = nameless.clone();
+        nameless.id = String::new();
+        devices.push(nameless);
+        devices.push(twice);
+    }
+    devices
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
@@ -166,6 +188,9 @@ impl DevicePlugin for Plugin {
         &self,
         req: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
+        if self.args.hang_allocate {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
         let paths: HashMap<&String, &PathBuf> =
             self.args.devices.iter().map(|(i, p)| (i, p)).collect();
         let mut container_responses = Vec::new();
@@ -192,12 +217,22 @@ impl DevicePlugin for Plugin {
                     })
                 })
                 .collect();
+            let mounts = self
+                .args
+                .mount
+                .iter()
+                .map(|(host, container)| Mount {
+                    container_path: container.clone(),
+                    host_path: host.clone(),
+                    read_only: true,
+                })
+                .collect();
             container_responses.push(ContainerAllocateResponse {
                 envs: HashMap::from([("SAMPLE_DEVICES".to_string(), ids.clone())]),
                 annotations: HashMap::from([("example.com/sample-devices".to_string(), ids)]),
                 devices,
+                mounts,
                 cdi_devices,
-                ..Default::default()
             });
         }
         Ok(Response::new(AllocateResponse {

@@ -74,24 +74,41 @@ fn make_devices(dir: &Path) -> Vec<(String, PathBuf)> {
 }
 
 fn start_plugin(node: &ApiNode, devices: &[(String, PathBuf)], work: &Path) -> Plugin {
-    let mut cmd = Command::new(plugin_bin());
-    cmd.arg("--dir")
-        .arg(node.root.join("device-plugins"))
-        .args([
-            "--resource",
-            RESOURCE,
-            "--socket",
-            "sample.sock",
-            "--preferred",
-        ])
-        .arg("--unhealthy-file")
+    let mount = format!("{}:/sample-mount", work.join("share").display());
+    let args = [
+        "--resource",
+        RESOURCE,
+        "--socket",
+        "sample.sock",
+        "--preferred",
+        "--mount",
+        &mount,
+    ];
+    let mut cmd = plugin_command(node, devices, &args);
+    cmd.arg("--unhealthy-file")
         .arg(work.join("unhealthy"))
         .arg("--pre-start-log")
         .arg(work.join("pre-start.log"));
+    spawn(cmd, &work.join("plugin.log"))
+}
+
+fn plugin_command(node: &ApiNode, devices: &[(String, PathBuf)], args: &[&str]) -> Command {
+    let mut cmd = Command::new(plugin_bin());
+    cmd.arg("--dir")
+        .arg(node.root.join("device-plugins"))
+        .args(args);
     for (id, path) in devices {
         cmd.arg("--device").arg(format!("{id}={}", path.display()));
     }
-    let log = std::fs::File::create(work.join("plugin.log")).unwrap();
+    cmd
+}
+
+fn spawn(mut cmd: Command, log: &Path) -> Plugin {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
     Plugin(
         cmd.stdout(Stdio::null())
             .stderr(log)
@@ -174,8 +191,9 @@ async fn device_plugin_containerd() {
     device_plugin(Backend::Containerd, "device_plugin_containerd").await;
 }
 
+const NODE: &str = "devices-node";
+
 async fn device_plugin(backend: Backend, test: &str) {
-    const NODE: &str = "devices-node";
     let setup = Setup {
         name: NODE,
         config: "syncFrequency: 5s\n",
@@ -193,6 +211,18 @@ async fn device_plugin(backend: Backend, test: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
+    // On the built-in runtime a plugin may answer with CDI device names, which the runtime
+    // resolves from the spec dirs it is configured with.
+    let cdi_dir = work.join("cdi");
+    if backend == Backend::Builtin {
+        std::fs::create_dir_all(&cdi_dir).unwrap();
+        let mut cfg = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&node.config)
+            .unwrap();
+        use std::io::Write;
+        writeln!(cfg, "nodeletCDISpecDirs: [{}]", cdi_dir.display()).unwrap();
+    }
     let mut agent = node.start();
     let socket = node.root.join("device-plugins/kubelet.sock");
     wait_for("the registration socket", 60, async || {
@@ -206,7 +236,9 @@ async fn device_plugin(backend: Backend, test: &str) {
     wait_node_devices(&nodes, NODE, ("3", "2"), "device c unhealthy").await;
 
     // Two devices for one pod: the plugin prefers the highest IDs.
-    let script = "ls /dev/sample-*; echo devices=$SAMPLE_DEVICES; echo hello > /dev/sample-a && echo wrote; sleep 1000";
+    std::fs::create_dir_all(work.join("share")).unwrap();
+    std::fs::write(work.join("share/hello"), "from-the-plugin\n").unwrap();
+    let script = "ls /dev/sample-*; echo devices=$SAMPLE_DEVICES; cat /sample-mount/hello; echo hello > /dev/sample-a && echo wrote; sleep 1000";
     let two = device_pod(&node, "two", 2, script);
     pods.create(&PostParams::default(), &two).await.unwrap();
     let log = wait_for("pod two's devices in its log", 90, async || {
@@ -223,6 +255,7 @@ async fn device_plugin(backend: Backend, test: &str) {
         log.contains("devices=b,a"),
         "the preferred allocation: {log}"
     );
+    assert!(log.contains("from-the-plugin"), "the plugin's mount: {log}");
     let pre = std::fs::read_to_string(work.join("pre-start.log")).unwrap_or_default();
     assert!(
         pre.lines().any(|l| l == "b,a"),
@@ -234,6 +267,34 @@ async fn device_plugin(backend: Backend, test: &str) {
     })
     .await;
     let uid = running.metadata.uid.clone().unwrap();
+    // The plugin's annotations and the record of the devices reach the container (CRI).
+    let rt = node.runtime().await;
+    let (id, _, _) = node.containers_of(&uid).await.into_iter().next().unwrap();
+    let st = rt
+        .container_status(runtime::cri::ContainerStatusRequest {
+            container_id: id,
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(
+        st.annotations
+            .get("example.com/sample-devices")
+            .map(String::as_str),
+        Some("b,a"),
+        "{:?}",
+        st.annotations
+    );
+    assert_eq!(
+        st.annotations.get("io.nodelet.devices").map(String::as_str),
+        Some(r#"{"example.com/sample":["b","a"]}"#)
+    );
+
+    if backend == Backend::Builtin {
+        cdi_devices(&node, &nodes, &pods, &work, &cdi_dir).await;
+    }
 
     // No device left: a pod asking for one is refused as upstream refuses it.
     let three = device_pod(&node, "three", 1, "sleep 1000");
@@ -286,6 +347,7 @@ async fn device_plugin(backend: Backend, test: &str) {
     let mut all: Vec<String> = alloc
         .devices
         .iter()
+        .filter(|d| d.resource_name == RESOURCE)
         .flat_map(|d| d.device_ids.clone())
         .collect();
     all.sort();
@@ -303,6 +365,8 @@ async fn device_plugin(backend: Backend, test: &str) {
     // The agent restarts: the checkpoint keeps pod two's devices, the plugin registers again.
     drop(agent);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // A killed agent leaves its socket: gone, the new one is seen when it is made.
+    let _ = std::fs::remove_file(&socket);
     agent = node.start();
     wait_for("the registration socket again", 60, async || {
         socket.exists().then_some(())
@@ -327,6 +391,35 @@ async fn device_plugin(backend: Backend, test: &str) {
     .await;
     assert_eq!(reason, "UnexpectedAdmissionError");
     assert!(message.contains("Requested: 2, Available: 1"), "{message}");
+    // A plugin whose Allocate hangs and whose device list has garbage in it: its bad entries
+    // are skipped, and a pod waiting on it holds up nobody else.
+    let hang_devices = make_devices(&work.join("hang-dev"));
+    let hang_args = [
+        "--resource",
+        "example.com/hang",
+        "--socket",
+        "hang.sock",
+        "--hang-allocate",
+        "--garbage",
+    ];
+    let hang = spawn(
+        plugin_command(&node, &hang_devices, &hang_args),
+        &work.join("hang.log"),
+    );
+    wait_for("the hanging plugin's three devices", 60, async || {
+        let n = nodes.get_opt(NODE).await.ok().flatten()?;
+        let q = n.status?.capacity?.get("example.com/hang")?.0.clone();
+        (q == "3").then_some(())
+    })
+    .await;
+    let stuck = node.pod(
+        "stuck",
+        &format!(
+            "  terminationGracePeriodSeconds: 1\n  containers:\n{}    resources: {{limits: {{example.com/hang: \"1\"}}}}\n",
+            busybox("main", "sleep 1000")
+        ),
+    );
+    pods.create(&PostParams::default(), &stuck).await.unwrap();
     let five = device_pod(&node, "five", 1, "echo devices=$SAMPLE_DEVICES; sleep 1000");
     pods.create(&PostParams::default(), &five).await.unwrap();
     let log = wait_for("pod five's device", 90, async || {
@@ -335,10 +428,77 @@ async fn device_plugin(backend: Backend, test: &str) {
     })
     .await;
     assert!(log.contains("devices=c"), "{log}");
+    let p = pods.get("stuck").await.unwrap();
+    assert_ne!(
+        phase_reason(&p).0,
+        "Running",
+        "the hanging plugin's pod cannot run"
+    );
+    drop(hang);
     let p = pods.get("two").await.unwrap();
     let st = p.status.unwrap().container_statuses.unwrap();
     assert_eq!(st[0].restart_count, 0, "pod two was adopted, not restarted");
     assert!(st[0].state.as_ref().unwrap().running.is_some());
+
+    // A corrupt checkpoint: set aside, the allocations rebuilt from the running containers.
+    drop(agent);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A killed agent leaves its socket: gone, the new one is seen when it is made.
+    let _ = std::fs::remove_file(&socket);
+    std::fs::write(&checkpoint, "{\"Data\": garbage").unwrap();
+    agent = node.start();
+    wait_for(
+        "the registration socket after the corrupt checkpoint",
+        60,
+        async || socket.exists().then_some(()),
+    )
+    .await;
+    let aside = std::fs::read_dir(node.root.join("device-plugins"))
+        .unwrap()
+        .flatten()
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .contains("kubelet_internal_checkpoint.corrupt-")
+        });
+    assert!(aside, "the corrupt checkpoint is set aside");
+    let mut pr = pod_resources(&node.root).await;
+    let held = wait_for("two and five hold their devices again", 60, async || {
+        let list = pr.list(ListPodResourcesRequest {}).await.ok()?.into_inner();
+        let mut held: Vec<(String, Vec<String>)> = list
+            .pod_resources
+            .iter()
+            .filter(|p| p.name == "two" || p.name == "five")
+            .filter_map(|p| {
+                let d = p.containers.first()?.devices.first()?;
+                let mut ids = d.device_ids.clone();
+                ids.sort();
+                Some((p.name.clone(), ids))
+            })
+            .collect();
+        held.sort();
+        (held.len() == 2).then_some(held)
+    })
+    .await;
+    assert_eq!(
+        held,
+        vec![
+            ("five".to_string(), vec!["c".to_string()]),
+            ("two".to_string(), vec!["a".to_string(), "b".to_string()])
+        ]
+    );
+    let six = device_pod(&node, "six", 1, "sleep 1000");
+    pods.create(&PostParams::default(), &six).await.unwrap();
+    let (_, reason, message) = wait_for("pod six refused", 60, async || {
+        let p = pods.get_opt("six").await.ok().flatten()?;
+        let pr = phase_reason(&p);
+        (pr.0 == "Failed").then_some(pr)
+    })
+    .await;
+    assert_eq!(reason, "UnexpectedAdmissionError");
+    assert!(message.contains("Requested: 1, Available: 0"), "{message}");
+    let cp = std::fs::read_to_string(&checkpoint).unwrap();
+    assert!(cp.contains(&uid), "a new checkpoint holds pod two: {cp}");
 
     // The plugin goes: allocatable drops to 0, capacity stays, pods keep running.
     drop(plugin);
@@ -350,4 +510,71 @@ async fn device_plugin(backend: Backend, test: &str) {
     wait_node_devices(&nodes, NODE, ("3", "3"), "the plugin back").await;
     drop(plugin);
     drop(agent);
+}
+
+/// A plugin whose answer names a CDI device: the built-in runtime gives the container what the
+/// CDI spec (written by the test) says, beside the plugin's own device node.
+async fn cdi_devices(
+    node: &ApiNode,
+    nodes: &Api<Node>,
+    pods: &Api<Pod>,
+    work: &Path,
+    cdi_dir: &Path,
+) {
+    let nodes_dir = work.join("cdi-dev");
+    std::fs::create_dir_all(&nodes_dir).unwrap();
+    let host = nodes_dir.join("null-like");
+    nix::sys::stat::mknod(
+        &host,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod");
+    std::fs::write(
+        cdi_dir.join("example.yaml"),
+        format!(
+            "cdiVersion: 0.6.0\nkind: example.com/cdi\ndevices:\n- name: d\n  containerEdits:\n    env: [CDI_D=from-the-spec]\n    deviceNodes:\n    - path: /dev/cdi-d\n      hostPath: {}\n",
+            host.display()
+        ),
+    )
+    .unwrap();
+    let devices = make_devices(&work.join("cdi-plugin-dev"));
+    let args = [
+        "--resource",
+        "example.com/cdi",
+        "--socket",
+        "cdi.sock",
+        "--cdi-kind",
+        "example.com/cdi",
+    ];
+    // The plugin's one device, "d": its answer names the CDI device example.com/cdi=d.
+    let plugin = spawn(
+        plugin_command(node, &[("d".to_string(), devices[0].1.clone())], &args),
+        &work.join("cdi-plugin.log"),
+    );
+    wait_for("the CDI plugin's device in the Node", 60, async || {
+        let n = nodes.get_opt(NODE).await.ok().flatten()?;
+        let q = n.status?.allocatable?.get("example.com/cdi")?.0.clone();
+        (q == "1").then_some(())
+    })
+    .await;
+    let spec = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n{}    resources: {{limits: {{example.com/cdi: \"1\"}}}}\n",
+        busybox(
+            "main",
+            "echo cdi=$CDI_D; test -c /dev/cdi-d && echo > /dev/cdi-d && echo cdi-node-ok; test -c /dev/sample-d && echo plugin-node-ok; sleep 1000"
+        )
+    );
+    pods.create(&PostParams::default(), &node.pod("cdi", &spec))
+        .await
+        .unwrap();
+    let log = wait_for("pod cdi's devices in its log", 90, async || {
+        let l = read_log(&node.logs, "cdi");
+        l.contains("plugin-node-ok").then_some(l)
+    })
+    .await;
+    assert!(log.contains("cdi=from-the-spec"), "{log}");
+    assert!(log.contains("cdi-node-ok"), "{log}");
+    drop(plugin);
 }

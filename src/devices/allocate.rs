@@ -46,14 +46,13 @@ impl DeviceManager {
             .pods
             .get(uid)
             .and_then(|p| p.get(&d.container))
-            .and_then(|c| c.get(resource))
-            .cloned();
-        let ids = match held {
-            Some(a) if a.response.is_some() => return Ok(()),
-            // Held without an answer (rebuilt from the container): ask again for the same.
-            Some(a) => a.ids,
-            None => self.choose(uid, d, resource, init).await?,
-        };
+            .is_some_and(|c| c.contains_key(resource));
+        // Held already, answered or not (rebuilt from a running container: its answer is
+        // asked for again only when the container is made again, see `start_options`).
+        if held {
+            return Ok(());
+        }
+        let ids = self.choose(uid, d, resource, init).await?;
         let plugin = match self.plugin(resource) {
             Some(p) => p,
             None => {
@@ -178,25 +177,36 @@ impl DeviceManager {
         out
     }
 
-    /// Calls `PreStartContainer` for each device resource of `container` whose plugin asks
-    /// for it, before the container starts (upstream's 30 s deadline).
-    pub async fn pre_start(&self, uid: &str, container: &str) -> Result<(), DeviceError> {
-        let held: Vec<(String, Vec<String>)> = lock(&self.inner.state)
+    /// What `container` of pod `uid` is made with, right before it is (again): the plugins'
+    /// answers asked for again where the devices were rebuilt from a running container
+    /// (the devices stay held if that fails), then `PreStartContainer` for each device
+    /// resource whose plugin asks for it (upstream's 30 s deadline).
+    pub async fn start_options(
+        &self,
+        uid: &str,
+        container: &str,
+    ) -> Result<RunOptions, DeviceError> {
+        let held: Vec<(String, state::Allocation)> = lock(&self.inner.state)
             .pods
             .get(uid)
             .and_then(|p| p.get(container))
             .into_iter()
             .flatten()
-            .map(|(r, a)| (r.clone(), a.ids.clone()))
+            .map(|(r, a)| (r.clone(), a.clone()))
             .collect();
-        for (resource, ids) in held {
+        for (resource, alloc) in held {
             let plugin = self
                 .plugin(&resource)
                 .ok_or_else(|| DeviceError::NoPlugin(resource.clone()))?;
+            if alloc.response.is_none() {
+                let resp = plugin.allocate(&alloc.ids).await?;
+                lock(&self.inner.state).answered(uid, container, &resource, resp);
+                self.save();
+            }
             if plugin.pre_start_required() {
-                plugin.pre_start(&ids).await?;
+                plugin.pre_start(&alloc.ids).await?;
             }
         }
-        Ok(())
+        Ok(self.run_options(uid).remove(container).unwrap_or_default())
     }
 }

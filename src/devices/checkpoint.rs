@@ -105,17 +105,19 @@ pub fn write(path: &Path, state: &State) -> Result<(), CheckpointError> {
     for (uid, containers) in &state.pods {
         for (container, resources) in containers {
             for (resource, alloc) in resources {
-                // Devices whose Allocate is under way are not written: after a restart the
-                // call is made again.
-                let Some(resp) = &alloc.response else {
-                    continue;
-                };
+                // Devices without an answer yet (rebuilt from a container, or Allocate under
+                // way) are written with an empty one: held, asked for again when needed.
+                let response = alloc
+                    .response
+                    .as_ref()
+                    .map(|r| b64.encode(r.encode_to_vec()))
+                    .unwrap_or_default();
                 data.entries.push(Entry {
                     pod_uid: uid.clone(),
                     container: container.clone(),
                     resource: resource.clone(),
                     ids: BTreeMap::from([(NO_NUMA.to_string(), alloc.ids.clone())]),
-                    response: b64.encode(resp.encode_to_vec()),
+                    response,
                 });
             }
         }
@@ -191,11 +193,16 @@ pub fn read(path: &Path) -> Result<Option<Restored>, CheckpointError> {
             container: e.container.clone(),
             why,
         };
-        let raw = b64
-            .decode(e.response.as_bytes())
-            .map_err(|err| answer_err(err.to_string()))?;
-        let resp = ContainerAllocateResponse::decode(raw.as_slice())
-            .map_err(|err| answer_err(err.to_string()))?;
+        let resp = if e.response.is_empty() {
+            None
+        } else {
+            let raw = b64
+                .decode(e.response.as_bytes())
+                .map_err(|err| answer_err(err.to_string()))?;
+            let resp = ContainerAllocateResponse::decode(raw.as_slice())
+                .map_err(|err| answer_err(err.to_string()))?;
+            Some(resp)
+        };
         let ids: Vec<String> = e.ids.into_values().flatten().collect();
         out.pods
             .entry(e.pod_uid.clone())
@@ -206,7 +213,7 @@ pub fn read(path: &Path) -> Result<Option<Restored>, CheckpointError> {
                 e.resource.clone(),
                 Allocation {
                     ids,
-                    response: Some(resp),
+                    response: resp,
                 },
             );
     }

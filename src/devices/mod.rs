@@ -37,7 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use runtime::cri;
 use tokio::sync::watch;
 
@@ -227,14 +228,17 @@ impl DeviceManager {
     }
 
     /// Admission: refuses `pod` when its containers ask for more healthy devices than are
-    /// free (upstream's `UnexpectedAdmissionError`), else reserves them. With
-    /// `sources_ready`, devices held by pods not in `active` are free again first.
-    pub fn admit(&self, pod: &Pod, active: &[Pod], sources_ready: bool) -> Result<(), Rejection> {
+    /// free (upstream's `UnexpectedAdmissionError`), else reserves them. With `holders`,
+    /// devices held by pods it refuses (pods that ended or are gone) are free again first.
+    pub fn admit(
+        &self,
+        pod: &Pod,
+        holders: Option<&dyn Fn(&str) -> bool>,
+    ) -> Result<(), Rejection> {
         let uid = crate::sources::pod_uid(pod).to_string();
         let mut st = lock(&self.inner.state);
-        if sources_ready {
-            let keep: BTreeSet<&str> = active.iter().map(crate::sources::pod_uid).collect();
-            if st.retain(|u| u == uid || keep.contains(u)) {
+        if let Some(holds) = holders {
+            if st.retain(|u| u == uid || holds(u)) {
                 drop(st);
                 self.save();
                 st = lock(&self.inner.state);
@@ -248,6 +252,30 @@ impl DeviceManager {
             reason: REASON.to_string(),
             message: DeviceError::Shortage(s).to_string(),
         })
+    }
+
+    /// `node` with each device resource's allocatable raised to the number of its devices
+    /// pods hold, where it is lower (upstream's `sanitizeNodeAllocatable`).
+    pub fn sanitize<'a>(&self, node: &'a Node) -> std::borrow::Cow<'a, Node> {
+        let held = lock(&self.inner.state).held_counts();
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        let count = |r: &str| {
+            allocatable
+                .and_then(|a| a.get(r))
+                .and_then(|q| q.0.trim().parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        let low: Vec<(&String, &usize)> = held.iter().filter(|(r, n)| count(r) < **n).collect();
+        if low.is_empty() {
+            return std::borrow::Cow::Borrowed(node);
+        }
+        let mut fixed = node.clone();
+        let status = fixed.status.get_or_insert_with(Default::default);
+        let alloc = status.allocatable.get_or_insert_with(Default::default);
+        for (r, n) in low {
+            alloc.insert(r.clone(), Quantity(n.to_string()));
+        }
+        std::borrow::Cow::Owned(fixed)
     }
 
     /// Frees what pods `keep` refuses hold (they ended), with the checkpoint written.
@@ -339,6 +367,12 @@ impl DeviceManager {
         let socket = self.inner.dir.join(&req.endpoint);
         let options = req.options.unwrap_or_default();
         let plugin = Arc::new(Plugin::connect(&req.resource_name, &socket, options).await?);
+        // The resource is a device resource from now on, devices or not: a pod asking for it
+        // before the first ListAndWatch answer waits for devices instead of running without.
+        lock(&self.inner.state)
+            .devices
+            .entry(req.resource_name.clone())
+            .or_default();
         let old = lock(&self.inner.plugins).insert(req.resource_name.clone(), plugin.clone());
         if let Some(old) = old {
             old.stop();

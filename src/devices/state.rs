@@ -162,6 +162,19 @@ impl State {
             .collect()
     }
 
+    /// How many devices of each resource pods hold.
+    pub fn held_counts(&self) -> BTreeMap<String, usize> {
+        let mut out: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+        for c in self.pods.values().flat_map(|p| p.values()) {
+            for (r, a) in c {
+                out.entry(r.clone())
+                    .or_default()
+                    .extend(a.ids.iter().map(String::as_str));
+            }
+        }
+        out.into_iter().map(|(r, ids)| (r, ids.len())).collect()
+    }
+
     /// Healthy devices of `resource` nobody holds, by ID.
     pub fn free(&self, resource: &str) -> Vec<String> {
         let held = self.held(resource);

@@ -145,7 +145,7 @@ spec:
 ",
     )
     .unwrap();
-    let r = m.admit(&p, &[], true).unwrap_err();
+    let r = m.admit(&p, None).unwrap_err();
     assert_eq!(r.reason, "UnexpectedAdmissionError");
     assert_eq!(
         r.message,
@@ -161,7 +161,7 @@ spec:
 ",
     )
     .unwrap();
-    m.admit(&other, &[], true).unwrap();
+    m.admit(&other, None).unwrap();
 }
 
 #[test]
@@ -201,4 +201,47 @@ fn registration_checks_version_resource_and_endpoint() {
         };
         assert!(refusal(&r).unwrap().contains("endpoint"), "{bad:?}");
     }
+}
+
+#[test]
+fn devices_without_an_answer_are_checkpointed_as_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(checkpoint::FILE);
+    let mut st = answered_state();
+    st.pods.entry("uid-2".into()).or_default().insert(
+        "side".into(),
+        BTreeMap::from([(
+            R.to_string(),
+            state::Allocation {
+                ids: vec!["b".into()],
+                response: None,
+            },
+        )]),
+    );
+    checkpoint::write(&path, &st).unwrap();
+    let back = checkpoint::read(&path).unwrap().unwrap();
+    assert_eq!(back.pods, st.pods);
+}
+
+#[test]
+fn the_nodes_allocatable_is_at_least_what_pods_hold() {
+    let root = tempfile::tempdir().unwrap();
+    let m = DeviceManager::new(root.path());
+    *lock(&m.inner.state) = answered_state();
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n"},
+        "status": {"allocatable": {"cpu": "2", R: "0"}}
+    }))
+    .unwrap();
+    let fixed = m.sanitize(&node);
+    let alloc = fixed.status.as_ref().unwrap().allocatable.as_ref().unwrap();
+    assert_eq!(alloc[R].0, "1");
+    assert_eq!(alloc["cpu"].0, "2");
+    // Enough already: the Node as it is.
+    let enough: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n"},
+        "status": {"allocatable": {R: "3"}}
+    }))
+    .unwrap();
+    assert!(matches!(m.sanitize(&enough), std::borrow::Cow::Borrowed(_)));
 }

@@ -314,8 +314,9 @@ pub(crate) struct Admit<'a> {
     pub eviction: &'a eviction::EvictionState,
     /// Device plugins' devices (allocated before the resource predicates, as upstream).
     pub devices: Option<&'a crate::devices::DeviceManager>,
-    /// Every configured source has sent its pods: devices of pods not active are free.
-    pub sources_ready: bool,
+    /// Once every configured source has sent its pods: the pods whose devices stay held (the
+    /// others ended or are gone, and their devices are free for this pod).
+    pub device_holders: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 impl Admit<'_> {
@@ -335,8 +336,11 @@ impl Admit<'_> {
         let Some(devices) = self.devices else {
             return admission::admit(pod, active, self.node);
         };
-        devices.admit(pod, active, self.sources_ready)?;
-        admission::admit(pod, active, self.node).inspect_err(|_| {
+        devices.admit(pod, self.device_holders)?;
+        // The Node's allocatable of a device resource is at least what pods hold of it (its
+        // plugin may be gone or the Node not written yet: upstream's sanitizeNodeAllocatable).
+        let node = devices.sanitize(self.node);
+        admission::admit(pod, active, &node).inspect_err(|_| {
             let uid = sources::pod_uid(pod);
             devices.retain(|u| u != uid);
         })
@@ -432,10 +436,13 @@ fn holding_resources(
     merger: &Merger,
     allocations: &allocation::Allocations,
 ) -> Vec<Pod> {
+    // A pod the API server shows Failed or Succeeded holds nothing, even while its worker
+    // makes sure nothing of it runs (upstream's filterOutInactivePods).
     merger
         .pods()
         .into_iter()
         .filter(|o| workers.could_have_running_containers(sources::pod_uid(o)))
+        .filter(|o| !api_phase_terminal(o))
         .map(|o| allocations.view(&o))
         .collect()
 }

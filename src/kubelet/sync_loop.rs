@@ -81,9 +81,17 @@ impl SyncLoop {
                     let node = (self.node)();
                     let shutting_down = self.shutdown.shutting_down();
                     let changes = self.merger.merge(update);
-                    let sources_ready = self.all_sources_seen();
+                    // Devices stay with pods that may run (their workers say so) and with pods
+                    // that arrived but are not dispatched yet (after a restart, every pod).
+                    let (workers, merger) = (&self.workers, &self.merger);
+                    let holds = |uid: &str| {
+                        workers.could_have_running_containers(uid)
+                            || (workers.state(uid).is_none() && merger.pod(uid).is_some())
+                    };
+                    let device_holders: Option<&dyn Fn(&str) -> bool> =
+                        self.all_sources_seen().then_some(&holds);
                     for change in changes {
-                        let admit = super::Admit { node: &node, allocations: &self.allocations, shutting_down, eviction: &self.eviction, devices: self.devices.as_ref(), sources_ready };
+                        let admit = super::Admit { node: &node, allocations: &self.allocations, shutting_down, eviction: &self.eviction, devices: self.devices.as_ref(), device_holders };
                         dispatch(&self.workers, &self.status, &mut self.rejected, &self.merger, &admit, change);
                     }
                     self.pods.send_replace(Arc::new(self.merger.pods()));

@@ -422,9 +422,27 @@ impl RuntimeManager {
             );
         }
         let restart_count = s.snapshot.status.latest(name).map_or(0, |p| p.attempt + 1);
+        // Its devices' plugins answer (again) and prepare them first (upstream calls
+        // PreStartContainer while making the container's options).
+        let with_devices;
+        let opts = match sandbox.opts.device_manager.as_ref() {
+            Some(devices) if sandbox.opts.devices.contains_key(name) => {
+                let run = devices.start_options(&s.who.uid, name).await.map_err(|e| {
+                    let msg = format!("Error: {e}");
+                    say(EventType::Warning, Reason::Failed, msg);
+                    let reason = WaitingReason::CreateContainerError;
+                    (Waiting::new(reason, e.to_string()), None)
+                })?;
+                let mut o = sandbox.opts.clone();
+                o.devices.insert(name.clone(), run);
+                with_devices = o;
+                &with_devices
+            }
+            _ => &sandbox.opts,
+        };
         // The reason's message is the error's own, as upstream's (`configmap "x" not found`).
-        let mut config = container_config(s.pod, s.who, container, restart_count, &sandbox.opts)
-            .map_err(|e| {
+        let mut config =
+            container_config(s.pod, s.who, container, restart_count, opts).map_err(|e| {
                 let msg = format!("Error: {}", e.message());
                 say(EventType::Warning, Reason::Failed, msg);
                 let reason = WaitingReason::CreateContainerConfigError;
@@ -432,18 +450,6 @@ impl RuntimeManager {
             })?;
         if let Some(img) = config.image.as_mut().filter(|_| !image_ref.is_empty()) {
             img.image = image_ref;
-        }
-        // Device plugins that ask for it prepare the container's devices first (upstream
-        // calls PreStartContainer while making the container's options).
-        if let Some(devices) = sandbox.opts.device_manager.as_ref() {
-            if sandbox.opts.devices.contains_key(name) {
-                devices.pre_start(&s.who.uid, name).await.map_err(|e| {
-                    let msg = format!("Error: {e}");
-                    say(EventType::Warning, Reason::Failed, msg);
-                    let reason = WaitingReason::CreateContainerError;
-                    (Waiting::new(reason, e.to_string()), None)
-                })?;
-            }
         }
         Ok(config)
     }
