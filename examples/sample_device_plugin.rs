@@ -15,6 +15,7 @@
 //! - `--mount HOST:CONTAINER`: every allocation also mounts HOST (read-only) at CONTAINER.
 //! - `--hang-allocate`: `Allocate` never answers (a plugin that hangs).
 //! - `--garbage`: `ListAndWatch` also sends a device without an ID and one twice.
+//! - `--api-version V`: registers asking for API version V (default `v1beta1`).
 //!
 //! `Allocate` gives each device node at `/dev/sample-<id>` (rw), the env
 //! `SAMPLE_DEVICES=<ids>`, the annotation `example.com/sample-devices=<ids>` and, with
@@ -53,6 +54,7 @@ struct Args {
     mount: Option<(String, String)>,
     hang_allocate: bool,
     garbage: bool,
+    api_version: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -80,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--hang-allocate" => a.hang_allocate = true,
             "--garbage" => a.garbage = true,
+            "--api-version" => a.api_version = Some(value()?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -283,7 +286,7 @@ async fn register(dir: &Path, args: &Args, options: DevicePluginOptions) -> Resu
         .map_err(|e| format!("dialling the kubelet: {e}"))?;
     RegistrationClient::new(channel)
         .register(RegisterRequest {
-            version: "v1beta1".into(),
+            version: args.api_version.clone().unwrap_or_else(|| "v1beta1".into()),
             endpoint: args.socket.clone(),
             resource_name: args.resource.clone(),
             options: Some(options),

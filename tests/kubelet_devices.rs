@@ -229,8 +229,34 @@ async fn device_plugin(backend: Backend, test: &str) {
         socket.exists().then_some(())
     })
     .await;
+    // A plugin asking for another API version is refused with a reason it can print.
+    let old_args = [
+        "--resource",
+        "example.com/old",
+        "--socket",
+        "old.sock",
+        "--api-version",
+        "v1alpha",
+    ];
+    let old = spawn(
+        plugin_command(&node, &devices, &old_args),
+        &work.join("old.log"),
+    );
+    let refusal = wait_for("the old plugin refused", 60, async || {
+        let l = std::fs::read_to_string(work.join("old.log")).ok()?;
+        l.contains("registering:").then_some(l)
+    })
+    .await;
+    assert!(
+        refusal.contains("requested API version \"v1alpha\" is not supported by kubelet"),
+        "{refusal}"
+    );
+    drop(old);
     let mut plugin = start_plugin(&node, &devices, &work);
     wait_node_devices(&nodes, NODE, ("3", "3"), "three devices in the Node").await;
+    let n = nodes.get(NODE).await.unwrap();
+    let capacity = n.status.unwrap().capacity.unwrap();
+    assert!(!capacity.contains_key("example.com/old"), "{capacity:?}");
     // An unhealthy device leaves allocatable, not capacity.
     std::fs::write(work.join("unhealthy"), "c\n").unwrap();
     wait_node_devices(&nodes, NODE, ("3", "2"), "device c unhealthy").await;

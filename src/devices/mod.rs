@@ -365,8 +365,7 @@ impl DeviceManager {
         req: api::v1beta1::RegisterRequest,
     ) -> Result<(), plugin::PluginError> {
         let socket = self.inner.dir.join(&req.endpoint);
-        let options = req.options.unwrap_or_default();
-        let plugin = Arc::new(Plugin::connect(&req.resource_name, &socket, options).await?);
+        let plugin = Arc::new(Plugin::connect(&req.resource_name, &socket).await?);
         // The resource is a device resource from now on, devices or not: a pod asking for it
         // before the first ListAndWatch answer waits for devices instead of running without.
         lock(&self.inner.state)

@@ -18,12 +18,16 @@ use super::{CALL_TIMEOUT, DeviceError};
 /// How long dialling a plugin's socket may take when it registers.
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A plugin that could not be reached.
+/// A plugin that could not be reached, or did not say its options.
 #[derive(Debug, thiserror::Error)]
-#[error("dialling the device plugin at {}: {source}", path.display())]
-pub struct PluginError {
-    path: PathBuf,
-    source: tonic::transport::Error,
+pub enum PluginError {
+    #[error("dialling the device plugin at {}: {source}", path.display())]
+    Dial {
+        path: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("the device plugin at {}: GetDevicePluginOptions failed: {why}", path.display())]
+    Options { path: PathBuf, why: String },
 }
 
 pub struct Plugin {
@@ -34,12 +38,9 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Dials the plugin's socket (within 10 s).
-    pub async fn connect(
-        resource: &str,
-        socket: &Path,
-        options: DevicePluginOptions,
-    ) -> Result<Plugin, PluginError> {
+    /// Dials the plugin's socket and asks for its options (each within 10 s), as upstream's
+    /// `PluginConnected` does.
+    pub async fn connect(resource: &str, socket: &Path) -> Result<Plugin, PluginError> {
         let path = Arc::new(socket.to_path_buf());
         let dial = path.clone();
         let connector = tower::service_fn(move |_: Uri| {
@@ -53,14 +54,25 @@ impl Plugin {
             .connect_timeout(DIAL_TIMEOUT)
             .connect_with_connector(connector)
             .await
-            .map_err(|source| PluginError {
+            .map_err(|source| PluginError::Dial {
                 path: path.to_path_buf(),
                 source,
             })?;
+        let mut client = DevicePluginClient::new(channel);
+        let options_err = |why: String| PluginError::Options {
+            path: path.to_path_buf(),
+            why,
+        };
+        let options =
+            tokio::time::timeout(DIAL_TIMEOUT, client.get_device_plugin_options(Empty {}))
+                .await
+                .map_err(|_| options_err("timed out".into()))?
+                .map_err(|e| options_err(e.message().to_string()))?
+                .into_inner();
         Ok(Plugin {
             resource: resource.to_string(),
             options,
-            client: DevicePluginClient::new(channel),
+            client,
             stop: CancellationToken::new(),
         })
     }
