@@ -172,6 +172,15 @@ async fn pod_resources(root: &Path) -> PodResourcesListerClient<tonic::transport
     PodResourcesListerClient::new(channel)
 }
 
+/// The reason and message of a pod admission refused (its phase Failed).
+async fn refused(pods: &Api<Pod>, name: &str) -> (String, String) {
+    wait_for(&format!("pod {name} refused"), 60, async || {
+        let (phase, reason, message) = phase_reason(&pods.get_opt(name).await.ok().flatten()?);
+        (phase == "Failed").then_some((reason, message))
+    })
+    .await
+}
+
 fn phase_reason(p: &Pod) -> (String, String, String) {
     let st = p.status.clone().unwrap_or_default();
     (
@@ -325,13 +334,7 @@ async fn device_plugin(backend: Backend, test: &str) {
     // No device left: a pod asking for one is refused as upstream refuses it.
     let three = device_pod(&node, "three", 1, "sleep 1000");
     pods.create(&PostParams::default(), &three).await.unwrap();
-    let (phase, reason, message) = wait_for("pod three refused", 60, async || {
-        let p = pods.get_opt("three").await.ok().flatten()?;
-        let pr = phase_reason(&p);
-        (pr.0 == "Failed").then_some(pr)
-    })
-    .await;
-    assert_eq!(phase, "Failed");
+    let (reason, message) = refused(&pods, "three").await;
     assert_eq!(reason, "UnexpectedAdmissionError");
     assert_eq!(
         message,
@@ -409,12 +412,7 @@ async fn device_plugin(backend: Backend, test: &str) {
     // a and b are still held: one pod asking for two is refused, one asking for one gets c.
     let four = device_pod(&node, "four", 2, "sleep 1000");
     pods.create(&PostParams::default(), &four).await.unwrap();
-    let (_, reason, message) = wait_for("pod four refused", 60, async || {
-        let p = pods.get_opt("four").await.ok().flatten()?;
-        let pr = phase_reason(&p);
-        (pr.0 == "Failed").then_some(pr)
-    })
-    .await;
+    let (reason, message) = refused(&pods, "four").await;
     assert_eq!(reason, "UnexpectedAdmissionError");
     assert!(message.contains("Requested: 2, Available: 1"), "{message}");
     // A plugin whose Allocate hangs and whose device list has garbage in it: its bad entries
@@ -515,12 +513,7 @@ async fn device_plugin(backend: Backend, test: &str) {
     );
     let six = device_pod(&node, "six", 1, "sleep 1000");
     pods.create(&PostParams::default(), &six).await.unwrap();
-    let (_, reason, message) = wait_for("pod six refused", 60, async || {
-        let p = pods.get_opt("six").await.ok().flatten()?;
-        let pr = phase_reason(&p);
-        (pr.0 == "Failed").then_some(pr)
-    })
-    .await;
+    let (reason, message) = refused(&pods, "six").await;
     assert_eq!(reason, "UnexpectedAdmissionError");
     assert!(message.contains("Requested: 1, Available: 0"), "{message}");
     let cp = std::fs::read_to_string(&checkpoint).unwrap();

@@ -30,6 +30,7 @@ mod checkpoint;
 mod plugin;
 pub mod podresources;
 mod registration;
+mod socket;
 pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet};

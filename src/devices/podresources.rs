@@ -3,12 +3,10 @@
 //! advertise. nodelet pins no CPUs and no memory (no static CPU or memory manager policy), so
 //! `cpu_ids` and `memory` are empty, as upstream reports them under the `none` policies.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -159,29 +157,13 @@ pub fn serve(
     pods: watch::Receiver<Arc<Vec<Pod>>>,
     cancel: CancellationToken,
 ) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
-    let dir = root_dir.join(DIR);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-    let socket = dir.join(SOCKET);
-    match std::fs::remove_file(&socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = UnixListener::bind(&socket)?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-    let incoming = futures::stream::unfold(listener, |l| async move {
-        let conn = l.accept().await.map(|(io, _)| io);
-        if let Err(e) = &conn {
-            tracing::warn!("pod resources: accepting a connection: {e}");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        Some((conn, l))
-    });
-    tracing::info!(socket = %socket.display(), "pod resources API serving");
+    let (socket, incoming) = super::socket::bind(
+        &root_dir.join(DIR),
+        SOCKET,
+        0o700,
+        Some(0o600),
+        "pod resources API",
+    )?;
     Ok(async move {
         let svc = PodResourcesListerServer::new(Lister { devices, pods });
         let served = tonic::transport::Server::builder()

@@ -2,9 +2,6 @@
 //! is checked (API version, an extended resource name, a socket in the directory), then the
 //! kubelet dials the plugin before answering, as upstream does.
 
-use std::os::unix::fs::DirBuilderExt;
-
-use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -92,27 +89,8 @@ pub fn serve(
     manager: DeviceManager,
     cancel: CancellationToken,
 ) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
-    let dir = manager.dir().to_path_buf();
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(&dir)?;
-    let socket = dir.join(KUBELET_SOCKET);
-    match std::fs::remove_file(&socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = UnixListener::bind(&socket)?;
-    let incoming = futures::stream::unfold(listener, |l| async move {
-        let conn = l.accept().await.map(|(io, _)| io);
-        if let Err(e) = &conn {
-            tracing::warn!("device plugin registration: accepting a connection: {e}");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        Some((conn, l))
-    });
-    tracing::info!(socket = %socket.display(), "device plugin registration serving");
+    let what = "device plugin registration";
+    let (socket, incoming) = super::socket::bind(manager.dir(), KUBELET_SOCKET, 0o750, None, what)?;
     Ok(async move {
         let svc = RegistrationServer::new(Registrar {
             manager: manager.clone(),
