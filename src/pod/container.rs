@@ -321,6 +321,30 @@ pub fn container_config(
         resources: Some(linux_resources(pod, container, opts)?),
         security_context: Some(security(pod, container, opts)?),
     };
+    // The hosts file the kubelet writes for the pod, unless the container mounts its own.
+    if !mounts
+        .iter()
+        .any(|m| m.container_path == super::identity::ETC_HOSTS)
+    {
+        let hostname = super::spec::hostname(pod, who);
+        let userns = opts.sandbox.user_namespace.as_ref();
+        mounts.extend(
+            super::identity::hosts_mount(
+                &opts.pods_dir,
+                pod,
+                who,
+                &hostname,
+                &opts.sandbox.cluster_domain,
+                &opts.pod_ips,
+            )?
+            .map(|m| cri::Mount {
+                // As the volumes: ID-mapped through the pod's user namespace.
+                uid_mappings: userns.map(|u| u.uids.clone()).unwrap_or_default(),
+                gid_mappings: userns.map(|u| u.gids.clone()).unwrap_or_default(),
+                ..m
+            }),
+        );
+    }
     // Last, once nothing else can fail: the termination message file on the host.
     mounts.extend(termination::prepare_mount(
         &opts.pods_dir,

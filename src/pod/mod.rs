@@ -17,6 +17,7 @@ pub mod container;
 pub mod env;
 pub mod hash;
 pub mod hooks;
+pub mod identity;
 pub mod images;
 pub mod kill;
 pub mod manager;

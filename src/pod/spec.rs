@@ -179,14 +179,18 @@ pub fn sandbox_config(
         hostname: if host_network(pod) {
             String::new()
         } else {
-            hostname(pod, who)
+            let domain = super::identity::domain(pod, who, &opts.cluster_domain);
+            super::identity::kernel_hostname(pod, &hostname(pod, who), domain.as_deref())?
         },
         log_directory: opts
             .pod_logs_dir
             .join(format!("{}_{}_{}", who.namespace, who.name, who.uid))
             .to_string_lossy()
             .into_owned(),
-        dns_config: dns_config(pod, &who.namespace, opts),
+        dns_config: dns_config(pod, &who.namespace, opts).map(|mut c| {
+            super::identity::fit_dns_limits(&mut c);
+            c
+        }),
         port_mappings,
         labels,
         annotations,
@@ -268,6 +272,26 @@ pub(crate) fn seccomp_profile(
         profile_type: kind as i32,
         localhost_ref,
     })
+}
+
+/// What is wrong with the DNS the pod gets, as upstream's `DNSConfigForming` and
+/// `MissingClusterDNS` warnings (reason, message), for the events of its sandbox's creation.
+pub fn dns_warnings(
+    pod: &Pod,
+    who: &PodRef,
+    opts: &SandboxOptions,
+) -> Vec<(crate::api::events::Reason, String)> {
+    use crate::api::events::Reason;
+    let missing = super::identity::missing_cluster_dns(pod, who, &opts.cluster_dns);
+    let mut out: Vec<(Reason, String)> = missing
+        .into_iter()
+        .map(|m| (Reason::MissingClusterDns, m))
+        .collect();
+    if let Some(mut cfg) = dns_config(pod, &who.namespace, opts) {
+        let forming = super::identity::fit_dns_limits(&mut cfg);
+        out.extend(forming.into_iter().map(|m| (Reason::DnsConfigForming, m)));
+    }
+    out
 }
 
 /// DNS for the sandbox; `None` means the runtime's (host's) resolv.conf.

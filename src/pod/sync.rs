@@ -260,7 +260,19 @@ impl RuntimeManager {
         let mut opts = s.opts.clone();
         let id = if s.actions.create_sandbox {
             sb_opts.attempt = s.actions.sandbox_attempt;
-            let config = sandbox_config(s.pod, s.who, &sb_opts)?;
+            let config = sandbox_config(s.pod, s.who, &sb_opts).inspect_err(|e| {
+                let msg = format!("Failed to create pod sandbox: {}", e.message());
+                s.say(
+                    self,
+                    None,
+                    EventType::Warning,
+                    Reason::FailedCreatePodSandbox,
+                    msg,
+                );
+            })?;
+            for (reason, msg) in super::spec::dns_warnings(s.pod, s.who, &sb_opts) {
+                s.say(self, None, EventType::Warning, reason, msg);
+            }
             let (id, ips) = self.run_sandbox(s, config.clone()).await?;
             if !ips.is_empty() {
                 opts.pod_ips = ips;

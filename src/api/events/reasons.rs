@@ -31,6 +31,10 @@ pub enum Reason {
     FailedToRetrieveImagePullSecret,
     /// The devices an admitted pod asks for could not be given to it.
     UnexpectedAdmissionError,
+    /// The pod's resolv.conf had to be cut to the limits.
+    DnsConfigForming,
+    /// A ClusterFirst pod on a kubelet without clusterDNS.
+    MissingClusterDns,
     // Images.
     /// An image pull began.
     PullingImage,
@@ -79,7 +83,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order declared.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 35] = [
         Reason::CreatedContainer,
         Reason::StartedContainer,
         Reason::Failed,
@@ -91,6 +95,8 @@ impl Reason {
         Reason::FailedMountVolume,
         Reason::FailedToRetrieveImagePullSecret,
         Reason::UnexpectedAdmissionError,
+        Reason::DnsConfigForming,
+        Reason::MissingClusterDns,
         Reason::PullingImage,
         Reason::PulledImage,
         Reason::ErrImageNeverPull,
@@ -130,6 +136,8 @@ impl Reason {
             FailedMountVolume => "FailedMount",
             FailedToRetrieveImagePullSecret => "FailedToRetrieveImagePullSecret",
             UnexpectedAdmissionError => "UnexpectedAdmissionError",
+            DnsConfigForming => "DNSConfigForming",
+            MissingClusterDns => "MissingClusterDNS",
             PullingImage => "Pulling",
             PulledImage => "Pulled",
             ErrImageNeverPull => "ErrImageNeverPull",

@@ -259,6 +259,13 @@ fn mounts_table() {
                 true,
                 cri::MountPropagation::PropagationPrivate as i32
             ),
+            // The pod's hosts file the kubelet writes (the pod has an address).
+            (
+                "/etc/hosts",
+                "/root/pods/u-1/etc-hosts",
+                false,
+                cri::MountPropagation::PropagationPrivate as i32
+            ),
         ]
     );
     // The subPath's directories are made in the volume.
@@ -516,7 +523,8 @@ fn the_termination_message_file_is_mounted() {
         "{m:?}"
     );
     assert!(!m.readonly && !m.selinux_relabel, "{m:?}");
-    assert_eq!(c.mounts.len(), 1);
+    let paths: Vec<&str> = c.mounts.iter().map(|m| m.container_path.as_str()).collect();
+    assert_eq!(paths, ["/etc/hosts", "/dev/termination-log"]);
     assert_eq!(
         c.annotations
             .get(termination::ANNOTATION_TERMINATION_MESSAGE_POLICY)
@@ -544,13 +552,14 @@ fn the_termination_message_file_is_mounted() {
             .map(String::as_str),
         Some("FallbackToLogsOnError")
     );
-    // An empty path: no file, no mount.
+    // An empty path: no file, no mount (the hosts file's is the only one).
     let c = config(
         json!({"containers": [{"name": "app", "image": "x", "terminationMessagePath": ""}]}),
         0,
     )
     .expect("config");
-    assert!(c.mounts.is_empty(), "{:?}", c.mounts);
+    assert!(termination_mount(&c).is_none(), "{:?}", c.mounts);
+    assert_eq!(c.mounts.len(), 1, "{:?}", c.mounts);
     assert_eq!(
         c.annotations
             .get(ANNOTATION_TERMINATION_MESSAGE_PATH)

@@ -322,3 +322,67 @@ async fn a_host_network_pods_env_has_the_nodes_ip_as_its_pod_ip() {
         );
     }
 }
+
+/// What is wrong with a pod's DNS or name is said in its events, as upstream says it.
+#[tokio::test]
+async fn sandbox_config_problems_are_events() {
+    // A ClusterFirst pod on a kubelet without clusterDNS: MissingClusterDNS, then the node's
+    // resolv.conf; the sandbox is made.
+    let h = harness();
+    let p = pod(json!({"containers": [{"name": "app", "image": "busybox:1.36"}]}));
+    h.step(&p, t(0)).await;
+    let lines = h.events.lines();
+    assert!(
+        lines.iter().any(|l| l.starts_with("MissingClusterDNS: ")
+            && l.ends_with("Falling back to \"Default\" policy.")),
+        "{lines:?}"
+    );
+    assert_eq!(h.rt.sandboxes().len(), 1);
+    // Four nameservers: three kept, DNSConfigForming.
+    let h = harness();
+    let opts = ContainerOptions {
+        sandbox: crate::pod::SandboxOptions {
+            cluster_dns: ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    h.step_with(&p, t(0), &opts).await;
+    let lines = h.events.lines();
+    assert!(
+        lines.contains(&"DNSConfigForming: Nameserver limits were exceeded, some nameservers have been omitted, the applied nameserver line is: 10.0.0.1 10.0.0.2 10.0.0.3".to_string()),
+        "{lines:?}"
+    );
+    // An FQDN longer than the kernel's 64 characters: no sandbox, FailedCreatePodSandBox.
+    let h = harness();
+    let long = pod(json!({"hostname": "a".repeat(50), "subdomain": "web",
+        "setHostnameAsFQDN": true, "containers": [{"name": "app", "image": "busybox:1.36"}]}));
+    let snapshot = runtime_pod_status(h.rt.as_ref(), "u-1")
+        .await
+        .expect("status");
+    let who = PodRef::of(&long);
+    let actions = compute_pod_actions(&long, &who, &snapshot.status, &h.m.backoff(), t(0));
+    let opts = ContainerOptions::default();
+    let sync = PodSync {
+        pod: &long,
+        who: &who,
+        snapshot: &snapshot,
+        actions: &actions,
+        opts: &opts,
+        now: t(0),
+    };
+    let err =
+        h.m.sync_pod(&sync)
+            .await
+            .expect_err("no sandbox for that name");
+    assert!(err.to_string().contains("FQDN"), "{err}");
+    let lines = h.events.lines();
+    assert!(
+        lines.iter().any(|l| l.starts_with("FailedCreatePodSandBox: Failed to create pod sandbox: failed to construct FQDN from pod hostname and cluster domain, FQDN aaaa")
+            && l.ends_with("is too long (64 characters is the max, 77 characters requested)")),
+        "{lines:?}"
+    );
+    assert!(h.rt.sandboxes().is_empty());
+}

@@ -435,10 +435,10 @@ async fn through_the_sync_and_the_status() {
             .map(|m| m.container_path.as_str())
             .collect();
         if name == Some("app") {
-            assert_eq!(mounts, ["/dev/termination-log"]);
-            host_file = st.mounts.first().map(|m| PathBuf::from(&m.host_path));
+            assert_eq!(mounts, ["/etc/hosts", "/dev/termination-log"]);
+            host_file = st.mounts.last().map(|m| PathBuf::from(&m.host_path));
         } else {
-            assert!(mounts.is_empty(), "{mounts:?}");
+            assert_eq!(mounts, ["/etc/hosts"]);
         }
         rt.set_container_exited(&c.id, 3, "Error").expect("exit");
     }
