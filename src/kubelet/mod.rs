@@ -17,6 +17,7 @@ pub mod mirror;
 pub mod notify;
 pub mod pleg;
 pub mod pod_cache;
+pub mod pod_cidr;
 pub mod shutdown;
 mod start;
 pub mod sync_loop;

@@ -584,6 +584,12 @@ impl Wiring {
                 devices: self.devices.clone(),
             },
         ));
+        // The Node's pod CIDRs go to the runtime as they come.
+        self.tasks.spawn(super::pod_cidr::follow(
+            self.rt.runtime.clone(),
+            agent.manager().subscribe(),
+            self.cancel.clone(),
+        ));
         if let Some(addresses) = self.serving_addresses.take() {
             let mut nodes = agent.manager().subscribe();
             let cancel = self.cancel.clone();

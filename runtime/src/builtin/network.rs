@@ -1,6 +1,12 @@
 //! The built-in runtime's pod network: which bridge and subnet, the address each sandbox gets,
 //! and the CRI port mappings as the sandbox's node-port forwards. The plumbing itself is the
 //! sandbox process's (`sandbox::net`).
+//!
+//! The subnet new pods get addresses from is the configured `pod_cidr` until the kubelet
+//! hands over the Node's (`UpdateRuntimeConfig`, [`Network::use_pod_cidr`]): from then on new
+//! pods get addresses from the Node's, recorded beside the addresses so that a restarted
+//! runtime goes on with it. Pods keep the addresses they have: the bridge keeps the gateway
+//! address of every subnet still in use and the masquerade covers them all.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
@@ -65,23 +71,133 @@ pub(super) enum NetworkError {
 /// The network of a runtime: its settings and address book.
 pub(super) struct Network {
     pub cfg: NetworkConfig,
-    pub ipam: Ipam,
+    subnets: std::sync::RwLock<Subnets>,
     /// Set once [`Network::ensure`] has set the node up (and written the masquerade rule
     /// afresh); later calls only check and mend.
     set_up: std::sync::atomic::AtomicBool,
 }
 
+/// The subnet new pods get addresses from, and the earlier ones pods may still hold.
+struct Subnets {
+    current: Subnet,
+    ipam: Ipam,
+    earlier: Vec<Subnet>,
+}
+
+/// The file beside the addresses naming the subnet the kubelet handed over.
+const NODE_CIDR_FILE: &str = "node-cidr";
+
 impl Network {
     pub fn new(cfg: NetworkConfig) -> Result<Self> {
         sandbox::net::check_interface_name(&cfg.bridge)
             .map_err(|e| Error::invalid_argument(format!("bridge: {e}")))?;
-        let ipam = Ipam::new(cfg.ipam_dir.join(&cfg.bridge), cfg.pod_cidr)
-            .map_err(|e| Error::internal(e.to_string()))?;
-        Ok(Network {
-            cfg,
+        let dir = cfg.ipam_dir.join(&cfg.bridge);
+        let handed: Option<Subnet> = std::fs::read_to_string(dir.join(NODE_CIDR_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let current = handed.unwrap_or(cfg.pod_cidr);
+        let ipam = Ipam::new(&dir, current).map_err(|e| Error::internal(e.to_string()))?;
+        let earlier = if current == cfg.pod_cidr {
+            Vec::new()
+        } else {
+            vec![cfg.pod_cidr]
+        };
+        let subnets = Subnets {
+            current,
             ipam,
+            earlier,
+        };
+        let net = Network {
+            cfg,
+            subnets: std::sync::RwLock::new(subnets),
             set_up: Default::default(),
-        })
+        };
+        net.forget_unused_subnets();
+        Ok(net)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Subnets> {
+        self.subnets.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Subnets> {
+        self.subnets.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every subnet pods may hold addresses of: the current one first.
+    pub fn subnets(&self) -> Vec<Subnet> {
+        let s = self.read();
+        std::iter::once(s.current)
+            .chain(s.earlier.iter().copied())
+            .collect()
+    }
+
+    /// Drops the earlier subnets no pod holds an address of any more.
+    fn forget_unused_subnets(&self) {
+        let leases = self.leases();
+        let mut s = self.write();
+        s.earlier
+            .retain(|sub| leases.iter().any(|l| sub.contains(l.ip)));
+    }
+
+    /// An address for sandbox `owner` (of the runtime at `runtime`) and the subnet it is of.
+    pub fn allocate(&self, owner: &str, runtime: &str) -> sandbox::Result<(Ipv4Addr, Subnet)> {
+        let s = self.read();
+        Ok((s.ipam.allocate(owner, runtime)?, s.current))
+    }
+
+    /// Frees `ip` if `owner` holds it (whatever subnet it is of: the addresses share one
+    /// directory).
+    pub fn release(&self, ip: Ipv4Addr, owner: &str) -> sandbox::Result<()> {
+        self.read().ipam.release(ip, owner)
+    }
+
+    /// Every address in use.
+    pub fn leases(&self) -> Vec<sandbox::net::Lease> {
+        self.read().ipam.leases()
+    }
+
+    /// Makes `cidrs` (the Node's `spec.podCIDRs`, comma-separated) the subnet new pods get
+    /// addresses from: its IPv4 entry (an IPv6 one is not supported yet and is named in the
+    /// log). Returns whether that changed anything; the node is set up for it by the caller
+    /// ([`Network::ensure_all`]).
+    pub fn use_pod_cidr(&self, cidrs: &str) -> Result<bool> {
+        let mut v4 = None;
+        for c in cidrs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            if c.contains(':') {
+                tracing::warn!(
+                    "the node's pod CIDR {c} is IPv6: the built-in network gives pods IPv4                      addresses only; ignored"
+                );
+                continue;
+            }
+            if v4.is_none() {
+                v4 = Some(parse_pod_cidr(c)?);
+            }
+        }
+        let Some(new) = v4 else {
+            return Ok(false);
+        };
+        let dir = self.cfg.ipam_dir.join(&self.cfg.bridge);
+        {
+            let mut s = self.write();
+            if s.current == new {
+                return Ok(false);
+            }
+            let ipam = Ipam::new(&dir, new).map_err(|e| Error::internal(e.to_string()))?;
+            let old = s.current;
+            s.earlier.retain(|e| *e != new);
+            s.earlier.insert(0, old);
+            s.current = new;
+            s.ipam = ipam;
+            tracing::info!(
+                "pod CIDR {new} from the node: new pods get addresses from it (was {old})"
+            );
+        }
+        let record = dir.join(NODE_CIDR_FILE);
+        std::fs::write(&record, new.to_string())
+            .map_err(|e| Error::internal(format!("writing {}: {e}", record.display())))?;
+        self.forget_unused_subnets();
+        Ok(true)
     }
 
     /// Whether [`Network::ensure`] has succeeded once.
@@ -94,10 +210,23 @@ impl Network {
     /// changed pod CIDR takes effect. Called on the first pod and by `Status`, never when the
     /// runtime is merely opened (`nodelet images`, `nodelet pods` leave the node's network be).
     pub fn ensure(&self) -> std::result::Result<(), NetworkError> {
-        let (bridge, cidr) = (&self.cfg.bridge, self.cfg.pod_cidr);
-        sandbox::net::ensure_bridge(bridge, cidr)?;
+        self.ensure_with(!self.is_set_up())
+    }
+
+    /// [`Network::ensure`] with the masquerade rule written afresh (the subnets changed).
+    pub fn ensure_all(&self) -> std::result::Result<(), NetworkError> {
+        self.ensure_with(true)
+    }
+
+    fn ensure_with(&self, replace: bool) -> std::result::Result<(), NetworkError> {
+        let bridge = &self.cfg.bridge;
+        let subnets = self.subnets();
+        // The gateway address of every subnet pods may be on (the current one first).
+        for s in subnets.iter().rev() {
+            sandbox::net::ensure_bridge(bridge, *s)?;
+        }
         if self.cfg.masquerade {
-            sandbox::net::ensure_masquerade(bridge, cidr, !self.is_set_up())?;
+            sandbox::net::ensure_masquerade(bridge, &subnets, replace)?;
         }
         self.set_up
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -121,15 +250,15 @@ impl Network {
     pub fn pod_network(
         &self,
         sandbox_id: &str,
-        address: Ipv4Addr,
+        (address, subnet): (Ipv4Addr, Subnet),
         ports: Vec<sandbox::PortMapping>,
     ) -> sandbox::PodNetwork {
         sandbox::PodNetwork {
             bridge: self.cfg.bridge.clone(),
             host_interface: Self::host_interface(sandbox_id),
             address,
-            prefix_len: self.cfg.pod_cidr.prefix_len,
-            gateway: self.cfg.pod_cidr.gateway(),
+            prefix_len: subnet.prefix_len,
+            gateway: subnet.gateway(),
             ports,
         }
     }
@@ -247,6 +376,49 @@ mod tests {
         let mut unknown = pm(Tcp, 80, 80, "");
         unknown.protocol = 7;
         assert!(port_mappings(&[unknown]).is_err());
+    }
+
+    #[test]
+    fn the_nodes_pod_cidr_takes_over_and_pods_keep_their_addresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = NetworkConfig {
+            bridge: "nltest0".into(),
+            ipam_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let configured: Subnet = "10.88.0.0/16".parse().unwrap();
+        let node: Subnet = "10.77.3.0/24".parse().unwrap();
+        let net = Network::new(cfg.clone()).unwrap();
+        let (old_ip, old_subnet) = net.allocate("sb-old", "rt").unwrap();
+        assert_eq!(old_subnet, configured);
+        // The Node's (an IPv6 entry beside it is left out): new pods get its addresses.
+        assert!(net.use_pod_cidr("10.77.3.0/24,fd00:77::/64").unwrap());
+        assert!(
+            !net.use_pod_cidr("10.77.3.0/24").unwrap(),
+            "no change, nothing to do"
+        );
+        let (ip, subnet) = net.allocate("sb-new", "rt").unwrap();
+        assert_eq!(subnet, node);
+        assert!(node.contains(ip) && !configured.contains(ip), "{ip}");
+        let pn = net.pod_network("sb-new", (ip, subnet), Vec::new());
+        assert_eq!(
+            (pn.prefix_len, pn.gateway),
+            (24, "10.77.3.1".parse().unwrap())
+        );
+        // The old pod's subnet stays on the bridge and in the masquerade while it is held.
+        assert_eq!(net.subnets(), vec![node, configured]);
+        // A restarted runtime goes on with the Node's.
+        let again = Network::new(cfg.clone()).unwrap();
+        assert_eq!(again.subnets(), vec![node, configured]);
+        net.release(old_ip, "sb-old").unwrap();
+        let later = Network::new(cfg).unwrap();
+        assert_eq!(
+            later.subnets(),
+            vec![node],
+            "nobody holds an address of the old one"
+        );
+        assert!(net.use_pod_cidr("10.77.3.0/33").is_err());
+        assert!(!net.use_pod_cidr("fd00::/64").unwrap());
     }
 
     #[test]

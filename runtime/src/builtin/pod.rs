@@ -262,7 +262,7 @@ impl BuiltinRuntime {
     /// Frees the pod address `ip` of sandbox `id`, if it has one.
     pub(super) fn release_address(&self, id: &str, ip: Option<std::net::Ipv4Addr>) {
         if let (Some(net), Some(ip)) = (&self.inner.network, ip) {
-            if let Err(e) = net.ipam.release(ip, id) {
+            if let Err(e) = net.release(ip, id) {
                 tracing::warn!(sandbox = %id, "freeing pod address {ip}: {e}");
             }
         }
@@ -276,7 +276,7 @@ impl BuiltinRuntime {
             return;
         };
         let root = self.inner.cfg.root_dir.to_string_lossy();
-        for lease in net.ipam.leases() {
+        for lease in net.leases() {
             let stale = if lease.runtime == root {
                 self.inner
                     .records
@@ -404,7 +404,7 @@ mod tests {
         assert_eq!(err.code(), crate::Code::InvalidArgument);
         assert!(err.message().contains("creating log directory"), "{err}");
         let net = rt.inner.network.as_ref().unwrap();
-        assert_eq!(net.ipam.leases(), [], "the pod's address is still taken");
+        assert_eq!(net.leases(), [], "the pod's address is still taken");
         assert!(rt.inner.records.all_sandboxes().is_empty());
         rt.leave();
     }

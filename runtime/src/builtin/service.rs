@@ -182,21 +182,25 @@ impl RuntimeService for BuiltinRuntime {
         &self,
         req: cri::UpdateRuntimeConfigRequest,
     ) -> Result<cri::UpdateRuntimeConfigResponse> {
-        // The pod CIDR is the runtime's own setting (`NetworkConfig::pod_cidr`): the bridge and
-        // the addresses pods hold are not renumbered under running pods. A different CIDR from
-        // the kubelet (the Node's spec.podCIDR) is reported, not applied.
+        // The Node's pod CIDR (from the kubelet) is where new pods get addresses from; pods
+        // keep theirs (see `network.rs`).
         let asked = req
             .runtime_config
             .and_then(|c| c.network_config)
             .map(|n| n.pod_cidr)
             .unwrap_or_default();
         if let Some(net) = &self.inner.network {
-            let ours = net.cfg.pod_cidr.to_string();
-            if !asked.is_empty() && asked.split(',').all(|c| c.trim() != ours) {
-                tracing::warn!(
-                    "the node's pod CIDR is {asked}, the built-in runtime's is {ours}; pods keep \
-                     getting addresses from {ours} (set the runtime's podCIDR to match)"
-                );
+            if net.use_pod_cidr(&asked)? && net.is_set_up() {
+                let rt = self.clone();
+                tokio::task::spawn_blocking(move || match &rt.inner.network {
+                    Some(net) => net.ensure_all(),
+                    None => Ok(()),
+                })
+                .await
+                .map_err(|e| crate::Error::internal(e.to_string()))?
+                .map_err(|e| {
+                    crate::Error::internal(format!("setting up the pod CIDR {asked}: {e}"))
+                })?;
             }
         }
         Ok(cri::UpdateRuntimeConfigResponse {})

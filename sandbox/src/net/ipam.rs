@@ -61,6 +61,10 @@ impl Subnet {
     pub fn gateway(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.network) + 1)
     }
+    /// Whether `ip` is in the subnet.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        (u32::from(ip) & !self.host_bits()) == u32::from(self.network)
+    }
     /// Whether `ip` may be given to a pod: inside, and not the network, gateway or broadcast.
     pub fn assignable(&self, ip: Ipv4Addr) -> bool {
         let n = u32::from(self.network);

@@ -92,9 +92,9 @@ fn ensure_bridge_with(nl: &mut Netlink, name: &str, subnet: Subnet) -> Result<u3
 }
 
 /// Makes sure pods can leave the node: IPv4 forwarding on, and the masquerade table of
-/// `bridge` for `subnet` in place (`replace` rewrites it even when present, e.g. at start-up,
+/// `bridge` for `subnets` in place (`replace` rewrites it even when present, e.g. at start-up,
 /// so that a changed subnet takes effect).
-pub fn ensure_masquerade(bridge: &str, subnet: Subnet, replace: bool) -> Result<()> {
+pub fn ensure_masquerade(bridge: &str, subnets: &[Subnet], replace: bool) -> Result<()> {
     let forward = "/proc/sys/net/ipv4/ip_forward";
     if std::fs::read_to_string(forward)
         .map(|v| v.trim() != "1")
@@ -104,7 +104,7 @@ pub fn ensure_masquerade(bridge: &str, subnet: Subnet, replace: bool) -> Result<
             .map_err(|e| Error::io("enabling IPv4 forwarding in", forward, e))?;
     }
     if replace || !nat::installed(bridge)? {
-        nat::install(bridge, subnet)?;
+        nat::install(bridge, subnets)?;
     }
     Ok(())
 }

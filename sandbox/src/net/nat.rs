@@ -9,6 +9,8 @@
 //!     }
 //! }
 //! ```
+//! With several pod CIDRs on one bridge (the node's podCIDR changed under running pods), one
+//! rule per CIDR, each leaving traffic to any of them alone.
 //!
 //! [`install`] replaces the table in one atomic batch (so a changed CIDR replaces the old rule);
 //! [`installed`] tells whether it is still there (someone may flush the ruleset).
@@ -124,18 +126,41 @@ fn match_subnet(offset: u32, subnet: Subnet, op: Operator) -> Vec<Expressions> {
     ]
 }
 
-/// The messages that replace the table of `bridge` with one masquerading `subnet`.
-fn replace_batch(bridge: &str, subnet: Subnet) -> Vec<NetlinkMessage<NetfilterMessage>> {
+/// The messages that replace the table of `bridge` with one masquerading traffic from each
+/// of `subnets` to anywhere but them.
+fn replace_batch(bridge: &str, subnets: &[Subnet]) -> Vec<NetlinkMessage<NetfilterMessage>> {
     let name = table_name(bridge);
     let ip = || NetfilterProtoFamily::IPv4;
     let req = NLM_F_REQUEST | NLM_F_ACK;
-    let mut expressions = match_subnet(IPV4_SADDR, subnet, Operator::Equal);
-    expressions.extend(match_subnet(IPV4_DADDR, subnet, Operator::NotEqual));
-    expressions.push(Expressions::Other {
-        expression_type: "masq".to_string(),
-        attributes: Vec::new(),
-    });
-    vec![
+    let rule = |source: Subnet, seq: u32| {
+        let mut expressions = match_subnet(IPV4_SADDR, source, Operator::Equal);
+        for s in subnets {
+            expressions.extend(match_subnet(IPV4_DADDR, *s, Operator::NotEqual));
+        }
+        expressions.push(Expressions::Other {
+            expression_type: "masq".to_string(),
+            attributes: Vec::new(),
+        });
+        message(
+            ip(),
+            NfTablesMessage::NewRule(RuleMessage {
+                attributes: vec![
+                    RuleAttribute::Table(name.clone()),
+                    RuleAttribute::Chain(CHAIN.to_string()),
+                    RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
+                ],
+            }),
+            req | NLM_F_CREATE | NLM_F_APPEND,
+            seq,
+        )
+    };
+    let rules: Vec<_> = subnets
+        .iter()
+        .zip(FIRST_RULE_SEQ..)
+        .map(|(s, seq)| rule(*s, seq))
+        .collect();
+    let end = FIRST_RULE_SEQ + u32::try_from(subnets.len()).unwrap_or(0);
+    let mut batch = vec![
         batch_marker(true, 1),
         // Create-then-delete-then-create: the delete always has a table to remove.
         message(
@@ -168,21 +193,14 @@ fn replace_batch(bridge: &str, subnet: Subnet) -> Vec<NetlinkMessage<NetfilterMe
             req | NLM_F_CREATE,
             5,
         ),
-        message(
-            ip(),
-            NfTablesMessage::NewRule(RuleMessage {
-                attributes: vec![
-                    RuleAttribute::Table(name),
-                    RuleAttribute::Chain(CHAIN.to_string()),
-                    RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
-                ],
-            }),
-            req | NLM_F_CREATE | NLM_F_APPEND,
-            6,
-        ),
-        batch_marker(false, 7),
-    ]
+    ];
+    batch.extend(rules);
+    batch.push(batch_marker(false, end));
+    batch
 }
+
+/// The sequence number of the first rule in [`replace_batch`] (after the table and chain).
+const FIRST_RULE_SEQ: u32 = 6;
 
 /// The kernel refused a request (or its answer could not be read): the errno.
 #[derive(Debug)]
@@ -271,11 +289,19 @@ impl Nfnl {
     }
 }
 
-/// Replaces the masquerading table of `bridge` with one for `subnet`.
-pub fn install(bridge: &str, subnet: Subnet) -> Result<()> {
+/// Replaces the masquerading table of `bridge` with one for `subnets` (at least one).
+pub fn install(bridge: &str, subnets: &[Subnet]) -> Result<()> {
+    if subnets.is_empty() {
+        return Err(Error::new(
+            Kind::InvalidArgument,
+            format!("masquerading bridge {bridge}: no pod subnet"),
+        ));
+    }
     let nl = Nfnl::open()?;
-    nl.send(&replace_batch(bridge, subnet))?;
-    nl.answers(vec![2, 3, 4, 5, 6]).map(drop).map_err(|e| {
+    nl.send(&replace_batch(bridge, subnets))?;
+    let rules = u32::try_from(subnets.len()).unwrap_or(0);
+    let seqs: Vec<u32> = (2..FIRST_RULE_SEQ + rules).collect();
+    nl.answers(seqs).map(drop).map_err(|e| {
         e.into_error(&format!(
             "installing the masquerade rule of bridge {bridge}"
         ))
@@ -331,7 +357,7 @@ mod tests {
         }
         let bridge = format!("nlnat{}", std::process::id() % 100_000);
         assert!(!installed(&bridge).unwrap());
-        install(&bridge, "10.77.0.0/16".parse().unwrap()).unwrap();
+        install(&bridge, &["10.77.0.0/16".parse().unwrap()]).unwrap();
         assert!(installed(&bridge).unwrap());
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
@@ -344,7 +370,7 @@ mod tests {
             );
         }
         // Installing again replaces (one rule, the new subnet).
-        install(&bridge, "10.78.0.0/16".parse().unwrap()).unwrap();
+        install(&bridge, &["10.78.0.0/16".parse().unwrap()]).unwrap();
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
             .output()
@@ -353,6 +379,29 @@ mod tests {
             assert_eq!(text.matches("masquerade").count(), 1, "{text}");
             assert!(text.contains("10.78.0.0/16"), "{text}");
         }
+        // Two subnets (a podCIDR changed under running pods): a rule for each, neither
+        // masquerading traffic to the other.
+        let two = [
+            "10.78.0.0/16".parse().unwrap(),
+            "10.79.1.0/24".parse().unwrap(),
+        ];
+        install(&bridge, &two).unwrap();
+        if let Ok(out) = std::process::Command::new("nft")
+            .args(["list", "table", "ip", &table_name(&bridge)])
+            .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.matches("masquerade").count(), 2, "{text}");
+            for source in ["10.78.0.0/16", "10.79.1.0/24"] {
+                assert!(
+                    text.contains(&format!(
+                        "ip saddr {source} ip daddr != 10.78.0.0/16 ip daddr != 10.79.1.0/24 masquerade"
+                    )),
+                    "{text}"
+                );
+            }
+        }
+        assert!(install(&bridge, &[]).is_err());
         remove(&bridge).unwrap();
         assert!(!installed(&bridge).unwrap());
         remove(&bridge).unwrap();

@@ -313,7 +313,6 @@ impl BuiltinRuntime {
             })?;
         }
         let address = net
-            .ipam
             .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
             .map_err(sandbox_error)?;
         Ok(Some(net.pod_network(id, address, ports)))
