@@ -24,6 +24,7 @@ pub mod flags;
 mod image_gc;
 mod layers;
 mod logs;
+pub mod network;
 mod registration;
 mod server;
 mod shutdown;
@@ -44,7 +45,7 @@ pub use shutdown::{PriorityGroup, SYSTEM_CRITICAL_PRIORITY, Shutdown};
 pub use testing::TestingConfig;
 use testing::testing;
 pub use values::parse_duration;
-use values::{IpList, Quantities, Shaped, Testing, Thresholds, Typed, wrong_type};
+use values::{IpList, NetworkField, Quantities, Shaped, Testing, Thresholds, Typed, wrong_type};
 
 /// The only accepted `apiVersion`.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -204,6 +205,8 @@ pub struct KubeletConfig {
     /// `nodeletCDISpecDirs`: the built-in runtime's CDI spec dirs, later ones taking priority
     /// (default `/etc/cdi`, `/var/run/cdi`).
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// `nodeletNetwork`: routes to other nodes' pods, the cluster's pod subnets.
+    pub network: network::NetworkSettings,
     /// The kubelet server: HTTPS on `address`:`port`, healthz, authentication, authorization.
     pub server: ServerConfig,
     /// Rotation of the containers' log files.
@@ -258,6 +261,7 @@ impl Default for KubeletConfig {
                 .iter()
                 .map(PathBuf::from)
                 .collect(),
+            network: Default::default(),
             server: ServerConfig::default(),
             container_logs: ContainerLogConfig::default(),
         }
@@ -424,6 +428,7 @@ struct RawConfig {
     #[serde(rename = "nodeletCDISpecDirs")]
     nodelet_cdi_spec_dirs: Option<Typed<Vec<String>>>,
     nodelet_testing: Option<Testing>,
+    nodelet_network: Option<NetworkField>,
     /// The server's fields (taken before `other` sees the rest).
     #[serde(flatten)]
     server: server::RawServer,
@@ -442,6 +447,7 @@ impl RawConfig {
         let d = KubeletConfig::default();
         let mut warnings: Vec<String> = self.other.keys().map(|k| unknown(k)).collect();
         let testing = testing(self.nodelet_testing, d.testing, &mut warnings)?;
+        let network = network::network(self.nodelet_network.map(|n| n.0), &mut warnings)?;
         let server = self.server.into_config(&mut warnings)?;
         let container_logs = self.container_logs.into_config()?;
         let reserved = allocatable::reserved(
@@ -569,6 +575,7 @@ impl RawConfig {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             cdi_spec_dirs,
+            network,
             // Set from flags.
             node_name: d.node_name,
             node_ips: d.node_ips,

@@ -296,6 +296,7 @@ async fn sigkill_at_random_points_leaves_every_pod_whole_or_gone() {
         pod_cidr: parse_pod_cidr(&format!("10.91.{n}.0/24")).expect("cidr"),
         ipam_dir: "/run/nodelet/ipam".into(),
         masquerade: true,
+        cluster_cidrs: Vec::new(),
     };
     let _network = Network(net.clone());
     let cidr = net.pod_cidr.to_string();

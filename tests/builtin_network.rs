@@ -319,6 +319,7 @@ async fn a_broken_bridge_is_reported_not_ready() {
             pod_cidr: parse_pod_cidr("10.89.0.0/24").expect("cidr"),
             ipam_dir: tmp.path().to_path_buf(),
             masquerade: false,
+            cluster_cidrs: Vec::new(),
         })
     })
     .await;

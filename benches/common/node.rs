@@ -51,6 +51,7 @@ pub fn own_network(root: &Path, prefix: &str) -> Result<NetworkConfig> {
         pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.91.{n}.0/24"))?,
         ipam_dir: root.join("ipam"),
         masquerade: false,
+        cluster_cidrs: Vec::new(),
     })
 }
 

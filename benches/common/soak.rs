@@ -564,6 +564,7 @@ pub async fn remove_everything(
             pod_cidr,
             ipam_dir: PathBuf::from(IPAM_DIR),
             masquerade: false,
+            cluster_cidrs: Vec::new(),
         }),
         Err(e) => {
             errors.push(anyhow!("pod CIDR {cidr}: {e}"));

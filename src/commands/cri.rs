@@ -113,6 +113,7 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
         &args.pod_bridge,
         &args.pod_cidr,
         args.pod_masquerade,
+        &[],
     )?);
     cfg.cdi_spec_dirs = args.cdi_spec_dirs;
     let preload_dir = args

@@ -56,16 +56,22 @@ pub fn registry_config(
 }
 
 /// The built-in runtime's pod network on bridge `bridge` with subnet `cidr`, masquerading
-/// traffic that leaves the subnet when `masquerade`.
+/// traffic that leaves the subnet (and the `cluster` subnets) when `masquerade`.
 pub fn pod_network(
     bridge: &str,
     cidr: &str,
     masquerade: bool,
+    cluster: &[String],
 ) -> anyhow::Result<runtime::builtin::NetworkConfig> {
+    let cluster_cidrs = cluster
+        .iter()
+        .map(|c| runtime::builtin::parse_pod_cidr(c))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(runtime::builtin::NetworkConfig {
         bridge: bridge.to_string(),
         pod_cidr: runtime::builtin::parse_pod_cidr(cidr)?,
         masquerade,
+        cluster_cidrs,
         ..Default::default()
     })
 }

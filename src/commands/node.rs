@@ -240,6 +240,7 @@ pub async fn open_runtime(
             &cfg.pod_bridge,
             &cfg.pod_cidr,
             cfg.pod_masquerade,
+            &cfg.network.cluster_cidrs,
         )?);
         builtin.registry = super::registry_config(
             cfg.registries_config.as_deref(),

@@ -164,6 +164,11 @@ impl KubeletConfig {
             v["nodeletRegistryHostsDir"] = json!(dir);
         }
         v["nodeletCDISpecDirs"] = json!(self.cdi_spec_dirs);
+        v["nodeletNetwork"] = json!({
+            "mode": "bridge",
+            "routes": self.network.routes.as_str(),
+            "clusterCIDRs": self.network.cluster_cidrs,
+        });
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);
@@ -247,6 +252,10 @@ mod tests {
             runtime_request_timeout: std::time::Duration::from_secs(30),
             rotate_certificates: true,
             cdi_spec_dirs: vec!["/srv/cdi".into()],
+            network: crate::config::network::NetworkSettings {
+                routes: crate::config::network::Routes::HostGw,
+                cluster_cidrs: vec!["10.244.0.0/16".into()],
+            },
             ..Default::default()
         };
         let (mut read, warnings) = parse(&cfg.to_v1beta1().to_string()).expect("reads back");

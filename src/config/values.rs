@@ -138,6 +138,16 @@ fn string_map<'de, D: Deserializer<'de>>(
     Ok(map.into_iter().map(|(k, Typed(v))| (k, v)).collect())
 }
 
+/// `nodeletNetwork`.
+pub(super) struct NetworkField(pub(super) super::network::RawNetwork);
+
+impl<'de> Deserialize<'de> for NetworkField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Shaped::mapping("a mapping"))
+            .map(NetworkField)
+    }
+}
+
 /// `nodeletTesting`.
 pub(super) struct Testing(pub(super) RawTesting);
 

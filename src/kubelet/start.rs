@@ -584,6 +584,14 @@ impl Wiring {
                 devices: self.devices.clone(),
             },
         ));
+        // host-gw: routes to the other nodes' pod subnets, from every Node.
+        if self.cfg.network.routes == crate::config::network::Routes::HostGw {
+            self.tasks.spawn(crate::node::routes::run(
+                client.clone(),
+                self.cfg.node_name.clone(),
+                self.cancel.clone(),
+            ));
+        }
         // The Node's pod CIDRs go to the runtime as they come.
         self.tasks.spawn(super::pod_cidr::follow(
             self.rt.runtime.clone(),

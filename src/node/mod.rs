@@ -14,6 +14,7 @@ pub mod agent;
 pub mod conditions;
 pub mod facts;
 pub mod lease;
+pub mod routes;
 pub mod runtime_state;
 pub mod status;
 

@@ -886,6 +886,7 @@ pub fn own_network(root: &Path) -> runtime::builtin::NetworkConfig {
         pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
         ipam_dir: root.join("ipam"),
         masquerade: true,
+        cluster_cidrs: Vec::new(),
     }
 }
 

@@ -36,7 +36,9 @@ pub use dirs::default_state_dir;
 pub use images::{
     FALLBACK_ROOTS_FILE, RegistriesConfigError, RegistryConfig, fallback_trust_roots,
 };
-pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network};
+pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network, sync_node_routes};
+/// An IPv4 subnet (a pod CIDR).
+pub use sandbox::net::Subnet;
 pub use service::RUNTIME_NAME;
 
 /// The CDI spec dirs of [`Config::new`]: `/etc/cdi`, then `/var/run/cdi`.

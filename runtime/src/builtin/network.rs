@@ -29,6 +29,9 @@ pub struct NetworkConfig {
     /// forwarding on), as the CNI bridge plugin's `ipMasq`. Off when the network routes the
     /// pod subnet itself.
     pub masquerade: bool,
+    /// Other subnets traffic to which is not masqueraded: the cluster's pod subnets, routed
+    /// between nodes (`nodeletNetwork.clusterCIDRs`).
+    pub cluster_cidrs: Vec<Subnet>,
 }
 
 impl Default for NetworkConfig {
@@ -41,6 +44,7 @@ impl Default for NetworkConfig {
             },
             ipam_dir: PathBuf::from("/run/nodelet/ipam"),
             masquerade: true,
+            cluster_cidrs: Vec::new(),
         }
     }
 }
@@ -49,6 +53,13 @@ impl Default for NetworkConfig {
 pub fn parse_pod_cidr(cidr: &str) -> Result<Subnet> {
     cidr.parse::<Subnet>()
         .map_err(|e| Error::invalid_argument(e.to_string()))
+}
+
+/// Makes the node's routes to other nodes' pod subnets exactly `want` (subnet via that node's
+/// address; `sandbox::net::routes`): for the kubelet's `host-gw` mode, whatever the runtime.
+/// Returns how many routes changed.
+pub fn sync_node_routes(want: &[(Subnet, Ipv4Addr)]) -> Result<usize> {
+    sandbox::net::routes::sync(want).map_err(super::sandbox_error)
 }
 
 /// Removes what the pod network of `cfg` set up on the node (the bridge and the masquerade
@@ -226,7 +237,8 @@ impl Network {
             sandbox::net::ensure_bridge(bridge, *s)?;
         }
         if self.cfg.masquerade {
-            sandbox::net::ensure_masquerade(bridge, &subnets, replace)?;
+            let cluster = &self.cfg.cluster_cidrs;
+            sandbox::net::ensure_masquerade(bridge, &subnets, cluster, replace)?;
         }
         self.set_up
             .store(true, std::sync::atomic::Ordering::Relaxed);

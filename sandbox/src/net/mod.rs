@@ -12,6 +12,7 @@ pub mod ipam;
 pub mod nat;
 mod netlink;
 pub mod ports;
+pub mod routes;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -94,7 +95,12 @@ fn ensure_bridge_with(nl: &mut Netlink, name: &str, subnet: Subnet) -> Result<u3
 /// Makes sure pods can leave the node: IPv4 forwarding on, and the masquerade table of
 /// `bridge` for `subnets` in place (`replace` rewrites it even when present, e.g. at start-up,
 /// so that a changed subnet takes effect).
-pub fn ensure_masquerade(bridge: &str, subnets: &[Subnet], replace: bool) -> Result<()> {
+pub fn ensure_masquerade(
+    bridge: &str,
+    subnets: &[Subnet],
+    cluster: &[Subnet],
+    replace: bool,
+) -> Result<()> {
     let forward = "/proc/sys/net/ipv4/ip_forward";
     if std::fs::read_to_string(forward)
         .map(|v| v.trim() != "1")
@@ -104,7 +110,7 @@ pub fn ensure_masquerade(bridge: &str, subnets: &[Subnet], replace: bool) -> Res
             .map_err(|e| Error::io("enabling IPv4 forwarding in", forward, e))?;
     }
     if replace || !nat::installed(bridge)? {
-        nat::install(bridge, subnets)?;
+        nat::install(bridge, subnets, cluster)?;
     }
     Ok(())
 }

@@ -127,15 +127,21 @@ fn match_subnet(offset: u32, subnet: Subnet, op: Operator) -> Vec<Expressions> {
 }
 
 /// The messages that replace the table of `bridge` with one masquerading traffic from each
-/// of `subnets` to anywhere but them.
-fn replace_batch(bridge: &str, subnets: &[Subnet]) -> Vec<NetlinkMessage<NetfilterMessage>> {
+/// of `subnets` to anywhere but them and the `cluster` subnets.
+fn replace_batch(
+    bridge: &str,
+    subnets: &[Subnet],
+    cluster: &[Subnet],
+) -> Vec<NetlinkMessage<NetfilterMessage>> {
     let name = table_name(bridge);
     let ip = || NetfilterProtoFamily::IPv4;
     let req = NLM_F_REQUEST | NLM_F_ACK;
     let rule = |source: Subnet, seq: u32| {
         let mut expressions = match_subnet(IPV4_SADDR, source, Operator::Equal);
-        for s in subnets {
-            expressions.extend(match_subnet(IPV4_DADDR, *s, Operator::NotEqual));
+        let mut local: Vec<Subnet> = subnets.to_vec();
+        local.extend(cluster.iter().filter(|c| !subnets.contains(c)));
+        for s in local {
+            expressions.extend(match_subnet(IPV4_DADDR, s, Operator::NotEqual));
         }
         expressions.push(Expressions::Other {
             expression_type: "masq".to_string(),
@@ -289,8 +295,9 @@ impl Nfnl {
     }
 }
 
-/// Replaces the masquerading table of `bridge` with one for `subnets` (at least one).
-pub fn install(bridge: &str, subnets: &[Subnet]) -> Result<()> {
+/// Replaces the masquerading table of `bridge` with one for `subnets` (at least one), leaving
+/// traffic to the `cluster` subnets (other nodes' pods, routed) alone too.
+pub fn install(bridge: &str, subnets: &[Subnet], cluster: &[Subnet]) -> Result<()> {
     if subnets.is_empty() {
         return Err(Error::new(
             Kind::InvalidArgument,
@@ -298,7 +305,7 @@ pub fn install(bridge: &str, subnets: &[Subnet]) -> Result<()> {
         ));
     }
     let nl = Nfnl::open()?;
-    nl.send(&replace_batch(bridge, subnets))?;
+    nl.send(&replace_batch(bridge, subnets, cluster))?;
     let rules = u32::try_from(subnets.len()).unwrap_or(0);
     let seqs: Vec<u32> = (2..FIRST_RULE_SEQ + rules).collect();
     nl.answers(seqs).map(drop).map_err(|e| {
@@ -357,7 +364,7 @@ mod tests {
         }
         let bridge = format!("nlnat{}", std::process::id() % 100_000);
         assert!(!installed(&bridge).unwrap());
-        install(&bridge, &["10.77.0.0/16".parse().unwrap()]).unwrap();
+        install(&bridge, &["10.77.0.0/16".parse().unwrap()], &[]).unwrap();
         assert!(installed(&bridge).unwrap());
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
@@ -370,7 +377,7 @@ mod tests {
             );
         }
         // Installing again replaces (one rule, the new subnet).
-        install(&bridge, &["10.78.0.0/16".parse().unwrap()]).unwrap();
+        install(&bridge, &["10.78.0.0/16".parse().unwrap()], &[]).unwrap();
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
             .output()
@@ -385,7 +392,7 @@ mod tests {
             "10.78.0.0/16".parse().unwrap(),
             "10.79.1.0/24".parse().unwrap(),
         ];
-        install(&bridge, &two).unwrap();
+        install(&bridge, &two, &[]).unwrap();
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
             .output()
@@ -401,7 +408,20 @@ mod tests {
                 );
             }
         }
-        assert!(install(&bridge, &[]).is_err());
+        assert!(install(&bridge, &[], &[]).is_err());
+        // Cluster subnets (other nodes' pods) are left alone too.
+        let cluster = ["10.0.0.0/8".parse().unwrap()];
+        install(&bridge, &two[..1], &cluster).unwrap();
+        if let Ok(out) = std::process::Command::new("nft")
+            .args(["list", "table", "ip", &table_name(&bridge)])
+            .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("ip saddr 10.78.0.0/16 ip daddr != 10.78.0.0/16 ip daddr != 10.0.0.0/8 masquerade"),
+                "{text}"
+            );
+        }
         remove(&bridge).unwrap();
         assert!(!installed(&bridge).unwrap());
         remove(&bridge).unwrap();

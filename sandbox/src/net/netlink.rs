@@ -6,8 +6,8 @@ use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
@@ -68,6 +68,17 @@ impl Netlink {
         msg: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Option<RouteNetlinkMessage>> {
+        Ok(self.exchange(what, msg, flags)?.into_iter().next())
+    }
+
+    /// Sends `msg` with `flags` (plus REQUEST and ACK) and gathers every message of the
+    /// answer until its end (a dump's DONE, or the ACK).
+    fn exchange(
+        &mut self,
+        what: &str,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
         self.seq = self.seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
@@ -77,8 +88,8 @@ impl Netlink {
         let mut buf = vec![0u8; packet.buffer_len()];
         packet.serialize(&mut buf);
         self.socket.send(&buf, 0).map_err(|e| io_err(what, e))?;
-        let mut answer = None;
-        let mut rx = vec![0u8; 16 * 1024];
+        let mut answer = Vec::new();
+        let mut rx = vec![0u8; 64 * 1024];
         loop {
             let n = self
                 .socket
@@ -110,9 +121,7 @@ impl Netlink {
                             };
                         }
                         NetlinkPayload::Done(_) => return Ok(answer),
-                        NetlinkPayload::InnerMessage(m) if answer.is_none() => {
-                            answer = Some(m);
-                        }
+                        NetlinkPayload::InnerMessage(m) => answer.push(m),
                         _ => {}
                     }
                 }
@@ -275,5 +284,96 @@ impl Netlink {
             NLM_F_CREATE | NLM_F_EXCL,
         )
         .map(drop)
+    }
+
+    /// The IPv4 routes of the main table that `protocol` made: (destination, prefix length,
+    /// gateway).
+    pub fn routes_of(&mut self, protocol: u8) -> Result<Vec<(Ipv4Addr, u8, Ipv4Addr)>> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = AddressFamily::Inet;
+        let all = self.exchange(
+            "listing routes",
+            RouteNetlinkMessage::GetRoute(msg),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for m in all {
+            let RouteNetlinkMessage::NewRoute(r) = m else {
+                continue;
+            };
+            if u8::from(r.header.protocol) != protocol || r.header.table != libc::RT_TABLE_MAIN {
+                continue;
+            }
+            let mut dst = None;
+            let mut gw = None;
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(*ip),
+                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(*ip),
+                    _ => {}
+                }
+            }
+            if let (Some(dst), Some(gw)) = (dst, gw) {
+                out.push((dst, r.header.destination_prefix_length, gw));
+            }
+        }
+        Ok(out)
+    }
+
+    fn route_message(
+        dst: Ipv4Addr,
+        prefix_len: u8,
+        gateway: Ipv4Addr,
+        protocol: u8,
+    ) -> RouteMessage {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = AddressFamily::Inet;
+        msg.header.table = libc::RT_TABLE_MAIN;
+        msg.header.protocol = RouteProtocol::from(protocol);
+        msg.header.scope = RouteScope::Universe;
+        msg.header.kind = RouteType::Unicast;
+        msg.header.destination_prefix_length = prefix_len;
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::Inet(gateway)));
+        msg
+    }
+
+    /// Adds (or replaces) the route to `dst`/`prefix_len` via `gateway`, marked `protocol`.
+    pub fn replace_route(
+        &mut self,
+        dst: Ipv4Addr,
+        prefix_len: u8,
+        gateway: Ipv4Addr,
+        protocol: u8,
+    ) -> Result<()> {
+        let msg = Self::route_message(dst, prefix_len, gateway, protocol);
+        self.request(
+            &format!("adding the route to {dst}/{prefix_len} via {gateway}"),
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .map(drop)
+    }
+
+    /// Deletes the route to `dst`/`prefix_len` via `gateway` marked `protocol` (gone already
+    /// is fine).
+    pub fn delete_route(
+        &mut self,
+        dst: Ipv4Addr,
+        prefix_len: u8,
+        gateway: Ipv4Addr,
+        protocol: u8,
+    ) -> Result<()> {
+        let msg = Self::route_message(dst, prefix_len, gateway, protocol);
+        match self.request(
+            &format!("deleting the route to {dst}/{prefix_len} via {gateway}"),
+            RouteNetlinkMessage::DelRoute(msg),
+            0,
+        ) {
+            Err(e) if e.errno == Some(libc::ESRCH) => Ok(()),
+            other => other.map(drop),
+        }
     }
 }

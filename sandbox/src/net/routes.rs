@@ -1,0 +1,40 @@
+//! The routes to other nodes' pod subnets (the kubelet's `host-gw` mode): one route per
+//! other node's subnet via that node's address, in the main table, marked with a protocol
+//! number of nodelet's own so that [`sync`] knows which routes are its to change or remove.
+
+use std::net::Ipv4Addr;
+
+use super::netlink::Netlink;
+use super::{Subnet, nl_error};
+use crate::Result;
+
+/// The routing protocol number nodelet's node routes carry (`proto 110` in `ip route`).
+pub const PROTOCOL: u8 = 110;
+
+/// Makes the node's routes marked [`PROTOCOL`] exactly `want` (subnet via gateway): missing
+/// ones added, changed ones replaced, others deleted. Returns how many routes changed.
+pub fn sync(want: &[(Subnet, Ipv4Addr)]) -> Result<usize> {
+    let mut nl = Netlink::open().map_err(nl_error)?;
+    let have = nl.routes_of(PROTOCOL).map_err(nl_error)?;
+    let mut changed = 0;
+    for (subnet, gw) in want {
+        let present = have
+            .iter()
+            .any(|(d, l, g)| *d == subnet.network && *l == subnet.prefix_len && g == gw);
+        if !present {
+            nl.replace_route(subnet.network, subnet.prefix_len, *gw, PROTOCOL)
+                .map_err(nl_error)?;
+            changed += 1;
+        }
+    }
+    for (dst, len, gw) in have {
+        let wanted = want
+            .iter()
+            .any(|(s, g)| s.network == dst && s.prefix_len == len && *g == gw);
+        if !wanted {
+            nl.delete_route(dst, len, gw, PROTOCOL).map_err(nl_error)?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
