@@ -3,10 +3,11 @@
 //! "ResourceName", "DeviceIDs": {"<NUMA node>": [ids]}, "AllocResp": <the plugin's answer,
 //! protobuf, base64>}], "RegisteredDevices": {resource: [ids]}}, "Checksum": n}`.
 //!
-//! NOTE: upstream's checksum is FNV-32a over Go's `spew` printout of the data, which only Go
-//! reproduces; nodelet's is FNV-32a over the `Data` member's JSON as written. A checkpoint
-//! written by the upstream kubelet therefore fails the check here and is set aside like a
-//! corrupt one (allocations are then rebuilt from the running containers).
+//! The checksum is upstream's (`checksum.rs`), so the file is the upstream kubelet's in both
+//! directions. Devices held without an answer (rebuilt from a running container) are written
+//! with an empty `AllocResp`.
+
+mod checksum;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -30,7 +31,7 @@ struct File {
     #[serde(rename = "Data")]
     data: serde_json::Value,
     #[serde(rename = "Checksum")]
-    checksum: u32,
+    checksum: u64,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -71,8 +72,8 @@ pub enum CheckpointError {
     #[error("{path} is corrupt: its checksum is {found}, its data's is {computed}")]
     Checksum {
         path: PathBuf,
-        found: u32,
-        computed: u32,
+        found: u64,
+        computed: u64,
     },
     #[error("{path}: the plugin answer for pod {pod} container {container} is corrupt: {why}")]
     Answer {
@@ -86,15 +87,6 @@ pub enum CheckpointError {
         path: PathBuf,
         source: std::io::Error,
     },
-}
-
-fn fnv32a(bytes: &[u8]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in bytes {
-        h ^= u32::from(*b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
 }
 
 /// Writes what `state` holds (the pods' devices with their answers, and the devices each
@@ -130,10 +122,8 @@ pub fn write(path: &Path, state: &State) -> Result<(), CheckpointError> {
         path: path.to_path_buf(),
         source,
     };
-    // The checksum is over the data as a JSON value prints, which reading can reproduce.
     let data_value = serde_json::to_value(&data).map_err(|e| write_err(e.into()))?;
-    let data_json = serde_json::to_vec(&data_value).map_err(|e| write_err(e.into()))?;
-    let checksum = fnv32a(&data_json);
+    let checksum = checksum::checksum(&data_value).unwrap_or_default();
     let body = serde_json::to_vec(&File {
         data: data_value,
         checksum,
@@ -171,8 +161,8 @@ pub fn read(path: &Path) -> Result<Option<Restored>, CheckpointError> {
         source,
     };
     let file: File = serde_json::from_slice(&bytes).map_err(parse)?;
-    let data_json = serde_json::to_vec(&file.data).map_err(parse)?;
-    let computed = fnv32a(&data_json);
+    let data: Data = serde_json::from_value(file.data.clone()).map_err(parse)?;
+    let computed = checksum::checksum(&file.data).unwrap_or_default();
     if computed != file.checksum {
         return Err(CheckpointError::Checksum {
             path: path.to_path_buf(),
@@ -180,7 +170,6 @@ pub fn read(path: &Path) -> Result<Option<Restored>, CheckpointError> {
             computed,
         });
     }
-    let data: Data = serde_json::from_value(file.data).map_err(parse)?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut out = Restored {
         registered: data.registered,
