@@ -22,6 +22,13 @@ for leaf in sandbox images; do
     exit 1
   fi
 done
+# runtime-cni (the CNI plugins' caller) knows nothing of CRI, gRPC, the sandbox or the images.
+bad=$(cargo tree -p runtime-cni -e normal --prefix none 2>/dev/null \
+  | grep -E "^(k8s-cri|tonic|runtime|sandbox|images|nodelet) v" | sort -u || true)
+if [ -n "$bad" ]; then
+  echo "FAIL: runtime-cni depends on: $bad" >&2
+  exit 1
+fi
 # the kubelet (src/) reaches containers only through the runtime crate.
 if grep -rEn '(^|[^:A-Za-z0-9_])(sandbox|images|libcontainer)::' --include='*.rs' src | grep -vE '^[^:]+:[0-9]+:\s*//'; then
   echo "FAIL: src/ names sandbox, images or libcontainer directly" >&2
