@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
 use common::KillOnDrop;
-use common::api_node::{NS, busybox, wait_for};
+use common::api_node::{NS, busybox};
 use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
 use kube::Api;
 use kube::api::PostParams;
@@ -425,15 +425,19 @@ async fn logind_shutdown(backend: Backend, hierarchy: Hierarchy, test: &str) {
     let mut vm = boot(&kernel, &initramfs, &console, hierarchy);
 
     for (name, _, _) in POD_SPECS {
-        wait_for(
-            &format!("{name} Running on the systemd machine"),
-            480,
-            async || {
-                let st = status(&pods, name).await?;
-                (st.phase.as_deref() == Some("Running")).then_some(())
-            },
-        )
-        .await;
+        let deadline = Instant::now() + Duration::from_secs(480);
+        loop {
+            let st = status(&pods, name).await;
+            if st.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not Running on the systemd machine after 480s; its status: {st:?}\nconsole:\n{}",
+                console_tail(&console)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
     let node = Api::<Node>::all(api.client())
         .get(NODE)

@@ -15,7 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Debug, Subcommand)]
 pub enum CriCommand {
     /// Serve the built-in runtime's CRI v1 RuntimeService and ImageService until SIGINT/SIGTERM.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the CRI scenario suite (and with --bench the lifecycle timings) against one or more
     /// CRI endpoints and print the results side by side.
     Check(super::cri_check::CheckArgs),
@@ -76,11 +76,28 @@ pub struct ServeArgs {
         default_values = runtime::builtin::DEFAULT_CDI_SPEC_DIRS.iter().copied()
     )]
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// How pods are networked: `bridge` (the runtime's own, `--pod-cidr` and `--pod-bridge`)
+    /// or `cni` (the first config in `--cni-conf-dir`, through the plugins in `--cni-bin-dir`).
+    #[arg(long, default_value = "bridge", value_parser = ["bridge", "cni"])]
+    pub network: String,
+    /// Mode cni: where the CNI config is (the first `.conf`, `.conflist` or `.json` by name).
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Mode cni: where the plugins are (repeat it for several dirs, searched in order).
+    #[arg(long = "cni-bin-dir", default_values = ["/opt/cni/bin"])]
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// Mode cni: libcni's cache (the results of ADDs, for DEL, CHECK and GC).
+    #[arg(long, default_value = "/var/lib/cni")]
+    pub cni_cache_dir: PathBuf,
+    /// Mode cni: the deadline of each plugin call, in seconds (a plugin still running then is
+    /// killed and the call fails).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cni_plugin_timeout: u64,
 }
 
 pub async fn run(dirs: &super::Dirs, cmd: CriCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        CriCommand::Serve(args) => serve(dirs, args).await,
+        CriCommand::Serve(args) => serve(dirs, *args).await,
         CriCommand::Check(args) => super::cri_check::run(args).await,
     }
 }
@@ -109,12 +126,22 @@ async fn serve(dirs: &super::Dirs, args: ServeArgs) -> anyhow::Result<ExitCode> 
         &args.insecure,
     )?;
     cfg.streaming.addr = args.streaming_addr;
-    cfg.network = Some(super::pod_network(
-        &args.pod_bridge,
-        &args.pod_cidr,
-        args.pod_masquerade,
-        &[],
-    )?);
+    if args.network == "cni" {
+        cfg.network = None;
+        cfg.cni = Some(runtime::builtin::CniConfig {
+            conf_dir: args.cni_conf_dir,
+            bin_dirs: args.cni_bin_dirs,
+            cache_dir: args.cni_cache_dir,
+            timeout: std::time::Duration::from_secs(args.cni_plugin_timeout),
+        });
+    } else {
+        cfg.network = Some(super::pod_network(
+            &args.pod_bridge,
+            &args.pod_cidr,
+            args.pod_masquerade,
+            &[],
+        )?);
+    }
     cfg.cdi_spec_dirs = args.cdi_spec_dirs;
     let preload_dir = args
         .image_preload_dir

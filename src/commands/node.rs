@@ -236,12 +236,25 @@ pub async fn open_runtime(
         let mut builtin = dirs.builtin_config()?;
         // The kubelet's cgroup driver is the in-process runtime's too.
         builtin.systemd_cgroup = cfg.cgroups.driver == crate::config::CgroupDriver::Systemd;
-        builtin.network = Some(super::pod_network(
-            &cfg.pod_bridge,
-            &cfg.pod_cidr,
-            cfg.pod_masquerade,
-            &cfg.network.cluster_cidrs,
-        )?);
+        match &cfg.network.mode {
+            crate::config::network::Mode::Bridge => {
+                builtin.network = Some(super::pod_network(
+                    &cfg.pod_bridge,
+                    &cfg.pod_cidr,
+                    cfg.pod_masquerade,
+                    &cfg.network.cluster_cidrs,
+                )?);
+            }
+            crate::config::network::Mode::Cni(c) => {
+                builtin.network = None;
+                builtin.cni = Some(runtime::builtin::CniConfig {
+                    conf_dir: c.conf_dir.clone(),
+                    bin_dirs: c.bin_dirs.clone(),
+                    cache_dir: c.cache_dir.clone(),
+                    ..Default::default()
+                });
+            }
+        }
         builtin.registry = super::registry_config(
             cfg.registries_config.as_deref(),
             cfg.registry_hosts_dir.as_deref(),

@@ -169,6 +169,13 @@ impl KubeletConfig {
             "routes": self.network.routes.as_str(),
             "clusterCIDRs": self.network.cluster_cidrs,
         });
+        if let crate::config::network::Mode::Cni(c) = &self.network.mode {
+            let bins: Vec<String> = c.bin_dirs.iter().map(|d| d.display().to_string()).collect();
+            v["nodeletNetwork"]["mode"] = json!("cni");
+            v["nodeletNetwork"]["cniConfDir"] = json!(c.conf_dir);
+            v["nodeletNetwork"]["cniBinDir"] = json!(bins.join(","));
+            v["nodeletNetwork"]["cniCacheDir"] = json!(c.cache_dir);
+        }
         let r = &self.reserved;
         v["kubeReserved"] = reservations(&r.kube);
         v["systemReserved"] = reservations(&r.system);
@@ -253,6 +260,11 @@ mod tests {
             rotate_certificates: true,
             cdi_spec_dirs: vec!["/srv/cdi".into()],
             network: crate::config::network::NetworkSettings {
+                mode: crate::config::network::Mode::Cni(crate::config::network::Cni {
+                    conf_dir: "/srv/cni/net.d".into(),
+                    bin_dirs: vec!["/srv/cni/bin".into(), "/usr/lib/cni".into()],
+                    cache_dir: "/srv/cni/cache".into(),
+                }),
                 routes: crate::config::network::Routes::HostGw,
                 cluster_cidrs: vec!["10.244.0.0/16".into()],
             },

@@ -2,12 +2,16 @@
 //!
 //! ```yaml
 //! nodeletNetwork:
-//!   mode: bridge          # the runtime's own bridge (cni: not supported yet)
+//!   mode: bridge          # the runtime's own bridge, or cni (the plugins of a CNI config)
+//!   cniConfDir: /etc/cni/net.d   # mode cni: the config (the first file by name)
+//!   cniBinDir: /opt/cni/bin      # mode cni: the plugins (a comma-separated list of dirs)
+//!   cniCacheDir: /var/lib/cni    # mode cni: libcni's cache
 //!   routes: host-gw       # none (default), or routes to the other nodes' pod subnets
 //!   clusterCIDRs: [10.244.0.0/16]   # not masqueraded (default: the node's podCIDR only)
 //! ```
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -34,9 +38,38 @@ impl Routes {
     }
 }
 
+/// How the built-in runtime networks pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Its own bridge (`podCIDR`, `nodeletPodBridge`, `nodeletPodMasquerade`).
+    #[default]
+    Bridge,
+    /// The network a CNI config describes, through its plugins.
+    Cni(Cni),
+}
+
+/// Where mode `cni` finds its config, plugins and cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cni {
+    pub conf_dir: PathBuf,
+    pub bin_dirs: Vec<PathBuf>,
+    pub cache_dir: PathBuf,
+}
+
+impl Default for Cni {
+    fn default() -> Self {
+        Cni {
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            bin_dirs: vec![PathBuf::from("/opt/cni/bin")],
+            cache_dir: PathBuf::from("/var/lib/cni"),
+        }
+    }
+}
+
 /// `nodeletNetwork`, checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetworkSettings {
+    pub mode: Mode,
     pub routes: Routes,
     /// The cluster's pod subnets (IPv4 CIDRs): traffic to them is not masqueraded.
     pub cluster_cidrs: Vec<String>,
@@ -70,14 +103,53 @@ pub(super) fn network(
             .keys()
             .map(|k| unknown(&format!("nodeletNetwork.{k}"))),
     );
-    match get(raw.mode).as_deref() {
-        None | Some("bridge") => {}
+    let dirs = [
+        ("cniConfDir", get(raw.cni_conf_dir)),
+        ("cniBinDir", get(raw.cni_bin_dir)),
+        ("cniCacheDir", get(raw.cni_cache_dir)),
+    ];
+    for (name, value) in &dirs {
+        if let Some(v) = value {
+            let bad = v.split(',').any(|d| !d.trim().starts_with('/'));
+            if bad {
+                return Err(invalid(
+                    &format!("nodeletNetwork.{name}"),
+                    format!("{v:?} must be an absolute path"),
+                ));
+            }
+        }
+    }
+    let [(_, conf_dir), (_, bin_dir), (_, cache_dir)] = dirs;
+    let mode = match get(raw.mode).as_deref() {
+        None | Some("bridge") => {
+            if let Some((name, _)) = [
+                ("cniConfDir", &conf_dir),
+                ("cniBinDir", &bin_dir),
+                ("cniCacheDir", &cache_dir),
+            ]
+            .into_iter()
+            .find(|(_, v)| v.is_some())
+            {
+                return Err(invalid(
+                    &format!("nodeletNetwork.{name}"),
+                    "is for mode: cni (the mode is bridge)",
+                ));
+            }
+            Mode::Bridge
+        }
         Some("cni") => {
-            return Err(invalid(
-                "nodeletNetwork.mode",
-                "cni is not supported yet: the built-in runtime connects pods to its own \
-                 bridge (mode: bridge)",
-            ));
+            let d = Cni::default();
+            Mode::Cni(Cni {
+                conf_dir: conf_dir.map(PathBuf::from).unwrap_or(d.conf_dir),
+                bin_dirs: bin_dir
+                    .map(|b| {
+                        b.split(',')
+                            .map(|d| PathBuf::from(d.trim()))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or(d.bin_dirs),
+                cache_dir: cache_dir.map(PathBuf::from).unwrap_or(d.cache_dir),
+            })
         }
         Some(other) => {
             return Err(invalid(
@@ -85,19 +157,7 @@ pub(super) fn network(
                 format!("{other:?} must be bridge or cni"),
             ));
         }
-    }
-    for (name, set) in [
-        ("cniConfDir", raw.cni_conf_dir.is_some()),
-        ("cniBinDir", raw.cni_bin_dir.is_some()),
-        ("cniCacheDir", raw.cni_cache_dir.is_some()),
-    ] {
-        if set {
-            return Err(invalid(
-                &format!("nodeletNetwork.{name}"),
-                "is for mode: cni, which is not supported yet",
-            ));
-        }
-    }
+    };
     let routes = match get(raw.routes).as_deref() {
         None | Some("none") => Routes::None,
         Some("host-gw") => Routes::HostGw,
@@ -120,6 +180,7 @@ pub(super) fn network(
             .map_err(|e| invalid(&format!("nodeletNetwork.clusterCIDRs[{i}]"), e.message()))?;
     }
     Ok(NetworkSettings {
+        mode,
         routes,
         cluster_cidrs,
     })
@@ -149,10 +210,25 @@ mod tests {
         assert_eq!(n.cluster_cidrs, vec!["10.244.0.0/16"]);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("nodeletNetwork.extra"), "{w:?}");
+        assert_eq!(n.mode, Mode::Bridge);
+        let (n, _) = read("nodeletNetwork: {mode: cni}\n").unwrap();
+        assert_eq!(n.mode, Mode::Cni(Cni::default()));
+        let (n, _) = read(
+            "nodeletNetwork: {mode: cni, cniConfDir: /c, cniBinDir: '/b1,/b2', cniCacheDir: /k}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            n.mode,
+            Mode::Cni(Cni {
+                conf_dir: "/c".into(),
+                bin_dirs: vec!["/b1".into(), "/b2".into()],
+                cache_dir: "/k".into(),
+            })
+        );
         for (body, want) in [
             (
-                "nodeletNetwork: {mode: cni}",
-                "nodeletNetwork.mode: cni is not supported yet",
+                "nodeletNetwork: {mode: cni, cniBinDir: 'opt/cni'}",
+                "nodeletNetwork.cniBinDir: \"opt/cni\" must be an absolute path",
             ),
             ("nodeletNetwork: {mode: calico}", "must be bridge or cni"),
             (

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod api_node;
+pub mod cni;
 pub mod containerd;
 pub mod cri_serve;
 pub mod reboot;

@@ -13,6 +13,7 @@
 //! containerd reports containers whose task is gone, and the kubelet makes the pods again.
 
 pub mod cdi;
+mod cni;
 mod container;
 mod dirs;
 mod image;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use crate::{Code, Error, Result, cri};
+pub use cni::CniConfig;
 pub use dirs::default_state_dir;
 pub use images::{
     FALLBACK_ROOTS_FILE, RegistriesConfigError, RegistryConfig, fallback_trust_roots,
@@ -84,6 +86,9 @@ pub struct Config {
     pub streaming: crate::streaming::Config,
     /// The pod network; `None` gives pods without hostNetwork loopback only.
     pub network: Option<NetworkConfig>,
+    /// CNI mode: pods join the network the CNI config describes, through its plugins, instead
+    /// of the runtime's own bridge (`network` must then be `None`).
+    pub cni: Option<CniConfig>,
     /// The CDI spec dirs, later ones taking priority ([`cdi`]); read again for each container
     /// that asks for a CDI device.
     pub cdi_spec_dirs: Vec<PathBuf>,
@@ -104,6 +109,7 @@ impl Config {
             registry: images::RegistryConfig::default(),
             streaming: crate::streaming::Config::default(),
             network: Some(NetworkConfig::default()),
+            cni: None,
             cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
         })
     }
@@ -131,6 +137,8 @@ struct Inner {
         std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
     streaming: tokio::sync::OnceCell<crate::streaming::Server>,
     network: Option<network::Network>,
+    /// CNI mode's network (see `cni.rs`).
+    cni: Option<cni::PodCni>,
     /// A shared lock on `cri/agents.lock` held while this runtime lives: every agent on the
     /// root dir holds one, so one that gets it exclusively at start knows it is alone, and only
     /// then takes what has no record for the remains of a creation cut short (another live
@@ -182,7 +190,13 @@ impl BuiltinRuntime {
         let images = images::Store::open(cfg.root_dir.join("images")).map_err(image_error)?;
         let records = Records::load(&cfg.root_dir.join("cri"))?;
         let (events, _) = broadcast::channel(1024);
+        if cfg.cni.is_some() && cfg.network.is_some() {
+            return Err(Error::invalid_argument(
+                "both the built-in bridge network and CNI are configured: choose one",
+            ));
+        }
         let network = cfg.network.clone().map(network::Network::new).transpose()?;
+        let cni = cfg.cni.clone().map(|c| cni::PodCni::new(c, &state_dir));
         let rt = BuiltinRuntime {
             inner: Arc::new(Inner {
                 cfg,
@@ -193,6 +207,7 @@ impl BuiltinRuntime {
                 sandbox_locks: Default::default(),
                 streaming: tokio::sync::OnceCell::new(),
                 network,
+                cni,
                 agents: std::sync::Mutex::new(Some(agents)),
                 releases: Releases::default(),
                 state_dir,
@@ -205,6 +220,7 @@ impl BuiltinRuntime {
         if alone {
             rt.discard_orphans().await;
             rt.release_stale_addresses();
+            rt.collect_cni_garbage();
             dirs::sweep_stale(&rt.inner.state_dir);
         } else {
             tracing::info!("another agent uses this root dir: leaving what has no record to it");
@@ -367,6 +383,7 @@ impl BuiltinRuntime {
         if let Err(e) = self.kill_pod(id, Some(&rec.cgroup_parent)).await {
             tracing::error!(sandbox = %id, "reaping its pod: {e}");
         }
+        self.teardown_cni_logged(&mut rec).await;
         rec.stopped = true;
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
             tracing::error!(sandbox = %id, "{e}");

@@ -135,11 +135,21 @@ impl BuiltinRuntime {
         }
         .await;
         let was_launched = launched.is_ok();
-        let recorded = launched.and_then(|()| {
-            self.inner
-                .records
-                .save_sandbox(&want.into_record(&id, cgroup_parent, ip))
-        });
+        let attached = match launched {
+            Ok(()) => self.attach_cni(&id, &want, &cgroup_parent).await,
+            Err(e) => Err(e),
+        };
+        let recorded = match attached {
+            Ok(cni) => {
+                let mut rec = want.into_record(&id, cgroup_parent, ip, cni);
+                let saved = self.inner.records.save_sandbox(&rec);
+                if saved.is_err() {
+                    self.teardown_cni_logged(&mut rec).await;
+                }
+                saved
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = recorded {
             self.undo_run(&spec, was_launched).await;
             return Err(e);
@@ -156,6 +166,11 @@ impl BuiltinRuntime {
         };
         let id = rec.id.clone();
         if rec.stopped {
+            if rec.cni_network.is_some() {
+                // A DEL that failed when the sandbox was found dead: retried with every stop.
+                self.teardown_cni(&mut rec).await?;
+                self.inner.records.save_sandbox(&rec)?;
+            }
             return Ok(());
         }
         let client = self.client(&id);
@@ -171,6 +186,9 @@ impl BuiltinRuntime {
                 Err(e) => return Err(sandbox_error(e)),
             }
         }
+        // CNI mode: the DEL, in the namespace pinned past the process; a failure fails the
+        // stop, which the kubelet retries.
+        self.teardown_cni(&mut rec).await?;
         rec.stopped = true;
         self.inner.records.save_sandbox(&rec)?;
         // The sandbox process is gone, and its network namespace and veth pair with it.
@@ -259,6 +277,52 @@ impl BuiltinRuntime {
         .await?
     }
 
+    /// CNI mode: DEL of the attachment of sandbox `rec` (whose process is gone) and its
+    /// namespace unpinned; `rec` (saved by the caller) no longer names a network. On an error
+    /// `rec` keeps it: a later stop retries, and so does the GC at the next start.
+    pub(super) async fn teardown_cni(&self, rec: &mut store::SandboxRecord) -> Result<()> {
+        if rec.cni_network.is_none() {
+            return Ok(());
+        }
+        let Some(cni) = &self.inner.cni else {
+            tracing::warn!(sandbox = %rec.id, "attached to CNI network {:?}, and the runtime is no longer in CNI mode: not torn down", rec.cni_network);
+            return Ok(());
+        };
+        cni.del(&rec.id, &rec.config, &rec.cgroup_parent).await?;
+        cni.unpin(&rec.id);
+        rec.cni_network = None;
+        Ok(())
+    }
+
+    /// [`Self::teardown_cni`] for a sandbox found dead, its failure logged.
+    pub(super) async fn teardown_cni_logged(&self, rec: &mut store::SandboxRecord) {
+        if let Err(e) = self.teardown_cni(rec).await {
+            tracing::warn!(sandbox = %rec.id, "{e}");
+        }
+    }
+
+    /// CNI mode: GC of the network in the background, with the sandboxes still running as the
+    /// valid attachments (what an agent killed half way left is deleted).
+    pub(super) fn collect_cni_garbage(&self) {
+        if self.inner.cni.is_none() {
+            return;
+        }
+        let valid: Vec<String> = self
+            .inner
+            .records
+            .all_sandboxes()
+            .into_iter()
+            .filter(|r| !r.stopped && r.cni_network.is_some())
+            .map(|r| r.id)
+            .collect();
+        let rt = self.clone();
+        tokio::spawn(async move {
+            if let Some(cni) = &rt.inner.cni {
+                cni.gc(&valid).await;
+            }
+        });
+    }
+
     /// Frees the pod address `ip` of sandbox `id`, if it has one.
     pub(super) fn release_address(&self, id: &str, ip: Option<std::net::Ipv4Addr>) {
         if let (Some(net), Some(ip)) = (&self.inner.network, ip) {
@@ -343,10 +407,18 @@ pub(super) fn sandbox_status_of(rec: &store::SandboxRecord, ready: bool) -> cri:
             // A stopped sandbox's address is free again, and may be another's.
             ip: rec
                 .ip
+                .map(std::net::IpAddr::V4)
+                .or_else(|| rec.cni_ips.first().copied())
                 .filter(|_| !rec.stopped)
                 .map(|ip| ip.to_string())
                 .unwrap_or_default(),
-            additional_ips: Vec::new(),
+            additional_ips: rec
+                .cni_ips
+                .iter()
+                .skip(1)
+                .filter(|_| !rec.stopped)
+                .map(|ip| cri::PodIp { ip: ip.to_string() })
+                .collect(),
         }),
         linux: Some(cri::LinuxPodSandboxStatus {
             namespaces: Some(cri::Namespace {

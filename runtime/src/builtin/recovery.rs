@@ -30,6 +30,7 @@ impl BuiltinRuntime {
                 // A StopPodSandbox the agent's death cut short after the sandbox had shut
                 // down: finish it, so that the pod's address is not held by nobody.
                 tracing::info!(sandbox = %rec.id, "finishing a stop that was cut short");
+                self.teardown_cni_logged(&mut rec).await;
                 rec.stopped = true;
                 if let Err(e) = self.inner.records.save_sandbox(&rec) {
                     tracing::error!(sandbox = %rec.id, "{e}");
@@ -84,6 +85,7 @@ impl BuiltinRuntime {
         if let Err(e) = self.kill_pod(&id, Some(&rec.cgroup_parent)).await {
             tracing::warn!(sandbox = %id, "reaping it: {e}");
         }
+        self.teardown_cni_logged(&mut rec).await;
         rec.stopped = true;
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
             tracing::error!(sandbox = %id, "{e}");

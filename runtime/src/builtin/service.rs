@@ -189,6 +189,11 @@ impl RuntimeService for BuiltinRuntime {
             .and_then(|c| c.network_config)
             .map(|n| n.pod_cidr)
             .unwrap_or_default();
+        if self.inner.cni.is_some() && !asked.is_empty() {
+            // The CNI config names its own ranges (its IPAM's), as with containerd when its
+            // config is not a template.
+            tracing::debug!("pod CIDR {asked}: the CNI config's IPAM gives the addresses");
+        }
         if let Some(net) = &self.inner.network {
             if net.use_pod_cidr(&asked)? && net.is_set_up() {
                 let rt = self.clone();
@@ -225,6 +230,14 @@ impl RuntimeService for BuiltinRuntime {
                     "the pod network on bridge {} is not ready: {message}",
                     net.cfg.bridge
                 );
+            }
+        }
+        if let Some(cni) = &self.inner.cni {
+            // The config is read again when the conf dir changed; its plugins' STATUS asked.
+            if let Err(message) = cni.ready().await {
+                network.status = false;
+                network.reason = "NetworkPluginNotReady".into();
+                network.message = format!("Network plugin returns error: {message}");
             }
         }
         Ok(cri::StatusResponse {

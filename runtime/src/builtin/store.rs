@@ -25,6 +25,12 @@ pub struct SandboxRecord {
     /// The pod's address on the runtime's pod network, held until the sandbox stops.
     #[serde(default)]
     pub ip: Option<std::net::Ipv4Addr>,
+    /// In CNI mode: the network the sandbox is attached to, until its DEL has run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_network: Option<String>,
+    /// In CNI mode: the pod's addresses from its network (IPv4 first), held until it stops.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cni_ips: Vec<std::net::IpAddr>,
 }
 
 /// A container as created.
@@ -305,6 +311,8 @@ mod tests {
             stopped: false,
             cgroup_parent: "/x".into(),
             ip: Some(std::net::Ipv4Addr::new(10, 88, 0, 7)),
+            cni_network: None,
+            cni_ips: Vec::new(),
         })
         .unwrap();
         std::fs::write(dir.path().join("sandboxes/broken.json"), b"{").unwrap();

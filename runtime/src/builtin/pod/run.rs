@@ -166,13 +166,19 @@ impl SandboxRequest {
         }
     }
 
-    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip`.
+    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip` on the
+    /// runtime's bridge, or attached to a CNI network with its addresses.
     pub(super) fn into_record(
         self,
         id: &str,
         cgroup_parent: String,
         ip: Option<std::net::Ipv4Addr>,
+        cni: Option<(String, Vec<std::net::IpAddr>)>,
     ) -> SandboxRecord {
+        let (cni_network, cni_ips) = match cni {
+            Some((name, ips)) => (Some(name), ips),
+            None => (None, Vec::new()),
+        };
         SandboxRecord {
             id: id.to_string(),
             config: self.config,
@@ -181,6 +187,8 @@ impl SandboxRequest {
             stopped: false,
             cgroup_parent,
             ip,
+            cni_network,
+            cni_ips,
         }
     }
 }
@@ -304,6 +312,14 @@ impl BuiltinRuntime {
         } else {
             Vec::new()
         };
+        if let Some(cni) = self.inner.cni.as_ref().filter(|_| own_network) {
+            // Attached once the sandbox process has made the namespace
+            // (`Self::attach_cni`); refused now when there is no network to attach to.
+            cni.network().map_err(|e| {
+                Error::failed_precondition(format!("the pod network is not ready: {}", e.message()))
+            })?;
+            return Ok(None);
+        }
         let Some(net) = self.inner.network.as_ref().filter(|_| own_network) else {
             return Ok(None);
         };
@@ -316,6 +332,36 @@ impl BuiltinRuntime {
             .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
             .map_err(sandbox_error)?;
         Ok(Some(net.pod_network(id, address, ports)))
+    }
+
+    /// CNI mode, for a pod with its own network namespace: pins the namespace the sandbox
+    /// process made and runs the ADD in it; the network's name and the pod's addresses. On
+    /// an error nothing of the attachment is left (the ADD was deleted, the namespace
+    /// unpinned).
+    pub(super) async fn attach_cni(
+        &self,
+        id: &str,
+        want: &SandboxRequest,
+        cgroup_parent: &str,
+    ) -> Result<Option<(String, Vec<std::net::IpAddr>)>> {
+        let own_network = ns_mode(want.opts.network) != sandbox::NamespaceMode::Node;
+        let Some(cni) = self.inner.cni.as_ref().filter(|_| own_network) else {
+            return Ok(None);
+        };
+        let net = cni.network().map_err(|e| {
+            Error::failed_precondition(format!("the pod network is not ready: {}", e.message()))
+        })?;
+        let pid = self.client(id).pid().ok_or_else(|| {
+            Error::internal("the sandbox process ended before its network was set up")
+        })?;
+        let netns = cni.pin(id, pid)?;
+        match cni.add(&net, id, &netns, &want.config, cgroup_parent).await {
+            Ok(ips) => Ok(Some((net.name, ips))),
+            Err(e) => {
+                cni.unpin(id);
+                Err(e)
+            }
+        }
     }
 
     /// Starts the sandbox process for `spec` in its state dir.
