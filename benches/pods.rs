@@ -15,6 +15,12 @@
 //! memory (PSS favours the dynamic side, whose sandboxes share their binary's pages with this
 //! process; private dirty memory is what each sandbox costs whatever it shares).
 //!
+//! With `BENCH_NETWORK=pod` and Debian's CNI plugins in `/usr/lib/cni`, another backend,
+//! **builtin-cni**, is the built-in runtime in CNI mode: the same kind of bridge made through
+//! Debian's bridge, host-local and portmap plugins instead of the runtime's own network; it
+//! prints CNI against the built-in bridge: time to Running and memory (the agent and the
+//! sandboxes; the plugins run only while a pod is set up or torn down).
+//!
 //! Both backends are driven by the same kubelet logic: `nodelet::kubelet::Syncer` +
 //! `nodelet::pod_workers::PodWorkers` + `nodelet::status_manager::StatusManager` (standalone,
 //! `StatusManager::new(None)`) over `Arc<dyn RuntimeService>` / `Arc<dyn ImageService>`:
@@ -167,6 +173,27 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         }
     };
 
+    // The built-in runtime in CNI mode, on Debian's plugins (BENCH_NETWORK=pod).
+    let cni_root = tempfile::Builder::new()
+        .prefix("nlc")
+        .tempdir()
+        .context("creating the CNI runtime's root dir")?;
+    let cni_cgroup_root = format!("/nodelet-bench-pods-cni-{}", std::process::id());
+    let cni_rt = if pod_network() && Path::new(CNI_PLUGINS).join("bridge").exists() {
+        let mut cfg = Config::new(cni_root.path()).context("runtime config")?;
+        cfg.cgroup_root = cni_cgroup_root.clone();
+        cfg.state_dir = Some(cni_root.path().join("run"));
+        cfg.network = None;
+        cfg.cni = Some(cni_config(cni_root.path())?);
+        Some(
+            BuiltinRuntime::new(cfg)
+                .await
+                .context("opening the built-in runtime in CNI mode")?,
+        )
+    } else {
+        None
+    };
+
     // The private containerd; dropping it kills it, its shims and their mounts.
     let ctd = Containerd::start(ctd_bin, &busybox).await;
     ensure!(
@@ -174,11 +201,17 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         "BENCH_NETWORK=pod needs the CNI plugins for containerd (scripts/setup.sh)"
     );
 
-    let statics = static_rt.as_ref().map(|rt| (rt, static_root.path()));
+    let mut extras = Vec::new();
+    if let Some(rt) = &static_rt {
+        extras.push(("static", rt, static_root.path()));
+    }
+    if let Some(rt) = &cni_rt {
+        extras.push(("builtin-cni", rt, cni_root.path()));
+    }
     let result = run(
         &builtin,
         root.path(),
-        statics,
+        &extras,
         &ctd,
         &busybox,
         work.path(),
@@ -191,6 +224,7 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
     for (rt, dir, cgroup) in [
         (Some(builtin), root.path(), &cgroup_root),
         (static_rt, static_root.path(), &static_cgroup_root),
+        (cni_rt, cni_root.path(), &cni_cgroup_root),
     ] {
         let Some(rt) = rt else { continue };
         if let Ok(list) = rt.list_pod_sandbox(Default::default()).await {
@@ -215,6 +249,10 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         }
     }
     drop(ctd);
+    let _ = Command::new("ip")
+        .args(["link", "del", CNI_BRIDGE])
+        .stderr(Stdio::null())
+        .status();
     for e in &cleanup {
         eprintln!("cleanup: {e:#}");
     }
@@ -223,6 +261,45 @@ async fn bench(ctd_bin: &Path, sizes: &[usize]) -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Debian's CNI plugins.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+/// The bridge of the CNI backend's network.
+const CNI_BRIDGE: &str = "nlbenchcni0";
+
+/// The CNI backend's network under `root`: Debian's bridge with host-local (a /16, room for
+/// every pod of a round) and portmap, as the built-in bridge network does it.
+fn cni_config(root: &Path) -> Result<runtime::builtin::CniConfig> {
+    let conf = root.join("cni-conf");
+    std::fs::create_dir_all(&conf).context("creating the CNI conf dir")?;
+    let list = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "nl-bench",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": true,
+                "ipMasq": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": "10.233.0.0/16"}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": root.join("cni-ipam"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    });
+    std::fs::write(conf.join("10-bench.conflist"), list.to_string())
+        .context("writing the CNI config")?;
+    Ok(runtime::builtin::CniConfig {
+        conf_dir: conf,
+        bin_dirs: vec![CNI_PLUGINS.into()],
+        cache_dir: root.join("cni-cache"),
+        timeout: Duration::from_secs(60),
+    })
 }
 
 fn build_busybox(out: &Path) -> Result<()> {
@@ -380,7 +457,7 @@ impl Kubelet {
 async fn run(
     builtin: &BuiltinRuntime,
     root: &Path,
-    statics: Option<(&BuiltinRuntime, &Path)>,
+    extras: &[(&'static str, &BuiltinRuntime, &Path)],
     ctd: &Containerd,
     busybox: &Path,
     work: &Path,
@@ -409,14 +486,14 @@ async fn run(
         )
         .await?,
     ];
-    if let Some((rt, dir)) = statics {
+    for &(name, rt, dir) in extras {
         rt.image_store()
             .import(busybox)
-            .context("importing busybox into the static built-in runtime")?;
+            .with_context(|| format!("importing busybox into the {name} runtime"))?;
         let s = Arc::new(rt.clone());
         kubelets.push(
             Kubelet::new(
-                "static",
+                name,
                 s.clone(),
                 s,
                 work,
@@ -442,8 +519,10 @@ async fn run(
     );
     // Where containerd's and the static backend's results are.
     let c_at = kubelets.len() - 1;
-    let static_at = statics.map(|_| 1);
+    let at = |name: &str| kubelets.iter().position(|k| k.name == name);
+    let (static_at, cni_at) = (at("static"), at("builtin-cni"));
     let mut static_summary = Vec::new();
+    let mut cni_summary = Vec::new();
 
     println!("== pods through the kubelet logic (Syncer + PodWorkers + StatusManager)");
     println!(
@@ -506,6 +585,20 @@ async fn run(
             );
             static_summary.push((n, dl, sl, dp, sp, dd, sd));
         }
+        if let Some(at) = cni_at {
+            let (b, c) = (&results[0], &results[at]);
+            let (bl, cl) = (stats(&b.latencies), stats(&c.latencies));
+            let total = |r: &Results| r.memory.as_ref().map_or(0, |m| m.total());
+            let (bm, cm) = (total(b), total(c));
+            println!(
+                "   ratio builtin-cni/builtin (CNI plugins against the built-in bridge): latency median {:.2}, p99 {:.2}; pods/s {:.2}x; memory {:.2}",
+                cl.median / bl.median,
+                cl.p99 / bl.p99,
+                median_f(&c.rates) / median_f(&b.rates),
+                cm as f64 / bm.max(1) as f64
+            );
+            cni_summary.push((n, bl, cl, median_f(&b.rates), median_f(&c.rates), bm, cm));
+        }
         let (b, c) = (&results[0], &results[c_at]);
         let (bl, cl) = (stats(&b.latencies), stats(&c.latencies));
         let (bm, cm) = (b.memory.as_ref(), c.memory.as_ref());
@@ -558,6 +651,29 @@ async fn run(
             br / cr,
             bm as f64 / cm as f64
         );
+    }
+    if !cni_summary.is_empty() {
+        println!(
+            "== CNI mode (Debian's bridge, host-local, portmap) against the built-in bridge network"
+        );
+        println!(
+            "{:>4} | {:>22} | {:>22} | {:>17} | {:>19} | ratio median / pods/s / memory",
+            "N", "bridge median / p99", "CNI median / p99", "pods/s b / cni", "memory b / cni"
+        );
+        for (n, bl, cl, br, cr, bm, cm) in cni_summary {
+            println!(
+                "{n:>4} | {:>9.1} / {:>10.1} | {:>9.1} / {:>10.1} | {br:>7.1} / {cr:>7.1} | {:>8.1} / {:>8.1} | {:.2} / {:.2} / {:.2}",
+                bl.median,
+                bl.p99,
+                cl.median,
+                cl.p99,
+                mib(bm),
+                mib(cm),
+                cl.median / bl.median,
+                cr / br,
+                cm as f64 / bm.max(1) as f64
+            );
+        }
     }
     if !static_summary.is_empty() {
         println!(

@@ -455,3 +455,65 @@ async fn a_hanging_plugin_hits_its_deadline_and_a_killed_agent_leaks_no_address(
     server.terminate().await;
     node.assert_all_gone();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegating_plugin_as_flannels_finds_its_delegate_on_the_cni_path() {
+    let test = "a_delegating_plugin_as_flannels_finds_its_delegate_on_the_cni_path";
+    if !root_or_skip(test) || !plugins_or_skip(test) {
+        return;
+    }
+    let net = TestNet::new("nlcnif0", [10, 231, 11]);
+    // flannel's shape: the config names the plugin and a delegate; the plugin reads the node's
+    // subnet (flannel's subnet.env) and hands a bridge config to the bridge plugin it finds
+    // on CNI_PATH, for every command.
+    std::fs::write(
+        net.path("subnet.env"),
+        "FLANNEL_SUBNET=10.231.11.0/24\nFLANNEL_MTU=1450\n",
+    )
+    .unwrap();
+    net.script(
+        "nlflannel",
+        &format!(
+            "input=$(cat)\n\
+             . {env}\n\
+             if [ \"$CNI_COMMAND\" = VERSION ]; then\n\
+               echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.3.1\",\"0.4.0\",\"1.0.0\"]}}'; exit 0\n\
+             fi\n\
+             for d in $(echo \"$CNI_PATH\" | tr ':' ' '); do\n\
+               if [ -x \"$d/bridge\" ]; then delegate=\"$d/bridge\"; break; fi\n\
+             done\n\
+             printf '{{\"cniVersion\":\"1.0.0\",\"name\":\"nl-flannel\",\"type\":\"bridge\",\"bridge\":\"{bridge}\",\"mtu\":%s,\"isGateway\":true,\"ipam\":{{\"type\":\"host-local\",\"subnet\":\"%s\",\"dataDir\":\"{data}\"}}}}' \"$FLANNEL_MTU\" \"$FLANNEL_SUBNET\" | \"$delegate\"",
+            env = net.path("subnet.env").display(),
+            bridge = net.bridge,
+            data = net.path("host-local").display(),
+        ),
+    );
+    net.write_conf(
+        "10-flannel.conflist",
+        r#"{"cniVersion":"1.0.0","name":"nl-flannel","plugins":[
+            {"type":"nlflannel","delegate":{"hairpinMode":true,"isDefaultGateway":true}},
+            {"type":"portmap","capabilities":{"portMappings":true}}]}"#,
+    );
+    let node = CriNode::new("cniflannel");
+    let args = net.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = node.serve("serve.log", &args).await;
+    let rt = node.connect().await;
+    wait_network_ready(&rt, true, "the flannel-shaped network").await;
+    let cfg = pod(&node, "flannel");
+    let id = run_pod(&rt, cfg.clone()).await.expect("RunPodSandbox");
+    let c = start_container(&rt, &id, &cfg, "main", &["sleep", "300"]).await;
+    let (ip, _) = sandbox_ips(&rt, &id).await;
+    assert!(
+        ip.starts_with("10.231.11."),
+        "pod IP {ip:?} from the delegate"
+    );
+    let (_, link) = exec(&rt, &c, &["ip", "link", "show", "eth0"]).await;
+    assert!(link.contains("mtu 1450"), "the delegate's MTU: {link}");
+    assert_eq!(net.leases("nl-flannel"), vec![ip.clone()]);
+    remove_pod(&rt, &id).await;
+    assert!(net.leases("nl-flannel").is_empty(), "the delegate's DEL");
+    drop(rt);
+    server.terminate().await;
+    node.assert_all_gone();
+}

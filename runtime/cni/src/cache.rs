@@ -214,17 +214,9 @@ pub(crate) fn list(cache_dir: &Path) -> Result<Vec<Result<CachedAttachment, Erro
     names.sort();
     Ok(names
         .into_iter()
-        .map(|name| {
-            let path = dir.join(name);
-            match read(&path) {
-                Ok(Some(entry)) => Ok(entry),
-                // Removed since the listing.
-                Ok(None) => Err(Error::Cache {
-                    path,
-                    why: "removed while being read".to_string(),
-                }),
-                Err(e) => Err(e),
-            }
+        .filter_map(|name| {
+            // An entry removed since the listing (a DEL done meanwhile) is no entry.
+            read(&dir.join(name)).transpose()
         })
         .collect())
 }
