@@ -168,6 +168,7 @@ impl KubeletConfig {
             "mode": "bridge",
             "routes": self.network.routes.as_str(),
             "clusterCIDRs": self.network.cluster_cidrs,
+            "vxlan": {"vni": self.network.vxlan.vni, "port": self.network.vxlan.port},
         });
         if let crate::config::network::Mode::Cni(c) = &self.network.mode {
             let bins: Vec<String> = c.bin_dirs.iter().map(|d| d.display().to_string()).collect();
@@ -265,7 +266,8 @@ mod tests {
                     bin_dirs: vec!["/srv/cni/bin".into(), "/usr/lib/cni".into()],
                     cache_dir: "/srv/cni/cache".into(),
                 }),
-                routes: crate::config::network::Routes::HostGw,
+                routes: crate::config::network::Routes::Vxlan,
+                vxlan: crate::config::network::Vxlan { vni: 9, port: 4789 },
                 cluster_cidrs: vec!["10.244.0.0/16".into()],
             },
             ..Default::default()

@@ -6,7 +6,8 @@
 //!   cniConfDir: /etc/cni/net.d   # mode cni: the config (the first file by name)
 //!   cniBinDir: /opt/cni/bin      # mode cni: the plugins (a comma-separated list of dirs)
 //!   cniCacheDir: /var/lib/cni    # mode cni: libcni's cache
-//!   routes: host-gw       # none (default), or routes to the other nodes' pod subnets
+//!   routes: host-gw       # none (default), host-gw (one L2 segment) or vxlan (across L3)
+//!   vxlan: {vni: 1, port: 8472}  # routes vxlan: flannel's defaults
 //!   clusterCIDRs: [10.244.0.0/16]   # not masqueraded (default: the node's podCIDR only)
 //! ```
 
@@ -27,6 +28,29 @@ pub enum Routes {
     /// One route per other node's pod subnet via that node's InternalIP (nodes on one L2
     /// segment), kept from the Node objects.
     HostGw,
+    /// Through a VXLAN device (`nodelet.<vni>`), with FDB and neighbour entries from the other
+    /// nodes' addresses and published VTEP MACs (nodes across L3).
+    Vxlan,
+}
+
+/// `nodeletNetwork.vxlan`: flannel's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vxlan {
+    pub vni: u32,
+    pub port: u16,
+}
+
+impl Default for Vxlan {
+    fn default() -> Self {
+        Vxlan { vni: 1, port: 8472 }
+    }
+}
+
+impl Vxlan {
+    /// The device's name: says nodelet, and which VNI.
+    pub fn device(&self) -> String {
+        format!("nodelet.{}", self.vni)
+    }
 }
 
 impl Routes {
@@ -34,6 +58,7 @@ impl Routes {
         match self {
             Routes::None => "none",
             Routes::HostGw => "host-gw",
+            Routes::Vxlan => "vxlan",
         }
     }
 }
@@ -71,6 +96,7 @@ impl Default for Cni {
 pub struct NetworkSettings {
     pub mode: Mode,
     pub routes: Routes,
+    pub vxlan: Vxlan,
     /// The cluster's pod subnets (IPv4 CIDRs): traffic to them is not masqueraded.
     pub cluster_cidrs: Vec<String>,
 }
@@ -81,6 +107,7 @@ pub struct NetworkSettings {
 pub(super) struct RawNetwork {
     mode: Option<Typed<String>>,
     routes: Option<Typed<String>>,
+    vxlan: Option<RawVxlan>,
     #[serde(rename = "clusterCIDRs")]
     cluster_cidrs: Option<Typed<Vec<String>>>,
     cni_conf_dir: Option<Typed<String>>,
@@ -88,6 +115,14 @@ pub(super) struct RawNetwork {
     cni_cache_dir: Option<Typed<String>>,
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
+}
+
+/// `nodeletNetwork.vxlan` as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RawVxlan {
+    vni: Option<u32>,
+    port: Option<u16>,
 }
 
 /// `nodeletNetwork`, its unknown fields added to `warnings`.
@@ -161,12 +196,7 @@ pub(super) fn network(
     let routes = match get(raw.routes).as_deref() {
         None | Some("none") => Routes::None,
         Some("host-gw") => Routes::HostGw,
-        Some("vxlan") => {
-            return Err(invalid(
-                "nodeletNetwork.routes",
-                "vxlan is not supported yet (host-gw routes nodes on one L2 segment)",
-            ));
-        }
+        Some("vxlan") => Routes::Vxlan,
         Some(other) => {
             return Err(invalid(
                 "nodeletNetwork.routes",
@@ -174,6 +204,25 @@ pub(super) fn network(
             ));
         }
     };
+    let mut vxlan = Vxlan::default();
+    if let Some(v) = raw.vxlan {
+        if let Some(vni) = v.vni {
+            // 24 bits; VNI 0 is not for a segment.
+            if vni == 0 || vni >= 1 << 24 {
+                return Err(invalid(
+                    "nodeletNetwork.vxlan.vni",
+                    format!("{vni} must be between 1 and 16777215"),
+                ));
+            }
+            vxlan.vni = vni;
+        }
+        if let Some(port) = v.port {
+            if port == 0 {
+                return Err(invalid("nodeletNetwork.vxlan.port", "0 is not a port"));
+            }
+            vxlan.port = port;
+        }
+    }
     let cluster_cidrs = get(raw.cluster_cidrs).unwrap_or_default();
     for (i, c) in cluster_cidrs.iter().enumerate() {
         runtime::builtin::parse_pod_cidr(c)
@@ -182,6 +231,7 @@ pub(super) fn network(
     Ok(NetworkSettings {
         mode,
         routes,
+        vxlan,
         cluster_cidrs,
     })
 }
@@ -211,6 +261,14 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("nodeletNetwork.extra"), "{w:?}");
         assert_eq!(n.mode, Mode::Bridge);
+        assert_eq!(n.vxlan, Vxlan { vni: 1, port: 8472 });
+        let (n, _) =
+            read("nodeletNetwork: {routes: vxlan, vxlan: {vni: 7, port: 4789}}\n").unwrap();
+        assert_eq!(n.routes, Routes::Vxlan);
+        assert_eq!(
+            (n.vxlan.device(), n.vxlan.port),
+            ("nodelet.7".to_string(), 4789)
+        );
         let (n, _) = read("nodeletNetwork: {mode: cni}\n").unwrap();
         assert_eq!(n.mode, Mode::Cni(Cni::default()));
         let (n, _) = read(
@@ -232,8 +290,12 @@ mod tests {
             ),
             ("nodeletNetwork: {mode: calico}", "must be bridge or cni"),
             (
-                "nodeletNetwork: {routes: vxlan}",
-                "vxlan is not supported yet",
+                "nodeletNetwork: {routes: vxlan, vxlan: {vni: 0}}",
+                "nodeletNetwork.vxlan.vni: 0 must be between 1 and 16777215",
+            ),
+            (
+                "nodeletNetwork: {vxlan: {vni: 2, group: 239.1.1.1}}",
+                "nodeletNetwork",
             ),
             (
                 "nodeletNetwork: {routes: bgp}",

@@ -584,11 +584,14 @@ impl Wiring {
                 devices: self.devices.clone(),
             },
         ));
-        // host-gw: routes to the other nodes' pod subnets, from every Node.
-        if self.cfg.network.routes == crate::config::network::Routes::HostGw {
+        // host-gw or vxlan: the other nodes' pod subnets, from every Node.
+        let net = &self.cfg.network;
+        if let Some(keep) = crate::node::routes::Keep::of(net.routes, net.vxlan, &self.cfg.pod_cidr)
+        {
             self.tasks.spawn(crate::node::routes::run(
                 client.clone(),
                 self.cfg.node_name.clone(),
+                keep,
                 self.cancel.clone(),
             ));
         }

@@ -1,9 +1,16 @@
-//! `nodeletNetwork.routes: host-gw`: the node keeps one route per other node's pod subnet via
-//! that node's InternalIP, from a watch of every Node (nodes on one L2 segment reach each
-//! other's pods with nothing else installed). A Node that goes, or loses its subnet or
-//! address, has its route removed; the routes are checked again every minute (someone may
-//! have flushed them). The routes carry nodelet's own protocol number
-//! (`runtime::builtin::sync_node_routes`), so no other route is touched.
+//! `nodeletNetwork.routes`: the node reaches the other nodes' pods with nothing else
+//! installed, from a watch of every Node.
+//! - `host-gw`: one route per other node's pod subnet via that node's InternalIP (nodes on one
+//!   L2 segment).
+//! - `vxlan`: a VXLAN device (`nodelet.<vni>`, flannel's VNI 1 and UDP port 8472 unless set)
+//!   whose MAC and local address this node publishes in its Node's annotations
+//!   ([`VTEP_MAC_ANNOTATION`], [`VTEP_ADDRESS_ANNOTATION`]); per other node that published
+//!   them, an FDB entry (its MAC to its address), a neighbour entry (its subnet's network
+//!   address to its MAC) and a route to its subnet through the device (nodes across L3).
+//!
+//! A Node that goes, or loses its subnet or address, has its entries removed; everything is
+//! checked again every minute (someone may have flushed it). The routes carry nodelet's own
+//! protocol number (`runtime::builtin::sync_node_routes`), so no other route is touched.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -12,62 +19,139 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use runtime::builtin::Subnet;
+use runtime::builtin::{Subnet, VxlanDevice, VxlanPeer};
 use tokio_util::sync::CancellationToken;
+
+use crate::config::network::{Routes, Vxlan};
 
 /// How often the routes are checked when no Node changes.
 const RESYNC: Duration = Duration::from_secs(60);
 
-/// The routes `nodes` ask for on the node named `own`: each other node's first IPv4 pod CIDR
-/// via its first IPv4 InternalIP. Nodes without either are left out (logged by the caller).
-pub fn wanted(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<(Subnet, Ipv4Addr)> {
+/// The annotation in which a node publishes its VXLAN device's MAC (`aa:bb:cc:dd:ee:ff`).
+pub const VTEP_MAC_ANNOTATION: &str = "nodelet.io/vxlan-vtep-mac";
+/// The annotation in which a node publishes the address its VXLAN tunnels end at.
+pub const VTEP_ADDRESS_ANNOTATION: &str = "nodelet.io/vxlan-vtep-address";
+
+/// A node's first IPv4 pod CIDR (`spec.podCIDRs`, else `spec.podCIDR`).
+fn subnet_of(node: &Node) -> Option<Subnet> {
+    let spec = node.spec.as_ref();
+    let cidrs: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
+        Some(list) if !list.is_empty() => list,
+        _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    };
+    cidrs
+        .iter()
+        .filter(|c| !c.contains(':'))
+        .find_map(|c| runtime::builtin::parse_pod_cidr(c).ok())
+}
+
+/// A node's first IPv4 InternalIP.
+fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+}
+
+fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The VXLAN peers `nodes` make for the node named `own`: each other node with an IPv4 pod
+/// subnet and a published MAC, its tunnel ending at its published address (else its
+/// InternalIP).
+pub fn vxlan_peers(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<VxlanPeer> {
     let mut out = Vec::new();
     for (name, node) in nodes {
         if name == own {
             continue;
         }
-        let spec = node.spec.as_ref();
-        let cidrs: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
-            Some(list) if !list.is_empty() => list,
-            _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+        let Some(subnet) = subnet_of(node) else {
+            continue;
         };
-        let Some(subnet) = cidrs
-            .iter()
-            .filter(|c| !c.contains(':'))
-            .find_map(|c| runtime::builtin::parse_pod_cidr(c).ok())
+        let Some(mac) = annotation(node, VTEP_MAC_ANNOTATION).and_then(runtime::builtin::parse_mac)
         else {
             continue;
         };
-        let ip = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-            .find_map(|a| a.address.parse::<Ipv4Addr>().ok());
-        if let Some(ip) = ip {
-            out.push((subnet, ip));
+        let endpoint = annotation(node, VTEP_ADDRESS_ANNOTATION)
+            .and_then(|a| a.parse::<Ipv4Addr>().ok())
+            .or_else(|| internal_ip(node));
+        if let Some(endpoint) = endpoint {
+            out.push(VxlanPeer {
+                subnet,
+                endpoint,
+                mac,
+            });
         }
     }
     out
 }
 
-/// Keeps the routes until `cancel`.
-pub async fn run(client: kube::Client, own: String, cancel: CancellationToken) {
+/// The routes `nodes` ask for on the node named `own`: each other node's first IPv4 pod CIDR
+/// via its first IPv4 InternalIP. Nodes without either are left out (logged by the caller).
+pub fn wanted(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<(Subnet, Ipv4Addr)> {
+    nodes
+        .iter()
+        .filter(|(name, _)| name.as_str() != own)
+        .filter_map(|(_, node)| Some((subnet_of(node)?, internal_ip(node)?)))
+        .collect()
+}
+
+/// What a node keeps toward the other nodes' pods.
+pub enum Keep {
+    /// `routes: host-gw`.
+    HostGw,
+    /// `routes: vxlan`, with the node's own subnet when its Node has none (the configured
+    /// `podCIDR`).
+    Vxlan { settings: Vxlan, fallback: Subnet },
+}
+
+impl Keep {
+    /// What `routes` asks for; `None` for `none`.
+    pub fn of(routes: Routes, settings: Vxlan, pod_cidr: &str) -> Option<Keep> {
+        match routes {
+            Routes::None => None,
+            Routes::HostGw => Some(Keep::HostGw),
+            Routes::Vxlan => Some(Keep::Vxlan {
+                settings,
+                fallback: runtime::builtin::parse_pod_cidr(pod_cidr).ok()?,
+            }),
+        }
+    }
+}
+
+/// Keeps the routes (or the VXLAN device and its entries) until `cancel`.
+pub async fn run(client: kube::Client, own: String, keep: Keep, cancel: CancellationToken) {
     let api: Api<Node> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default())
+    let mut events = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
     let mut listing: Option<BTreeMap<String, Node>> = None;
     let mut tick = tokio::time::interval(RESYNC);
-    let mut applied: Option<Vec<(Subnet, Ipv4Addr)>> = None;
+    let mut state = match keep {
+        Keep::HostGw => State::HostGw { applied: None },
+        Keep::Vxlan { settings, fallback } => State::Vxlan(VxlanState {
+            settings,
+            fallback,
+            device: None,
+            applied: None,
+            published: None,
+        }),
+    };
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            _ = tick.tick() => applied = None,
+            _ = tick.tick() => state.forget(),
             ev = events.next() => match ev {
                 Some(Ok(watcher::Event::Apply(n))) => {
                     nodes.insert(n.metadata.name.clone().unwrap_or_default(), n);
@@ -93,23 +177,151 @@ pub async fn run(client: kube::Client, own: String, cancel: CancellationToken) {
         if listing.is_some() {
             continue;
         }
-        let want = wanted(&nodes, &own);
-        if applied.as_ref() == Some(&want) {
-            continue;
+        match &mut state {
+            State::HostGw { applied } => host_gw(applied, &nodes, &own).await,
+            State::Vxlan(st) => st.apply(&api, &nodes, &own).await,
         }
-        let routes = want.clone();
-        match tokio::task::spawn_blocking(move || runtime::builtin::sync_node_routes(&routes)).await
-        {
+    }
+}
+
+/// What was last applied (forgotten every [`RESYNC`], so that it is checked again).
+enum State {
+    HostGw {
+        applied: Option<Vec<(Subnet, Ipv4Addr)>>,
+    },
+    Vxlan(VxlanState),
+}
+
+impl State {
+    fn forget(&mut self) {
+        match self {
+            State::HostGw { applied } => *applied = None,
+            State::Vxlan(st) => {
+                st.device = None;
+                st.applied = None;
+                st.published = None;
+            }
+        }
+    }
+}
+
+async fn host_gw(
+    applied: &mut Option<Vec<(Subnet, Ipv4Addr)>>,
+    nodes: &BTreeMap<String, Node>,
+    own: &str,
+) {
+    let want = wanted(nodes, own);
+    if applied.as_ref() == Some(&want) {
+        return;
+    }
+    let routes = want.clone();
+    match tokio::task::spawn_blocking(move || runtime::builtin::sync_node_routes(&routes)).await {
+        Ok(Ok(changed)) => {
+            if changed > 0 {
+                let list: Vec<String> =
+                    want.iter().map(|(s, ip)| format!("{s} via {ip}")).collect();
+                tracing::info!(changed, routes = ?list, "routes to the other nodes' pods");
+            }
+            *applied = Some(want);
+        }
+        Ok(Err(e)) => tracing::warn!("setting the routes to the other nodes' pods: {e}"),
+        Err(e) => tracing::warn!("setting the routes to the other nodes' pods: {e}"),
+    }
+}
+
+/// The VXLAN device as made (for which subnet and local address, its MAC) and the peers last
+/// applied.
+struct VxlanState {
+    settings: Vxlan,
+    fallback: Subnet,
+    device: Option<(Subnet, Ipv4Addr, [u8; 6])>,
+    applied: Option<Vec<VxlanPeer>>,
+    /// The annotations last patched in, until the watch shows them.
+    published: Option<(String, String)>,
+}
+
+impl VxlanState {
+    async fn apply(&mut self, api: &Api<Node>, nodes: &BTreeMap<String, Node>, own: &str) {
+        // The node's own Node gives the tunnel's local address and the device's subnet.
+        let Some(me) = nodes.get(own) else {
+            return;
+        };
+        let Some(local) = internal_ip(me) else {
+            tracing::debug!("vxlan: the node has no IPv4 InternalIP yet");
+            return;
+        };
+        let subnet = subnet_of(me).unwrap_or(self.fallback);
+        let name = self.settings.device();
+        if self.device.map(|(s, l, _)| (s, l)) != Some((subnet, local)) {
+            let dev = VxlanDevice {
+                name: name.clone(),
+                vni: self.settings.vni,
+                port: self.settings.port,
+                local,
+                mtu: None,
+            };
+            match tokio::task::spawn_blocking(move || runtime::builtin::ensure_vxlan(&dev, subnet))
+                .await
+            {
+                Ok(Ok(mac)) => {
+                    self.device = Some((subnet, local, mac));
+                    self.applied = None;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("setting up the VXLAN device {name}: {e}");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("setting up the VXLAN device {name}: {e}");
+                    return;
+                }
+            }
+        }
+        let Some((_, local, mac)) = self.device else {
+            return;
+        };
+        let mac_text = runtime::builtin::format_mac(mac);
+        let address = local.to_string();
+        let shown = annotation(me, VTEP_MAC_ANNOTATION) == Some(mac_text.as_str())
+            && annotation(me, VTEP_ADDRESS_ANNOTATION) == Some(address.as_str());
+        let wanted = (mac_text.clone(), address.clone());
+        if shown {
+            self.published = None;
+        } else if self.published.as_ref() != Some(&wanted) {
+            let patch = serde_json::json!({"metadata": {"annotations": {
+                VTEP_MAC_ANNOTATION: mac_text,
+                VTEP_ADDRESS_ANNOTATION: address,
+            }}});
+            match api
+                .patch(own, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!("vxlan: published the VTEP {mac_text} at {local}");
+                    self.published = Some(wanted);
+                }
+                Err(e) => tracing::warn!("vxlan: publishing the VTEP in the Node: {e}"),
+            }
+        }
+        let peers = vxlan_peers(nodes, own);
+        if self.applied.as_ref() == Some(&peers) {
+            return;
+        }
+        let want = peers.clone();
+        let dev = name.clone();
+        match tokio::task::spawn_blocking(move || runtime::builtin::sync_vxlan(&dev, &want)).await {
             Ok(Ok(changed)) => {
                 if changed > 0 {
-                    let list: Vec<String> =
-                        want.iter().map(|(s, ip)| format!("{s} via {ip}")).collect();
-                    tracing::info!(changed, routes = ?list, "routes to the other nodes' pods");
+                    let list: Vec<String> = peers
+                        .iter()
+                        .map(|p| format!("{} at {}", p.subnet, p.endpoint))
+                        .collect();
+                    tracing::info!(changed, peers = ?list, "vxlan: the other nodes' pods through {name}");
                 }
-                applied = Some(want);
+                self.applied = Some(peers);
             }
-            Ok(Err(e)) => tracing::warn!("setting the routes to the other nodes' pods: {e}"),
-            Err(e) => tracing::warn!("setting the routes to the other nodes' pods: {e}"),
+            Ok(Err(e)) => tracing::warn!("vxlan: the entries of {name}: {e}"),
+            Err(e) => tracing::warn!("vxlan: the entries of {name}: {e}"),
         }
     }
 }
@@ -147,6 +359,24 @@ mod tests {
         .into_iter()
         .collect();
         let got = wanted(&nodes, "a");
+        let mut with_vtep = nodes.clone();
+        if let Some((_, b)) = with_vtep.iter_mut().find(|(n, _)| n.as_str() == "b") {
+            b.metadata.annotations = Some(
+                [(
+                    VTEP_MAC_ANNOTATION.to_string(),
+                    "0a:58:0a:f4:02:00".to_string(),
+                )]
+                .into(),
+            );
+        }
+        let peers = vxlan_peers(&with_vtep, "a");
+        assert_eq!(peers.len(), 1);
+        assert_eq!(
+            peers[0].endpoint,
+            "192.168.1.2".parse::<Ipv4Addr>().unwrap()
+        );
+        assert_eq!(peers[0].mac, [0x0a, 0x58, 0x0a, 0xf4, 0x02, 0x00]);
+        assert!(vxlan_peers(&nodes, "a").is_empty(), "no VTEP published");
         assert_eq!(
             got,
             vec![(

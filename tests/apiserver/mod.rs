@@ -115,6 +115,8 @@ struct Serving {
 pub struct ApiServer {
     app: Arc<App>,
     serving: Mutex<Option<Serving>>,
+    /// Listeners beside the main one ([`ApiServer::listen_also`]).
+    also: Mutex<Vec<Serving>>,
     /// The CSR approver and signer (`signer.rs`).
     controller: JoinHandle<()>,
 }
@@ -216,6 +218,7 @@ impl ApiServer {
         let server = ApiServer {
             app,
             serving: Mutex::new(None),
+            also: Mutex::new(Vec::new()),
             controller,
         };
         server.serve(listener);
@@ -226,6 +229,35 @@ impl ApiServer {
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept_loop(listener, self.app.clone(), stopped));
         *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(Serving { stop, task });
+    }
+
+    /// Serves the same objects on `listener` too (bound by the caller, e.g. in a network
+    /// namespace of the test's, for agents running there); until the server drops. Its
+    /// kubeconfig is [`ApiServer::kubeconfig_at`].
+    pub fn listen_also(&self, listener: std::net::TcpListener) {
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let listener = TcpListener::from_std(listener).expect("a tokio listener");
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_loop(listener, self.app.clone(), stopped));
+        self.also
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Serving { stop, task });
+    }
+
+    /// [`ApiServer::write_kubeconfig`] for a cluster at `addr` (one of
+    /// [`ApiServer::listen_also`]'s), in plain HTTP.
+    pub fn kubeconfig_at(&self, dir: &Path, addr: std::net::SocketAddr) -> PathBuf {
+        assert!(self.app.tls.is_none(), "plain HTTP only");
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            tls::kubeconfig(&format!("http://{addr}"), None, " {}"),
+        )
+        .expect("writing the kubeconfig");
+        path
     }
 
     /// `http://127.0.0.1:PORT`, or `https://...` in HTTPS mode.
@@ -345,6 +377,14 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.controller.abort();
+        for s in self
+            .also
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            s.task.abort();
+        }
         if let Some(s) = self
             .serving
             .lock()

@@ -156,12 +156,25 @@ impl ApiNode {
     /// Starts `nodelet run-node` with the API server (killed when dropped); its log goes to
     /// `<root>.log`, shown when a test fails.
     pub fn start(&self) -> KillOnDrop {
+        self.start_with(Command::new(nodelet_bin()), "127.0.0.1")
+    }
+
+    /// [`ApiNode::start`] in the network namespace `netns` (`/run/netns/<netns>`, which the
+    /// test made) with `node_ip`: its bridge, routes and node ports are that namespace's.
+    pub fn start_in_netns(&self, netns: &str, node_ip: &str) -> KillOnDrop {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{netns}"))
+            .arg("--")
+            .arg(nodelet_bin());
+        self.start_with(cmd, node_ip)
+    }
+
+    fn start_with(&self, mut cmd: Command, node_ip: &str) -> KillOnDrop {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.root.with_extension("log"))
             .expect("opening the nodelet log");
-        let mut cmd = Command::new(nodelet_bin());
         cmd.arg("--root-dir")
             .arg(&self.root)
             .args([
@@ -169,7 +182,7 @@ impl ApiNode {
                 "--hostname-override",
                 self.name,
                 "--node-ip",
-                "127.0.0.1",
+                node_ip,
             ])
             .arg("--config")
             .arg(&self.config)

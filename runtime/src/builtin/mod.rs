@@ -38,7 +38,10 @@ pub use dirs::default_state_dir;
 pub use images::{
     FALLBACK_ROOTS_FILE, RegistriesConfigError, RegistryConfig, fallback_trust_roots,
 };
-pub use network::{NetworkConfig, parse_pod_cidr, remove_node_network, sync_node_routes};
+pub use network::{
+    NetworkConfig, VxlanDevice, VxlanPeer, ensure_vxlan, format_mac, parse_mac, parse_pod_cidr,
+    remove_node_network, sync_node_routes, sync_vxlan,
+};
 /// An IPv4 subnet (a pod CIDR).
 pub use sandbox::net::Subnet;
 pub use service::RUNTIME_NAME;

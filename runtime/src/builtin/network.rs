@@ -62,6 +62,21 @@ pub fn sync_node_routes(want: &[(Subnet, Ipv4Addr)]) -> Result<usize> {
     sandbox::net::routes::sync(want).map_err(super::sandbox_error)
 }
 
+/// The VXLAN device between nodes (the kubelet's `vxlan` routes) and one other node behind it.
+pub use sandbox::net::vxlan::{Device as VxlanDevice, Peer as VxlanPeer, format_mac, parse_mac};
+
+/// Makes sure the VXLAN device `dev` is up with `own` subnet's network address on it; its
+/// MAC (`sandbox::net::vxlan::ensure`).
+pub fn ensure_vxlan(dev: &VxlanDevice, own: Subnet) -> Result<[u8; 6]> {
+    sandbox::net::vxlan::ensure(dev, own).map_err(super::sandbox_error)
+}
+
+/// Makes the FDB, neighbour and route entries of VXLAN device `name` exactly `peers`; how many
+/// changed.
+pub fn sync_vxlan(name: &str, peers: &[VxlanPeer]) -> Result<usize> {
+    sandbox::net::vxlan::sync(name, peers).map_err(super::sandbox_error)
+}
+
 /// Removes what the pod network of `cfg` set up on the node (the bridge and the masquerade
 /// rule), for a node being reset; addresses still held stay recorded.
 pub fn remove_node_network(cfg: &NetworkConfig) -> Result<()> {

@@ -1,6 +1,7 @@
 //! The pod network, with no CNI binaries: a bridge on the node, one veth pair per pod (`eth0`
 //! in the pod's namespace, the other end on the bridge), addresses from [`Ipam`], and node
-//! ports forwarded to pods by a small proxy process ([`ports`]).
+//! ports forwarded to pods by a small proxy process ([`ports`]). Between nodes, either plain
+//! routes ([`routes`], `host-gw`) or a VXLAN overlay ([`vxlan`]).
 //!
 //! The sandbox process does the plumbing itself, in two steps around its
 //! `unshare(CLONE_NEWNET)`: [`prepare`] opens what it needs of the node's namespace (a netlink
@@ -13,6 +14,7 @@ pub mod nat;
 mod netlink;
 pub mod ports;
 pub mod routes;
+pub mod vxlan;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
