@@ -126,3 +126,84 @@ async fn the_node_waits_for_a_cni_config_and_pods_join_its_network() {
     })
     .await;
 }
+
+/// The body of an HTTP/1.0 GET of `addr`.
+fn fetch_at(addr: std::net::SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dual_stack_pod_has_both_addresses_and_its_host_port_on_ipv6() {
+    let test = "a_dual_stack_pod_has_both_addresses_and_its_host_port_on_ipv6";
+    if !plugins_or_skip(test) {
+        return;
+    }
+    let net = TestNet::new("nlcnid0", [10, 231, 13]);
+    net.write_conf("10-dual.conflist", &net.conflist_dual("nl-dual"));
+    let config: &'static str =
+        Box::leak(format!("syncFrequency: 5s\n{}", net.kubelet_config()).into_boxed_str());
+    let setup = Setup {
+        name: "cni-dual-node",
+        config,
+        cri_listen: false,
+    };
+    let api = ApiServer::start().await;
+    let Some(node) =
+        ApiNode::prepare(&setup, Backend::Builtin, test, |d| api.write_kubeconfig(d)).await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    let _agent = node.start();
+    let host_port = common::free_port();
+    let pod: Pod = serde_norway::from_str(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: dual\nspec:\n  nodeName: cni-dual-node\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n{}    ports:\n    - containerPort: 8080\n      hostPort: {host_port}\n",
+        busybox(
+            "main",
+            "mkdir -p /tmp/w && echo hello-dual > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w"
+        )
+    ))
+    .expect("a pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the pod");
+    let ips = wait_for("the pod Running with its IPs", 90, async || {
+        let st = pods.get_opt("dual").await.ok().flatten()?.status?;
+        if st.phase.as_deref() != Some("Running") {
+            return None;
+        }
+        let ips: Vec<String> = st.pod_ips?.into_iter().map(|p| p.ip).collect();
+        Some((st.pod_ip?, ips))
+    })
+    .await;
+    let (primary, all) = ips;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(primary, all[0]);
+    // The node's IP (127.0.0.1) is IPv4: IPv4 first.
+    assert!(all[0].starts_with("10.231.13."), "{all:?}");
+    assert!(all[1].starts_with("fd00:10:13:"), "{all:?}");
+    let v6: std::net::Ipv6Addr = all[1].parse().expect("an IPv6 address");
+
+    // Reached over IPv6 at its address and through its hostPort on the bridge's IPv6 address.
+    let direct = std::net::SocketAddr::new(v6.into(), 8080);
+    let body = wait_for("the pod's answer over IPv6", 30, async || fetch_at(direct)).await;
+    assert!(body.contains("hello-dual"), "{body}");
+    let gateway: std::net::Ipv6Addr = "fd00:10:13::1".parse().unwrap();
+    let via = std::net::SocketAddr::new(gateway.into(), host_port);
+    let body = wait_for("the hostPort over IPv6", 30, async || fetch_at(via)).await;
+    assert!(body.contains("hello-dual"), "{body}");
+
+    pods.delete("dual", &DeleteParams::default())
+        .await
+        .expect("deleting the pod");
+    wait_for("both addresses freed", 60, async || {
+        net.leases("nl-dual").is_empty().then_some(())
+    })
+    .await;
+}

@@ -522,6 +522,26 @@ fn pod_conditions(
     ]
 }
 
+/// A sandbox's IPs as the pod's, as upstream sorts them: the first of the node's primary
+/// family (its first node IP's; IPv4 when it has none), then the first of the other family;
+/// others are left out.
+pub(crate) fn sort_pod_ips(ips: impl Iterator<Item = String>, host_ips: &[String]) -> Vec<String> {
+    let ips: Vec<(String, bool)> = ips
+        .filter_map(|ip| {
+            let v6 = ip.parse::<std::net::IpAddr>().ok()?.is_ipv6();
+            Some((ip, v6))
+        })
+        .collect();
+    let primary_v6 = host_ips
+        .first()
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+        .is_some_and(|ip| ip.is_ipv6());
+    [primary_v6, !primary_v6]
+        .into_iter()
+        .filter_map(|v6| ips.iter().find(|(_, f)| *f == v6).map(|(ip, _)| ip.clone()))
+        .collect()
+}
+
 /// The pod's IPs: the node's for a hostNetwork pod, else its sandbox's, else (no sandbox
 /// now) the ones it had.
 fn pod_ips(pod: &Pod, sandbox: Option<&cri::PodSandboxStatus>, ctx: &StatusContext) -> Vec<String> {
@@ -532,9 +552,10 @@ fn pod_ips(pod: &Pod, sandbox: Option<&cri::PodSandboxStatus>, ctx: &StatusConte
         .and_then(|s| s.network.as_ref())
         .filter(|n| !n.ip.is_empty());
     if let Some(net) = net {
-        return std::iter::once(net.ip.clone())
-            .chain(net.additional_ips.iter().map(|p| p.ip.clone()))
-            .collect();
+        return sort_pod_ips(
+            std::iter::once(net.ip.clone()).chain(net.additional_ips.iter().map(|p| p.ip.clone())),
+            &ctx.host_ips,
+        );
     }
     let previous = ctx.previous.as_ref().and_then(|p| p.pod_ips.as_ref());
     previous

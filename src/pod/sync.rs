@@ -342,9 +342,10 @@ impl RuntimeManager {
             .and_then(|s| s.network)
             .filter(|n| !n.ip.is_empty())
             .map(|net| {
-                std::iter::once(net.ip)
-                    .chain(net.additional_ips.into_iter().map(|p| p.ip))
-                    .collect()
+                super::status::sort_pod_ips(
+                    std::iter::once(net.ip).chain(net.additional_ips.into_iter().map(|p| p.ip)),
+                    &s.opts.host_ips,
+                )
             })
             .unwrap_or_default();
         Ok((id, ips))

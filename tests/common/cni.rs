@@ -63,6 +63,41 @@ impl TestNet {
         serde_json::json!({"cniVersion": version, "name": name, "plugins": plugins}).to_string()
     }
 
+    /// [`TestNet::conflist`] for a dual-stack network: host-local gives each pod an address
+    /// of the test's IPv4 /24 and of `fd00:<a>:<c>::/64`, and portmap maps hostPorts on both.
+    pub fn conflist_dual(&self, name: &str) -> String {
+        let [a, b, c] = self.prefix;
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [
+                            [{"subnet": format!("{a}.{b}.{c}.0/24")}],
+                            [{"subnet": self.v6_subnet()}],
+                        ],
+                        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+                        "dataDir": self.path("host-local"),
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+            ],
+        })
+        .to_string()
+    }
+
+    /// The IPv6 subnet of [`TestNet::conflist_dual`].
+    pub fn v6_subnet(&self) -> String {
+        let [a, _, c] = self.prefix;
+        format!("fd00:{a}:{c}::/64")
+    }
+
     pub fn write_conf(&self, file: &str, text: &str) {
         std::fs::write(self.path("conf").join(file), text).unwrap();
     }
@@ -96,7 +131,7 @@ impl TestNet {
             .flatten()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.parse::<Ipv4Addr>().is_ok())
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
             .collect();
         out.sort();
         out

@@ -382,3 +382,31 @@ fn started_gates_ready_and_readiness_gates_gate_the_pod() {
     let st = pod_status(&pd, Some(&sb), &running, &ctx());
     assert_eq!(cond(&st, "Ready"), ("True".into(), None));
 }
+
+#[test]
+fn pod_ips_are_sorted_by_the_nodes_primary_family() {
+    let ips = || {
+        ["fd00::7", "10.0.0.7", "10.0.0.8", "fd00::8", "bogus"]
+            .into_iter()
+            .map(String::from)
+    };
+    assert_eq!(
+        super::sort_pod_ips(ips(), &[]),
+        vec!["10.0.0.7", "fd00::7"],
+        "IPv4 first when the node has no IP"
+    );
+    assert_eq!(
+        super::sort_pod_ips(ips(), &["192.168.1.2".into(), "fd00::1".into()]),
+        vec!["10.0.0.7", "fd00::7"]
+    );
+    assert_eq!(
+        super::sort_pod_ips(ips(), &["fd00::1".into(), "192.168.1.2".into()]),
+        vec!["fd00::7", "10.0.0.7"],
+        "the family of the first node IP first"
+    );
+    assert_eq!(
+        super::sort_pod_ips(["fd00::9".to_string()].into_iter(), &["10.1.1.1".into()]),
+        vec!["fd00::9"],
+        "a single-stack IPv6 pod on an IPv4 node"
+    );
+}
