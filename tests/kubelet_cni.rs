@@ -159,7 +159,22 @@ async fn a_dual_stack_pod_has_both_addresses_and_its_host_port_on_ipv6() {
         return;
     };
     let pods: Api<Pod> = Api::namespaced(api.client(), "default");
-    let _agent = node.start();
+    // A dual-stack node: one address of each family, IPv4 the primary.
+    let _agent = node.start_with_node_ip("127.0.0.1,::1");
+    let nodes: Api<Node> = Api::all(api.client());
+    let addresses = wait_for("the node's addresses", 60, async || {
+        let n = nodes.get_opt("cni-dual-node").await.ok().flatten()?;
+        let a: Vec<String> = n
+            .status?
+            .addresses?
+            .into_iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .collect();
+        (!a.is_empty()).then_some(a)
+    })
+    .await;
+    assert_eq!(addresses, vec!["127.0.0.1", "::1"]);
     let host_port = common::free_port();
     let pod: Pod = serde_norway::from_str(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: dual\nspec:\n  nodeName: cni-dual-node\n  \
@@ -179,13 +194,15 @@ async fn a_dual_stack_pod_has_both_addresses_and_its_host_port_on_ipv6() {
             return None;
         }
         let ips: Vec<String> = st.pod_ips?.into_iter().map(|p| p.ip).collect();
+        let host_ips: Vec<String> = st.host_ips?.into_iter().map(|p| p.ip).collect();
+        assert_eq!(host_ips, vec!["127.0.0.1", "::1"], "the pod's hostIPs");
         Some((st.pod_ip?, ips))
     })
     .await;
     let (primary, all) = ips;
     assert_eq!(all.len(), 2, "{all:?}");
     assert_eq!(primary, all[0]);
-    // The node's IP (127.0.0.1) is IPv4: IPv4 first.
+    // The node's first IP (127.0.0.1) is IPv4: IPv4 first.
     assert!(all[0].starts_with("10.231.13."), "{all:?}");
     assert!(all[1].starts_with("fd00:10:13:"), "{all:?}");
     let v6: std::net::Ipv6Addr = all[1].parse().expect("an IPv6 address");

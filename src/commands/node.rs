@@ -3,7 +3,6 @@
 //! to the node, with the built-in runtime, or with a remote CRI runtime when
 //! `containerRuntimeEndpoint` is set (its images from `imageServiceEndpoint` when that differs).
 
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -21,9 +20,10 @@ pub struct NodeArgs {
     /// The node's name (default: the host name).
     #[arg(long)]
     pub hostname_override: Option<String>,
-    /// The node's IP address.
+    /// The node's IP address, or one of each family for a dual-stack node
+    /// (`10.0.0.5,fd00::5`, the first the primary).
     #[arg(long)]
-    pub node_ip: Option<IpAddr>,
+    pub node_ip: Option<String>,
     /// A kubeconfig for the API server; without one the node runs standalone (static pods only).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -52,8 +52,8 @@ pub async fn run(dirs: &super::Dirs, args: NodeArgs) -> anyhow::Result<ExitCode>
     if let Some(name) = args.hostname_override {
         cfg.node_name = name.to_lowercase();
     }
-    if let Some(ip) = args.node_ip {
-        cfg.node_ips = vec![ip];
+    if let Some(ips) = args.node_ip {
+        cfg.node_ips = crate::config::flags::parse_node_ips(&ips)?;
     }
     if args.kubeconfig.is_some() {
         cfg.kubeconfig = args.kubeconfig;

@@ -269,6 +269,11 @@ fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), BadValue
     Ok(())
 }
 
+/// `--node-ip` as `run-node` takes it too: the addresses, or why the value is refused.
+pub fn parse_node_ips(s: &str) -> Result<Vec<IpAddr>, anyhow::Error> {
+    node_ips(s).map_err(|BadValue(why)| anyhow::anyhow!("--node-ip {s:?}: {why}"))
+}
+
 /// `--node-ip`: one address, or two of different families (dual stack, the first the
 /// primary).
 fn node_ips(s: &str) -> Result<Vec<IpAddr>, BadValue> {

@@ -483,7 +483,13 @@ impl NodeStatusManager {
         ) {
             return Ok(false);
         }
-        let patch = serde_json::json!({ "status": desired });
+        let mut patch = serde_json::json!({ "status": desired });
+        // `addresses` merges by `type`, which a dual-stack node has twice (two InternalIPs):
+        // merged, one would overwrite the other. The list is replaced whole instead, as
+        // upstream's node status patch does.
+        if let Some(list) = patch["status"]["addresses"].as_array_mut() {
+            list.insert(0, serde_json::json!({"$patch": "replace"}));
+        }
         let pp = self.patch_params();
         let written = within(
             self.timeout,

@@ -159,6 +159,11 @@ impl ApiNode {
         self.start_with(Command::new(nodelet_bin()), "127.0.0.1")
     }
 
+    /// [`ApiNode::start`] with `node_ip` (`--node-ip`: one address, or one of each family).
+    pub fn start_with_node_ip(&self, node_ip: &str) -> KillOnDrop {
+        self.start_with(Command::new(nodelet_bin()), node_ip)
+    }
+
     /// [`ApiNode::start`] in the network namespace `netns` (`/run/netns/<netns>`, which the
     /// test made) with `node_ip`: its bridge, routes and node ports are that namespace's.
     pub fn start_in_netns(&self, netns: &str, node_ip: &str) -> KillOnDrop {
