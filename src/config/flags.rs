@@ -269,9 +269,20 @@ fn local(out: &mut KubeletFlags, name: &str, value: &str) -> Result<(), BadValue
     Ok(())
 }
 
+/// A `--node-ip` refused, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("--node-ip {value:?}: {why}")]
+pub struct BadNodeIp {
+    value: String,
+    why: String,
+}
+
 /// `--node-ip` as `run-node` takes it too: the addresses, or why the value is refused.
-pub fn parse_node_ips(s: &str) -> Result<Vec<IpAddr>, anyhow::Error> {
-    node_ips(s).map_err(|BadValue(why)| anyhow::anyhow!("--node-ip {s:?}: {why}"))
+pub fn parse_node_ips(s: &str) -> Result<Vec<IpAddr>, BadNodeIp> {
+    node_ips(s).map_err(|BadValue(why)| BadNodeIp {
+        value: s.to_string(),
+        why,
+    })
 }
 
 /// `--node-ip`: one address, or two of different families (dual stack, the first the

@@ -192,3 +192,22 @@ fn usage_lists_what_is_taken_and_not_what_is_refused() {
     assert!(!u.contains("--network-plugin"), "{u}");
     assert!(!u.contains("--feature-gates"), "{u}");
 }
+
+#[test]
+fn run_nodes_node_ip_takes_one_address_or_one_of_each_family() {
+    use super::parse_node_ips;
+    assert_eq!(
+        parse_node_ips("10.0.0.5,fd00::5").unwrap(),
+        vec![
+            "10.0.0.5".parse::<std::net::IpAddr>().unwrap(),
+            "fd00::5".parse().unwrap()
+        ]
+    );
+    assert_eq!(parse_node_ips("::1").unwrap().len(), 1);
+    let e = parse_node_ips("10.0.0.5,10.0.0.6").unwrap_err().to_string();
+    assert!(
+        e.contains("--node-ip \"10.0.0.5,10.0.0.6\"") && e.contains("one IPv4 and one IPv6"),
+        "{e}"
+    );
+    assert!(parse_node_ips("node-a").is_err());
+}
