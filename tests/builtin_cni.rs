@@ -195,6 +195,21 @@ async fn pods_join_the_cni_network_through_debians_plugins() {
         host_port: i32::from(host_port),
         host_ip: String::new(),
     }];
+    // A sysctl of the interface the ADD makes: set after it.
+    a_cfg.linux = Some(cri::LinuxPodSandboxConfig {
+        sysctls: [
+            (
+                "net.ipv4.conf.eth0.accept_local".to_string(),
+                "1".to_string(),
+            ),
+            (
+                "net.ipv4.ip_unprivileged_port_start".to_string(),
+                "80".to_string(),
+            ),
+        ]
+        .into(),
+        ..Default::default()
+    });
     let a = run_pod(&rt, a_cfg.clone()).await.expect("RunPodSandbox a");
     let web = start_container(&rt, &a, &a_cfg, "web", &["sh", "-c", WEB]).await;
     let (ip_a, more) = sandbox_ips(&rt, &a).await;
@@ -209,6 +224,17 @@ async fn pods_join_the_cni_network_through_debians_plugins() {
     );
     let (_, addr) = exec(&rt, &web, &["ip", "-4", "addr", "show", "eth0"]).await;
     assert!(addr.contains(&format!("inet {ip_a}/24")), "{addr}");
+    let (_, sysctls) = exec(
+        &rt,
+        &web,
+        &[
+            "cat",
+            "/proc/sys/net/ipv4/conf/eth0/accept_local",
+            "/proc/sys/net/ipv4/ip_unprivileged_port_start",
+        ],
+    )
+    .await;
+    assert_eq!(sysctls.split_whitespace().collect::<Vec<_>>(), ["1", "80"]);
     let (_, route) = exec(&rt, &web, &["ip", "route"]).await;
     assert!(
         route.contains(&format!("default via {}", net.gateway())),
@@ -258,6 +284,22 @@ async fn pods_join_the_cni_network_through_debians_plugins() {
         peer.ip().to_string(),
         ip_b,
         "the pod's own address, not masqueraded"
+    );
+
+    // A sysctl that cannot be set after the ADD fails the pod, and its address goes back.
+    let mut bad = pod(&node, "cni-bad-sysctl");
+    bad.linux = Some(cri::LinuxPodSandboxConfig {
+        sysctls: [("net.ipv4.conf.eth9.forwarding".to_string(), "1".to_string())].into(),
+        ..Default::default()
+    });
+    let err = run_pod(&rt, bad).await.unwrap_err();
+    assert!(err.contains("net.ipv4.conf.eth9.forwarding"), "{err}");
+    let mut both = vec![ip_a.clone(), ip_b.clone()];
+    both.sort();
+    assert_eq!(
+        net.leases("nl-e2e"),
+        both,
+        "the failed pod's address was freed"
     );
 
     // A hostNetwork pod runs beside them, with no attachment.

@@ -311,6 +311,31 @@ impl PodCni {
     }
 }
 
+/// Sets `sysctls` (all `net.*`, `.` or `/` separated) in the network namespace pinned at
+/// `netns`, from a thread that joins it (network sysctls are those of the writer's
+/// namespace). The error names the sysctl, as the sandbox process's would.
+pub(super) fn set_net_sysctls(
+    netns: &Path,
+    sysctls: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    let (netns, sysctls) = (netns.to_path_buf(), sysctls.clone());
+    std::thread::spawn(move || -> Result<()> {
+        let ns = std::fs::File::open(&netns)
+            .map_err(|e| Error::internal(format!("opening {}: {e}", netns.display())))?;
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| Error::internal(format!("joining the pod's network namespace: {e}")))?;
+        for (key, value) in &sysctls {
+            let path = format!("/proc/sys/{}", key.replace('.', "/"));
+            std::fs::write(&path, value).map_err(|e| {
+                Error::invalid_argument(format!("setting sysctl {key}={value}: {e}"))
+            })?;
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| Error::internal("setting the pod's sysctls: the thread panicked"))?
+}
+
 /// What identifies sandbox `id`'s attachment, with the capabilities its config asks for.
 fn attachment(
     id: &str,

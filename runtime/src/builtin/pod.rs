@@ -127,7 +127,7 @@ impl BuiltinRuntime {
         let cgroup_parent = self.cgroup_parent(&want.config, &id)?;
         let network = self.pod_network(&id, &want).await?;
         let ip = network.as_ref().map(|n| n.address);
-        let spec = want.spec(&id, &cgroup_parent, network);
+        let spec = want.spec(&id, &cgroup_parent, network, self.inner.cni.is_some());
         let cgroup_parent = cgroup_parent.path;
         let launched = async {
             create_log_directory(&want.config)?;

@@ -85,6 +85,11 @@ fn check_sysctls(
     Ok(())
 }
 
+/// Whether sysctl `key` (`.` or `/` separated) is of the network namespace.
+fn is_net_sysctl(key: &str) -> bool {
+    key.starts_with("net.") || key.starts_with("net/")
+}
+
 /// A RunPodSandbox request, checked.
 pub(super) struct SandboxRequest {
     pub config: cri::PodSandboxConfig,
@@ -126,12 +131,36 @@ impl SandboxRequest {
         })
     }
 
-    /// The spec of sandbox `id`, its pod under `cgroup_parent`, on `network`.
+    /// The pod's sysctls.
+    fn sysctls(&self) -> BTreeMap<String, String> {
+        self.config
+            .linux
+            .as_ref()
+            .map(|l| {
+                l.sysctls
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The pod's `net.*` sysctls.
+    pub(super) fn net_sysctls(&self) -> BTreeMap<String, String> {
+        self.sysctls()
+            .into_iter()
+            .filter(|(k, _)| is_net_sysctl(k))
+            .collect()
+    }
+
+    /// The spec of sandbox `id`, its pod under `cgroup_parent`, on `network`; without its
+    /// `net.*` sysctls when `defer_net_sysctls` (CNI mode: they are set after the ADD).
     pub(super) fn spec(
         &self,
         id: &str,
         cgroup_parent: &PodCgroup,
         network: Option<sandbox::PodNetwork>,
+        defer_net_sysctls: bool,
     ) -> sandbox::Spec {
         let (config, opts) = (&self.config, &self.opts);
         sandbox::Spec {
@@ -151,16 +180,12 @@ impl SandboxRequest {
                 options: d.options.clone(),
             }),
             host_aliases: Vec::new(),
-            sysctls: config
-                .linux
-                .as_ref()
-                .map(|l| {
-                    l.sysctls
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_else(BTreeMap::new),
+            // In CNI mode the `net.*` ones wait for the ADD (`BuiltinRuntime::attach_cni`).
+            sysctls: self
+                .sysctls()
+                .into_iter()
+                .filter(|(k, _)| !(defer_net_sysctls && is_net_sysctl(k)))
+                .collect(),
             network,
             user_namespace: self.user_namespace,
         }
@@ -355,13 +380,33 @@ impl BuiltinRuntime {
             Error::internal("the sandbox process ended before its network was set up")
         })?;
         let netns = cni.pin(id, pid)?;
-        match cni.add(&net, id, &netns, &want.config, cgroup_parent).await {
-            Ok(ips) => Ok(Some((net.name, ips))),
+        let ips = match cni.add(&net, id, &netns, &want.config, cgroup_parent).await {
+            Ok(ips) => ips,
             Err(e) => {
                 cni.unpin(id);
-                Err(e)
+                return Err(e);
+            }
+        };
+        // The pod's `net.*` sysctls, now that its interfaces are there.
+        let sysctls = want.net_sysctls();
+        if !sysctls.is_empty() {
+            let path = netns.clone();
+            let set = tokio::task::spawn_blocking(move || {
+                crate::builtin::cni::set_net_sysctls(&path, &sysctls)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("setting the pod's sysctls: {e}")))
+            .and_then(|r| r);
+            if let Err(e) = set {
+                if let Err(del) = cni.del(id, &want.config, cgroup_parent).await {
+                    tracing::warn!(sandbox = %id, "{del}");
+                } else {
+                    cni.unpin(id);
+                }
+                return Err(e);
             }
         }
+        Ok(Some((net.name, ips)))
     }
 
     /// Starts the sandbox process for `spec` in its state dir.
