@@ -177,3 +177,39 @@ fn cri_serve_refuses_the_systemd_driver_on_a_machine_without_systemd() {
     );
     assert!(!sock.exists(), "nothing was served");
 }
+
+#[test]
+fn run_node_refuses_cni_mode_with_a_remote_runtime() {
+    if !root_or_skip("run_node_refuses_cni_mode_with_a_remote_runtime") {
+        return;
+    }
+    let root = tempfile::Builder::new().prefix("nl").tempdir().unwrap();
+    let config = root.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             containerRuntimeEndpoint: unix://{}/containerd.sock\ncgroupRoot: /nl-e2e-climode\n\
+             nodeletNetwork: {{mode: cni}}\n",
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    let out = nodelet(
+        root.path(),
+        &[
+            "run-node",
+            "--config",
+            config.to_str().unwrap(),
+            "--node-ip",
+            "127.0.0.1",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("nodeletNetwork.mode: cni is the built-in runtime's"),
+        "{err}"
+    );
+    remove_cgroup_root("/nl-e2e-climode");
+}

@@ -301,6 +301,13 @@ pub async fn open_runtime(
             cfg.container_runtime_endpoint
         );
     }
+    if let crate::config::network::Mode::Cni(_) = cfg.network.mode {
+        anyhow::bail!(
+            "nodeletNetwork.mode: cni is the built-in runtime's; with containerRuntimeEndpoint \
+             {:?}, that runtime networks its pods (containerd: its CNI config)",
+            cfg.container_runtime_endpoint
+        );
+    }
     let remote = connect(&cfg.container_runtime_endpoint).await?;
     let images = if cfg.image_service_endpoint.is_empty()
         || cfg.image_service_endpoint == cfg.container_runtime_endpoint
