@@ -329,6 +329,13 @@ fn status_patch(status: &PodStatus) -> serde_json::Value {
             list.extend(gone);
         }
     }
+    // The pod's and host's IPs merge by `ip`: a new sandbox's address would be added beside the
+    // old one, and a dual-stack order could not change. They are replaced whole.
+    for list in ["podIPs", "hostIPs"] {
+        if let Some(items) = v.get_mut(list).and_then(|l| l.as_array_mut()) {
+            items.insert(0, serde_json::json!({"$patch": "replace"}));
+        }
+    }
     for list in [
         "containerStatuses",
         "initContainerStatuses",

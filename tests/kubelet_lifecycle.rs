@@ -663,6 +663,10 @@ async fn a_dead_sandbox_is_replaced_builtin() {
     let pods: Api<Pod> = Api::namespaced(api.client(), NS);
     let (uid, agent, sandbox) = run_sleeper(&node, &pods, "phoenix").await;
     let first = common::reboot::sandbox_id_of_process(sandbox);
+    let ip_before = wait_for("phoenix's pod IP", 30, async || {
+        pods.get_opt("phoenix").await.ok().flatten()?.status?.pod_ip
+    })
+    .await;
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox),
@@ -672,6 +676,19 @@ async fn a_dead_sandbox_is_replaced_builtin() {
 
     let last = restarted_in_new_sandbox(&node, &pods, "phoenix", &uid, &first).await;
     assert_eq!(last.exit_code, 137, "{last:?}");
+    // The new sandbox's address replaces the old one in podIPs (no merge of both).
+    let (ip, ips) = wait_for("phoenix's new pod IP", 30, async || {
+        let st = pods.get_opt("phoenix").await.ok().flatten()?.status?;
+        let ip = st.pod_ip?;
+        (ip != ip_before).then_some((ip, st.pod_ips?))
+    })
+    .await;
+    let ips: Vec<String> = ips.into_iter().map(|p| p.ip).collect();
+    assert_eq!(
+        ips,
+        vec![ip],
+        "podIPs after the new sandbox (was {ip_before})"
+    );
     let events: Api<Event> = Api::namespaced(api.client(), NS);
     wait_for("a SandboxChanged event", 30, async || {
         let list = events.list(&Default::default()).await.ok()?;

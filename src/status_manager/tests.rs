@@ -211,3 +211,32 @@ fn the_patch_clears_a_stopped_containers_resources() {
     let patch = status_patch(&running);
     assert!(patch["containerStatuses"][0]["resources"].is_object());
 }
+
+#[test]
+fn the_patch_replaces_the_pod_ips_whole() {
+    use k8s_openapi::api::core::v1::{HostIP, PodIP};
+    let status = PodStatus {
+        pod_ip: Some("10.0.0.9".into()),
+        pod_ips: Some(vec![
+            PodIP {
+                ip: "10.0.0.9".into(),
+            },
+            PodIP {
+                ip: "fd00::9".into(),
+            },
+        ]),
+        host_ips: Some(vec![HostIP {
+            ip: "192.168.1.2".into(),
+        }]),
+        ..Default::default()
+    };
+    let patch = status_patch(&status);
+    assert_eq!(
+        patch["podIPs"],
+        serde_json::json!([{"$patch": "replace"}, {"ip": "10.0.0.9"}, {"ip": "fd00::9"}])
+    );
+    assert_eq!(
+        patch["hostIPs"],
+        serde_json::json!([{"$patch": "replace"}, {"ip": "192.168.1.2"}])
+    );
+}
