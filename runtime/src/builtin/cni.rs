@@ -163,7 +163,9 @@ impl PodCni {
                 e.message().to_string()
             }
         })?;
-        self.cni.status(&net).await.map_err(|e| e.to_string())
+        Box::pin(self.cni.status(&net))
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// The pinned network namespace of sandbox `id`.
@@ -233,7 +235,9 @@ impl PodCni {
         cgroup_parent: &str,
     ) -> Result<Vec<IpAddr>> {
         let att = attachment(id, netns, config, cgroup_parent)?;
-        let result = self.cni.add(net, &att).await.map_err(|e| {
+        // Boxed, as the DEL below: the plugin calls' futures are large, and the callers'
+        // (adoption at start among them) would carry them inline.
+        let result = Box::pin(self.cni.add(net, &att)).await.map_err(|e| {
             Error::unknown(format!(
                 "failed to setup network for sandbox {id:?}: network {:?}: {e}",
                 net.name
@@ -261,7 +265,7 @@ impl PodCni {
             Some(n) => n,
             None => self.network()?,
         };
-        self.cni.del(&net, &att).await.map_err(|e| {
+        Box::pin(self.cni.del(&net, &att)).await.map_err(|e| {
             Error::unknown(format!(
                 "failed to teardown network of sandbox {id:?}: network {:?}: {e}",
                 net.name
@@ -292,7 +296,7 @@ impl PodCni {
             .iter()
             .map(|id| (id.clone(), POD_IFNAME.to_string()))
             .collect();
-        match self.cni.gc(&net, &pairs).await {
+        match Box::pin(self.cni.gc(&net, &pairs)).await {
             Ok(report) => {
                 for (container, ifname) in &report.deleted {
                     tracing::info!(sandbox = %container, "CNI GC: deleted the attachment {ifname} no live sandbox has");
