@@ -95,6 +95,24 @@ impl Cni {
     }
 
     /// Every entry of the cache, of any network; unreadable ones are skipped with a warning.
+    /// The cache entry of `container_id`'s attachment `ifname` to network `network`, if there
+    /// is one and it reads.
+    pub fn cached_entry(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+    ) -> Option<CachedAttachment> {
+        let path = cache::entry_path(&self.settings.cache_dir, network, container_id, ifname);
+        match cache::read(&path) {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping an unreadable CNI cache entry");
+                None
+            }
+        }
+    }
+
     pub fn cached(&self) -> Vec<CachedAttachment> {
         let entries = match cache::list(&self.settings.cache_dir) {
             Ok(entries) => entries,

@@ -252,16 +252,22 @@ impl PodCni {
         Ok(ips)
     }
 
-    /// DEL for sandbox `id`: with the config its ADD used (cached), else the current one.
+    /// DEL for sandbox `id`, attached to `network`: with the config its ADD used (its cache
+    /// entry's), else the current one.
     pub async fn del(
         &self,
         id: &str,
+        network: &str,
         config: &cri::PodSandboxConfig,
         cgroup_parent: &str,
     ) -> Result<()> {
         let netns = self.netns_path(id);
         let att = attachment(id, &netns, config, cgroup_parent)?;
-        let net = match self.cached_network(id) {
+        let cached = self
+            .cni
+            .cached_entry(network, id, POD_IFNAME)
+            .and_then(|c| c.network().ok());
+        let net = match cached {
             Some(n) => n,
             None => self.network()?,
         };
@@ -271,15 +277,6 @@ impl PodCni {
                 net.name
             ))
         })
-    }
-
-    /// The network sandbox `id` was attached to, as its cache entry has it.
-    fn cached_network(&self, id: &str) -> Option<runtime_cni::NetworkList> {
-        self.cni
-            .cached()
-            .into_iter()
-            .find(|c| c.container_id == id && c.ifname == POD_IFNAME)
-            .and_then(|c| c.network().ok())
     }
 
     /// GC with `valid` (the live sandboxes) as the valid attachments, then unpins the
@@ -317,7 +314,7 @@ impl PodCni {
 
 /// Sets `sysctls` (all `net.*`, `.` or `/` separated) in the network namespace pinned at
 /// `netns`, from a thread that joins it (network sysctls are those of the writer's
-/// namespace). The error names the sysctl, as the sandbox process's would.
+/// namespace), as the sandbox process sets the others.
 pub(super) fn set_net_sysctls(
     netns: &Path,
     sysctls: &std::collections::BTreeMap<String, String>,
@@ -328,13 +325,7 @@ pub(super) fn set_net_sysctls(
             .map_err(|e| Error::internal(format!("opening {}: {e}", netns.display())))?;
         nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| Error::internal(format!("joining the pod's network namespace: {e}")))?;
-        for (key, value) in &sysctls {
-            let path = format!("/proc/sys/{}", key.replace('.', "/"));
-            std::fs::write(&path, value).map_err(|e| {
-                Error::invalid_argument(format!("setting sysctl {key}={value}: {e}"))
-            })?;
-        }
-        Ok(())
+        sandbox::process::set_sysctls(&sysctls).map_err(super::sandbox_error)
     })
     .join()
     .map_err(|_| Error::internal("setting the pod's sysctls: the thread panicked"))?

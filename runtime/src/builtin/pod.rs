@@ -281,14 +281,15 @@ impl BuiltinRuntime {
     /// namespace unpinned; `rec` (saved by the caller) no longer names a network. On an error
     /// `rec` keeps it: a later stop retries, and so does the GC at the next start.
     pub(super) async fn teardown_cni(&self, rec: &mut store::SandboxRecord) -> Result<()> {
-        if rec.cni_network.is_none() {
-            return Ok(());
-        }
-        let Some(cni) = &self.inner.cni else {
-            tracing::warn!(sandbox = %rec.id, "attached to CNI network {:?}, and the runtime is no longer in CNI mode: not torn down", rec.cni_network);
+        let Some(network) = &rec.cni_network else {
             return Ok(());
         };
-        cni.del(&rec.id, &rec.config, &rec.cgroup_parent).await?;
+        let Some(cni) = &self.inner.cni else {
+            tracing::warn!(sandbox = %rec.id, "attached to CNI network {network:?}, and the runtime is no longer in CNI mode: not torn down");
+            return Ok(());
+        };
+        cni.del(&rec.id, network, &rec.config, &rec.cgroup_parent)
+            .await?;
         cni.unpin(&rec.id);
         rec.cni_network = None;
         Ok(())

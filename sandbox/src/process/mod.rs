@@ -7,6 +7,7 @@
 mod containers;
 mod exec;
 mod ns;
+pub use ns::set_sysctls;
 mod payload;
 mod server;
 mod streams;

@@ -198,7 +198,9 @@ fn start_userns_holder(maps: &crate::spec::IdMappings) -> Result<Pid> {
     }
 }
 
-fn set_sysctls(sysctls: &BTreeMap<String, String>) -> Result<()> {
+/// Sets `sysctls` (names `.` separated) in the caller's namespaces, as `/proc/sys` shows
+/// them to it; the error names the first that failed.
+pub fn set_sysctls(sysctls: &BTreeMap<String, String>) -> Result<()> {
     for (key, value) in sysctls {
         if key.is_empty() || key.contains("..") || key.starts_with('/') || key.starts_with('.') {
             return Err(Error::new(

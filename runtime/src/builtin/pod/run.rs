@@ -398,7 +398,7 @@ impl BuiltinRuntime {
             .map_err(|e| Error::internal(format!("setting the pod's sysctls: {e}")))
             .and_then(|r| r);
             if let Err(e) = set {
-                if let Err(del) = cni.del(id, &want.config, cgroup_parent).await {
+                if let Err(del) = cni.del(id, &net.name, &want.config, cgroup_parent).await {
                     tracing::warn!(sandbox = %id, "{del}");
                 } else {
                     cni.unpin(id);
