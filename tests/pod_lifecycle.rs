@@ -106,13 +106,27 @@ impl Node {
 }
 
 /// Waits (virtual time, in 10 ms steps, at most `limit`) for `f` to give something.
-async fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+async fn wait_for<T>(what: &str, limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, limit, f, String::new).await
+}
+
+/// [`wait_for`], saying what `seen` tells when it times out.
+async fn wait_for_or<T>(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> Option<T>,
+    seen: impl Fn() -> String,
+) -> T {
     let end = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out waiting for {what} {}",
+            seen()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -174,13 +188,27 @@ async fn crash_loop_back_off_doubles_to_the_cap_and_restarts_at_expiry() {
             let uid = node.uid_of("crash").expect("uid");
             let want =
                 format!("back-off 40s restarting failed container=app pod=crash-n1_default({uid})");
-            let c = wait_for("CrashLoopBackOff", Duration::from_secs(5), || {
-                let c = app_status(&node.status("crash")?)?;
-                let w = c.state.as_ref()?.waiting.as_ref()?;
-                (w.reason.as_deref() == Some("CrashLoopBackOff")
-                    && w.message.as_deref() == Some(want.as_str()))
-                .then_some(c)
-            })
+            let seen = std::cell::RefCell::new(None);
+            let c = wait_for_or(
+                "CrashLoopBackOff",
+                Duration::from_secs(5),
+                || {
+                    let c = app_status(&node.status("crash")?)?;
+                    *seen.borrow_mut() = Some(c.clone());
+                    let w = c.state.as_ref()?.waiting.as_ref()?;
+                    (w.reason.as_deref() == Some("CrashLoopBackOff")
+                        && w.message.as_deref() == Some(want.as_str()))
+                    .then_some(c)
+                },
+                || {
+                    format!(
+                        "the app's last status: {:?}; the last runtime calls: {:?}; containers: {:?}",
+                        seen.borrow(),
+                        node.fake.called().iter().rev().take(30).collect::<Vec<_>>(),
+                        node.fake.containers()
+                    )
+                },
+            )
             .await;
             assert!(one_state(&c), "{c:?}");
             let last = c.last_state.and_then(|l| l.terminated).expect("lastState");
@@ -351,6 +379,14 @@ async fn sidecars_start_first_and_stop_last_and_apps_stop_together() {
     .await;
 
     // Termination: each stop takes 5 s; the apps are stopped together, then side2, then side1.
+    // The containers' names are taken now: once the pod has terminated, housekeeping's garbage
+    // collection may remove its containers before the stops are looked at.
+    let names: std::collections::HashMap<String, String> = node
+        .fake
+        .containers()
+        .into_iter()
+        .map(|c| (c.id, c.metadata.name))
+        .collect();
     node.fake.set_stop_delay(Duration::from_secs(5));
     std::fs::remove_file(node.manifests.join("web.yaml")).expect("rm");
     wait_for("everything stopped", Duration::from_secs(60), || {
@@ -358,14 +394,7 @@ async fn sidecars_start_first_and_stop_last_and_apps_stop_together() {
     })
     .await;
     let stops = node.fake.stops();
-    let name = |id: &str| {
-        node.fake
-            .containers()
-            .iter()
-            .find(|c| c.id == id)
-            .map(|c| c.metadata.name.clone())
-            .unwrap_or_default()
-    };
+    let name = |id: &str| names.get(id).cloned().unwrap_or_default();
     let by_name = |n: &str| {
         stops
             .iter()

@@ -15,10 +15,13 @@ fn base() -> &'static (SystemTime, std::time::Instant) {
 /// Now, on tokio's clock.
 pub fn now() -> SystemTime {
     let (wall, mono) = *base();
-    let elapsed = tokio::time::Instant::now()
-        .into_std()
-        .saturating_duration_since(mono);
-    wall + elapsed
+    let at = tokio::time::Instant::now().into_std();
+    // A paused clock (a test's runtime) may have started before another test set the base:
+    // its times before the base are earlier wall times, not the base's (no time stands still).
+    match at.checked_duration_since(mono) {
+        Some(after) => wall + after,
+        None => wall - mono.saturating_duration_since(at),
+    }
 }
 
 /// Now in nanoseconds since the Unix epoch, on tokio's clock.
