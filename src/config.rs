@@ -610,12 +610,13 @@ fn absolute_path(
     }
 }
 
-/// `podCIDR`: a pod CIDR the built-in runtime can use (one IPv4 subnet).
+/// `podCIDR`: the pod CIDRs the built-in runtime can use (one subnet, or one of each family,
+/// comma-separated).
 fn pod_cidr(field: Option<Typed<String>>, default: String) -> Result<String, Error> {
     let Some(cidr) = get(field) else {
         return Ok(default);
     };
-    runtime::builtin::parse_pod_cidr(&cidr).map_err(|e| invalid("podCIDR", e.message()))?;
+    runtime::builtin::parse_pod_cidrs(&cidr).map_err(|e| invalid("podCIDR", e.message()))?;
     Ok(cidr)
 }
 

@@ -566,7 +566,7 @@ async fn torn_store_files_are_set_aside_and_every_pod_adopted() {
     tear(&store_root.join("images.json"));
     tear(&store_root.join("containers").join(&a1).join("rootfs.json"));
     let leases = net.ipam_dir.join(&net.bridge);
-    let prefix = net.pod_cidr.to_string();
+    let prefix = net.pod_cidrs[0].to_string();
     let prefix = prefix.rsplit_once('.').unwrap().0;
     let garbled = leases.join(format!("{prefix}.200"));
     std::fs::write(&garbled, b"\xff\xfe\0").unwrap();

@@ -293,13 +293,13 @@ async fn sigkill_at_random_points_leaves_every_pod_whole_or_gone() {
     let n = std::process::id() % 250 + 1;
     let net = NetworkConfig {
         bridge: format!("nlk{}", std::process::id() % 100_000),
-        pod_cidr: parse_pod_cidr(&format!("10.91.{n}.0/24")).expect("cidr"),
+        pod_cidrs: vec![parse_pod_cidr(&format!("10.91.{n}.0/24")).expect("cidr")],
         ipam_dir: "/run/nodelet/ipam".into(),
         masquerade: true,
         cluster_cidrs: Vec::new(),
     };
     let _network = Network(net.clone());
-    let cidr = net.pod_cidr.to_string();
+    let cidr = net.pod_cidrs[0].to_string();
     let args = ["--pod-bridge", &net.bridge, "--pod-cidr", &cidr];
     let log_dir = node.root.path().join("logs");
 

@@ -56,7 +56,7 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     let net = net.expect("network config");
     let _network = NetworkGuard(net.clone());
     let ipam_dir = net.ipam_dir.join(&net.bridge);
-    let subnet = net.pod_cidr;
+    let subnet = net.pod_cidrs[0];
 
     // The runtime reports its network ready once the bridge is there.
     let st = node
@@ -86,7 +86,7 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     let ip_a = pod_ip(&node.rt, &a.0).await;
     let ip: Ipv4Addr = ip_a.parse().unwrap_or_else(|_| panic!("pod IP {ip_a:?}"));
     assert!(
-        subnet.assignable(ip),
+        subnet.assignable(ip.into()),
         "{ip} is not a pod address of {subnet}"
     );
     assert_eq!(leases(&ipam_dir), 1);
@@ -316,7 +316,7 @@ async fn a_broken_bridge_is_reported_not_ready() {
     let node = Node::with_network("netbad", |n| {
         *n = Some(NetworkConfig {
             bridge: "lo".into(),
-            pod_cidr: parse_pod_cidr("10.89.0.0/24").expect("cidr"),
+            pod_cidrs: vec![parse_pod_cidr("10.89.0.0/24").expect("cidr")],
             ipam_dir: tmp.path().to_path_buf(),
             masquerade: false,
             cluster_cidrs: Vec::new(),
@@ -357,5 +357,141 @@ async fn a_broken_bridge_is_reported_not_ready() {
         })
         .await;
     assert_eq!(pod_ip(&node.rt, &host.0).await, "");
+    node.teardown().await;
+}
+
+/// A dual-stack pod network (`podCIDR: "<v4>,<v6>"`): each pod gets an address of each
+/// family, both in its status (the IPv4 one first, as configured), a default route of each;
+/// pods reach each other over IPv6, and a node port forwards over IPv6 as over IPv4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pods_get_both_families_and_node_ports_forward_over_ipv6() {
+    if !root_or_skip("dual_stack_pods_get_both_families_and_node_ports_forward_over_ipv6") {
+        return;
+    }
+    let mut net = None;
+    let node = Node::with_network("net6", |n| {
+        let pid = std::process::id();
+        let tmp = std::env::temp_dir().join(format!("nodelet-net6-{pid}"));
+        let mut cfg = own_network(&tmp);
+        let k = pid % 250 + 1;
+        // A bridge and subnets of their own: the other tests of this binary run beside it.
+        cfg.bridge = format!("nl6t{}", pid % 100_000);
+        cfg.pod_cidrs =
+            runtime::builtin::parse_pod_cidrs(&format!("10.92.{k}.0/24,fd00:92:{k:x}::/64"))
+                .expect("cidrs");
+        net = Some(cfg.clone());
+        *n = Some(cfg);
+    })
+    .await;
+    let net = net.expect("network config");
+    let _network = NetworkGuard(net.clone());
+    let (v4, v6) = (net.pod_cidrs[0], net.pod_cidrs[1]);
+
+    let host_port = free_port();
+    let a = node
+        .sandbox_with("pod-a", |c| {
+            c.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port: i32::from(host_port),
+                host_ip: String::new(),
+            }];
+        })
+        .await;
+    let web = node.container(&a, "web", &["sh", "-c", WEB]).await;
+    let st = node
+        .rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: a.0.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .status
+        .and_then(|s| s.network)
+        .expect("network status");
+    let ip4: std::net::IpAddr = st.ip.parse().expect("an IPv4 address first");
+    assert!(v4.assignable(ip4), "{ip4} is not of {v4}");
+    let ips: Vec<String> = st.additional_ips.iter().map(|i| i.ip.clone()).collect();
+    assert_eq!(ips.len(), 1, "{ips:?}");
+    let ip6: std::net::IpAddr = ips[0].parse().expect("an IPv6 address");
+    assert!(v6.assignable(ip6), "{ip6} is not of {v6}");
+
+    // Inside: both addresses on eth0, a default route of each family, both in /etc/hosts.
+    let addr = node.exec(&web, &["ip", "addr", "show", "eth0"]).await;
+    let text = String::from_utf8_lossy(&addr.stdout);
+    assert!(text.contains(&format!("inet {ip4}/24")), "{text}");
+    assert!(text.contains(&format!("inet6 {ip6}/64")), "{text}");
+    let route = node.exec(&web, &["ip", "-6", "route"]).await;
+    let text = String::from_utf8_lossy(&route.stdout);
+    assert!(
+        text.contains(&format!("default via {}", v6.gateway())),
+        "{text}"
+    );
+    let hosts = node.exec(&web, &["cat", "/etc/hosts"]).await;
+    let text = String::from_utf8_lossy(&hosts.stdout);
+    assert!(text.contains(&format!("{ip4}\tpod-a")), "{text}");
+    assert!(text.contains(&format!("{ip6}\tpod-a")), "{text}");
+
+    // The node reaches the pod at its IPv6 address, and at the node port over both families.
+    assert_eq!(
+        http_get(SocketAddr::new(ip6, 8080)).await.trim(),
+        "hello-from-pod-a"
+    );
+    let over6 = SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), host_port);
+    assert_eq!(http_get(over6).await.trim(), "hello-from-pod-a");
+    let over4 = SocketAddr::from(([127, 0, 0, 1], host_port));
+    assert_eq!(http_get(over4).await.trim(), "hello-from-pod-a");
+
+    // Another pod reaches it over IPv6.
+    let b = node.sandbox("pod-b").await;
+    let client = node.container(&b, "client", &["sleep", "300"]).await;
+    let got = node
+        .exec(
+            &client,
+            &[
+                "timeout",
+                "10",
+                "wget",
+                "-q",
+                "-O",
+                "-",
+                &format!("http://[{ip6}]:8080/"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "hello-from-pod-a",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+
+    // Stopping the pods frees the addresses of both families.
+    let dir = net.ipam_dir.join(&net.bridge);
+    let held = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .parse::<std::net::IpAddr>()
+                            .is_ok()
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(held(&dir), 4);
+    for id in [&a.0, &b.0] {
+        node.rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            })
+            .await
+            .expect("StopPodSandbox");
+    }
+    assert_eq!(held(&dir), 0);
     node.teardown().await;
 }

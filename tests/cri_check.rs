@@ -34,7 +34,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn serve_node(tag: &str) -> (CriNode, NetworkGuard, CriServe) {
     let node = CriNode::new(tag);
     let net = own_network(node.root.path());
-    let cidr = net.pod_cidr.to_string();
+    let cidr = net.pod_cidrs[0].to_string();
     let args = ["--pod-bridge", &net.bridge, "--pod-cidr", &cidr];
     let server = node.serve("serve.log", &args).await;
     (node, NetworkGuard(net), server)

@@ -48,7 +48,9 @@ pub fn own_network(root: &Path, prefix: &str) -> Result<NetworkConfig> {
         .ok_or_else(|| anyhow!("no free /24 in 10.91.0.0/16"))?;
     Ok(NetworkConfig {
         bridge: format!("{prefix}{}", std::process::id() % 1_000_000),
-        pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.91.{n}.0/24"))?,
+        pod_cidrs: vec![runtime::builtin::parse_pod_cidr(&format!(
+            "10.91.{n}.0/24"
+        ))?],
         ipam_dir: root.join("ipam"),
         masquerade: false,
         cluster_cidrs: Vec::new(),

@@ -561,7 +561,7 @@ pub async fn remove_everything(
     let network = match runtime::builtin::parse_pod_cidr(cidr) {
         Ok(pod_cidr) => Some(runtime::builtin::NetworkConfig {
             bridge: node.bridge.clone(),
-            pod_cidr,
+            pod_cidrs: vec![pod_cidr],
             ipam_dir: PathBuf::from(IPAM_DIR),
             masquerade: false,
             cluster_cidrs: Vec::new(),

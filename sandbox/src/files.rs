@@ -17,9 +17,13 @@ pub fn hosts(spec: &Spec, node_hosts: Option<&str>) -> String {
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
     );
     if !spec.hostname.is_empty() {
-        // As the kubelet writes it: the pod's own address when it has one.
+        // As the kubelet writes it: the pod's own addresses when it has them.
         match &spec.network {
-            Some(net) => s.push_str(&format!("{}\t{}\n", net.address, spec.hostname)),
+            Some(net) => {
+                for a in net.addresses() {
+                    s.push_str(&format!("{}\t{}\n", a.address, spec.hostname));
+                }
+            }
             None => s.push_str(&format!("127.0.1.1\t{}\n", spec.hostname)),
         }
     }

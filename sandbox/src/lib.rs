@@ -22,8 +22,8 @@ pub use client::{Attach, Client, Output, REQUEST_TIMEOUT, StdinDone, StreamExec,
 pub use error::{Error, Kind, Result};
 pub use spec::{
     ContainerSpec, ContainerStatus, Dns, Event, ExecResult, ExecSpec, IdMappings, IdRange, Layout,
-    NamespaceMode, Namespaces, PodNetwork, PortMapping, Protocol, SandboxState, Spec, State,
-    StreamExecSpec, now_ns,
+    NamespaceMode, Namespaces, PodAddress, PodNetwork, PortMapping, Protocol, SandboxState, Spec,
+    State, StreamExecSpec, now_ns,
 };
 
 pub use oci_spec;

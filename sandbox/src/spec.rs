@@ -101,13 +101,37 @@ pub struct PodNetwork {
     pub bridge: String,
     /// The node's end of the veth pair (at most 15 bytes).
     pub host_interface: String,
-    pub address: std::net::Ipv4Addr,
+    /// The pod's first address (an IPv4 or IPv6 one).
+    pub address: std::net::IpAddr,
     pub prefix_len: u8,
-    /// The bridge's address: the pod's default route.
-    pub gateway: std::net::Ipv4Addr,
+    /// The bridge's address of the same family: the pod's default route.
+    pub gateway: std::net::IpAddr,
+    /// The pod's address of the other family, on a dual-stack network.
+    #[serde(default)]
+    pub second: Option<PodAddress>,
     /// Node ports forwarded to the pod.
     #[serde(default)]
     pub ports: Vec<PortMapping>,
+}
+
+/// One address of a pod, with its subnet's length and gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodAddress {
+    pub address: std::net::IpAddr,
+    pub prefix_len: u8,
+    pub gateway: std::net::IpAddr,
+}
+
+impl PodNetwork {
+    /// Every address of the pod: the first, then the other family's.
+    pub fn addresses(&self) -> impl Iterator<Item = PodAddress> + '_ {
+        std::iter::once(PodAddress {
+            address: self.address,
+            prefix_len: self.prefix_len,
+            gateway: self.gateway,
+        })
+        .chain(self.second)
+    }
 }
 
 /// A port of the node forwarded to a port of the pod (a Kubernetes hostPort).

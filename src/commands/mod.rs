@@ -55,7 +55,8 @@ pub fn registry_config(
     }
 }
 
-/// The built-in runtime's pod network on bridge `bridge` with subnet `cidr`, masquerading
+/// The built-in runtime's pod network on bridge `bridge` with subnets `cidr` (one, or one of
+/// each family, comma-separated), masquerading
 /// traffic that leaves the subnet (and the `cluster` subnets) when `masquerade`.
 pub fn pod_network(
     bridge: &str,
@@ -69,7 +70,7 @@ pub fn pod_network(
         .collect::<Result<Vec<_>, _>>()?;
     Ok(runtime::builtin::NetworkConfig {
         bridge: bridge.to_string(),
-        pod_cidr: runtime::builtin::parse_pod_cidr(cidr)?,
+        pod_cidrs: runtime::builtin::parse_pod_cidrs(cidr)?,
         masquerade,
         cluster_cidrs,
         ..Default::default()

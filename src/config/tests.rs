@@ -372,6 +372,11 @@ fn a_bad_pod_cidr_says_why() {
     let e = err(&format!("{HEAD}podCIDR: 10.99.0.1/16\n"));
     assert!(e.contains("podCIDR"), "{e}");
     assert!(e.contains("host bits"), "{e}");
+    let e = err(&format!("{HEAD}podCIDR: 10.99.0.0/16,10.98.0.0/16\n"));
+    assert!(e.contains("two of one family"), "{e}");
+    // Dual stack: one of each family.
+    let (c, _) = ok("podCIDR: 10.99.0.0/16,fd00:99::/64\n");
+    assert_eq!(c.pod_cidr, "10.99.0.0/16,fd00:99::/64");
 }
 
 #[test]

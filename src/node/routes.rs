@@ -13,7 +13,7 @@
 //! protocol number (`runtime::builtin::sync_node_routes`), so no other route is touched.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,28 +34,47 @@ pub const VTEP_MAC_ANNOTATION: &str = "nodelet.io/vxlan-vtep-mac";
 /// The annotation in which a node publishes the address its VXLAN tunnels end at.
 pub const VTEP_ADDRESS_ANNOTATION: &str = "nodelet.io/vxlan-vtep-address";
 
-/// A node's first IPv4 pod CIDR (`spec.podCIDRs`, else `spec.podCIDR`).
-fn subnet_of(node: &Node) -> Option<Subnet> {
+/// A node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`), the first of each family.
+fn subnets_of(node: &Node) -> Vec<Subnet> {
     let spec = node.spec.as_ref();
     let cidrs: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
         Some(list) if !list.is_empty() => list,
         _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
     };
-    cidrs
+    let mut out: Vec<Subnet> = Vec::new();
+    for s in cidrs
         .iter()
-        .filter(|c| !c.contains(':'))
-        .find_map(|c| runtime::builtin::parse_pod_cidr(c).ok())
+        .filter_map(|c| runtime::builtin::parse_pod_cidr(c).ok())
+    {
+        if !out.iter().any(|o| o.is_ipv6() == s.is_ipv6()) {
+            out.push(s);
+        }
+    }
+    out
 }
 
-/// A node's first IPv4 InternalIP.
-fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+/// A node's first IPv4 pod CIDR.
+fn subnet_of(node: &Node) -> Option<Subnet> {
+    subnets_of(node).into_iter().find(|s| !s.is_ipv6())
+}
+
+/// A node's InternalIPs.
+fn internal_ips(node: &Node) -> impl Iterator<Item = IpAddr> + '_ {
     node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
         .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+        .filter_map(|a| a.address.parse::<IpAddr>().ok())
+}
+
+/// A node's first IPv4 InternalIP.
+fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    internal_ips(node).find_map(|ip| match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(_) => None,
+    })
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -96,13 +115,19 @@ pub fn vxlan_peers(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<VxlanPeer> 
     out
 }
 
-/// The routes `nodes` ask for on the node named `own`: each other node's first IPv4 pod CIDR
-/// via its first IPv4 InternalIP. Nodes without either are left out (logged by the caller).
-pub fn wanted(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<(Subnet, Ipv4Addr)> {
+/// The routes `nodes` ask for on the node named `own`: each other node's pod CIDR of each
+/// family via its first InternalIP of that family. A CIDR without an InternalIP of its family
+/// is left out.
+pub fn wanted(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<(Subnet, IpAddr)> {
     nodes
         .iter()
         .filter(|(name, _)| name.as_str() != own)
-        .filter_map(|(_, node)| Some((subnet_of(node)?, internal_ip(node)?)))
+        .flat_map(|(_, node)| {
+            subnets_of(node).into_iter().filter_map(|s| {
+                let via = internal_ips(node).find(|ip| ip.is_ipv6() == s.is_ipv6())?;
+                Some((s, via))
+            })
+        })
         .collect()
 }
 
@@ -123,7 +148,10 @@ impl Keep {
             Routes::HostGw => Some(Keep::HostGw),
             Routes::Vxlan => Some(Keep::Vxlan {
                 settings,
-                fallback: runtime::builtin::parse_pod_cidr(pod_cidr).ok()?,
+                fallback: runtime::builtin::parse_pod_cidrs(pod_cidr)
+                    .ok()?
+                    .into_iter()
+                    .find(|s| !s.is_ipv6())?,
             }),
         }
     }
@@ -187,7 +215,7 @@ pub async fn run(client: kube::Client, own: String, keep: Keep, cancel: Cancella
 /// What was last applied (forgotten every [`RESYNC`], so that it is checked again).
 enum State {
     HostGw {
-        applied: Option<Vec<(Subnet, Ipv4Addr)>>,
+        applied: Option<Vec<(Subnet, IpAddr)>>,
     },
     Vxlan(VxlanState),
 }
@@ -206,7 +234,7 @@ impl State {
 }
 
 async fn host_gw(
-    applied: &mut Option<Vec<(Subnet, Ipv4Addr)>>,
+    applied: &mut Option<Vec<(Subnet, IpAddr)>>,
     nodes: &BTreeMap<String, Node>,
     own: &str,
 ) {
@@ -377,12 +405,16 @@ mod tests {
         );
         assert_eq!(peers[0].mac, [0x0a, 0x58, 0x0a, 0xf4, 0x02, 0x00]);
         assert!(vxlan_peers(&nodes, "a").is_empty(), "no VTEP published");
+        // A dual-stack node: a route for each family, via its address of that family.
         assert_eq!(
             got,
-            vec![(
-                "10.244.2.0/24".parse().unwrap(),
-                "192.168.1.2".parse().unwrap()
-            )]
+            vec![
+                ("fd00:2::/64".parse().unwrap(), "fd00::2".parse().unwrap()),
+                (
+                    "10.244.2.0/24".parse().unwrap(),
+                    "192.168.1.2".parse().unwrap()
+                )
+            ]
         );
     }
 }

@@ -884,7 +884,9 @@ pub fn own_network(root: &Path) -> runtime::builtin::NetworkConfig {
     let n = std::process::id() % 250 + 1;
     runtime::builtin::NetworkConfig {
         bridge: format!("nlt{}", std::process::id() % 100_000),
-        pod_cidr: runtime::builtin::parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
+        pod_cidrs: vec![
+            runtime::builtin::parse_pod_cidr(&format!("10.89.{n}.0/24")).expect("cidr"),
+        ],
         ipam_dir: root.join("ipam"),
         masquerade: true,
         cluster_cidrs: Vec::new(),

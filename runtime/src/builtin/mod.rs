@@ -40,7 +40,7 @@ pub use images::{
 };
 pub use network::{
     NetworkConfig, VxlanDevice, VxlanPeer, ensure_vxlan, format_mac, parse_mac, parse_pod_cidr,
-    remove_node_network, sync_node_routes, sync_vxlan,
+    parse_pod_cidrs, remove_node_network, sync_node_routes, sync_vxlan,
 };
 /// An IPv4 subnet (a pod CIDR).
 pub use sandbox::net::Subnet;
@@ -391,7 +391,7 @@ impl BuiltinRuntime {
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
             tracing::error!(sandbox = %id, "{e}");
         }
-        self.release_address(id, rec.ip);
+        self.release_address(id, rec.bridge_ips());
         self.unmount_exited_in(id).await;
         self.emit(id, cri::ContainerEventType::ContainerStoppedEvent);
         true

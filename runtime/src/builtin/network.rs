@@ -20,12 +20,13 @@ use crate::{Error, Result, cri};
 pub struct NetworkConfig {
     /// The node's bridge (created when missing).
     pub bridge: String,
-    /// The subnet pods get addresses from; its first address is the bridge's.
-    pub pod_cidr: Subnet,
+    /// The subnets pods get addresses from: one, or one of each family (dual stack); the
+    /// first address of each is the bridge's.
+    pub pod_cidrs: Vec<Subnet>,
     /// Where the addresses in use are recorded, one directory per bridge. On tmpfs, so that
     /// a reboot (which ends every pod) frees them all.
     pub ipam_dir: PathBuf,
-    /// Masquerade pod traffic leaving the pod subnet behind the node's address (and turn IPv4
+    /// Masquerade pod traffic leaving the pod subnet behind the node's address (and turn
     /// forwarding on), as the CNI bridge plugin's `ipMasq`. Off when the network routes the
     /// pod subnet itself.
     pub masquerade: bool,
@@ -38,10 +39,10 @@ impl Default for NetworkConfig {
     fn default() -> Self {
         NetworkConfig {
             bridge: "nodelet0".to_string(),
-            pod_cidr: Subnet {
-                network: Ipv4Addr::new(10, 88, 0, 0),
+            pod_cidrs: vec![Subnet {
+                network: IpAddr::V4(Ipv4Addr::new(10, 88, 0, 0)),
                 prefix_len: 16,
-            },
+            }],
             ipam_dir: PathBuf::from("/run/nodelet/ipam"),
             masquerade: true,
             cluster_cidrs: Vec::new(),
@@ -49,16 +50,31 @@ impl Default for NetworkConfig {
     }
 }
 
-/// Parses a pod CIDR (`10.88.0.0/16`); the error says what is wrong with it.
+/// Parses a pod CIDR (`10.88.0.0/16`, `fd00:88::/64`); the error says what is wrong with it.
 pub fn parse_pod_cidr(cidr: &str) -> Result<Subnet> {
     cidr.parse::<Subnet>()
         .map_err(|e| Error::invalid_argument(e.to_string()))
 }
 
+/// Parses pod CIDRs, comma-separated: one, or one of each family (`10.88.0.0/16,fd00:88::/64`).
+pub fn parse_pod_cidrs(cidrs: &str) -> Result<Vec<Subnet>> {
+    let mut out: Vec<Subnet> = Vec::new();
+    for c in cidrs.split(',').map(str::trim) {
+        let s = parse_pod_cidr(c)?;
+        if out.iter().any(|o| o.is_ipv6() == s.is_ipv6()) {
+            return Err(Error::invalid_argument(format!(
+                "pod CIDRs {cidrs:?}: two of one family (dual stack takes one IPv4 and one IPv6)"
+            )));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
 /// Makes the node's routes to other nodes' pod subnets exactly `want` (subnet via that node's
-/// address; `sandbox::net::routes`): for the kubelet's `host-gw` mode, whatever the runtime.
-/// Returns how many routes changed.
-pub fn sync_node_routes(want: &[(Subnet, Ipv4Addr)]) -> Result<usize> {
+/// address of the subnet's family; `sandbox::net::routes`): for the kubelet's `host-gw` mode,
+/// whatever the runtime. Returns how many routes changed.
+pub fn sync_node_routes(want: &[(Subnet, IpAddr)]) -> Result<usize> {
     sandbox::net::routes::sync(want).map_err(super::sandbox_error)
 }
 
@@ -78,7 +94,7 @@ pub fn sync_vxlan(name: &str, peers: &[VxlanPeer]) -> Result<usize> {
 }
 
 /// Removes what the pod network of `cfg` set up on the node (the bridge and the masquerade
-/// rule), for a node being reset; addresses still held stay recorded.
+/// rules), for a node being reset; addresses still held stay recorded.
 pub fn remove_node_network(cfg: &NetworkConfig) -> Result<()> {
     sandbox::net::remove_node_network(&cfg.bridge).map_err(super::sandbox_error)
 }
@@ -103,34 +119,48 @@ pub(super) struct Network {
     set_up: std::sync::atomic::AtomicBool,
 }
 
-/// The subnet new pods get addresses from, and the earlier ones pods may still hold.
+/// The subnets new pods get addresses from (one per family, each with its address book),
+/// and the earlier ones pods may still hold.
 struct Subnets {
-    current: Subnet,
-    ipam: Ipam,
+    current: Vec<(Subnet, Ipam)>,
     earlier: Vec<Subnet>,
 }
 
-/// The file beside the addresses naming the subnet the kubelet handed over.
+/// The file beside the addresses naming the subnets the kubelet handed over.
 const NODE_CIDR_FILE: &str = "node-cidr";
+
+/// One address book per subnet, all in `dir`.
+fn books(dir: &std::path::Path, subnets: &[Subnet]) -> Result<Vec<(Subnet, Ipam)>> {
+    subnets
+        .iter()
+        .map(|s| {
+            Ipam::new(dir, *s)
+                .map(|i| (*s, i))
+                .map_err(|e| Error::internal(e.to_string()))
+        })
+        .collect()
+}
 
 impl Network {
     pub fn new(cfg: NetworkConfig) -> Result<Self> {
         sandbox::net::check_interface_name(&cfg.bridge)
             .map_err(|e| Error::invalid_argument(format!("bridge: {e}")))?;
+        if cfg.pod_cidrs.is_empty() {
+            return Err(Error::invalid_argument("the pod network has no pod CIDR"));
+        }
         let dir = cfg.ipam_dir.join(&cfg.bridge);
-        let handed: Option<Subnet> = std::fs::read_to_string(dir.join(NODE_CIDR_FILE))
+        let handed: Option<Vec<Subnet>> = std::fs::read_to_string(dir.join(NODE_CIDR_FILE))
             .ok()
-            .and_then(|s| s.trim().parse().ok());
-        let current = handed.unwrap_or(cfg.pod_cidr);
-        let ipam = Ipam::new(&dir, current).map_err(|e| Error::internal(e.to_string()))?;
-        let earlier = if current == cfg.pod_cidr {
-            Vec::new()
-        } else {
-            vec![cfg.pod_cidr]
-        };
+            .and_then(|s| parse_pod_cidrs(s.trim()).ok());
+        let current = handed.unwrap_or_else(|| cfg.pod_cidrs.clone());
+        let earlier = cfg
+            .pod_cidrs
+            .iter()
+            .filter(|c| !current.contains(c))
+            .copied()
+            .collect();
         let subnets = Subnets {
-            current,
-            ipam,
+            current: books(&dir, &current)?,
             earlier,
         };
         let net = Network {
@@ -150,10 +180,12 @@ impl Network {
         self.subnets.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Every subnet pods may hold addresses of: the current one first.
+    /// Every subnet pods may hold addresses of: the current ones first.
     pub fn subnets(&self) -> Vec<Subnet> {
         let s = self.read();
-        std::iter::once(s.current)
+        s.current
+            .iter()
+            .map(|(c, _)| *c)
             .chain(s.earlier.iter().copied())
             .collect()
     }
@@ -166,61 +198,80 @@ impl Network {
             .retain(|sub| leases.iter().any(|l| sub.contains(l.ip)));
     }
 
-    /// An address for sandbox `owner` (of the runtime at `runtime`) and the subnet it is of.
-    pub fn allocate(&self, owner: &str, runtime: &str) -> sandbox::Result<(Ipv4Addr, Subnet)> {
+    /// An address of each current subnet for sandbox `owner` (of the runtime at `runtime`),
+    /// with the subnet it is of. When one runs out, those taken are given back.
+    pub fn allocate(&self, owner: &str, runtime: &str) -> sandbox::Result<Vec<(IpAddr, Subnet)>> {
         let s = self.read();
-        Ok((s.ipam.allocate(owner, runtime)?, s.current))
+        let mut out = Vec::new();
+        for (subnet, ipam) in &s.current {
+            match ipam.allocate(owner, runtime) {
+                Ok(ip) => out.push((ip, *subnet)),
+                Err(e) => {
+                    for (ip, _) in out {
+                        let _ = ipam.release(ip, owner);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Frees `ip` if `owner` holds it (whatever subnet it is of: the addresses share one
     /// directory).
-    pub fn release(&self, ip: Ipv4Addr, owner: &str) -> sandbox::Result<()> {
-        self.read().ipam.release(ip, owner)
+    pub fn release(&self, ip: IpAddr, owner: &str) -> sandbox::Result<()> {
+        match self.read().current.first() {
+            Some((_, ipam)) => ipam.release(ip, owner),
+            None => Ok(()),
+        }
     }
 
     /// Every address in use.
     pub fn leases(&self) -> Vec<sandbox::net::Lease> {
-        self.read().ipam.leases()
+        self.read()
+            .current
+            .first()
+            .map(|(_, ipam)| ipam.leases())
+            .unwrap_or_default()
     }
 
-    /// Makes `cidrs` (the Node's `spec.podCIDRs`, comma-separated) the subnet new pods get
-    /// addresses from: its IPv4 entry (an IPv6 one is not supported yet and is named in the
-    /// log). Returns whether that changed anything; the node is set up for it by the caller
-    /// ([`Network::ensure_all`]).
+    /// Makes `cidrs` (the Node's `spec.podCIDRs`, comma-separated: one, or one of each family)
+    /// the subnets new pods get addresses from. Returns whether that changed anything; the
+    /// node is set up for it by the caller ([`Network::ensure_all`]).
     pub fn use_pod_cidr(&self, cidrs: &str) -> Result<bool> {
-        let mut v4 = None;
-        for c in cidrs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-            if c.contains(':') {
-                tracing::warn!(
-                    "the node's pod CIDR {c} is IPv6: the built-in network gives pods IPv4                      addresses only; ignored"
-                );
-                continue;
-            }
-            if v4.is_none() {
-                v4 = Some(parse_pod_cidr(c)?);
-            }
-        }
-        let Some(new) = v4 else {
+        let cidrs = cidrs.trim();
+        if cidrs.is_empty() {
             return Ok(false);
-        };
+        }
+        let new = parse_pod_cidrs(cidrs)?;
         let dir = self.cfg.ipam_dir.join(&self.cfg.bridge);
         {
             let mut s = self.write();
-            if s.current == new {
+            let old: Vec<Subnet> = s.current.iter().map(|(c, _)| *c).collect();
+            if old == new {
                 return Ok(false);
             }
-            let ipam = Ipam::new(&dir, new).map_err(|e| Error::internal(e.to_string()))?;
-            let old = s.current;
-            s.earlier.retain(|e| *e != new);
-            s.earlier.insert(0, old);
-            s.current = new;
-            s.ipam = ipam;
+            let current = books(&dir, &new)?;
+            s.earlier.retain(|e| !new.contains(e));
+            for o in old.iter().rev().filter(|o| !new.contains(o)) {
+                s.earlier.insert(0, *o);
+            }
+            s.current = current;
+            let show = |v: &[Subnet]| {
+                v.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
             tracing::info!(
-                "pod CIDR {new} from the node: new pods get addresses from it (was {old})"
+                "pod CIDRs {} from the node: new pods get addresses from them (were {})",
+                show(&new),
+                show(&old)
             );
         }
         let record = dir.join(NODE_CIDR_FILE);
-        std::fs::write(&record, new.to_string())
+        let text: Vec<String> = new.iter().map(ToString::to_string).collect();
+        std::fs::write(&record, text.join(","))
             .map_err(|e| Error::internal(format!("writing {}: {e}", record.display())))?;
         self.forget_unused_subnets();
         Ok(true)
@@ -247,13 +298,16 @@ impl Network {
     fn ensure_with(&self, replace: bool) -> std::result::Result<(), NetworkError> {
         let bridge = &self.cfg.bridge;
         let subnets = self.subnets();
-        // The gateway address of every subnet pods may be on (the current one first).
+        // The gateway address of every subnet pods may be on (the current ones first).
         for s in subnets.iter().rev() {
             sandbox::net::ensure_bridge(bridge, *s)?;
         }
         if self.cfg.masquerade {
             let cluster = &self.cfg.cluster_cidrs;
             sandbox::net::ensure_masquerade(bridge, &subnets, cluster, replace)?;
+        } else {
+            // Routed pods still cross the node.
+            sandbox::net::ensure_forwarding(&subnets)?;
         }
         self.set_up
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -274,20 +328,32 @@ impl Network {
         format!("nlv{short}")
     }
 
+    /// The pod network of sandbox `sandbox_id` with `addresses` (from [`Network::allocate`]:
+    /// one, or one of each family).
     pub fn pod_network(
         &self,
         sandbox_id: &str,
-        (address, subnet): (Ipv4Addr, Subnet),
+        addresses: &[(IpAddr, Subnet)],
         ports: Vec<sandbox::PortMapping>,
-    ) -> sandbox::PodNetwork {
-        sandbox::PodNetwork {
-            bridge: self.cfg.bridge.clone(),
-            host_interface: Self::host_interface(sandbox_id),
-            address,
+    ) -> Result<sandbox::PodNetwork> {
+        let pod_address = |(address, subnet): &(IpAddr, Subnet)| sandbox::PodAddress {
+            address: *address,
             prefix_len: subnet.prefix_len,
             gateway: subnet.gateway(),
+        };
+        let first = addresses
+            .first()
+            .map(pod_address)
+            .ok_or_else(|| Error::internal("a pod network with no address"))?;
+        Ok(sandbox::PodNetwork {
+            bridge: self.cfg.bridge.clone(),
+            host_interface: Self::host_interface(sandbox_id),
+            address: first.address,
+            prefix_len: first.prefix_len,
+            gateway: first.gateway,
+            second: addresses.get(1).map(pod_address),
             ports,
-        }
+        })
     }
 }
 
@@ -415,37 +481,86 @@ mod tests {
         };
         let configured: Subnet = "10.88.0.0/16".parse().unwrap();
         let node: Subnet = "10.77.3.0/24".parse().unwrap();
+        let node6: Subnet = "fd00:77::/64".parse().unwrap();
         let net = Network::new(cfg.clone()).unwrap();
-        let (old_ip, old_subnet) = net.allocate("sb-old", "rt").unwrap();
-        assert_eq!(old_subnet, configured);
-        // The Node's (an IPv6 entry beside it is left out): new pods get its addresses.
+        let old = net.allocate("sb-old", "rt").unwrap();
+        assert_eq!(old.len(), 1);
+        assert_eq!(old[0].1, configured);
+        // The Node's (dual stack): new pods get an address of each.
         assert!(net.use_pod_cidr("10.77.3.0/24,fd00:77::/64").unwrap());
         assert!(
-            !net.use_pod_cidr("10.77.3.0/24").unwrap(),
+            !net.use_pod_cidr("10.77.3.0/24, fd00:77::/64").unwrap(),
             "no change, nothing to do"
         );
-        let (ip, subnet) = net.allocate("sb-new", "rt").unwrap();
-        assert_eq!(subnet, node);
-        assert!(node.contains(ip) && !configured.contains(ip), "{ip}");
-        let pn = net.pod_network("sb-new", (ip, subnet), Vec::new());
+        let new = net.allocate("sb-new", "rt").unwrap();
+        assert_eq!(
+            new,
+            [
+                ("10.77.3.2".parse().unwrap(), node),
+                ("fd00:77::2".parse().unwrap(), node6)
+            ]
+        );
+        let pn = net.pod_network("sb-new", &new, Vec::new()).unwrap();
         assert_eq!(
             (pn.prefix_len, pn.gateway),
             (24, "10.77.3.1".parse().unwrap())
         );
+        let second = pn.second.expect("an IPv6 address");
+        assert_eq!(
+            (second.address, second.prefix_len, second.gateway),
+            (
+                "fd00:77::2".parse().unwrap(),
+                64,
+                "fd00:77::1".parse().unwrap()
+            )
+        );
         // The old pod's subnet stays on the bridge and in the masquerade while it is held.
-        assert_eq!(net.subnets(), vec![node, configured]);
+        assert_eq!(net.subnets(), vec![node, node6, configured]);
         // A restarted runtime goes on with the Node's.
         let again = Network::new(cfg.clone()).unwrap();
-        assert_eq!(again.subnets(), vec![node, configured]);
-        net.release(old_ip, "sb-old").unwrap();
-        let later = Network::new(cfg).unwrap();
+        assert_eq!(again.subnets(), vec![node, node6, configured]);
+        net.release(old[0].0, "sb-old").unwrap();
+        let later = Network::new(cfg.clone()).unwrap();
         assert_eq!(
             later.subnets(),
-            vec![node],
+            vec![node, node6],
             "nobody holds an address of the old one"
         );
         assert!(net.use_pod_cidr("10.77.3.0/33").is_err());
-        assert!(!net.use_pod_cidr("fd00::/64").unwrap());
+        let e = net.use_pod_cidr("10.77.3.0/24,10.78.0.0/24").unwrap_err();
+        assert!(e.message().contains("two of one family"), "{e}");
+        // Back to IPv4 only: the IPv6 subnet stays while a pod holds an address of it.
+        assert!(net.use_pod_cidr("10.77.3.0/24").unwrap());
+        assert_eq!(net.subnets(), vec![node, node6]);
+        assert_eq!(net.allocate("sb-v4", "rt").unwrap().len(), 1);
+        for (ip, _) in new {
+            net.release(ip, "sb-new").unwrap();
+        }
+        assert_eq!(Network::new(cfg).unwrap().subnets(), vec![node]);
+    }
+
+    #[test]
+    fn a_dual_stack_network_gives_both_families_or_neither() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = NetworkConfig {
+            bridge: "nltest1".into(),
+            ipam_dir: dir.path().to_path_buf(),
+            pod_cidrs: parse_pod_cidrs("fd00:88::/126,10.89.0.0/24").unwrap(),
+            ..Default::default()
+        };
+        let net = Network::new(cfg).unwrap();
+        let a = net.allocate("a", "rt").unwrap();
+        assert_eq!(a.len(), 2);
+        assert!(a[0].0.is_ipv6() && a[1].0.is_ipv4(), "{a:?}");
+        // The /126 has one address for a pod: the next pod gets none of either family.
+        assert!(net.allocate("b", "rt").is_err());
+        assert_eq!(
+            net.leases().len(),
+            2,
+            "the IPv4 address taken for b went back"
+        );
+        assert!(parse_pod_cidrs("fd00::/64,fd01::/64").is_err());
+        assert!(parse_pod_cidrs("10.0.0.0/8,").is_err());
     }
 
     #[test]

@@ -126,7 +126,10 @@ impl BuiltinRuntime {
         let id = new_id()?;
         let cgroup_parent = self.cgroup_parent(&want.config, &id)?;
         let network = self.pod_network(&id, &want).await?;
-        let ip = network.as_ref().map(|n| n.address);
+        let ips: Vec<std::net::IpAddr> = network
+            .as_ref()
+            .map(|n| n.addresses().map(|a| a.address).collect())
+            .unwrap_or_default();
         let spec = want.spec(&id, &cgroup_parent, network, self.inner.cni.is_some());
         let cgroup_parent = cgroup_parent.path;
         let launched = async {
@@ -141,7 +144,7 @@ impl BuiltinRuntime {
         };
         let recorded = match attached {
             Ok(cni) => {
-                let mut rec = want.into_record(&id, cgroup_parent, ip, cni);
+                let mut rec = want.into_record(&id, cgroup_parent, &ips, cni);
                 let saved = self.inner.records.save_sandbox(&rec);
                 if saved.is_err() {
                     self.teardown_cni_logged(&mut rec).await;
@@ -192,7 +195,7 @@ impl BuiltinRuntime {
         rec.stopped = true;
         self.inner.records.save_sandbox(&rec)?;
         // The sandbox process is gone, and its network namespace and veth pair with it.
-        self.release_address(&id, rec.ip);
+        self.release_address(&id, rec.bridge_ips());
         // Its containers too: their rootfs go now, whether or not their exits were seen.
         self.unmount_exited_in(&id).await;
         self.emit(&id, cri::ContainerEventType::ContainerStoppedEvent);
@@ -324,9 +327,16 @@ impl BuiltinRuntime {
         });
     }
 
-    /// Frees the pod address `ip` of sandbox `id`, if it has one.
-    pub(super) fn release_address(&self, id: &str, ip: Option<std::net::Ipv4Addr>) {
-        if let (Some(net), Some(ip)) = (&self.inner.network, ip) {
+    /// Frees the pod addresses `ips` of sandbox `id`.
+    pub(super) fn release_address(
+        &self,
+        id: &str,
+        ips: impl IntoIterator<Item = std::net::IpAddr>,
+    ) {
+        let Some(net) = &self.inner.network else {
+            return;
+        };
+        for ip in ips {
             if let Err(e) = net.release(ip, id) {
                 tracing::warn!(sandbox = %id, "freeing pod address {ip}: {e}");
             }
@@ -352,7 +362,7 @@ impl BuiltinRuntime {
             };
             if stale {
                 tracing::info!(sandbox = %lease.owner, "freeing stale pod address {}", lease.ip);
-                self.release_address(&lease.owner, Some(lease.ip));
+                self.release_address(&lease.owner, [lease.ip]);
             }
         }
     }
@@ -395,6 +405,12 @@ impl BuiltinRuntime {
 
 /// The CRI status of the sandbox `rec`, ready or not as the caller found it.
 pub(super) fn sandbox_status_of(rec: &store::SandboxRecord, ready: bool) -> cri::PodSandboxStatus {
+    // A stopped sandbox's addresses are free again, and may be another's.
+    let ips = if rec.stopped {
+        Vec::new()
+    } else {
+        rec.pod_ips()
+    };
     cri::PodSandboxStatus {
         id: rec.id.clone(),
         metadata: rec.config.metadata.clone(),
@@ -406,18 +422,10 @@ pub(super) fn sandbox_status_of(rec: &store::SandboxRecord, ready: bool) -> cri:
         created_at: rec.created_at,
         network: Some(cri::PodSandboxNetworkStatus {
             // A stopped sandbox's address is free again, and may be another's.
-            ip: rec
-                .ip
-                .map(std::net::IpAddr::V4)
-                .or_else(|| rec.cni_ips.first().copied())
-                .filter(|_| !rec.stopped)
-                .map(|ip| ip.to_string())
-                .unwrap_or_default(),
-            additional_ips: rec
-                .cni_ips
+            ip: ips.first().map(|ip| ip.to_string()).unwrap_or_default(),
+            additional_ips: ips
                 .iter()
                 .skip(1)
-                .filter(|_| !rec.stopped)
                 .map(|ip| cri::PodIp { ip: ip.to_string() })
                 .collect(),
         }),

@@ -35,7 +35,7 @@ impl BuiltinRuntime {
                 if let Err(e) = self.inner.records.save_sandbox(&rec) {
                     tracing::error!(sandbox = %rec.id, "{e}");
                 }
-                self.release_address(&rec.id, rec.ip);
+                self.release_address(&rec.id, rec.bridge_ips());
                 continue;
             }
             self.watch_sandbox(&rec.id).await;
@@ -90,7 +90,7 @@ impl BuiltinRuntime {
         if let Err(e) = self.inner.records.save_sandbox(&rec) {
             tracing::error!(sandbox = %id, "{e}");
         }
-        self.release_address(&id, rec.ip);
+        self.release_address(&id, rec.bridge_ips());
         for c in &lost {
             self.emit(&c.id, cri::ContainerEventType::ContainerStoppedEvent);
         }

@@ -24,13 +24,30 @@ pub struct SandboxRecord {
     pub cgroup_parent: String,
     /// The pod's address on the runtime's pod network, held until the sandbox stops.
     #[serde(default)]
-    pub ip: Option<std::net::Ipv4Addr>,
+    pub ip: Option<std::net::IpAddr>,
+    /// Its address of the other family on a dual-stack pod network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_ip: Option<std::net::IpAddr>,
     /// In CNI mode: the network the sandbox is attached to, until its DEL has run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni_network: Option<String>,
     /// In CNI mode: the pod's addresses from its network (IPv4 first), held until it stops.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cni_ips: Vec<std::net::IpAddr>,
+}
+
+impl SandboxRecord {
+    /// The addresses the sandbox holds on the runtime's bridge.
+    pub fn bridge_ips(&self) -> Vec<std::net::IpAddr> {
+        self.ip.into_iter().chain(self.second_ip).collect()
+    }
+
+    /// Every address of the pod, of the bridge or of its CNI network, the first first.
+    pub fn pod_ips(&self) -> Vec<std::net::IpAddr> {
+        let mut ips = self.bridge_ips();
+        ips.extend(self.cni_ips.iter().copied());
+        ips
+    }
 }
 
 /// A container as created.
@@ -310,7 +327,8 @@ mod tests {
             created_at: 1,
             stopped: false,
             cgroup_parent: "/x".into(),
-            ip: Some(std::net::Ipv4Addr::new(10, 88, 0, 7)),
+            ip: Some(std::net::Ipv4Addr::new(10, 88, 0, 7).into()),
+            second_ip: None,
             cni_network: None,
             cni_ips: Vec::new(),
         })
@@ -320,7 +338,7 @@ mod tests {
         assert_eq!(again.sandbox("s1").unwrap().cgroup_parent, "/x");
         assert_eq!(
             again.sandbox("s1").unwrap().ip,
-            Some(std::net::Ipv4Addr::new(10, 88, 0, 7))
+            Some(std::net::Ipv4Addr::new(10, 88, 0, 7).into())
         );
         assert!(again.sandbox("broken").is_none());
         again.remove_sandbox("s1");

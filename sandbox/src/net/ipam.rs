@@ -3,15 +3,15 @@
 //! The directory is meant to live on tmpfs (`/run`): after a reboot no pod holds an address.
 
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Kind, Result};
 
-/// An IPv4 subnet, `a.b.c.d/len`.
+/// An IPv4 or IPv6 subnet, `a.b.c.d/len` or `a:b::/len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Subnet {
-    pub network: Ipv4Addr,
+    pub network: IpAddr,
     pub prefix_len: u8,
 }
 
@@ -27,11 +27,11 @@ impl std::str::FromStr for Subnet {
         let bad = |why: &str| {
             Error::new(
                 Kind::InvalidArgument,
-                format!("pod CIDR {s:?}: {why} (want an IPv4 a.b.c.d/len)"),
+                format!("pod CIDR {s:?}: {why} (want a.b.c.d/len or an IPv6 a:b::/len)"),
             )
         };
         let (addr, len) = s.split_once('/').ok_or_else(|| bad("no prefix length"))?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| bad("not an IPv4 address"))?;
+        let addr: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
         let prefix_len: u8 = len.parse().map_err(|_| bad("bad prefix length"))?;
         let subnet = Subnet::containing(addr, prefix_len).map_err(|e| bad(&e))?;
         if subnet.network != addr {
@@ -41,41 +41,102 @@ impl std::str::FromStr for Subnet {
     }
 }
 
+/// An address as a number of its family's width (IPv4 in the low 32 bits).
+fn bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
 impl Subnet {
-    /// The subnet of length `prefix_len` (8 to 29) that holds `addr`.
-    pub fn containing(addr: Ipv4Addr, prefix_len: u8) -> std::result::Result<Self, String> {
-        if !(8..=29).contains(&prefix_len) {
-            return Err("the prefix length must be between 8 and 29".to_string());
+    /// The prefix lengths a pod subnet of `ip`'s family may have: IPv4 8 to 29, IPv6 48 to
+    /// 126 (an address for a pod at least, besides the network, gateway and last ones).
+    fn prefix_range(ip: IpAddr) -> std::ops::RangeInclusive<u8> {
+        if ip.is_ipv4() { 8..=29 } else { 48..=126 }
+    }
+
+    /// The subnet of length `prefix_len` that holds `addr`.
+    pub fn containing(addr: IpAddr, prefix_len: u8) -> std::result::Result<Self, String> {
+        let range = Self::prefix_range(addr);
+        if !range.contains(&prefix_len) {
+            return Err(format!(
+                "the prefix length must be between {} and {}",
+                range.start(),
+                range.end()
+            ));
         }
-        let mask = u32::MAX << (32 - u32::from(prefix_len));
+        let s = Subnet {
+            network: addr,
+            prefix_len,
+        };
         Ok(Subnet {
-            network: Ipv4Addr::from(u32::from(addr) & mask),
+            network: s.addr(bits(addr) & !s.host_bits()),
             prefix_len,
         })
     }
 
-    fn host_bits(&self) -> u32 {
-        u32::MAX >> u32::from(self.prefix_len)
+    /// Whether this is an IPv6 subnet.
+    pub fn is_ipv6(&self) -> bool {
+        self.network.is_ipv6()
     }
+
+    fn width(&self) -> u32 {
+        if self.is_ipv6() { 128 } else { 32 }
+    }
+
+    fn addr(&self, n: u128) -> IpAddr {
+        match self.network {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX))),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(n)),
+        }
+    }
+
+    fn host_bits(&self) -> u128 {
+        let host = self.width() - u32::from(self.prefix_len);
+        u128::MAX.checked_shr(128 - host).unwrap_or(0)
+    }
+
+    /// The netmask, as bytes of the address's width.
+    pub fn mask_bytes(&self) -> Vec<u8> {
+        let mask = !self.host_bits();
+        match self.network {
+            IpAddr::V4(_) => u32::try_from(mask & u128::from(u32::MAX))
+                .unwrap_or(0)
+                .to_be_bytes()
+                .to_vec(),
+            IpAddr::V6(_) => mask.to_be_bytes().to_vec(),
+        }
+    }
+
+    /// The network address's bytes.
+    pub fn network_bytes(&self) -> Vec<u8> {
+        match self.network {
+            IpAddr::V4(v4) => v4.octets().to_vec(),
+            IpAddr::V6(v6) => v6.octets().to_vec(),
+        }
+    }
+
     /// The bridge's own address: the first in the subnet.
-    pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network) + 1)
+    pub fn gateway(&self) -> IpAddr {
+        self.addr(bits(self.network) + 1)
     }
     /// Whether `ip` is in the subnet.
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        (u32::from(ip) & !self.host_bits()) == u32::from(self.network)
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv6() == self.is_ipv6() && (bits(ip) & !self.host_bits()) == bits(self.network)
     }
-    /// Whether `ip` may be given to a pod: inside, and not the network, gateway or broadcast.
-    pub fn assignable(&self, ip: Ipv4Addr) -> bool {
-        let n = u32::from(self.network);
-        let i = u32::from(ip);
-        i > n + 1 && i < n + self.host_bits() && (i & !self.host_bits()) == n
+    /// Whether `ip` may be given to a pod: inside, and not the network, gateway or last
+    /// (IPv4's broadcast) address.
+    pub fn assignable(&self, ip: IpAddr) -> bool {
+        let n = bits(self.network);
+        let i = bits(ip);
+        self.contains(ip) && i > n + 1 && i < n + self.host_bits()
     }
-    fn first(&self) -> u32 {
-        u32::from(self.network) + 2
+    fn first(&self) -> u128 {
+        bits(self.network) + 2
     }
-    fn last(&self) -> u32 {
-        u32::from(self.network) + self.host_bits() - 1
+    fn last(&self) -> u128 {
+        bits(self.network) + self.host_bits() - 1
     }
 }
 
@@ -89,7 +150,7 @@ pub struct Ipam {
 /// One address in use: who holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// The sandbox holding it.
     pub owner: String,
     /// Which runtime gave it out (its root dir), so each cleans only its own leftovers.
@@ -107,28 +168,34 @@ impl Ipam {
         self.subnet
     }
 
-    fn path(&self, ip: Ipv4Addr) -> PathBuf {
+    fn path(&self, ip: IpAddr) -> PathBuf {
         self.dir.join(ip.to_string())
     }
 
+    /// The last address given out, one file per family (the families share the directory).
     fn hint(&self) -> PathBuf {
-        self.dir.join("last")
+        self.dir.join(if self.subnet.is_ipv6() {
+            "last6"
+        } else {
+            "last"
+        })
     }
 
     /// Gives `owner` (of runtime `runtime`) a free address, the next after the last one given
     /// out, so that a freed address is not reused at once.
-    pub fn allocate(&self, owner: &str, runtime: &str) -> Result<Ipv4Addr> {
+    pub fn allocate(&self, owner: &str, runtime: &str) -> Result<IpAddr> {
         let (first, last) = (self.subnet.first(), self.subnet.last());
         let after = std::fs::read_to_string(self.hint())
             .ok()
-            .and_then(|s| s.trim().parse::<Ipv4Addr>().ok())
-            .map(u32::from)
-            .filter(|&i| (first..=last).contains(&i))
+            .and_then(|s| s.trim().parse::<IpAddr>().ok())
+            .filter(|ip| self.subnet.contains(*ip))
+            .map(bits)
+            .filter(|i| (first..=last).contains(i))
             .unwrap_or(last);
         let size = last - first + 1;
         for step in 1..=size {
             let i = first + (after - first + step) % size;
-            let ip = Ipv4Addr::from(i);
+            let ip = self.subnet.addr(i);
             let path = self.path(ip);
             match std::fs::OpenOptions::new()
                 .write(true)
@@ -152,7 +219,7 @@ impl Ipam {
     }
 
     /// Frees `ip` if `owner` holds it.
-    pub fn release(&self, ip: Ipv4Addr, owner: &str) -> Result<()> {
+    pub fn release(&self, ip: IpAddr, owner: &str) -> Result<()> {
         let path = self.path(ip);
         match read_lease(&path, ip) {
             Some(lease) if lease.owner == owner => std::fs::remove_file(&path).or_else(|e| {
@@ -174,7 +241,7 @@ impl Ipam {
         entries
             .flatten()
             .filter_map(|e| {
-                let ip: Ipv4Addr = e.file_name().to_str()?.parse().ok()?;
+                let ip: IpAddr = e.file_name().to_str()?.parse().ok()?;
                 read_lease(&e.path(), ip)
             })
             .collect()
@@ -183,7 +250,7 @@ impl Ipam {
 
 /// A lease file's holder. A torn or garbled file is still a lease (of an owner no runtime
 /// knows, so the stale-lease sweep frees it), never an address lost for good.
-fn read_lease(path: &Path, ip: Ipv4Addr) -> Option<Lease> {
+fn read_lease(path: &Path, ip: IpAddr) -> Option<Lease> {
     let data = std::fs::read(path).ok()?;
     let text = String::from_utf8_lossy(&data);
     let mut lines = text.lines();
@@ -200,18 +267,40 @@ mod tests {
 
     #[test]
     fn subnets_parse_and_reject_with_a_reason() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let s: Subnet = "10.88.0.0/16".parse().unwrap();
-        assert_eq!(s.gateway(), Ipv4Addr::new(10, 88, 0, 1));
-        assert!(s.assignable(Ipv4Addr::new(10, 88, 0, 2)));
-        assert!(s.assignable(Ipv4Addr::new(10, 88, 255, 254)));
-        assert!(!s.assignable(Ipv4Addr::new(10, 88, 255, 255)));
-        assert!(!s.assignable(Ipv4Addr::new(10, 88, 0, 1)));
-        assert!(!s.assignable(Ipv4Addr::new(10, 89, 0, 2)));
+        assert_eq!(s.gateway(), ip("10.88.0.1"));
+        assert!(s.assignable(ip("10.88.0.2")));
+        assert!(s.assignable(ip("10.88.255.254")));
+        assert!(!s.assignable(ip("10.88.255.255")));
+        assert!(!s.assignable(ip("10.88.0.1")));
+        assert!(!s.assignable(ip("10.89.0.2")));
+        assert!(!s.assignable(ip("::a58:2")), "another family");
+        assert_eq!(s.mask_bytes(), [255, 255, 0, 0]);
+        let s6: Subnet = "fd00:88::/64".parse().unwrap();
+        assert!(s6.is_ipv6());
+        assert_eq!(s6.gateway(), ip("fd00:88::1"));
+        assert!(s6.assignable(ip("fd00:88::2")));
+        assert!(s6.assignable(ip("fd00:88::ffff:ffff:ffff:fffe")));
+        assert!(!s6.assignable(ip("fd00:88::1")));
+        assert!(!s6.assignable(ip("fd00:89::2")));
+        assert!(!s6.assignable(ip("10.88.0.2")));
+        assert_eq!(
+            s6.mask_bytes()[..9],
+            [255, 255, 255, 255, 255, 255, 255, 255, 0]
+        );
+        assert_eq!(
+            "fd00:88::/64".parse::<Subnet>().unwrap().network_bytes()[..4],
+            [0xfd, 0, 0, 0x88]
+        );
         for (bad, why) in [
             ("10.88.0.1/16", "host bits"),
             ("10.88.0.0", "no prefix"),
             ("10.88.0.0/30", "between 8 and 29"),
-            ("fd00::/64", "not an IPv4"),
+            ("fd00::1/64", "host bits"),
+            ("fd00::/127", "between 48 and 126"),
+            ("fd00::/32", "between 48 and 126"),
+            ("10.88.0/16", "not an IP address"),
             ("10.88.0.0/x", "bad prefix"),
         ] {
             let e = bad.parse::<Subnet>().unwrap_err();
@@ -227,7 +316,7 @@ mod tests {
         let got: Vec<_> = (0..5)
             .map(|i| ipam.allocate(&format!("p{i}"), "rt").unwrap())
             .collect();
-        let want: Vec<_> = (2..7).map(|h| Ipv4Addr::new(10, 1, 2, h)).collect();
+        let want: Vec<IpAddr> = (2..7).map(|h| Ipv4Addr::new(10, 1, 2, h).into()).collect();
         assert_eq!(got, want);
         let e = ipam.allocate("p5", "rt").unwrap_err();
         assert!(e.to_string().contains("no free address"), "{e}");
@@ -248,6 +337,31 @@ mod tests {
                 .iter()
                 .any(|l| l.ip == want[0] && l.owner == "p7" && l.runtime == "rt")
         );
+    }
+
+    #[test]
+    fn ipv6_addresses_share_the_directory_with_their_own_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let v4 = Ipam::new(dir.path(), "10.1.4.0/24".parse().unwrap()).unwrap();
+        let v6 = Ipam::new(dir.path(), "fd00:14::/64".parse().unwrap()).unwrap();
+        let a = v4.allocate("p0", "rt").unwrap();
+        let b = v6.allocate("p0", "rt").unwrap();
+        let c = v6.allocate("p1", "rt").unwrap();
+        let d = v4.allocate("p1", "rt").unwrap();
+        assert_eq!(a, "10.1.4.2".parse::<IpAddr>().unwrap());
+        assert_eq!(b, "fd00:14::2".parse::<IpAddr>().unwrap());
+        assert_eq!(c, "fd00:14::3".parse::<IpAddr>().unwrap());
+        assert_eq!(d, "10.1.4.3".parse::<IpAddr>().unwrap());
+        assert_eq!(v4.leases().len(), 4, "one directory holds both families");
+        v6.release(b, "p0").unwrap();
+        assert!(v6.leases().iter().all(|l| l.ip != b));
+        // A /126 has one address for a pod.
+        let small = Ipam::new(dir.path().join("s"), "fd00:15::/126".parse().unwrap()).unwrap();
+        assert_eq!(
+            small.allocate("x", "rt").unwrap(),
+            "fd00:15::2".parse::<IpAddr>().unwrap()
+        );
+        assert!(small.allocate("y", "rt").is_err());
     }
 
     #[test]

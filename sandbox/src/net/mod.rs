@@ -94,25 +94,40 @@ fn ensure_bridge_with(nl: &mut Netlink, name: &str, subnet: Subnet) -> Result<u3
     Ok(index)
 }
 
-/// Makes sure pods can leave the node: IPv4 forwarding on, and the masquerade table of
-/// `bridge` for `subnets` in place (`replace` rewrites it even when present, e.g. at start-up,
-/// so that a changed subnet takes effect).
+/// Makes sure pods can leave the node: forwarding on for each family of `subnets`, and the
+/// masquerade tables of `bridge` for `subnets` in place (`replace` rewrites them even when
+/// present, e.g. at start-up, so that a changed subnet takes effect).
 pub fn ensure_masquerade(
     bridge: &str,
     subnets: &[Subnet],
     cluster: &[Subnet],
     replace: bool,
 ) -> Result<()> {
-    let forward = "/proc/sys/net/ipv4/ip_forward";
-    if std::fs::read_to_string(forward)
-        .map(|v| v.trim() != "1")
-        .unwrap_or(true)
-    {
-        std::fs::write(forward, "1")
-            .map_err(|e| Error::io("enabling IPv4 forwarding in", forward, e))?;
-    }
-    if replace || !nat::installed(bridge)? {
+    ensure_forwarding(subnets)?;
+    if replace || !nat::installed(bridge, subnets)? {
         nat::install(bridge, subnets, cluster)?;
+    }
+    Ok(())
+}
+
+/// Turns forwarding on for each family of `subnets` (IPv4's `ip_forward`, IPv6's
+/// `conf/all/forwarding`), as the CNI bridge plugin does for its `ipMasq`.
+pub fn ensure_forwarding(subnets: &[Subnet]) -> Result<()> {
+    let mut files = Vec::new();
+    if subnets.iter().any(|s| !s.is_ipv6()) {
+        files.push("/proc/sys/net/ipv4/ip_forward");
+    }
+    if subnets.iter().any(|s| s.is_ipv6()) {
+        files.push("/proc/sys/net/ipv6/conf/all/forwarding");
+    }
+    for forward in files {
+        if std::fs::read_to_string(forward)
+            .map(|v| v.trim() != "1")
+            .unwrap_or(true)
+        {
+            std::fs::write(forward, "1")
+                .map_err(|e| Error::io("enabling forwarding in", forward, e))?;
+        }
     }
     Ok(())
 }
@@ -144,25 +159,43 @@ pub struct NodeSide {
 }
 
 /// Step one, in the node's network namespace: checks the spec, makes sure the bridge is there
-/// and binds the node ports (a port in use fails the pod here, with a message naming it).
+/// (with a gateway address of each of the pod's families) and binds the node ports (a port in
+/// use fails the pod here, with a message naming it).
 pub fn prepare(net: &PodNetwork) -> Result<NodeSide> {
     check_interface_name(&net.host_interface)?;
-    let subnet = Subnet::containing(net.gateway, net.prefix_len)
-        .map_err(|e| Error::new(Kind::InvalidArgument, format!("pod network: {e}")))?;
-    if !subnet.assignable(net.address) || subnet.gateway() != net.gateway {
-        return Err(Error::new(
-            Kind::InvalidArgument,
-            format!(
-                "pod address {}/{} with gateway {} is not a usable address of that subnet",
-                net.address, net.prefix_len, net.gateway
-            ),
-        ));
+    let mut subnets = Vec::new();
+    for a in net.addresses() {
+        let subnet = Subnet::containing(a.gateway, a.prefix_len)
+            .map_err(|e| Error::new(Kind::InvalidArgument, format!("pod network: {e}")))?;
+        if !subnet.assignable(a.address) || subnet.gateway() != a.gateway {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                format!(
+                    "pod address {}/{} with gateway {} is not a usable address of that subnet",
+                    a.address, a.prefix_len, a.gateway
+                ),
+            ));
+        }
+        if subnets
+            .iter()
+            .any(|s: &Subnet| s.is_ipv6() == subnet.is_ipv6())
+        {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                format!("pod network: two addresses of one family ({})", a.address),
+            ));
+        }
+        subnets.push(subnet);
     }
     let mut netlink = Netlink::open().map_err(nl_error)?;
-    let bridge = ensure_bridge_with(&mut netlink, &net.bridge, subnet)?;
+    let mut bridge = 0;
+    for subnet in subnets {
+        bridge = ensure_bridge_with(&mut netlink, &net.bridge, subnet)?;
+    }
     let netns = File::open("/proc/self/ns/net")
         .map_err(|e| Error::io("opening", "/proc/self/ns/net", e))?;
-    let listeners = ports::bind(&net.ports)?;
+    let pod: Vec<std::net::IpAddr> = net.addresses().map(|a| a.address).collect();
+    let listeners = ports::bind(&net.ports, &pod)?;
     Ok(NodeSide {
         netlink,
         netns,
@@ -171,8 +204,8 @@ pub fn prepare(net: &PodNetwork) -> Result<NodeSide> {
     })
 }
 
-/// Step two, inside the pod's new network namespace: the veth pair, its address, the default
-/// route, and the node's end on the bridge.
+/// Step two, inside the pod's new network namespace: the veth pair, its addresses, a default
+/// route per family, and the node's end on the bridge.
 pub fn plumb(node: &mut NodeSide, net: &PodNetwork) -> Result<()> {
     let mut pod = Netlink::open().map_err(nl_error)?;
     pod.add_veth(POD_INTERFACE, &net.host_interface, node.netns.as_raw_fd())
@@ -197,9 +230,13 @@ pub fn plumb(node: &mut NodeSide, net: &PodNetwork) -> Result<()> {
         .link_index(POD_INTERFACE)
         .map_err(nl_error)?
         .ok_or_else(|| Error::new(Kind::Internal, "the pod's eth0 is missing"))?;
-    pod.add_address(eth0, net.address, net.prefix_len)
-        .map_err(nl_error)?;
+    for a in net.addresses() {
+        pod.add_address(eth0, a.address, a.prefix_len)
+            .map_err(nl_error)?;
+    }
     pod.set_up(eth0, None).map_err(nl_error)?;
-    pod.add_default_route(eth0, net.gateway).map_err(nl_error)?;
+    for a in net.addresses() {
+        pod.add_default_route(eth0, a.gateway).map_err(nl_error)?;
+    }
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! }
 //! ```
 //! With several pod CIDRs on one bridge (the node's podCIDR changed under running pods), one
-//! rule per CIDR, each leaving traffic to any of them alone.
+//! rule per CIDR, each leaving traffic to any of them alone. IPv6 pod CIDRs get the same in a
+//! `table ip6` of the same name (`ip6 saddr … ip6 daddr != … masquerade`).
 //!
 //! [`install`] replaces the table in one atomic batch (so a changed CIDR replaces the old rule);
 //! [`installed`] tells whether it is still there (someone may flush the ruleset).
@@ -44,8 +45,46 @@ pub fn table_name(bridge: &str) -> String {
 const CHAIN: &str = "postrouting";
 /// Where the payload expression reads from: the network header.
 const NETWORK_HEADER: u32 = 1;
-const IPV4_SADDR: u32 = 12;
-const IPV4_DADDR: u32 = 16;
+/// The families a table is made for, with where their headers hold the addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    fn of(subnet: &Subnet) -> Family {
+        if subnet.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        }
+    }
+
+    fn proto(self) -> NetfilterProtoFamily {
+        match self {
+            Family::V4 => NetfilterProtoFamily::IPv4,
+            Family::V6 => NetfilterProtoFamily::IPv6,
+        }
+    }
+
+    /// Offsets of the source and destination addresses in the network header.
+    fn saddr(self) -> u32 {
+        match self {
+            Family::V4 => 12,
+            Family::V6 => 8,
+        }
+    }
+
+    fn daddr(self) -> u32 {
+        match self {
+            Family::V4 => 16,
+            Family::V6 => 24,
+        }
+    }
+}
 /// `srcnat`, the priority of source NAT chains.
 const SRCNAT: u32 = 100;
 const ACCEPT: u32 = 1;
@@ -101,47 +140,54 @@ fn table(name: &str) -> TableMessage {
     }
 }
 
-/// `ip <field> [!=|==] <subnet>`: load the address, mask it, compare it with the network.
+/// `ip[6] <field> [!=|==] <subnet>`: load the address, mask it, compare it with the network.
 fn match_subnet(offset: u32, subnet: Subnet, op: Operator) -> Vec<Expressions> {
-    let mask = (u32::MAX << (32 - u32::from(subnet.prefix_len))).to_be_bytes();
+    let mask = subnet.mask_bytes();
+    let len = u32::try_from(mask.len()).unwrap_or(4);
     vec![
         Expressions::Payload(vec![
             Payload::DestinationRegister(Register::Reg1),
             Payload::Base(NETWORK_HEADER),
             Payload::Offset(offset),
-            Payload::Len(4),
+            Payload::Len(len),
         ]),
         Expressions::Bitwise(vec![
             Bitwise::SourceRegister(Register::Reg1),
             Bitwise::DestinationRegister(Register::Reg1),
-            Bitwise::Length(4),
-            Bitwise::Mask(DataAttribute::Value(mask.to_vec())),
-            Bitwise::Xor(DataAttribute::Value(vec![0; 4])),
+            Bitwise::Length(len),
+            Bitwise::Mask(DataAttribute::Value(mask.clone())),
+            Bitwise::Xor(DataAttribute::Value(vec![0; mask.len()])),
         ]),
         Expressions::Cmp(vec![
             Cmp::SourceRegister(Register::Reg1),
             Cmp::Op(op),
-            Cmp::Data(DataAttribute::Value(subnet.network.octets().to_vec())),
+            Cmp::Data(DataAttribute::Value(subnet.network_bytes())),
         ]),
     ]
 }
 
-/// The messages that replace the table of `bridge` with one masquerading traffic from each
-/// of `subnets` to anywhere but them and the `cluster` subnets.
+/// The messages that replace the table of `bridge` in `family` with one masquerading traffic
+/// from each of `subnets` (all of that family) to anywhere but them and the `cluster` subnets
+/// of that family.
 fn replace_batch(
+    family: Family,
     bridge: &str,
     subnets: &[Subnet],
     cluster: &[Subnet],
 ) -> Vec<NetlinkMessage<NetfilterMessage>> {
     let name = table_name(bridge);
-    let ip = || NetfilterProtoFamily::IPv4;
+    let ip = || family.proto();
     let req = NLM_F_REQUEST | NLM_F_ACK;
     let rule = |source: Subnet, seq: u32| {
-        let mut expressions = match_subnet(IPV4_SADDR, source, Operator::Equal);
+        let mut expressions = match_subnet(family.saddr(), source, Operator::Equal);
         let mut local: Vec<Subnet> = subnets.to_vec();
-        local.extend(cluster.iter().filter(|c| !subnets.contains(c)));
+        local.extend(
+            cluster
+                .iter()
+                .filter(|c| Family::of(c) == family && !subnets.contains(c)),
+        );
         for s in local {
-            expressions.extend(match_subnet(IPV4_DADDR, s, Operator::NotEqual));
+            expressions.extend(match_subnet(family.daddr(), s, Operator::NotEqual));
         }
         expressions.push(Expressions::Other {
             expression_type: "masq".to_string(),
@@ -295,8 +341,9 @@ impl Nfnl {
     }
 }
 
-/// Replaces the masquerading table of `bridge` with one for `subnets` (at least one), leaving
-/// traffic to the `cluster` subnets (other nodes' pods, routed) alone too.
+/// Replaces the masquerading tables of `bridge` with ones for `subnets` (at least one; a
+/// table per family they are of, the other family's removed), leaving traffic to the `cluster`
+/// subnets (other nodes' pods, routed) alone too.
 pub fn install(bridge: &str, subnets: &[Subnet], cluster: &[Subnet]) -> Result<()> {
     if subnets.is_empty() {
         return Err(Error::new(
@@ -305,39 +352,55 @@ pub fn install(bridge: &str, subnets: &[Subnet], cluster: &[Subnet]) -> Result<(
         ));
     }
     let nl = Nfnl::open()?;
-    nl.send(&replace_batch(bridge, subnets, cluster))?;
-    let rules = u32::try_from(subnets.len()).unwrap_or(0);
-    let seqs: Vec<u32> = (2..FIRST_RULE_SEQ + rules).collect();
-    nl.answers(seqs).map(drop).map_err(|e| {
-        e.into_error(&format!(
-            "installing the masquerade rule of bridge {bridge}"
-        ))
-    })
-}
-
-/// Whether the masquerading table of `bridge` exists.
-pub fn installed(bridge: &str) -> Result<bool> {
-    let nl = Nfnl::open()?;
-    nl.send(&[message(
-        NetfilterProtoFamily::IPv4,
-        NfTablesMessage::GetTable(table(&table_name(bridge))),
-        NLM_F_REQUEST | NLM_F_ACK,
-        1,
-    )])?;
-    match nl.answers(vec![1]) {
-        Ok(_) => Ok(true),
-        Err(Refused(libc::ENOENT)) => Ok(false),
-        Err(e) => Err(e.into_error("looking up the masquerade table")),
+    for family in Family::ALL {
+        let of: Vec<Subnet> = subnets
+            .iter()
+            .filter(|s| Family::of(s) == family)
+            .copied()
+            .collect();
+        if of.is_empty() {
+            remove_family(&nl, bridge, family)?;
+            continue;
+        }
+        nl.send(&replace_batch(family, bridge, &of, cluster))?;
+        let rules = u32::try_from(of.len()).unwrap_or(0);
+        let seqs: Vec<u32> = (2..FIRST_RULE_SEQ + rules).collect();
+        nl.answers(seqs).map(drop).map_err(|e| {
+            e.into_error(&format!(
+                "installing the masquerade rule of bridge {bridge} ({family:?})"
+            ))
+        })?;
     }
+    Ok(())
 }
 
-/// Removes the masquerading table of `bridge`, if any.
-pub fn remove(bridge: &str) -> Result<()> {
+/// Whether the masquerading table of `bridge` exists for each family of `subnets`.
+pub fn installed(bridge: &str, subnets: &[Subnet]) -> Result<bool> {
     let nl = Nfnl::open()?;
+    for family in Family::ALL {
+        if !subnets.iter().any(|s| Family::of(s) == family) {
+            continue;
+        }
+        nl.send(&[message(
+            family.proto(),
+            NfTablesMessage::GetTable(table(&table_name(bridge))),
+            NLM_F_REQUEST | NLM_F_ACK,
+            1,
+        )])?;
+        match nl.answers(vec![1]) {
+            Ok(_) => {}
+            Err(Refused(libc::ENOENT)) => return Ok(false),
+            Err(e) => return Err(e.into_error("looking up the masquerade table")),
+        }
+    }
+    Ok(true)
+}
+
+fn remove_family(nl: &Nfnl, bridge: &str, family: Family) -> Result<()> {
     nl.send(&[
         batch_marker(true, 1),
         message(
-            NetfilterProtoFamily::IPv4,
+            family.proto(),
             NfTablesMessage::DeleteTable(table(&table_name(bridge))),
             NLM_F_REQUEST | NLM_F_ACK,
             2,
@@ -348,6 +411,15 @@ pub fn remove(bridge: &str) -> Result<()> {
         Ok(_) | Err(Refused(libc::ENOENT)) => Ok(()),
         Err(e) => Err(e.into_error("removing the masquerade table")),
     }
+}
+
+/// Removes the masquerading tables of `bridge`, if any.
+pub fn remove(bridge: &str) -> Result<()> {
+    let nl = Nfnl::open()?;
+    for family in Family::ALL {
+        remove_family(&nl, bridge, family)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -363,9 +435,10 @@ mod tests {
             return;
         }
         let bridge = format!("nlnat{}", std::process::id() % 100_000);
-        assert!(!installed(&bridge).unwrap());
-        install(&bridge, &["10.77.0.0/16".parse().unwrap()], &[]).unwrap();
-        assert!(installed(&bridge).unwrap());
+        let v4: [Subnet; 1] = ["10.77.0.0/16".parse().unwrap()];
+        assert!(!installed(&bridge, &v4).unwrap());
+        install(&bridge, &v4, &[]).unwrap();
+        assert!(installed(&bridge, &v4).unwrap());
         if let Ok(out) = std::process::Command::new("nft")
             .args(["list", "table", "ip", &table_name(&bridge)])
             .output()
@@ -422,8 +495,32 @@ mod tests {
                 "{text}"
             );
         }
+        // Dual stack: a table per family; the IPv6 one leaves the IPv6 cluster subnets alone.
+        let dual = [
+            "10.78.0.0/16".parse().unwrap(),
+            "fd00:78::/64".parse().unwrap(),
+        ];
+        let v6: [Subnet; 1] = [dual[1]];
+        assert!(!installed(&bridge, &v6).unwrap());
+        install(&bridge, &dual, &["fd00::/48".parse().unwrap()]).unwrap();
+        assert!(installed(&bridge, &dual).unwrap());
+        if let Ok(out) = std::process::Command::new("nft")
+            .args(["list", "table", "ip6", &table_name(&bridge)])
+            .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains(
+                    "ip6 saddr fd00:78::/64 ip6 daddr != fd00:78::/64 ip6 daddr != fd00::/48 masquerade"
+                ),
+                "{text}"
+            );
+        }
+        // Back to IPv4 only: the IPv6 table goes.
+        install(&bridge, &v4, &[]).unwrap();
+        assert!(!installed(&bridge, &v6).unwrap());
         remove(&bridge).unwrap();
-        assert!(!installed(&bridge).unwrap());
+        assert!(!installed(&bridge, &v4).unwrap());
         remove(&bridge).unwrap();
     }
 }

@@ -1,14 +1,18 @@
 //! Node ports forwarded to a pod (Kubernetes hostPorts), with no iptables: the sandbox process
 //! binds each node port in the node's network namespace, then forks a proxy process that lives
-//! in the pod's namespace and relays every TCP connection and UDP flow to the pod's address.
+//! in the pod's namespace and relays every TCP connection and UDP flow to the pod's address of
+//! the same family. A node port with no node address listens on each family the pod has
+//! (`0.0.0.0` and, IPv6-only, `[::]`), as the CNI portmap plugin maps both on a dual-stack pod.
 //! The proxy dies with its sandbox process (parent-death signal) and so outlives the agent,
 //! like the pod. Clients appear to the pod as coming from the pod's own address.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
+};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +31,8 @@ const STACK: usize = 128 * 1024;
 /// A node port, bound.
 pub struct Listener {
     pub mapping: PortMapping,
+    /// The pod's address connections and datagrams are relayed to.
+    pub target: IpAddr,
     socket: Socket,
 }
 
@@ -44,10 +50,11 @@ impl Listener {
     }
 }
 
-/// Binds the node ports of `mappings` in the caller's network namespace. Mappings without a
-/// node port forward nothing and are skipped. A port bound twice, or in use on the node, is
-/// an error naming it.
-pub fn bind(mappings: &[PortMapping]) -> Result<Vec<Listener>> {
+/// Binds the node ports of `mappings` in the caller's network namespace, for a pod with the
+/// addresses `pod` (one per family). Mappings without a node port forward nothing and are
+/// skipped. A port bound twice, in use on the node, or on a node address of a family the pod
+/// has no address of, is an error naming it.
+pub fn bind(mappings: &[PortMapping], pod: &[IpAddr]) -> Result<Vec<Listener>> {
     let mut out: Vec<Listener> = Vec::new();
     for m in mappings.iter().filter(|m| m.host_port != 0) {
         if m.container_port == 0 {
@@ -56,8 +63,6 @@ pub fn bind(mappings: &[PortMapping]) -> Result<Vec<Listener>> {
                 format!("node port {}/{} has no pod port", m.host_port, m.protocol),
             ));
         }
-        let ip = m.host_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let addr = SocketAddr::new(ip, m.host_port);
         let clash = out.iter().any(|l| {
             l.mapping.protocol == m.protocol
                 && l.mapping.host_port == m.host_port
@@ -66,38 +71,107 @@ pub fn bind(mappings: &[PortMapping]) -> Result<Vec<Listener>> {
                     || m.host_ip.is_none())
         });
         if clash {
+            let ip = m.host_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             return Err(Error::new(
                 Kind::InvalidArgument,
-                format!("node port {addr}/{} is mapped twice", m.protocol),
+                format!(
+                    "node port {}/{} is mapped twice",
+                    SocketAddr::new(ip, m.host_port),
+                    m.protocol
+                ),
             ));
         }
-        let in_use = |e: std::io::Error| {
-            let kind = if e.kind() == ErrorKind::AddrInUse {
-                Kind::FailedPrecondition
-            } else {
-                Kind::InvalidArgument
+        // Where to listen, each with the pod's address of its family.
+        let on: Vec<(IpAddr, IpAddr)> = match m.host_ip {
+            Some(ip) => {
+                let target = pod
+                    .iter()
+                    .find(|p| p.is_ipv6() == ip.is_ipv6())
+                    .ok_or_else(|| {
+                        Error::new(
+                            Kind::InvalidArgument,
+                            format!(
+                                "node port {}/{}: the pod has no {} address to forward it to",
+                                SocketAddr::new(ip, m.host_port),
+                                m.protocol,
+                                if ip.is_ipv6() { "IPv6" } else { "IPv4" }
+                            ),
+                        )
+                    })?;
+                vec![(ip, *target)]
+            }
+            None => pod
+                .iter()
+                .map(|p| {
+                    let any = if p.is_ipv6() {
+                        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                    } else {
+                        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                    };
+                    (any, *p)
+                })
+                .collect(),
+        };
+        for (ip, target) in on {
+            let addr = SocketAddr::new(ip, m.host_port);
+            let in_use = |e: std::io::Error| {
+                let kind = if e.kind() == ErrorKind::AddrInUse {
+                    Kind::FailedPrecondition
+                } else {
+                    Kind::InvalidArgument
+                };
+                Error::new(
+                    kind,
+                    format!("cannot listen on node port {addr}/{}: {e}", m.protocol),
+                )
             };
-            Error::new(
-                kind,
-                format!("cannot listen on node port {addr}/{}: {e}", m.protocol),
-            )
-        };
-        let socket = match m.protocol {
-            Protocol::Tcp => Socket::Tcp(TcpListener::bind(addr).map_err(in_use)?),
-            Protocol::Udp => Socket::Udp(UdpSocket::bind(addr).map_err(in_use)?),
-        };
-        out.push(Listener {
-            mapping: *m,
-            socket,
-        });
+            let socket = listen(addr, m.protocol).map_err(in_use)?;
+            out.push(Listener {
+                mapping: *m,
+                target,
+                socket,
+            });
+        }
     }
     Ok(out)
 }
 
-/// Forks the proxy for `listeners`, relaying to `target` (the pod's address). Call it from the
-/// pod's network namespace while the process is single-threaded; the caller's copies of the
-/// listening sockets are closed. Returns `None` when there is nothing to forward.
-pub fn spawn_proxy(listeners: Vec<Listener>, target: Ipv4Addr) -> Result<Option<Pid>> {
+/// A socket listening on `addr`; on IPv6 for IPv6 only, beside its IPv4 twin.
+fn listen(addr: SocketAddr, protocol: Protocol) -> std::io::Result<Socket> {
+    if addr.is_ipv4() {
+        return Ok(match protocol {
+            Protocol::Tcp => Socket::Tcp(TcpListener::bind(addr)?),
+            Protocol::Udp => Socket::Udp(UdpSocket::bind(addr)?),
+        });
+    }
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn6, bind, listen, setsockopt, socket,
+        sockopt,
+    };
+    let kind = match protocol {
+        Protocol::Tcp => SockType::Stream,
+        Protocol::Udp => SockType::Datagram,
+    };
+    let fd: OwnedFd = socket(AddressFamily::Inet6, kind, SockFlag::SOCK_CLOEXEC, None)?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    let SocketAddr::V6(v6) = addr else {
+        return Err(std::io::Error::from(ErrorKind::InvalidInput));
+    };
+    bind(fd.as_raw_fd(), &SockaddrIn6::from(v6))?;
+    Ok(match protocol {
+        Protocol::Tcp => {
+            listen(&fd, Backlog::new(128).map_err(std::io::Error::from)?)?;
+            Socket::Tcp(TcpListener::from(fd))
+        }
+        Protocol::Udp => Socket::Udp(UdpSocket::from(fd)),
+    })
+}
+
+/// Forks the proxy for `listeners`, relaying each to its target (the pod's address). Call it
+/// from the pod's network namespace while the process is single-threaded; the caller's copies
+/// of the listening sockets are closed. Returns `None` when there is nothing to forward.
+pub fn spawn_proxy(listeners: Vec<Listener>) -> Result<Option<Pid>> {
     if listeners.is_empty() {
         return Ok(None);
     }
@@ -113,7 +187,7 @@ pub fn spawn_proxy(listeners: Vec<Listener>, target: Ipv4Addr) -> Result<Option<
             }
             let keep: Vec<RawFd> = listeners.iter().map(Listener::fd).collect();
             isolate(&keep);
-            run(listeners, target)
+            run(listeners)
         }
     }
 }
@@ -128,10 +202,10 @@ fn isolate(keep: &[RawFd]) {
     crate::fds::close_from(3, keep);
 }
 
-fn run(listeners: Vec<Listener>, target: Ipv4Addr) -> ! {
+fn run(listeners: Vec<Listener>) -> ! {
     let mut threads = Vec::new();
     for l in listeners {
-        let to = SocketAddr::new(IpAddr::V4(target), l.mapping.container_port);
+        let to = SocketAddr::new(l.target, l.mapping.container_port);
         let from = l.mapping;
         let t = std::thread::Builder::new()
             .stack_size(STACK)
@@ -242,7 +316,12 @@ fn new_flow(
     client: SocketAddr,
     to: SocketAddr,
 ) -> Option<UdpSocket> {
-    let pod = UdpSocket::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)).ok()?;
+    let any = if to.is_ipv6() {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    let pod = UdpSocket::bind(SocketAddr::new(any, 0)).ok()?;
     pod.connect(to).ok()?;
     pod.set_read_timeout(Some(UDP_IDLE)).ok()?;
     let answers = pod.try_clone().ok()?;
@@ -292,32 +371,78 @@ mod tests {
         }
     }
 
+    const POD4: [IpAddr; 1] = [IpAddr::V4(Ipv4Addr::new(10, 88, 0, 2))];
+
+    #[test]
+    fn a_port_listens_on_each_family_of_the_pod() {
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        let v6: IpAddr = "fd00:88::2".parse().unwrap();
+        let both = bind(&[tcp(port, 80)], &[POD4[0], v6]).unwrap();
+        let on: Vec<(String, IpAddr)> = both
+            .iter()
+            .map(|l| match &l.socket {
+                Socket::Tcp(t) => (t.local_addr().unwrap().ip().to_string(), l.target),
+                Socket::Udp(_) => unreachable!(),
+            })
+            .collect();
+        // [::] listens for IPv6 only: it could not be bound beside 0.0.0.0 otherwise.
+        assert_eq!(
+            on,
+            [("0.0.0.0".to_string(), POD4[0]), ("::".to_string(), v6)]
+        );
+        drop(both);
+        let e = bind(
+            &[PortMapping {
+                host_ip: Some("::1".parse().unwrap()),
+                ..tcp(port, 80)
+            }],
+            &POD4,
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("no IPv6 address"), "{e}");
+        let l = bind(
+            &[PortMapping {
+                host_ip: Some("::1".parse().unwrap()),
+                ..tcp(port, 80)
+            }],
+            &[v6],
+        )
+        .unwrap();
+        assert_eq!(l[0].target, v6);
+    }
+
     #[test]
     fn ports_mapped_twice_or_in_use_are_refused_by_name() {
         // Mappings without a node port forward nothing.
-        assert!(bind(&[tcp(0, 80)]).unwrap().is_empty());
+        assert!(bind(&[tcp(0, 80)], &POD4).unwrap().is_empty());
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
-        let e = bind(&[tcp(port, 80)]).err().unwrap();
+        let e = bind(&[tcp(port, 80)], &POD4).err().unwrap();
         assert_eq!(e.kind(), Kind::FailedPrecondition);
         assert!(e.to_string().contains(&format!("{port}/TCP")), "{e}");
         drop(taken);
         let free = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = free.local_addr().unwrap().port();
         drop(free);
-        let e = bind(&[tcp(port, 80), tcp(port, 81)]).err().unwrap();
+        let e = bind(&[tcp(port, 80), tcp(port, 81)], &POD4).err().unwrap();
         assert!(e.to_string().contains("mapped twice"), "{e}");
         // The same number over UDP is another port.
-        let both = bind(&[
-            tcp(port, 80),
-            PortMapping {
-                protocol: Protocol::Udp,
-                ..tcp(port, 80)
-            },
-        ])
+        let both = bind(
+            &[
+                tcp(port, 80),
+                PortMapping {
+                    protocol: Protocol::Udp,
+                    ..tcp(port, 80)
+                },
+            ],
+            &POD4,
+        )
         .unwrap();
         assert_eq!(both.len(), 2);
-        let e = bind(&[tcp(port, 0)]).err().unwrap();
+        let e = bind(&[tcp(port, 0)], &POD4).err().unwrap();
         assert!(e.to_string().contains("no pod port"), "{e}");
     }
 

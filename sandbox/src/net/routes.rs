@@ -4,7 +4,7 @@
 //! The routes through a VXLAN device carry the same number but belong to [`super::vxlan`]:
 //! [`sync`] leaves them alone.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::netlink::Netlink;
 use super::{Subnet, nl_error};
@@ -13,11 +13,12 @@ use crate::Result;
 /// The routing protocol number nodelet's node routes carry (`proto 110` in `ip route`).
 pub const PROTOCOL: u8 = 110;
 
-/// Makes the node's routes marked [`PROTOCOL`] exactly `want` (subnet via gateway): missing
+/// Makes the node's routes marked [`PROTOCOL`] exactly `want` (subnet via gateway, IPv4 and
+/// IPv6 alike; a gateway is of its subnet's family): missing
 /// ones added, changed ones replaced, others deleted. Returns how many routes changed. The
 /// routes through a VXLAN device are not counted among the node's here, whatever their
 /// protocol: [`super::vxlan::sync`] keeps them.
-pub fn sync(want: &[(Subnet, Ipv4Addr)]) -> Result<usize> {
+pub fn sync(want: &[(Subnet, IpAddr)]) -> Result<usize> {
     let mut nl = Netlink::open().map_err(nl_error)?;
     let mut have = Vec::new();
     // Whether each output link seen is a VXLAN device, asked once per link.

@@ -12,7 +12,7 @@
 //! gives. [`super::routes::sync`] leaves the routes through VXLAN devices alone, and [`sync`]
 //! touches only the routes through its device.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use super::netlink::{Link, Netlink};
 use super::routes::PROTOCOL;
@@ -136,6 +136,7 @@ fn default_mtu(nl: &mut Netlink, local: Ipv4Addr) -> Result<u32> {
 /// MAC (its VTEP MAC, which the other nodes need to reach this one).
 pub fn ensure(dev: &Device, own_subnet: Subnet) -> Result<[u8; 6]> {
     check_interface_name(&dev.name)?;
+    let own = ipv4_subnet(own_subnet)?;
     if dev.vni > 0x00ff_ffff {
         return Err(Error::new(
             Kind::InvalidArgument,
@@ -207,11 +208,12 @@ pub fn ensure(dev: &Device, own_subnet: Subnet) -> Result<[u8; 6]> {
     if !link.up {
         nl.set_up(index, None).map_err(nl_error)?;
     }
-    let own = own_subnet.network;
-    nl.add_address(index, own, 32).map_err(nl_error)?;
+    nl.add_address(index, IpAddr::V4(own), 32)
+        .map_err(nl_error)?;
     for (i, ip, len) in nl.ipv4_addresses().map_err(nl_error)? {
         if i == index && (ip, len) != (own, 32) {
-            nl.delete_address(index, ip, len).map_err(nl_error)?;
+            nl.delete_address(index, IpAddr::V4(ip), len)
+                .map_err(nl_error)?;
         }
     }
     link.mac.ok_or_else(|| {
@@ -222,9 +224,22 @@ pub fn ensure(dev: &Device, own_subnet: Subnet) -> Result<[u8; 6]> {
     })
 }
 
-/// Checks that `peers` can all be on one device: real unicast MACs, no subnet and no MAC twice.
+/// The network address of `subnet`, which must be IPv4: the overlay carries IPv4 pod subnets.
+fn ipv4_subnet(subnet: Subnet) -> Result<Ipv4Addr> {
+    match subnet.network {
+        IpAddr::V4(v4) => Ok(v4),
+        IpAddr::V6(_) => Err(Error::new(
+            Kind::InvalidArgument,
+            format!("pod subnet {subnet}: the VXLAN routes carry IPv4 pod subnets only"),
+        )),
+    }
+}
+
+/// Checks that `peers` can all be on one device: IPv4 subnets, real unicast MACs, no subnet
+/// and no MAC twice.
 fn check_peers(peers: &[Peer]) -> Result<()> {
     for (i, p) in peers.iter().enumerate() {
+        ipv4_subnet(p.subnet)?;
         if p.mac == [0; 6] || p.mac[0] & 1 == 1 {
             return Err(Error::new(
                 Kind::InvalidArgument,
@@ -302,9 +317,9 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
     for p in peers {
         let present = neighbours
             .iter()
-            .any(|n| n.ip == p.subnet.network && n.mac == Some(p.mac) && n.permanent);
+            .any(|n| IpAddr::V4(n.ip) == p.subnet.network && n.mac == Some(p.mac) && n.permanent);
         if !present {
-            nl.replace_neighbour(index, p.subnet.network, p.mac)
+            nl.replace_neighbour(index, ipv4_subnet(p.subnet)?, p.mac)
                 .map_err(nl_error)?;
             changed += 1;
         }
@@ -315,7 +330,7 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
         .into_iter()
         .filter(|r| r.oif == Some(index))
         .collect();
-    let is_route_of = |p: &Peer, dst: Ipv4Addr, len: u8, gw: Ipv4Addr| {
+    let is_route_of = |p: &Peer, dst: IpAddr, len: u8, gw: IpAddr| {
         dst == p.subnet.network && len == p.subnet.prefix_len && gw == p.subnet.network
     };
     for p in peers {
@@ -341,7 +356,7 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
         }
     }
     for n in neighbours.iter().filter(|n| n.permanent) {
-        if !peers.iter().any(|p| p.subnet.network == n.ip) {
+        if !peers.iter().any(|p| p.subnet.network == IpAddr::V4(n.ip)) {
             nl.delete_neighbour(index, n.ip).map_err(nl_error)?;
             changed += 1;
         }

@@ -122,8 +122,8 @@ pub fn enter_pod_namespaces(spec: &Spec) -> Result<Helpers> {
         None => None,
     };
     set_sysctls(&spec.sysctls)?;
-    if let Some((net, node)) = network {
-        helpers.port_proxy = crate::net::ports::spawn_proxy(node.listeners, net.address)?;
+    if let Some((_, node)) = network {
+        helpers.port_proxy = crate::net::ports::spawn_proxy(node.listeners)?;
     }
     Ok(helpers)
 }

@@ -191,13 +191,13 @@ impl SandboxRequest {
         }
     }
 
-    /// The record of sandbox `id`, launched under `cgroup_parent` with address `ip` on the
+    /// The record of sandbox `id`, launched under `cgroup_parent` with addresses `ips` on the
     /// runtime's bridge, or attached to a CNI network with its addresses.
     pub(super) fn into_record(
         self,
         id: &str,
         cgroup_parent: String,
-        ip: Option<std::net::Ipv4Addr>,
+        ips: &[std::net::IpAddr],
         cni: Option<(String, Vec<std::net::IpAddr>)>,
     ) -> SandboxRecord {
         let (cni_network, cni_ips) = match cni {
@@ -211,7 +211,8 @@ impl SandboxRequest {
             created_at: sandbox::now_ns(),
             stopped: false,
             cgroup_parent,
-            ip,
+            ip: ips.first().copied(),
+            second_ip: ips.get(1).copied(),
             cni_network,
             cni_ips,
         }
@@ -353,10 +354,16 @@ impl BuiltinRuntime {
                 Error::failed_precondition(format!("the pod network is not ready: {e}"))
             })?;
         }
-        let address = net
+        let addresses = net
             .allocate(id, &self.inner.cfg.root_dir.to_string_lossy())
             .map_err(sandbox_error)?;
-        Ok(Some(net.pod_network(id, address, ports)))
+        match net.pod_network(id, &addresses, ports) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) => {
+                self.release_address(id, addresses.iter().map(|(ip, _)| *ip));
+                Err(e)
+            }
+        }
     }
 
     /// CNI mode, for a pod with its own network namespace: pins the namespace the sandbox
@@ -430,7 +437,12 @@ impl BuiltinRuntime {
             let _ = self.client(id).shutdown().await;
         }
         let _ = std::fs::remove_dir_all(self.sandbox_dir(id));
-        self.release_address(id, spec.network.as_ref().map(|n| n.address));
+        let ips: Vec<std::net::IpAddr> = spec
+            .network
+            .iter()
+            .flat_map(|n| n.addresses().map(|a| a.address))
+            .collect();
+        self.release_address(id, ips);
         if let Err(e) =
             Self::remove_sandbox_cgroups(&spec.cgroup_parent, spec.owns_cgroup_parent).await
         {

@@ -1,9 +1,9 @@
-//! IPv4 addresses and routes.
+//! IPv4 and IPv6 addresses and routes.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -13,21 +13,28 @@ use super::{Netlink, Result, Route};
 
 impl Netlink {
     /// Adds `address/prefix_len` to the link at `index`. An address already there is fine.
-    pub fn add_address(&mut self, index: u32, address: Ipv4Addr, prefix_len: u8) -> Result<()> {
+    /// An IPv6 address is usable at once: no duplicate address detection (`nodad`), as the
+    /// addresses come from the node's own allocator.
+    pub fn add_address(&mut self, index: u32, address: IpAddr, prefix_len: u8) -> Result<()> {
         let mut msg = AddressMessage::default();
-        msg.header.family = AddressFamily::Inet;
+        msg.header.family = family(address);
         msg.header.prefix_len = prefix_len;
         msg.header.index = index;
-        msg.attributes
-            .push(AddressAttribute::Local(std::net::IpAddr::V4(address)));
-        msg.attributes
-            .push(AddressAttribute::Address(std::net::IpAddr::V4(address)));
-        if prefix_len < 31 {
-            let host_bits = u32::MAX.checked_shr(u32::from(prefix_len)).unwrap_or(0);
-            msg.attributes
-                .push(AddressAttribute::Broadcast(Ipv4Addr::from(
-                    u32::from(address) | host_bits,
-                )));
+        msg.attributes.push(AddressAttribute::Local(address));
+        msg.attributes.push(AddressAttribute::Address(address));
+        match address {
+            IpAddr::V4(v4) if prefix_len < 31 => {
+                let host_bits = u32::MAX.checked_shr(u32::from(prefix_len)).unwrap_or(0);
+                msg.attributes
+                    .push(AddressAttribute::Broadcast(Ipv4Addr::from(
+                        u32::from(v4) | host_bits,
+                    )));
+            }
+            IpAddr::V6(_) => {
+                msg.attributes
+                    .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
+            IpAddr::V4(_) => {}
         }
         match self.request(
             &format!("adding address {address}/{prefix_len} to link {index}"),
@@ -73,13 +80,12 @@ impl Netlink {
     }
 
     /// Removes `address/prefix_len` from the link at `index` (gone already is fine).
-    pub fn delete_address(&mut self, index: u32, address: Ipv4Addr, prefix_len: u8) -> Result<()> {
+    pub fn delete_address(&mut self, index: u32, address: IpAddr, prefix_len: u8) -> Result<()> {
         let mut msg = AddressMessage::default();
-        msg.header.family = AddressFamily::Inet;
+        msg.header.family = family(address);
         msg.header.prefix_len = prefix_len;
         msg.header.index = index;
-        msg.attributes
-            .push(AddressAttribute::Local(std::net::IpAddr::V4(address)));
+        msg.attributes.push(AddressAttribute::Local(address));
         match self.request(
             &format!("removing address {address}/{prefix_len} from link {index}"),
             RouteNetlinkMessage::DelAddress(msg),
@@ -90,16 +96,16 @@ impl Netlink {
         }
     }
 
-    /// Adds a default route through `gateway` on the link at `index`.
-    pub fn add_default_route(&mut self, index: u32, gateway: Ipv4Addr) -> Result<()> {
+    /// Adds a default route through `gateway` (of its family) on the link at `index`.
+    pub fn add_default_route(&mut self, index: u32, gateway: IpAddr) -> Result<()> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = AddressFamily::Inet;
+        msg.header.address_family = family(gateway);
         msg.header.table = libc::RT_TABLE_MAIN;
         msg.header.protocol = RouteProtocol::Boot;
         msg.header.scope = RouteScope::Universe;
         msg.header.kind = RouteType::Unicast;
         msg.attributes
-            .push(RouteAttribute::Gateway(RouteAddress::Inet(gateway)));
+            .push(RouteAttribute::Gateway(route_address(gateway)));
         msg.attributes.push(RouteAttribute::Oif(index));
         self.request(
             &format!("adding the default route via {gateway}"),
@@ -109,10 +115,17 @@ impl Netlink {
         .map(drop)
     }
 
-    /// The IPv4 routes of the main table that `protocol` made and that have a gateway.
+    /// The IPv4 and IPv6 routes of the main table that `protocol` made and that have a
+    /// gateway.
     pub fn routes_of(&mut self, protocol: u8) -> Result<Vec<Route>> {
+        let mut out = self.routes_of_family(protocol, AddressFamily::Inet)?;
+        out.extend(self.routes_of_family(protocol, AddressFamily::Inet6)?);
+        Ok(out)
+    }
+
+    fn routes_of_family(&mut self, protocol: u8, family: AddressFamily) -> Result<Vec<Route>> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = AddressFamily::Inet;
+        msg.header.address_family = family;
         let all = self.exchange(
             "listing routes",
             RouteNetlinkMessage::GetRoute(msg),
@@ -131,8 +144,8 @@ impl Netlink {
             let mut oif = None;
             for a in &r.attributes {
                 match a {
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(*ip),
-                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(*ip),
+                    RouteAttribute::Destination(a) => dst = ip_of(a),
+                    RouteAttribute::Gateway(a) => gw = ip_of(a),
                     RouteAttribute::Oif(index) => oif = Some(*index),
                     _ => {}
                 }
@@ -150,23 +163,23 @@ impl Netlink {
     }
 
     fn route_message(
-        dst: Ipv4Addr,
+        dst: IpAddr,
         prefix_len: u8,
-        gateway: Ipv4Addr,
+        gateway: IpAddr,
         protocol: u8,
         onlink_dev: Option<u32>,
     ) -> RouteMessage {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = AddressFamily::Inet;
+        msg.header.address_family = family(dst);
         msg.header.table = libc::RT_TABLE_MAIN;
         msg.header.protocol = RouteProtocol::from(protocol);
         msg.header.scope = RouteScope::Universe;
         msg.header.kind = RouteType::Unicast;
         msg.header.destination_prefix_length = prefix_len;
         msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
+            .push(RouteAttribute::Destination(route_address(dst)));
         msg.attributes
-            .push(RouteAttribute::Gateway(RouteAddress::Inet(gateway)));
+            .push(RouteAttribute::Gateway(route_address(gateway)));
         if let Some(dev) = onlink_dev {
             msg.header.flags = RouteFlags::Onlink;
             msg.attributes.push(RouteAttribute::Oif(dev));
@@ -179,9 +192,9 @@ impl Netlink {
     /// else through whichever link the kernel finds the gateway on.
     pub fn replace_route(
         &mut self,
-        dst: Ipv4Addr,
+        dst: IpAddr,
         prefix_len: u8,
-        gateway: Ipv4Addr,
+        gateway: IpAddr,
         protocol: u8,
         onlink_dev: Option<u32>,
     ) -> Result<()> {
@@ -198,9 +211,9 @@ impl Netlink {
     /// `oif` when given (gone already is fine).
     pub fn delete_route(
         &mut self,
-        dst: Ipv4Addr,
+        dst: IpAddr,
         prefix_len: u8,
-        gateway: Ipv4Addr,
+        gateway: IpAddr,
         protocol: u8,
         oif: Option<u32>,
     ) -> Result<()> {
@@ -213,5 +226,28 @@ impl Netlink {
             Err(e) if e.errno == Some(libc::ESRCH) => Ok(()),
             other => other.map(drop),
         }
+    }
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    if ip.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    }
+}
+
+fn route_address(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(v4) => RouteAddress::Inet(v4),
+        IpAddr::V6(v6) => RouteAddress::Inet6(v6),
+    }
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
     }
 }

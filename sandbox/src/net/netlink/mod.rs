@@ -156,9 +156,9 @@ pub struct Vxlan {
 /// A route of the main table with a gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
-    pub dst: Ipv4Addr,
+    pub dst: std::net::IpAddr,
     pub prefix_len: u8,
-    pub gateway: Ipv4Addr,
+    pub gateway: std::net::IpAddr,
     /// The link it goes out through, when the kernel says.
     pub oif: Option<u32>,
 }

@@ -333,7 +333,10 @@ fn host_gw_and_vxlan_routes_leave_each_other_alone() {
         let host_gw_route = "10.244.5.0/24 via 192.0.2.5 dev uplink";
 
         // host-gw: adds its own route, and does not count or touch the VXLAN route.
-        let host_gw = [(subnet("10.244.5.0/24"), Ipv4Addr::new(192, 0, 2, 5))];
+        let host_gw = [(
+            subnet("10.244.5.0/24"),
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 5)),
+        )];
         assert_eq!(routes::sync(&host_gw).expect("host-gw sync"), 1);
         assert_eq!(routes::sync(&host_gw).expect("host-gw sync again"), 0);
         let shown = proto_routes();
