@@ -2,7 +2,9 @@
 //! server with a pod CIDR each: a pod on node B reaches a pod on node A by its pod IP with
 //! nothing but nodelet installed, through `host-gw` routes (the nodes on one link) and through
 //! `vxlan` (the nodes on two subnets joined by a router namespace, so only the tunnel gets
-//! there); the routes (and the tunnel's entries) go when node B's Node object is deleted.
+//! there); the routes (and the tunnel's entries) go when node B's Node object is deleted. The
+//! host-gw nodes are dual-stack (an IPv6 address on the link, a pod CIDR of each family): the
+//! client reaches the web pod over IPv6 too.
 //!
 //! The API server listens in node A's namespace too, where both agents reach it.
 
@@ -137,6 +139,10 @@ async fn two_nodes(mode: Mode, test: &str) {
                 (&ns_a, "nl2nga", &format!("{a}/24")),
                 (&ns_b, "nl2ngb", &format!("{b}/24")),
             );
+            for (ns, dev, v6) in [(&ns_a, "nl2nga", "2"), (&ns_b, "nl2ngb", "3")] {
+                let addr = format!("fd00:250:{third}::{v6}/64");
+                ip(&["-n", ns, "addr", "add", &addr, "dev", dev, "nodad"]);
+            }
             (a, b)
         }
         // Two subnets and a router between them.
@@ -196,27 +202,42 @@ async fn two_nodes(mode: Mode, test: &str) {
         Mode::HostGw => "host-gw",
         Mode::Vxlan => "vxlan",
     };
+    let dual = mode == Mode::HostGw;
     let config = |node: &str, cidr: &str| -> &'static str {
+        let cluster = if dual {
+            format!("10.{third}.0.0/16, \"fd00:{third}::/48\"")
+        } else {
+            format!("10.{third}.0.0/16")
+        };
         Box::leak(
             format!(
-                "syncFrequency: 5s\npodCIDR: {cidr}\nnodeletPodBridge: nl2n{tag}br{node}\n\
-                 nodeletNetwork:\n  routes: {routes}\n  clusterCIDRs: [10.{third}.0.0/16]\n"
+                "syncFrequency: 5s\npodCIDR: \"{cidr}\"\nnodeletPodBridge: nl2n{tag}br{node}\n\
+                 nodeletNetwork:\n  routes: {routes}\n  clusterCIDRs: [{cluster}]\n"
             )
             .into_boxed_str(),
         )
     };
     let (cidr_a, cidr_b) = (format!("10.{third}.1.0/24"), format!("10.{third}.2.0/24"));
+    let (cidr6_a, cidr6_b) = (
+        format!("fd00:{third}:1::/64"),
+        format!("fd00:{third}:2::/64"),
+    );
+    let (all_a, all_b) = if dual {
+        (format!("{cidr_a},{cidr6_a}"), format!("{cidr_b},{cidr6_b}"))
+    } else {
+        (cidr_a.clone(), cidr_b.clone())
+    };
     let name_a: &'static str = Box::leak(format!("two-{tag}-a").into_boxed_str());
     let name_b: &'static str = Box::leak(format!("two-{tag}-b").into_boxed_str());
     let kubeconfig = |d: &std::path::Path| api.kubeconfig_at(d, inside_addr);
     let setup_a = Setup {
         name: name_a,
-        config: config("a", &cidr_a),
+        config: config("a", &all_a),
         cri_listen: false,
     };
     let setup_b = Setup {
         name: name_b,
-        config: config("b", &cidr_b),
+        config: config("b", &all_b),
         cri_listen: false,
     };
     let Some(node_a) = ApiNode::prepare(&setup_a, Backend::Builtin, test, kubeconfig).await else {
@@ -228,16 +249,24 @@ async fn two_nodes(mode: Mode, test: &str) {
     let client = api.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let _agent_a = node_a.start_in_netns(&ns_a, &ip_a);
-    let mut agent_b = Some(node_b.start_in_netns(&ns_b, &ip_b));
+    let node_ips = |v4: &str, v6: &str| {
+        if dual {
+            format!("{v4},fd00:250:{third}::{v6}")
+        } else {
+            v4.to_string()
+        }
+    };
+    let _agent_a = node_a.start_in_netns(&ns_a, &node_ips(&ip_a, "2"));
+    let mut agent_b = Some(node_b.start_in_netns(&ns_b, &node_ips(&ip_b, "3")));
 
-    // The cluster's node IPAM gives each node its pod CIDR.
-    for (name, cidr) in [(name_a, &cidr_a), (name_b, &cidr_b)] {
+    // The cluster's node IPAM gives each node its pod CIDRs.
+    for (name, all) in [(name_a, &all_a), (name_b, &all_b)] {
         wait_for(&format!("{name} registered"), 60, async || {
             nodes.get_opt(name).await.ok().flatten()
         })
         .await;
-        let patch = serde_json::json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}});
+        let list: Vec<&str> = all.split(',').collect();
+        let patch = serde_json::json!({"spec": {"podCIDR": list[0], "podCIDRs": list}});
         nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -258,15 +287,32 @@ async fn two_nodes(mode: Mode, test: &str) {
     pods.create(&PostParams::default(), &web)
         .await
         .expect("creating web");
-    let web_ip = wait_for("web Running with its IP", 90, async || {
+    let (web_ip, web_ips) = wait_for("web Running with its IPs", 90, async || {
         let st = pods.get_opt("web").await.ok().flatten()?.status?;
-        (st.phase.as_deref() == Some("Running")).then_some(st.pod_ip?)
+        let ips: Vec<String> = st.pod_ips?.into_iter().map(|p| p.ip).collect();
+        (st.phase.as_deref() == Some("Running")).then_some((st.pod_ip?, ips))
     })
     .await;
     assert!(
         web_ip.starts_with(&format!("10.{third}.1.")),
         "web's IP {web_ip}"
     );
+    // Dual stack: both, IPv4 (the first node IP's family) first.
+    let mut urls = vec![format!("http://{web_ip}:8080/")];
+    if dual {
+        assert_eq!(web_ips.len(), 2, "{web_ips:?}");
+        assert_eq!(web_ips[0], web_ip);
+        assert!(
+            web_ips[1].starts_with(&format!("fd00:{third}:1::")),
+            "{web_ips:?}"
+        );
+        urls.push(format!("http://[{}]:8080/", web_ips[1]));
+    }
+    let fetch: Vec<String> = urls
+        .iter()
+        .map(|u| format!("timeout 3 wget -q -O /tmp/got {u} && grep -q hello-from-a /tmp/got"))
+        .collect();
+    let fetch = fetch.join(" && ");
     let client_pod = node_b.plain_pod(
         "client",
         &format!(
@@ -274,8 +320,8 @@ async fn two_nodes(mode: Mode, test: &str) {
             busybox(
                 "main",
                 &format!(
-                    "for i in $(seq 60); do timeout 3 wget -q -O /tmp/got http://{web_ip}:8080/ && \
-                     grep -q hello-from-a /tmp/got && exit 0; sleep 1; done; ip addr; ip route; exit 1"
+                    "for i in $(seq 60); do {fetch} && exit 0; sleep 1; done; ip addr; ip route; \
+                     ip -6 route; exit 1"
                 )
             )
         ),
@@ -307,6 +353,13 @@ async fn two_nodes(mode: Mode, test: &str) {
     // Node A's entries toward B: a route (through the tunnel with vxlan), and B's VTEP.
     let routes_a = ip(&["-n", &ns_a, "route", "show", "proto", "110"]);
     assert!(routes_a.contains(&cidr_b), "{routes_a}");
+    if dual {
+        let routes6 = ip(&["-n", &ns_a, "-6", "route", "show", "proto", "110"]);
+        assert!(
+            routes6.contains(&format!("{cidr6_b} via fd00:250:{third}::3")),
+            "{routes6}"
+        );
+    }
     if mode == Mode::Vxlan {
         assert!(routes_a.contains("dev nodelet.1"), "{routes_a}");
         let b = nodes.get(name_b).await.expect("node B");
@@ -331,9 +384,10 @@ async fn two_nodes(mode: Mode, test: &str) {
         .delete(name_b, &DeleteParams::default())
         .await
         .expect("deleting node B");
-    wait_for("A's route to B's pods removed", 90, async || {
+    wait_for("A's routes to B's pods removed", 90, async || {
         let r = ip(&["-n", &ns_a, "route", "show", "proto", "110"]);
-        (!r.contains(&cidr_b)).then_some(())
+        let r6 = ip(&["-n", &ns_a, "-6", "route", "show", "proto", "110"]);
+        (!r.contains(&cidr_b) && !r6.contains(&cidr6_b)).then_some(())
     })
     .await;
     if mode == Mode::Vxlan {
