@@ -3,8 +3,9 @@
 //! nothing but nodelet installed, through `host-gw` routes (the nodes on one link) and through
 //! `vxlan` (the nodes on two subnets joined by a router namespace, so only the tunnel gets
 //! there); the routes (and the tunnel's entries) go when node B's Node object is deleted. The
-//! host-gw nodes are dual-stack (an IPv6 address on the link, a pod CIDR of each family): the
-//! client reaches the web pod over IPv6 too.
+//! clusters are dual-stack (a pod CIDR of each family): the client reaches the web pod over
+//! IPv6 too, by host-gw routes via the nodes' IPv6 addresses (an IPv6 address on the link),
+//! and through the IPv4 tunnel with vxlan.
 //!
 //! The API server listens in node A's namespace too, where both agents reach it.
 
@@ -202,13 +203,8 @@ async fn two_nodes(mode: Mode, test: &str) {
         Mode::HostGw => "host-gw",
         Mode::Vxlan => "vxlan",
     };
-    let dual = mode == Mode::HostGw;
     let config = |node: &str, cidr: &str| -> &'static str {
-        let cluster = if dual {
-            format!("10.{third}.0.0/16, \"fd00:{third}::/48\"")
-        } else {
-            format!("10.{third}.0.0/16")
-        };
+        let cluster = format!("10.{third}.0.0/16, \"fd00:{third}::/48\"");
         Box::leak(
             format!(
                 "syncFrequency: 5s\npodCIDR: \"{cidr}\"\nnodeletPodBridge: nl2n{tag}br{node}\n\
@@ -222,11 +218,7 @@ async fn two_nodes(mode: Mode, test: &str) {
         format!("fd00:{third}:1::/64"),
         format!("fd00:{third}:2::/64"),
     );
-    let (all_a, all_b) = if dual {
-        (format!("{cidr_a},{cidr6_a}"), format!("{cidr_b},{cidr6_b}"))
-    } else {
-        (cidr_a.clone(), cidr_b.clone())
-    };
+    let (all_a, all_b) = (format!("{cidr_a},{cidr6_a}"), format!("{cidr_b},{cidr6_b}"));
     let name_a: &'static str = Box::leak(format!("two-{tag}-a").into_boxed_str());
     let name_b: &'static str = Box::leak(format!("two-{tag}-b").into_boxed_str());
     let kubeconfig = |d: &std::path::Path| api.kubeconfig_at(d, inside_addr);
@@ -250,7 +242,7 @@ async fn two_nodes(mode: Mode, test: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let node_ips = |v4: &str, v6: &str| {
-        if dual {
+        if mode == Mode::HostGw {
             format!("{v4},fd00:250:{third}::{v6}")
         } else {
             v4.to_string()
@@ -298,16 +290,16 @@ async fn two_nodes(mode: Mode, test: &str) {
         "web's IP {web_ip}"
     );
     // Dual stack: both, IPv4 (the first node IP's family) first.
-    let mut urls = vec![format!("http://{web_ip}:8080/")];
-    if dual {
-        assert_eq!(web_ips.len(), 2, "{web_ips:?}");
-        assert_eq!(web_ips[0], web_ip);
-        assert!(
-            web_ips[1].starts_with(&format!("fd00:{third}:1::")),
-            "{web_ips:?}"
-        );
-        urls.push(format!("http://[{}]:8080/", web_ips[1]));
-    }
+    assert_eq!(web_ips.len(), 2, "{web_ips:?}");
+    assert_eq!(web_ips[0], web_ip);
+    assert!(
+        web_ips[1].starts_with(&format!("fd00:{third}:1::")),
+        "{web_ips:?}"
+    );
+    let urls = [
+        format!("http://{web_ip}:8080/"),
+        format!("http://[{}]:8080/", web_ips[1]),
+    ];
     let fetch: Vec<String> = urls
         .iter()
         .map(|u| format!("timeout 3 wget -q -O /tmp/got {u} && grep -q hello-from-a /tmp/got"))
@@ -353,13 +345,12 @@ async fn two_nodes(mode: Mode, test: &str) {
     // Node A's entries toward B: a route (through the tunnel with vxlan), and B's VTEP.
     let routes_a = ip(&["-n", &ns_a, "route", "show", "proto", "110"]);
     assert!(routes_a.contains(&cidr_b), "{routes_a}");
-    if dual {
-        let routes6 = ip(&["-n", &ns_a, "-6", "route", "show", "proto", "110"]);
-        assert!(
-            routes6.contains(&format!("{cidr6_b} via fd00:250:{third}::3")),
-            "{routes6}"
-        );
-    }
+    let routes6 = ip(&["-n", &ns_a, "-6", "route", "show", "proto", "110"]);
+    let via = match mode {
+        Mode::HostGw => format!("{cidr6_b} via fd00:250:{third}::3"),
+        Mode::Vxlan => format!("{cidr6_b} via fd00:{third}:2:: dev nodelet.1"),
+    };
+    assert!(routes6.contains(&via), "{routes6}");
     if mode == Mode::Vxlan {
         assert!(routes_a.contains("dev nodelet.1"), "{routes_a}");
         let b = nodes.get(name_b).await.expect("node B");

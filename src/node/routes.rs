@@ -58,6 +58,11 @@ fn subnet_of(node: &Node) -> Option<Subnet> {
     subnets_of(node).into_iter().find(|s| !s.is_ipv6())
 }
 
+/// A node's first IPv6 pod CIDR.
+fn subnet6_of(node: &Node) -> Option<Subnet> {
+    subnets_of(node).into_iter().find(Subnet::is_ipv6)
+}
+
 /// A node's InternalIPs.
 fn internal_ips(node: &Node) -> impl Iterator<Item = IpAddr> + '_ {
     node.status
@@ -86,8 +91,8 @@ fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
 }
 
 /// The VXLAN peers `nodes` make for the node named `own`: each other node with an IPv4 pod
-/// subnet and a published MAC, its tunnel ending at its published address (else its
-/// InternalIP).
+/// subnet (and its IPv6 one, if any, carried through the same tunnel) and a published MAC,
+/// its tunnel ending at its published address (else its InternalIP).
 pub fn vxlan_peers(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<VxlanPeer> {
     let mut out = Vec::new();
     for (name, node) in nodes {
@@ -107,6 +112,7 @@ pub fn vxlan_peers(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<VxlanPeer> 
         if let Some(endpoint) = endpoint {
             out.push(VxlanPeer {
                 subnet,
+                subnet6: subnet6_of(node),
                 endpoint,
                 mac,
             });
@@ -135,9 +141,13 @@ pub fn wanted(nodes: &BTreeMap<String, Node>, own: &str) -> Vec<(Subnet, IpAddr)
 pub enum Keep {
     /// `routes: host-gw`.
     HostGw,
-    /// `routes: vxlan`, with the node's own subnet when its Node has none (the configured
-    /// `podCIDR`).
-    Vxlan { settings: Vxlan, fallback: Subnet },
+    /// `routes: vxlan`, with the node's own subnets when its Node has none (the configured
+    /// `podCIDR`'s IPv4 one, and its IPv6 one when dual-stack).
+    Vxlan {
+        settings: Vxlan,
+        fallback: Subnet,
+        fallback6: Option<Subnet>,
+    },
 }
 
 impl Keep {
@@ -146,13 +156,14 @@ impl Keep {
         match routes {
             Routes::None => None,
             Routes::HostGw => Some(Keep::HostGw),
-            Routes::Vxlan => Some(Keep::Vxlan {
-                settings,
-                fallback: runtime::builtin::parse_pod_cidrs(pod_cidr)
-                    .ok()?
-                    .into_iter()
-                    .find(|s| !s.is_ipv6())?,
-            }),
+            Routes::Vxlan => {
+                let configured = runtime::builtin::parse_pod_cidrs(pod_cidr).ok()?;
+                Some(Keep::Vxlan {
+                    settings,
+                    fallback: configured.iter().copied().find(|s| !s.is_ipv6())?,
+                    fallback6: configured.iter().copied().find(Subnet::is_ipv6),
+                })
+            }
         }
     }
 }
@@ -168,9 +179,14 @@ pub async fn run(client: kube::Client, own: String, keep: Keep, cancel: Cancella
     let mut tick = tokio::time::interval(RESYNC);
     let mut state = match keep {
         Keep::HostGw => State::HostGw { applied: None },
-        Keep::Vxlan { settings, fallback } => State::Vxlan(VxlanState {
+        Keep::Vxlan {
             settings,
             fallback,
+            fallback6,
+        } => State::Vxlan(VxlanState {
+            settings,
+            fallback,
+            fallback6,
             device: None,
             applied: None,
             published: None,
@@ -262,7 +278,8 @@ async fn host_gw(
 struct VxlanState {
     settings: Vxlan,
     fallback: Subnet,
-    device: Option<(Subnet, Ipv4Addr, [u8; 6])>,
+    fallback6: Option<Subnet>,
+    device: Option<(Subnet, Option<Subnet>, Ipv4Addr, [u8; 6])>,
     applied: Option<Vec<VxlanPeer>>,
     /// The annotations last patched in, until the watch shows them.
     published: Option<(String, String)>,
@@ -278,9 +295,13 @@ impl VxlanState {
             tracing::debug!("vxlan: the node has no IPv4 InternalIP yet");
             return;
         };
-        let subnet = subnet_of(me).unwrap_or(self.fallback);
+        let (subnet, subnet6) = if subnets_of(me).is_empty() {
+            (self.fallback, self.fallback6)
+        } else {
+            (subnet_of(me).unwrap_or(self.fallback), subnet6_of(me))
+        };
         let name = self.settings.device();
-        if self.device.map(|(s, l, _)| (s, l)) != Some((subnet, local)) {
+        if self.device.map(|(s, s6, l, _)| (s, s6, l)) != Some((subnet, subnet6, local)) {
             let dev = VxlanDevice {
                 name: name.clone(),
                 vni: self.settings.vni,
@@ -288,11 +309,13 @@ impl VxlanState {
                 local,
                 mtu: None,
             };
-            match tokio::task::spawn_blocking(move || runtime::builtin::ensure_vxlan(&dev, subnet))
-                .await
-            {
+            let made = tokio::task::spawn_blocking(move || {
+                runtime::builtin::ensure_vxlan(&dev, subnet, subnet6)
+            })
+            .await;
+            match made {
                 Ok(Ok(mac)) => {
-                    self.device = Some((subnet, local, mac));
+                    self.device = Some((subnet, subnet6, local, mac));
                     self.applied = None;
                 }
                 Ok(Err(e)) => {
@@ -305,7 +328,7 @@ impl VxlanState {
                 }
             }
         }
-        let Some((_, local, mac)) = self.device else {
+        let Some((_, _, local, mac)) = self.device else {
             return;
         };
         let mac_text = runtime::builtin::format_mac(mac);

@@ -81,10 +81,11 @@ pub fn sync_node_routes(want: &[(Subnet, IpAddr)]) -> Result<usize> {
 /// The VXLAN device between nodes (the kubelet's `vxlan` routes) and one other node behind it.
 pub use sandbox::net::vxlan::{Device as VxlanDevice, Peer as VxlanPeer, format_mac, parse_mac};
 
-/// Makes sure the VXLAN device `dev` is up with `own` subnet's network address on it; its
-/// MAC (`sandbox::net::vxlan::ensure`).
-pub fn ensure_vxlan(dev: &VxlanDevice, own: Subnet) -> Result<[u8; 6]> {
-    sandbox::net::vxlan::ensure(dev, own).map_err(super::sandbox_error)
+/// Makes sure the VXLAN device `dev` is up with the network address of `own` subnet (and of
+/// `own6`, the node's IPv6 one, on a dual-stack cluster) on it; its MAC
+/// (`sandbox::net::vxlan::ensure`).
+pub fn ensure_vxlan(dev: &VxlanDevice, own: Subnet, own6: Option<Subnet>) -> Result<[u8; 6]> {
+    sandbox::net::vxlan::ensure(dev, own, own6).map_err(super::sandbox_error)
 }
 
 /// Makes the FDB, neighbour and route entries of VXLAN device `name` exactly `peers`; how many

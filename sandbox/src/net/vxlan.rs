@@ -38,12 +38,21 @@ pub struct Device {
     pub mtu: Option<u32>,
 }
 
-/// One other node: its pod subnet, its tunnel endpoint (its address), its VTEP's MAC.
+/// One other node: its pod subnet, its IPv6 pod subnet on a dual-stack cluster (carried
+/// through the same IPv4 tunnel), its tunnel endpoint (its address), its VTEP's MAC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
     pub subnet: Subnet,
+    pub subnet6: Option<Subnet>,
     pub endpoint: Ipv4Addr,
     pub mac: [u8; 6],
+}
+
+impl Peer {
+    /// The peer's pod subnets: the IPv4 one, then the IPv6 one.
+    fn subnets(&self) -> impl Iterator<Item = Subnet> {
+        std::iter::once(self.subnet).chain(self.subnet6)
+    }
 }
 
 /// Formats a MAC as "aa:bb:cc:dd:ee:ff".
@@ -134,9 +143,15 @@ fn default_mtu(nl: &mut Netlink, local: Ipv4Addr) -> Result<u32> {
 /// its MTU, and with `own_subnet`'s network address as a /32 address on it (as flannel puts
 /// 10.244.1.0/32 on flannel.1), any other IPv4 address on it removed. Returns the device's
 /// MAC (its VTEP MAC, which the other nodes need to reach this one).
-pub fn ensure(dev: &Device, own_subnet: Subnet) -> Result<[u8; 6]> {
+pub fn ensure(dev: &Device, own_subnet: Subnet, own_subnet6: Option<Subnet>) -> Result<[u8; 6]> {
     check_interface_name(&dev.name)?;
     let own = ipv4_subnet(own_subnet)?;
+    if let Some(s6) = own_subnet6.filter(|s| !s.is_ipv6()) {
+        return Err(Error::new(
+            Kind::InvalidArgument,
+            format!("{s6} is not an IPv6 pod subnet"),
+        ));
+    }
     if dev.vni > 0x00ff_ffff {
         return Err(Error::new(
             Kind::InvalidArgument,
@@ -208,12 +223,15 @@ pub fn ensure(dev: &Device, own_subnet: Subnet) -> Result<[u8; 6]> {
     if !link.up {
         nl.set_up(index, None).map_err(nl_error)?;
     }
-    nl.add_address(index, IpAddr::V4(own), 32)
-        .map_err(nl_error)?;
-    for (i, ip, len) in nl.ipv4_addresses().map_err(nl_error)? {
-        if i == index && (ip, len) != (own, 32) {
-            nl.delete_address(index, IpAddr::V4(ip), len)
-                .map_err(nl_error)?;
+    let mut wanted = vec![(IpAddr::V4(own), 32)];
+    wanted.extend(own_subnet6.map(|s| (s.network, 128)));
+    for (ip, len) in &wanted {
+        nl.add_address(index, *ip, *len).map_err(nl_error)?;
+    }
+    for (i, ip, len) in nl.addresses().map_err(nl_error)? {
+        let link_local = matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        if i == index && !link_local && !wanted.contains(&(ip, len)) {
+            nl.delete_address(index, ip, len).map_err(nl_error)?;
         }
     }
     link.mac.ok_or_else(|| {
@@ -235,11 +253,17 @@ fn ipv4_subnet(subnet: Subnet) -> Result<Ipv4Addr> {
     }
 }
 
-/// Checks that `peers` can all be on one device: IPv4 subnets, real unicast MACs, no subnet
-/// and no MAC twice.
+/// Checks that `peers` can all be on one device: an IPv4 subnet (and an IPv6 one at most),
+/// real unicast MACs, no subnet and no MAC twice.
 fn check_peers(peers: &[Peer]) -> Result<()> {
     for (i, p) in peers.iter().enumerate() {
         ipv4_subnet(p.subnet)?;
+        if let Some(s6) = p.subnet6.filter(|s| !s.is_ipv6()) {
+            return Err(Error::new(
+                Kind::InvalidArgument,
+                format!("{s6} is not an IPv6 pod subnet"),
+            ));
+        }
         if p.mac == [0; 6] || p.mac[0] & 1 == 1 {
             return Err(Error::new(
                 Kind::InvalidArgument,
@@ -251,7 +275,9 @@ fn check_peers(peers: &[Peer]) -> Result<()> {
             ));
         }
         for q in &peers[..i] {
-            if q.subnet.network == p.subnet.network {
+            if q.subnet.network == p.subnet.network
+                || (p.subnet6.is_some() && q.subnet6 == p.subnet6)
+            {
                 return Err(Error::new(
                     Kind::InvalidArgument,
                     format!(
@@ -313,15 +339,17 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
             changed += 1;
         }
     }
-    let neighbours = nl.ipv4_neighbours(index).map_err(nl_error)?;
+    let neighbours = nl.neighbours(index).map_err(nl_error)?;
     for p in peers {
-        let present = neighbours
-            .iter()
-            .any(|n| IpAddr::V4(n.ip) == p.subnet.network && n.mac == Some(p.mac) && n.permanent);
-        if !present {
-            nl.replace_neighbour(index, ipv4_subnet(p.subnet)?, p.mac)
-                .map_err(nl_error)?;
-            changed += 1;
+        for s in p.subnets() {
+            let present = neighbours
+                .iter()
+                .any(|n| n.ip == s.network && n.mac == Some(p.mac) && n.permanent);
+            if !present {
+                nl.replace_neighbour(index, s.network, p.mac)
+                    .map_err(nl_error)?;
+                changed += 1;
+            }
         }
     }
     let routes: Vec<_> = nl
@@ -331,17 +359,18 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
         .filter(|r| r.oif == Some(index))
         .collect();
     let is_route_of = |p: &Peer, dst: IpAddr, len: u8, gw: IpAddr| {
-        dst == p.subnet.network && len == p.subnet.prefix_len && gw == p.subnet.network
+        p.subnets()
+            .any(|s| dst == s.network && len == s.prefix_len && gw == s.network)
     };
     for p in peers {
-        if !routes
-            .iter()
-            .any(|r| is_route_of(p, r.dst, r.prefix_len, r.gateway))
-        {
-            let s = p.subnet;
-            nl.replace_route(s.network, s.prefix_len, s.network, PROTOCOL, Some(index))
-                .map_err(nl_error)?;
-            changed += 1;
+        for s in p.subnets() {
+            if !routes.iter().any(|r| {
+                r.dst == s.network && r.prefix_len == s.prefix_len && r.gateway == s.network
+            }) {
+                nl.replace_route(s.network, s.prefix_len, s.network, PROTOCOL, Some(index))
+                    .map_err(nl_error)?;
+                changed += 1;
+            }
         }
     }
 
@@ -356,7 +385,7 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
         }
     }
     for n in neighbours.iter().filter(|n| n.permanent) {
-        if !peers.iter().any(|p| p.subnet.network == IpAddr::V4(n.ip)) {
+        if !peers.iter().any(|p| p.subnets().any(|s| s.network == n.ip)) {
             nl.delete_neighbour(index, n.ip).map_err(nl_error)?;
             changed += 1;
         }

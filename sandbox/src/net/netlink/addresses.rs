@@ -46,37 +46,51 @@ impl Netlink {
         }
     }
 
-    /// The node's IPv4 addresses: (link index, address, prefix length).
-    pub fn ipv4_addresses(&mut self) -> Result<Vec<(u32, Ipv4Addr, u8)>> {
-        let mut msg = AddressMessage::default();
-        msg.header.family = AddressFamily::Inet;
-        let all = self.exchange(
-            "listing addresses",
-            RouteNetlinkMessage::GetAddress(msg),
-            NLM_F_DUMP,
-        )?;
+    /// The node's IPv4 and IPv6 addresses: (link index, address, prefix length).
+    pub fn addresses(&mut self) -> Result<Vec<(u32, IpAddr, u8)>> {
         let mut out = Vec::new();
-        for m in all {
-            let RouteNetlinkMessage::NewAddress(a) = m else {
-                continue;
-            };
-            if a.header.family != AddressFamily::Inet {
-                continue;
-            }
-            let mut local = None;
-            let mut address = None;
-            for attr in &a.attributes {
-                match attr {
-                    AddressAttribute::Local(std::net::IpAddr::V4(ip)) => local = Some(*ip),
-                    AddressAttribute::Address(std::net::IpAddr::V4(ip)) => address = Some(*ip),
-                    _ => {}
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = AddressMessage::default();
+            msg.header.family = family;
+            let all = self.exchange(
+                "listing addresses",
+                RouteNetlinkMessage::GetAddress(msg),
+                NLM_F_DUMP,
+            )?;
+            for m in all {
+                let RouteNetlinkMessage::NewAddress(a) = m else {
+                    continue;
+                };
+                if a.header.family != family {
+                    continue;
                 }
-            }
-            if let Some(ip) = local.or(address) {
-                out.push((a.header.index, ip, a.header.prefix_len));
+                let mut local = None;
+                let mut address = None;
+                for attr in &a.attributes {
+                    match attr {
+                        AddressAttribute::Local(ip) => local = Some(*ip),
+                        AddressAttribute::Address(ip) => address = Some(*ip),
+                        _ => {}
+                    }
+                }
+                if let Some(ip) = local.or(address) {
+                    out.push((a.header.index, ip, a.header.prefix_len));
+                }
             }
         }
         Ok(out)
+    }
+
+    /// The node's IPv4 addresses: (link index, address, prefix length).
+    pub fn ipv4_addresses(&mut self) -> Result<Vec<(u32, Ipv4Addr, u8)>> {
+        Ok(self
+            .addresses()?
+            .into_iter()
+            .filter_map(|(i, ip, len)| match ip {
+                IpAddr::V4(v4) => Some((i, v4, len)),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
     }
 
     /// Removes `address/prefix_len` from the link at `index` (gone already is fine).

@@ -163,10 +163,10 @@ pub struct Route {
     pub oif: Option<u32>,
 }
 
-/// An IPv4 neighbour (ARP) entry.
+/// An IPv4 (ARP) or IPv6 (NDP) neighbour entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Neighbour {
-    pub ip: Ipv4Addr,
+    pub ip: std::net::IpAddr,
     pub mac: Option<[u8; 6]>,
     /// Whether it is NUD_PERMANENT (set by hand, not learnt).
     pub permanent: bool,

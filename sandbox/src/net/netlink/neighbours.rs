@@ -1,6 +1,7 @@
-//! Neighbours: the forwarding entries of VXLAN devices and the IPv4 (ARP) entries.
+//! Neighbours: the forwarding entries of VXLAN devices and the IPv4 (ARP) and IPv6 (NDP)
+//! entries.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE};
 use netlink_packet_route::neighbour::{
@@ -116,16 +117,21 @@ impl Netlink {
         }
     }
 
-    /// The IPv4 neighbour (ARP) entries of the link at `index`.
-    pub fn ipv4_neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>> {
+    /// The IPv4 (ARP) and IPv6 (NDP) neighbour entries of the link at `index`.
+    pub fn neighbours(&mut self, index: u32) -> Result<Vec<Neighbour>> {
+        let mut all = self.neighbours_of(AddressFamily::Inet, index)?;
+        all.extend(self.neighbours_of(AddressFamily::Inet6, index)?);
         let mut out = Vec::new();
-        for n in self.neighbours_of(AddressFamily::Inet, index)? {
+        for n in all {
             let mut ip = None;
             let mut mac = None;
             for a in &n.attributes {
                 match a {
                     NeighbourAttribute::Destination(NeighbourAddress::Inet(addr)) => {
-                        ip = Some(*addr);
+                        ip = Some(IpAddr::V4(*addr));
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(addr)) => {
+                        ip = Some(IpAddr::V6(*addr));
                     }
                     NeighbourAttribute::LinkLayerAddress(bytes) => {
                         mac = <[u8; 6]>::try_from(bytes.as_slice()).ok();
@@ -144,18 +150,22 @@ impl Netlink {
         Ok(out)
     }
 
-    fn neighbour_message(index: u32, ip: Ipv4Addr) -> NeighbourMessage {
+    fn neighbour_message(index: u32, ip: IpAddr) -> NeighbourMessage {
         let mut msg = NeighbourMessage::default();
-        msg.header.family = AddressFamily::Inet;
         msg.header.ifindex = index;
+        let (family, address) = match ip {
+            IpAddr::V4(v4) => (AddressFamily::Inet, NeighbourAddress::Inet(v4)),
+            IpAddr::V6(v6) => (AddressFamily::Inet6, NeighbourAddress::Inet6(v6)),
+        };
+        msg.header.family = family;
         msg.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+            .push(NeighbourAttribute::Destination(address));
         msg
     }
 
     /// Makes `ip` a permanent neighbour at `mac` on the link at `index` (`ip neigh replace
     /// ... nud permanent`).
-    pub fn replace_neighbour(&mut self, index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> Result<()> {
+    pub fn replace_neighbour(&mut self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()> {
         let mut msg = Self::neighbour_message(index, ip);
         msg.header.state = NeighbourState::Permanent;
         msg.attributes
@@ -169,7 +179,7 @@ impl Netlink {
     }
 
     /// Deletes the neighbour entry of `ip` on the link at `index` (gone already is fine).
-    pub fn delete_neighbour(&mut self, index: u32, ip: Ipv4Addr) -> Result<()> {
+    pub fn delete_neighbour(&mut self, index: u32, ip: IpAddr) -> Result<()> {
         match self.request(
             &format!("deleting neighbour {ip} of link {index}"),
             RouteNetlinkMessage::DelNeighbour(Self::neighbour_message(index, ip)),

@@ -30,6 +30,7 @@ fn subnet(s: &str) -> Subnet {
 fn peer(net: &str, endpoint: [u8; 4], last: u8) -> Peer {
     Peer {
         subnet: subnet(net),
+        subnet6: None,
         endpoint: Ipv4Addr::from(endpoint),
         mac: [0x02, 0, 0, 0, 0, last],
     }
@@ -68,7 +69,7 @@ fn bad_peers_and_devices_are_refused_before_any_netlink() {
         dev(1, 0, "nodelet.1"),
         dev(1, 8472, "a/b"),
     ] {
-        let e = ensure(&d, subnet("10.244.1.0/24")).expect_err("refused");
+        let e = ensure(&d, subnet("10.244.1.0/24"), None).expect_err("refused");
         assert_eq!(e.kind(), Kind::InvalidArgument, "{e}");
     }
 }
@@ -150,7 +151,7 @@ fn addresses(name: &str) -> Vec<String> {
 fn ensure_makes_checks_and_remakes_the_device() {
     in_new_netns("ensure_makes_checks_and_remakes_the_device", || {
         let own = subnet("10.244.1.0/24");
-        let mac = ensure(&device(42), own).expect("ensure");
+        let mac = ensure(&device(42), own, None).expect("ensure");
         let l = link("nodelet.1").expect("the device");
         assert_eq!(l.kind.as_deref(), Some("vxlan"));
         assert!(l.up);
@@ -178,26 +179,26 @@ fn ensure_makes_checks_and_remakes_the_device() {
         assert_eq!(addresses("nodelet.1"), ["10.244.1.0/32"]);
 
         // Again: nothing changes.
-        assert_eq!(ensure(&device(42), own).expect("ensure again"), mac);
+        assert_eq!(ensure(&device(42), own, None).expect("ensure again"), mac);
         assert_eq!(link("nodelet.1"), Some(l.clone()));
 
         // An explicit MTU is set in place; the device stays.
         let mut with_mtu = device(42);
         with_mtu.mtu = Some(1400);
-        assert_eq!(ensure(&with_mtu, own).expect("ensure, MTU 1400"), mac);
+        assert_eq!(ensure(&with_mtu, own, None).expect("ensure, MTU 1400"), mac);
         let l2 = link("nodelet.1").expect("the device");
         assert_eq!((l2.index, l2.mtu), (l.index, Some(1400)));
 
         // Another subnet: its address replaces the old one, and a stray one goes too.
         ip("addr add 10.9.9.9/32 dev nodelet.1");
         assert_eq!(
-            ensure(&with_mtu, subnet("10.244.7.0/24")).expect("ensure, other subnet"),
+            ensure(&with_mtu, subnet("10.244.7.0/24"), None).expect("ensure, other subnet"),
             mac
         );
         assert_eq!(addresses("nodelet.1"), ["10.244.7.0/32"]);
 
         // Another VNI, then another port: the device is made again.
-        ensure(&device(43), own).expect("ensure, VNI 43");
+        ensure(&device(43), own, None).expect("ensure, VNI 43");
         let l3 = link("nodelet.1").expect("the device");
         assert_ne!(l3.index, l.index, "made again");
         assert_eq!(l3.vxlan.as_ref().and_then(|v| v.vni), Some(43));
@@ -205,7 +206,7 @@ fn ensure_makes_checks_and_remakes_the_device() {
         assert_eq!(addresses("nodelet.1"), ["10.244.1.0/32"]);
         let mut other_port = device(43);
         other_port.port = 4789;
-        let mac4 = ensure(&other_port, own).expect("ensure, port 4789");
+        let mac4 = ensure(&other_port, own, None).expect("ensure, port 4789");
         let l4 = link("nodelet.1").expect("the device");
         assert_ne!(l4.index, l3.index, "made again");
         assert_eq!(l4.vxlan.as_ref().and_then(|v| v.port), Some(4789));
@@ -216,7 +217,7 @@ fn ensure_makes_checks_and_remakes_the_device() {
         ip("link set nodelet.1 type vxlan learning");
         let learning = link("nodelet.1").and_then(|l| l.vxlan).map(|v| v.learning);
         assert_eq!(learning, Some(true), "learning turned on");
-        ensure(&other_port, own).expect("ensure, learning was on");
+        ensure(&other_port, own, None).expect("ensure, learning was on");
         let l5 = link("nodelet.1").expect("the device");
         assert_ne!(l5.index, l4.index, "made again");
         assert_eq!(l5.vxlan.map(|v| v.learning), Some(false));
@@ -225,14 +226,14 @@ fn ensure_makes_checks_and_remakes_the_device() {
         // A source address no link holds: no MTU to derive, said so.
         let mut nowhere = device(43);
         nowhere.local = Ipv4Addr::new(198, 51, 100, 1);
-        let e = ensure(&nowhere, own).expect_err("no link holds the address");
+        let e = ensure(&nowhere, own, None).expect_err("no link holds the address");
         assert_eq!(e.kind(), Kind::FailedPrecondition, "{e}");
 
         // A link of that name that is not a VXLAN device is not ours to delete.
         let mut bridge = device(42);
         bridge.name = "br-x".to_string();
         ip("link add br-x type bridge");
-        let e = ensure(&bridge, own).expect_err("not a vxlan device");
+        let e = ensure(&bridge, own, None).expect_err("not a vxlan device");
         assert_eq!(e.kind(), Kind::FailedPrecondition, "{e}");
         assert!(e.to_string().contains("br-x"), "{e}");
         let e = remove("br-x").expect_err("not a vxlan device");
@@ -272,7 +273,7 @@ fn sync_installs_changes_and_removes_entries() {
         assert_eq!(sync("nodelet.1", &[]).expect("no device, no peers"), 0);
         let e = sync("nodelet.1", &[a]).expect_err("no device");
         assert_eq!(e.kind(), Kind::FailedPrecondition, "{e}");
-        ensure(&device(1), subnet("10.244.1.0/24")).expect("ensure");
+        ensure(&device(1), subnet("10.244.1.0/24"), None).expect("ensure");
 
         assert_eq!(sync("nodelet.1", &[a, b]).expect("sync a, b"), 6);
         eprintln!(
@@ -326,7 +327,7 @@ fn sync_installs_changes_and_removes_entries() {
 fn host_gw_and_vxlan_routes_leave_each_other_alone() {
     in_new_netns("host_gw_and_vxlan_routes_leave_each_other_alone", || {
         use super::super::routes;
-        ensure(&device(1), subnet("10.244.1.0/24")).expect("ensure");
+        ensure(&device(1), subnet("10.244.1.0/24"), None).expect("ensure");
         let a = peer("10.244.2.0/24", [192, 0, 2, 2], 2);
         assert_eq!(sync("nodelet.1", &[a]).expect("sync a"), 3);
         let vxlan_route = "10.244.2.0/24 via 10.244.2.0 dev nodelet.1 onlink";
@@ -361,4 +362,65 @@ fn host_gw_and_vxlan_routes_leave_each_other_alone() {
         assert_eq!(routes::sync(&[]).expect("host-gw sync none again"), 0);
         assert_eq!(has_peer(&a), [true; 3]);
     });
+}
+
+#[test]
+fn ipv6_subnets_go_by_host_gw_routes_and_through_the_ipv4_tunnel() {
+    in_new_netns(
+        "ipv6_subnets_go_by_host_gw_routes_and_through_the_ipv4_tunnel",
+        || {
+            use super::super::routes;
+            ip("-6 addr add 2001:db8::1/64 dev uplink nodad");
+            let v6 = [
+                (subnet("10.244.5.0/24"), "192.0.2.5".parse().expect("ip")),
+                (subnet("fd00:5::/64"), "2001:db8::5".parse().expect("ip")),
+            ];
+            assert_eq!(routes::sync(&v6).expect("dual sync"), 2);
+            assert_eq!(routes::sync(&v6).expect("dual sync again"), 0);
+            let shown = ip("-6 route show proto 110");
+            assert!(
+                shown.contains("fd00:5::/64 via 2001:db8::5 dev uplink"),
+                "{shown}"
+            );
+            // The IPv6 route goes with its node; the IPv4 one stays.
+            assert_eq!(routes::sync(&v6[..1]).expect("v4 only"), 1);
+            assert_eq!(ip("-6 route show proto 110").trim(), "");
+            assert!(proto_routes().contains("10.244.5.0/24 via 192.0.2.5"));
+
+            // The overlay: an IPv4 tunnel carrying the IPv6 subnets too: the device holds the
+            // node's IPv6 subnet's network address, and each peer's IPv6 subnet gets a neighbour
+            // entry and an onlink route.
+            let e = ensure(&device(1), subnet("fd00:1::/64"), None).expect_err("refused");
+            assert!(e.to_string().contains("IPv4 pod subnets only"), "{e}");
+            let own6 = subnet("fd00:1::/64");
+            ensure(&device(1), subnet("10.244.1.0/24"), Some(own6)).expect("ensure");
+            let addrs = ip("-6 addr show dev nodelet.1");
+            assert!(addrs.contains("inet6 fd00:1::/128"), "{addrs}");
+            let mut p = peer("10.244.2.0/24", [192, 0, 2, 2], 2);
+            p.subnet6 = Some(subnet("fd00:2::/64"));
+            assert_eq!(sync("nodelet.1", &[p]).expect("sync"), 5);
+            assert_eq!(sync("nodelet.1", &[p]).expect("sync again"), 0);
+            let neigh = ip("-6 neigh show dev nodelet.1");
+            assert!(
+                neigh.contains("fd00:2:: lladdr 02:00:00:00:00:02 PERMANENT"),
+                "{neigh}"
+            );
+            let routes6 = ip("-6 route show proto 110");
+            assert!(
+                routes6.contains("fd00:2::/64 via fd00:2:: dev nodelet.1"),
+                "{routes6}"
+            );
+            // The peer's IPv6 subnet goes (the node is IPv4 only now): its entries go.
+            p.subnet6 = None;
+            assert_eq!(sync("nodelet.1", &[p]).expect("sync v4"), 2);
+            assert_eq!(ip("-6 route show proto 110").trim(), "");
+            // The node's own IPv6 subnet goes: its address leaves the device.
+            ensure(&device(1), subnet("10.244.1.0/24"), None).expect("ensure v4");
+            let addrs = ip("-6 addr show dev nodelet.1");
+            assert!(!addrs.contains("fd00:1::"), "{addrs}");
+            let mut bad = peer("10.244.3.0/24", [192, 0, 2, 3], 3);
+            bad.subnet6 = Some(subnet("10.244.4.0/24"));
+            assert!(check_peers(&[bad]).is_err());
+        },
+    );
 }
