@@ -55,7 +55,8 @@ pub struct ServeArgs {
     /// Where the streaming server (the URLs of Exec and PortForward) listens; port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub streaming_addr: std::net::SocketAddr,
-    /// The subnet pods get their addresses from; the bridge takes its first address.
+    /// The subnet pods get their addresses from, or one of each family comma-separated (dual
+    /// stack); the bridge takes the first address of each.
     #[arg(long, default_value = "10.88.0.0/16")]
     pub pod_cidr: String,
     /// The node's bridge pods are connected to (created when missing).
