@@ -59,6 +59,10 @@ impl Kubelet {
         }
         let cfg = KubeletConfig {
             server: nodelet::config::ServerConfig::loopback_any_port(),
+            // The fake runtime's node is not this machine: this machine's disk or memory
+            // pressure must not make the eviction manager reclaim (remove) the fake's dead
+            // containers under the tests.
+            eviction_hard: Default::default(),
             static_pod_path: manifests,
             root_dir: dir.path().join("root"),
             pod_logs_dir: dir.path().join("logs"),

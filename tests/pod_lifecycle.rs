@@ -43,6 +43,10 @@ impl Node {
             file_check_frequency: Duration::from_secs(1),
             // The default resync: back-off must not wait for it.
             sync_frequency: Duration::from_secs(60),
+            // The fake runtime's node is not this machine: this machine's disk or memory
+            // pressure must not make the eviction manager reclaim (remove) the fake's dead
+            // containers under the tests.
+            eviction_hard: Default::default(),
             // The fake runtime runs nothing: no cgroup tree on the machine for it.
             cgroups: nodelet::config::Cgroups {
                 per_qos: false,
