@@ -37,6 +37,23 @@ fn leases(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// `pod-a`, serving its host name on port 8080, forwarded from node port `host_port`: the
+/// sandbox and the web container.
+async fn web_pod(node: &Node, host_port: u16) -> ((String, cri::PodSandboxConfig), String) {
+    let a = node
+        .sandbox_with("pod-a", |c| {
+            c.port_mappings = vec![cri::PortMapping {
+                protocol: cri::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port: i32::from(host_port),
+                host_ip: String::new(),
+            }];
+        })
+        .await;
+    let web = node.container(&a, "web", &["sh", "-c", WEB]).await;
+    (a, web)
+}
+
 const WEB: &str = "mkdir -p /tmp/w && echo hello-from-$(hostname) > /tmp/w/index.html && \
                    exec httpd -f -p 8080 -h /tmp/w";
 
@@ -72,17 +89,7 @@ async fn pods_get_addresses_reach_each_other_and_node_ports_forward() {
     assert!(Path::new("/sys/class/net").join(&net.bridge).exists());
 
     let host_port = free_port();
-    let a = node
-        .sandbox_with("pod-a", |c| {
-            c.port_mappings = vec![cri::PortMapping {
-                protocol: cri::Protocol::Tcp as i32,
-                container_port: 8080,
-                host_port: i32::from(host_port),
-                host_ip: String::new(),
-            }];
-        })
-        .await;
-    let web = node.container(&a, "web", &["sh", "-c", WEB]).await;
+    let (a, web) = web_pod(&node, host_port).await;
     let ip_a = pod_ip(&node.rt, &a.0).await;
     let ip: Ipv4Addr = ip_a.parse().unwrap_or_else(|_| panic!("pod IP {ip_a:?}"));
     assert!(
@@ -388,17 +395,7 @@ async fn dual_stack_pods_get_both_families_and_node_ports_forward_over_ipv6() {
     let (v4, v6) = (net.pod_cidrs[0], net.pod_cidrs[1]);
 
     let host_port = free_port();
-    let a = node
-        .sandbox_with("pod-a", |c| {
-            c.port_mappings = vec![cri::PortMapping {
-                protocol: cri::Protocol::Tcp as i32,
-                container_port: 8080,
-                host_port: i32::from(host_port),
-                host_ip: String::new(),
-            }];
-        })
-        .await;
-    let web = node.container(&a, "web", &["sh", "-c", WEB]).await;
+    let (a, web) = web_pod(&node, host_port).await;
     let st = node
         .rt
         .pod_sandbox_status(cri::PodSandboxStatusRequest {
