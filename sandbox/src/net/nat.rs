@@ -408,7 +408,12 @@ fn remove_family(nl: &Nfnl, bridge: &str, family: Family) -> Result<()> {
         batch_marker(false, 3),
     ])?;
     match nl.answers(vec![2]) {
-        Ok(_) | Err(Refused(libc::ENOENT)) => Ok(()),
+        // Not there, or a family the kernel has no nftables for (IPv6 disabled): nothing to
+        // remove.
+        Ok(_)
+        | Err(Refused(libc::ENOENT))
+        | Err(Refused(libc::EAFNOSUPPORT))
+        | Err(Refused(libc::EOPNOTSUPP)) => Ok(()),
         Err(e) => Err(e.into_error("removing the masquerade table")),
     }
 }
