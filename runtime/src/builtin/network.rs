@@ -115,6 +115,8 @@ pub(super) enum NetworkError {
 pub(super) struct Network {
     pub cfg: NetworkConfig,
     subnets: std::sync::RwLock<Subnets>,
+    /// The address books' one directory (every subnet's addresses, both families).
+    dir: PathBuf,
     /// Set once [`Network::ensure`] has set the node up (and written the masquerade rule
     /// afresh); later calls only check and mend.
     set_up: std::sync::atomic::AtomicBool,
@@ -167,6 +169,7 @@ impl Network {
         let net = Network {
             cfg,
             subnets: std::sync::RwLock::new(subnets),
+            dir,
             set_up: Default::default(),
         };
         net.forget_unused_subnets();
@@ -218,22 +221,14 @@ impl Network {
         Ok(out)
     }
 
-    /// Frees `ip` if `owner` holds it (whatever subnet it is of: the addresses share one
-    /// directory).
+    /// Frees `ip` if `owner` holds it, whatever subnet (current or earlier) it is of.
     pub fn release(&self, ip: IpAddr, owner: &str) -> sandbox::Result<()> {
-        match self.read().current.first() {
-            Some((_, ipam)) => ipam.release(ip, owner),
-            None => Ok(()),
-        }
+        sandbox::net::ipam::release_in(&self.dir, ip, owner)
     }
 
-    /// Every address in use.
+    /// Every address in use, of any subnet.
     pub fn leases(&self) -> Vec<sandbox::net::Lease> {
-        self.read()
-            .current
-            .first()
-            .map(|(_, ipam)| ipam.leases())
-            .unwrap_or_default()
+        sandbox::net::ipam::leases_in(&self.dir)
     }
 
     /// Makes `cidrs` (the Node's `spec.podCIDRs`, comma-separated: one, or one of each family)
@@ -245,14 +240,13 @@ impl Network {
             return Ok(false);
         }
         let new = parse_pod_cidrs(cidrs)?;
-        let dir = self.cfg.ipam_dir.join(&self.cfg.bridge);
         {
             let mut s = self.write();
             let old: Vec<Subnet> = s.current.iter().map(|(c, _)| *c).collect();
             if old == new {
                 return Ok(false);
             }
-            let current = books(&dir, &new)?;
+            let current = books(&self.dir, &new)?;
             s.earlier.retain(|e| !new.contains(e));
             for o in old.iter().rev().filter(|o| !new.contains(o)) {
                 s.earlier.insert(0, *o);
@@ -270,7 +264,7 @@ impl Network {
                 show(&old)
             );
         }
-        let record = dir.join(NODE_CIDR_FILE);
+        let record = self.dir.join(NODE_CIDR_FILE);
         let text: Vec<String> = new.iter().map(ToString::to_string).collect();
         std::fs::write(&record, text.join(","))
             .map_err(|e| Error::internal(format!("writing {}: {e}", record.display())))?;

@@ -220,32 +220,43 @@ impl Ipam {
 
     /// Frees `ip` if `owner` holds it.
     pub fn release(&self, ip: IpAddr, owner: &str) -> Result<()> {
-        let path = self.path(ip);
-        match read_lease(&path, ip) {
-            Some(lease) if lease.owner == owner => std::fs::remove_file(&path).or_else(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    Ok(())
-                } else {
-                    Err(Error::io("removing", &path, e))
-                }
-            }),
-            _ => Ok(()),
-        }
+        release_in(&self.dir, ip, owner)
     }
 
-    /// Every address in use.
+    /// Every address in use in this book's directory, of any subnet.
     pub fn leases(&self) -> Vec<Lease> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let ip: IpAddr = e.file_name().to_str()?.parse().ok()?;
-                read_lease(&e.path(), ip)
-            })
-            .collect()
+        leases_in(&self.dir)
     }
+}
+
+/// Frees `ip` in the address directory `dir` if `owner` holds it, whatever subnet it is of
+/// (address books of several subnets may share a directory: their addresses never clash).
+pub fn release_in(dir: &Path, ip: IpAddr, owner: &str) -> Result<()> {
+    let path = dir.join(ip.to_string());
+    match read_lease(&path, ip) {
+        Some(lease) if lease.owner == owner => std::fs::remove_file(&path).or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(Error::io("removing", &path, e))
+            }
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Every address in use in the address directory `dir`.
+pub fn leases_in(dir: &Path) -> Vec<Lease> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let ip: IpAddr = e.file_name().to_str()?.parse().ok()?;
+            read_lease(&e.path(), ip)
+        })
+        .collect()
 }
 
 /// A lease file's holder. A torn or garbled file is still a lease (of an owner no runtime

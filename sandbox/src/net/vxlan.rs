@@ -14,7 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use super::netlink::{Link, Netlink};
+use super::netlink::{Link, Netlink, Route};
 use super::routes::PROTOCOL;
 use super::{Subnet, check_interface_name, nl_error};
 use crate::{Error, Kind, Result};
@@ -53,6 +53,12 @@ impl Peer {
     fn subnets(&self) -> impl Iterator<Item = Subnet> {
         std::iter::once(self.subnet).chain(self.subnet6)
     }
+}
+
+/// Whether `r` is the route of a peer's subnet `s`: to the subnet, through the peer's VTEP
+/// address on the device (the subnet's network address, flannel's layout).
+fn routes_subnet(r: &Route, s: Subnet) -> bool {
+    r.dst == s.network && r.prefix_len == s.prefix_len && r.gateway == s.network
 }
 
 /// Formats a MAC as "aa:bb:cc:dd:ee:ff".
@@ -358,15 +364,9 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
         .into_iter()
         .filter(|r| r.oif == Some(index))
         .collect();
-    let is_route_of = |p: &Peer, dst: IpAddr, len: u8, gw: IpAddr| {
-        p.subnets()
-            .any(|s| dst == s.network && len == s.prefix_len && gw == s.network)
-    };
     for p in peers {
         for s in p.subnets() {
-            if !routes.iter().any(|r| {
-                r.dst == s.network && r.prefix_len == s.prefix_len && r.gateway == s.network
-            }) {
+            if !routes.iter().any(|r| routes_subnet(r, s)) {
                 nl.replace_route(s.network, s.prefix_len, s.network, PROTOCOL, Some(index))
                     .map_err(nl_error)?;
                 changed += 1;
@@ -377,7 +377,7 @@ pub fn sync(dev_name: &str, peers: &[Peer]) -> Result<usize> {
     for r in &routes {
         if !peers
             .iter()
-            .any(|p| is_route_of(p, r.dst, r.prefix_len, r.gateway))
+            .any(|p| p.subnets().any(|s| routes_subnet(r, s)))
         {
             nl.delete_route(r.dst, r.prefix_len, r.gateway, PROTOCOL, Some(index))
                 .map_err(nl_error)?;
