@@ -104,6 +104,10 @@ struct Tree {
     pod_pids_limit: i64,
     /// The pods whose cgroup was made or found and which have not terminated.
     pods: Mutex<HashMap<String, PodEntry>>,
+    /// Held while the QoS cgroups are computed and written, so that of two updates racing
+    /// (pods started at once, each by its worker) the one written last saw every pod counted
+    /// before it began (upstream's `qosContainerManager` holds its lock the same way).
+    qos_update: Mutex<()>,
 }
 
 /// What the manager knows of one pod: its QoS class and CPU request (millicores, for the
@@ -155,6 +159,7 @@ impl ContainerManager {
             cpu_cfs_quota: cfg.cpu_cfs_quota,
             pod_pids_limit,
             pods: Mutex::new(HashMap::new()),
+            qos_update: Mutex::new(()),
         };
         tree.kubepods = tree.path(&["kubepods"]);
         Ok(ContainerManager { tree: Some(tree) })
@@ -327,6 +332,7 @@ impl ContainerManager {
         let Some(t) = &self.tree else {
             return Ok(());
         };
+        let _one_at_a_time = lock(&t.qos_update);
         let burstable: i64 = lock(&t.pods)
             .values()
             .filter(|e| e.qos == Qos::Burstable)

@@ -212,3 +212,80 @@ fn without_the_tree_nothing_is_made() {
         );
     }
 }
+
+/// Pods started at once (one pod worker each) each update the QoS cgroups: the `burstable`
+/// shares must end as the sum of every burstable pod's request, whatever the order of the
+/// updates (an update computed before a burstable pod was counted must not be written last).
+#[test]
+fn concurrent_pod_starts_keep_the_burstable_shares() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: concurrent_pod_starts_keep_the_burstable_shares must not skip"
+        );
+        eprintln!(
+            "SKIP (needs root for real cgroups): concurrent_pod_starts_keep_the_burstable_shares"
+        );
+        return;
+    }
+    let root = format!("/nodelet-cm-race-{}", std::process::id());
+    let cfg = Cgroups {
+        root: root.clone(),
+        ..Cgroups::default()
+    };
+    let cm = ContainerManager::new(&cfg, ResourceConfig::default(), 100).unwrap();
+    let fs = Cgroupfs::detect().unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cm.start().unwrap();
+        let burstable = format!("{root}/kubepods/burstable");
+        let file = if fs.is_v2() {
+            "cpu.weight"
+        } else {
+            "cpu.shares"
+        };
+        let want = |millis: i64| {
+            let shares = milli_cpu_to_shares(millis);
+            if fs.is_v2() {
+                cgroupfs::shares_to_weight(shares)
+            } else {
+                shares
+            }
+            .to_string()
+        };
+        const ROUNDS: usize = 30;
+        const PER_KIND: usize = 3;
+        for round in 0..ROUNDS {
+            let pods: Vec<(Pod, String)> = (0..PER_KIND)
+                .flat_map(|i| {
+                    let b = format!("r{round}b{i}");
+                    let e = format!("r{round}e{i}");
+                    [
+                        (pod(&b, serde_json::json!({"requests": {"cpu": "100m"}})), b),
+                        (pod(&e, serde_json::json!({})), e),
+                    ]
+                })
+                .collect();
+            let start = std::sync::Barrier::new(pods.len());
+            std::thread::scope(|s| {
+                for (p, uid) in &pods {
+                    let (cm, start) = (&cm, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        cm.ensure_pod(p, uid).unwrap();
+                    });
+                }
+            });
+            let millis = i64::try_from(100 * PER_KIND * (round + 1)).unwrap();
+            assert_eq!(
+                read(&fs, "cpu", &burstable, file),
+                want(millis),
+                "after round {round}: {} burstable pods of 100m",
+                PER_KIND * (round + 1)
+            );
+        }
+    }));
+    let _ = fs.destroy(&root);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
