@@ -2,7 +2,6 @@
 //! made before it and spawns its tasks into the one task set, under the one cancellation token.
 //! [`super::Kubelet::start`] calls them in order, a table of contents of the kubelet.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use runtime::cri;
@@ -26,6 +25,9 @@ use crate::pod::{Backoff, ContainerOptions, SandboxOptions};
 use crate::pod_workers::{PodWorkers, Timing};
 use crate::sources::{self, PodUpdate};
 use crate::status_manager::StatusManager;
+
+mod node;
+mod server;
 
 /// What every part is wired with: the configuration, the runtime (every call counted and
 /// timed), the API client (`None` standalone), and the task set every background task lives
@@ -367,88 +369,6 @@ impl Wiring {
         recorder
     }
 
-    /// The kubelet server (10250) and healthz (10248): the port bound, and where the sync loop
-    /// publishes the pods the server lists.
-    pub async fn server(
-        &mut self,
-        node_ips: Vec<IpAddr>,
-        status: &Arc<StatusManager>,
-        health: &Arc<pleg::PlegHealth>,
-        sync_health: &Arc<super::notify::SyncLoopHealth>,
-    ) -> Result<(u16, PodsSender), crate::server::Error> {
-        let (pods_tx, pods_rx) = watch::channel(Arc::new(Vec::new()));
-        let serving = self.serving_certificate(&node_ips)?;
-        let cfg = &self.cfg;
-        let deps = crate::server::ServerDeps {
-            cfg: cfg.server.clone(),
-            node_name: cfg.node_name.clone(),
-            node_ips,
-            root_dir: cfg.root_dir.clone(),
-            cert_dir: cfg.cert_dir(),
-            serving,
-            pod_logs_dir: cfg.pod_logs_dir.clone(),
-            client: self.client.clone(),
-            rt: self.rt.runtime.clone(),
-            images: self.rt.images.clone(),
-            pods: pods_rx,
-            status: status.clone(),
-            configz: cfg.to_v1beta1(),
-            system_log_dir: std::path::PathBuf::from("/var/log"),
-            health: {
-                let check = health_check(health, sync_health.clone());
-                Arc::new(move || check().map_or(Ok(()), |p| Err(crate::server::Unhealthy(p))))
-            },
-        };
-        let bound = crate::server::start(deps, &mut self.tasks, self.cancel.clone()).await?;
-        crate::metrics::get()
-            .node_name
-            .get_or_create(&crate::metrics::NodeName {
-                node: cfg.node_name.clone(),
-            })
-            .set(1);
-        Ok((bound.port, pods_tx))
-    }
-
-    /// With `serverTLSBootstrap` (and no `tlsCertFile`): the slot the server reads its
-    /// certificate from, filled and renewed by its own task through CSRs.
-    fn serving_certificate(
-        &mut self,
-        node_ips: &[IpAddr],
-    ) -> Result<Option<Arc<crate::certificate::ServingSlot>>, crate::server::Error> {
-        let cfg = &self.cfg;
-        if !cfg.server.tls_bootstrap || cfg.server.tls_cert_file.is_some() {
-            return Ok(None);
-        }
-        let Some(client) = self.client.clone() else {
-            return Err(crate::server::Error::TlsBootstrapStandalone);
-        };
-        let slot = Arc::new(crate::certificate::ServingSlot::default());
-        let store = crate::certificate::CertStore::new(
-            &cfg.cert_dir(),
-            crate::certificate::serving::SERVER_PREFIX,
-        );
-        // The addresses this node will report, until the Node's own are seen.
-        let own = crate::node::own_addresses(&cfg.node_name, node_ips);
-        let own = crate::node::reported_addresses(cfg, Some(own), None).unwrap_or_default();
-        let (addresses, watched) = watch::channel(own);
-        self.serving_addresses = Some(addresses);
-        let task = crate::certificate::serving::run(
-            slot.clone(),
-            store,
-            client,
-            cfg.node_name.clone(),
-            watched,
-        );
-        let cancel = self.cancel.clone();
-        self.tasks.spawn(async move {
-            tokio::select! {
-                _ = task => {}
-                _ = cancel.cancelled() => {}
-            }
-        });
-        Ok(Some(slot))
-    }
-
     /// The PLEG over the pod cache: changes to the sync loop, refresh requests from the syncer.
     pub fn pleg(
         &mut self,
@@ -548,97 +468,6 @@ impl Wiring {
         self.tasks.spawn(pod_resources);
         self.devices = Some(devices.clone());
         Ok(devices)
-    }
-
-    /// With an API server: the node agent (the Node, its status and Lease); the serving
-    /// certificate follows the addresses of the Node it reports.
-    pub fn node_agent(
-        &mut self,
-        facts: &NodeFacts,
-        runtime_state: &Arc<RuntimeState>,
-        health: &Arc<pleg::PlegHealth>,
-        recorder: &EventRecorder,
-        shutdown: &Arc<super::shutdown::ShutdownState>,
-        eviction: &Arc<super::eviction::EvictionState>,
-    ) -> Option<Arc<NodeAgent>> {
-        let client = self.client.as_ref()?;
-        let (health, shutdown, eviction) = (health.clone(), shutdown.clone(), eviction.clone());
-        let agent = Arc::new(NodeAgent::spawn(
-            client.clone(),
-            &self.cfg,
-            facts.clone(),
-            runtime_state.clone(),
-            self.rt.images.clone(),
-            Arc::new(move |h: &mut crate::node::conditions::Health| {
-                h.problems.extend(health.problem());
-                if shutdown.shutting_down() {
-                    h.problems.push(super::shutdown::NOT_READY.to_string());
-                }
-                use super::eviction::Pressure;
-                h.memory_pressure = eviction.has(Pressure::Memory);
-                h.disk_pressure = eviction.has(Pressure::Disk);
-                h.pid_pressure = eviction.has(Pressure::Pid);
-            }),
-            crate::node::agent::Reporting {
-                events: Some(recorder.clone()),
-                devices: self.devices.clone(),
-            },
-        ));
-        // host-gw or vxlan: the other nodes' pod subnets, from every Node.
-        let net = &self.cfg.network;
-        if let Some(keep) = crate::node::routes::Keep::of(net.routes, net.vxlan, &self.cfg.pod_cidr)
-        {
-            self.tasks.spawn(crate::node::routes::run(
-                client.clone(),
-                self.cfg.node_name.clone(),
-                keep,
-                self.cancel.clone(),
-            ));
-        }
-        // The Node's pod CIDRs go to the runtime as they come.
-        self.tasks.spawn(super::pod_cidr::follow(
-            self.rt.runtime.clone(),
-            agent.manager().subscribe(),
-            self.cancel.clone(),
-        ));
-        if let Some(addresses) = self.serving_addresses.take() {
-            let mut nodes = agent.manager().subscribe();
-            let cancel = self.cancel.clone();
-            self.tasks.spawn(async move {
-                loop {
-                    let seen = nodes
-                        .borrow_and_update()
-                        .as_ref()
-                        .and_then(|n| n.status.as_ref()?.addresses.clone())
-                        .filter(|a| !a.is_empty());
-                    if let Some(seen) = seen {
-                        addresses.send_if_modified(|a| {
-                            let changed = *a != seen;
-                            *a = seen;
-                            changed
-                        });
-                    }
-                    tokio::select! {
-                        changed = nodes.changed() => if changed.is_err() { return },
-                        _ = cancel.cancelled() => return,
-                    }
-                }
-            });
-        }
-        Some(agent)
-    }
-
-    /// With an API server: the pods bound to the node, and the mirror pods of static pods.
-    pub fn api_source(
-        &mut self,
-        updates: &mpsc::Sender<PodUpdate>,
-        mirrors: watch::Sender<sources::api::MirrorPods>,
-    ) -> Option<mirror::MirrorManager> {
-        let client = self.client.as_ref()?.clone();
-        let node_name = self.cfg.node_name.clone();
-        let src = sources::api::ApiSource::new(client.clone(), node_name.clone(), mirrors);
-        self.tasks.spawn(src.run(updates.clone()));
-        Some(mirror::MirrorManager::new(client, node_name))
     }
 
     /// Housekeeping and the log rotation, off the loop: where the loop publishes what it wants.
