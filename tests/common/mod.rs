@@ -56,12 +56,18 @@ fn nix_is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Where a test binary keeps the image archives it builds: under the target dir (cleaned with
+/// it), one dir per test process.
+fn images_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nodelet-e2e-{}", std::process::id()))
+}
+
 /// The busybox OCI archive, built once per test binary.
 pub fn busybox_archive() -> PathBuf {
     static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
     ARCHIVE
         .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("nodelet-e2e-{}", std::process::id()));
+            let dir = images_dir();
             std::fs::create_dir_all(&dir).expect("temp dir");
             let out = dir.join("busybox.tar");
             let script =
@@ -570,7 +576,7 @@ pub fn grpc_health_archive() -> PathBuf {
                 "{} is missing: `cargo test` builds it with the tests; alone, run                  `cargo build --example grpc_health_server` first",
                 server.display()
             );
-            let dir = std::env::temp_dir().join(format!("nodelet-e2e-{}", std::process::id()));
+            let dir = images_dir();
             std::fs::create_dir_all(&dir).expect("temp dir");
             let out = dir.join("grpc-health.tar");
             let script =
