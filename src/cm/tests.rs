@@ -21,29 +21,47 @@ fn read(fs: &Cgroupfs, controller: &str, path: &str, file: &str) -> String {
         .to_string()
 }
 
-#[test]
-fn tree_values_and_orphans_on_real_cgroups() {
+/// Runs `body` with a container manager (`kubepods` set to `node`, pods capped at 100 pids) over
+/// this machine's real cgroups, under a cgroup root of the test's own
+/// (`/nodelet-cm-<tag>-<pid>`, given to `body`) that is removed afterwards, pass or fail.
+/// Without root the test is skipped, loudly; under CI (root) it must not be.
+fn on_real_cgroups(
+    test: &str,
+    tag: &str,
+    node: ResourceConfig,
+    body: impl FnOnce(&ContainerManager, &Cgroupfs, &str),
+) {
     if !nix::unistd::Uid::effective().is_root() {
         assert!(
             std::env::var_os("CI").is_none(),
-            "CI runs as root: tree_values_and_orphans_on_real_cgroups must not skip"
+            "CI runs as root: {test} must not skip"
         );
-        eprintln!("SKIP (needs root for real cgroups): tree_values_and_orphans_on_real_cgroups");
+        eprintln!("SKIP (needs root for real cgroups): {test}");
         return;
     }
-    let root = format!("/nodelet-cm-unit-{}", std::process::id());
+    let root = format!("/nodelet-cm-{tag}-{}", std::process::id());
     let cfg = Cgroups {
         root: root.clone(),
         ..Cgroups::default()
     };
+    let cm = ContainerManager::new(&cfg, node, 100).unwrap();
+    let fs = Cgroupfs::detect().unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&cm, &fs, &root)));
+    let _ = fs.destroy(&root);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn tree_values_and_orphans_on_real_cgroups() {
     let node = ResourceConfig {
         cpu_shares: Some(2048),
         memory_limit: Some(3 << 30),
         ..Default::default()
     };
-    let cm = ContainerManager::new(&cfg, node, 100).unwrap();
-    let fs = Cgroupfs::detect().unwrap();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let test = "tree_values_and_orphans_on_real_cgroups";
+    on_real_cgroups(test, "unit", node, |cm, fs, root| {
         cm.start().unwrap();
         let kubepods = format!("{root}/kubepods");
         let v2 = fs.is_v2();
@@ -53,9 +71,9 @@ fn tree_values_and_orphans_on_real_cgroups() {
             ("cpu.shares", "memory.limit_in_bytes")
         };
         let want_shares = |s: u64| if v2 { cgroupfs::shares_to_weight(s) } else { s }.to_string();
-        assert_eq!(read(&fs, "cpu", &kubepods, shares), want_shares(2048));
+        assert_eq!(read(fs, "cpu", &kubepods, shares), want_shares(2048));
         assert_eq!(
-            read(&fs, "memory", &kubepods, limit),
+            read(fs, "memory", &kubepods, limit),
             (3u64 << 30).to_string()
         );
 
@@ -63,20 +81,20 @@ fn tree_values_and_orphans_on_real_cgroups() {
         let path = cm.ensure_pod(&burstable, "b1").unwrap();
         assert_eq!(path, format!("{kubepods}/burstable/podb1"));
         assert_eq!(
-            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            read(fs, "cpu", &format!("{kubepods}/burstable"), shares),
             want_shares(307)
         );
-        assert_eq!(read(&fs, "cpu", &path, shares), want_shares(307));
-        assert_eq!(read(&fs, "pids", &path, "pids.max"), "100");
+        assert_eq!(read(fs, "cpu", &path, shares), want_shares(307));
+        assert_eq!(read(fs, "pids", &path, "pids.max"), "100");
         let guaranteed = pod(
             "g1",
             serde_json::json!({"limits": {"cpu": "500m", "memory": "64Mi"}}),
         );
         let g = cm.ensure_pod(&guaranteed, "g1").unwrap();
         assert_eq!(g, format!("{kubepods}/podg1"));
-        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &g, limit), (64u64 << 20).to_string());
         if !v2 {
-            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
+            assert_eq!(read(fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
         }
         // Resized: the pod cgroups and the burstable shares follow at the next sync.
         let bigger = pod(
@@ -84,9 +102,9 @@ fn tree_values_and_orphans_on_real_cgroups() {
             serde_json::json!({"limits": {"cpu": "1", "memory": "128Mi"}}),
         );
         assert_eq!(cm.ensure_pod(&bigger, "g1").unwrap(), g);
-        assert_eq!(read(&fs, "memory", &g, limit), (128u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &g, limit), (128u64 << 20).to_string());
         if !v2 {
-            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
+            assert_eq!(read(fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
         }
         // Shrunk: the pod cgroup keeps its larger values until its containers took the smaller
         // ones (a container's CFS quota above its parent's is refused on cgroup v1).
@@ -100,9 +118,9 @@ fn tree_values_and_orphans_on_real_cgroups() {
         };
         fs.apply(&container, &whole_cpu).unwrap();
         assert_eq!(cm.ensure_pod(&guaranteed, "g1").unwrap(), g);
-        assert_eq!(read(&fs, "memory", &g, limit), (128u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &g, limit), (128u64 << 20).to_string());
         if !v2 {
-            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
+            assert_eq!(read(fs, "cpu", &g, "cpu.cfs_quota_us"), "100000");
         }
         let half_cpu = ResourceConfig {
             cpu_quota: Some(50_000),
@@ -111,20 +129,20 @@ fn tree_values_and_orphans_on_real_cgroups() {
         };
         fs.apply(&container, &half_cpu).unwrap();
         cm.finish_pod_resize("g1");
-        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &g, limit), (64u64 << 20).to_string());
         if !v2 {
-            assert_eq!(read(&fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
+            assert_eq!(read(fs, "cpu", &g, "cpu.cfs_quota_us"), "50000");
         }
         // Done: a second call and the next sync change nothing.
         cm.finish_pod_resize("g1");
         assert_eq!(cm.ensure_pod(&guaranteed, "g1").unwrap(), g);
-        assert_eq!(read(&fs, "memory", &g, limit), (64u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &g, limit), (64u64 << 20).to_string());
         fs.destroy(&container).unwrap();
         let more_cpu = pod("b1", serde_json::json!({"requests": {"cpu": "600m"}}));
         cm.ensure_pod(&more_cpu, "b1").unwrap();
-        assert_eq!(read(&fs, "cpu", &path, shares), want_shares(614));
+        assert_eq!(read(fs, "cpu", &path, shares), want_shares(614));
         assert_eq!(
-            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            read(fs, "cpu", &format!("{kubepods}/burstable"), shares),
             want_shares(614)
         );
         let capped = pod(
@@ -132,11 +150,11 @@ fn tree_values_and_orphans_on_real_cgroups() {
             serde_json::json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "32Mi"}}),
         );
         let b2 = cm.ensure_pod(&capped, "b2").unwrap();
-        assert_eq!(read(&fs, "memory", &b2, limit), (32u64 << 20).to_string());
+        assert_eq!(read(fs, "memory", &b2, limit), (32u64 << 20).to_string());
         // A limit the pod no longer sets is removed, not left as it was.
         let uncapped = pod("b2", serde_json::json!({"requests": {"memory": "16Mi"}}));
         cm.ensure_pod(&uncapped, "b2").unwrap();
-        let unlimited = read(&fs, "memory", &b2, limit);
+        let unlimited = read(fs, "memory", &b2, limit);
         assert!(
             unlimited == "max" || unlimited.parse::<u64>().unwrap() > 1 << 60,
             "{unlimited}"
@@ -147,10 +165,10 @@ fn tree_values_and_orphans_on_real_cgroups() {
             .ensure_pod(&pod("e1", serde_json::json!({})), "e1")
             .unwrap();
         assert_eq!(
-            read(&fs, "cpu", &format!("{kubepods}/besteffort"), shares),
+            read(fs, "cpu", &format!("{kubepods}/besteffort"), shares),
             want_shares(2)
         );
-        assert_eq!(read(&fs, "cpu", &best, shares), want_shares(2));
+        assert_eq!(read(fs, "cpu", &best, shares), want_shares(2));
 
         // A process left in an orphan's cgroup is killed with it.
         let mut sleeper = std::process::Command::new("sleep")
@@ -173,15 +191,11 @@ fn tree_values_and_orphans_on_real_cgroups() {
         assert!(sleeper.wait().unwrap().signal().is_some(), "killed");
         assert!(!fs.exists(&best) && !fs.exists(&path) && fs.exists(&g));
         assert_eq!(
-            read(&fs, "cpu", &format!("{kubepods}/burstable"), shares),
+            read(fs, "cpu", &format!("{kubepods}/burstable"), shares),
             want_shares(2),
             "the burstable shares follow its pods"
         );
-    }));
-    let _ = fs.destroy(&root);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    });
 }
 
 #[test]
@@ -218,24 +232,8 @@ fn without_the_tree_nothing_is_made() {
 /// updates (an update computed before a burstable pod was counted must not be written last).
 #[test]
 fn concurrent_pod_starts_keep_the_burstable_shares() {
-    if !nix::unistd::Uid::effective().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root: concurrent_pod_starts_keep_the_burstable_shares must not skip"
-        );
-        eprintln!(
-            "SKIP (needs root for real cgroups): concurrent_pod_starts_keep_the_burstable_shares"
-        );
-        return;
-    }
-    let root = format!("/nodelet-cm-race-{}", std::process::id());
-    let cfg = Cgroups {
-        root: root.clone(),
-        ..Cgroups::default()
-    };
-    let cm = ContainerManager::new(&cfg, ResourceConfig::default(), 100).unwrap();
-    let fs = Cgroupfs::detect().unwrap();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let test = "concurrent_pod_starts_keep_the_burstable_shares";
+    on_real_cgroups(test, "race", ResourceConfig::default(), |cm, fs, root| {
         cm.start().unwrap();
         let burstable = format!("{root}/kubepods/burstable");
         let file = if fs.is_v2() {
@@ -277,15 +275,11 @@ fn concurrent_pod_starts_keep_the_burstable_shares() {
             });
             let millis = i64::try_from(100 * PER_KIND * (round + 1)).unwrap();
             assert_eq!(
-                read(&fs, "cpu", &burstable, file),
+                read(fs, "cpu", &burstable, file),
                 want(millis),
                 "after round {round}: {} burstable pods of 100m",
                 PER_KIND * (round + 1)
             );
         }
-    }));
-    let _ = fs.destroy(&root);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    });
 }

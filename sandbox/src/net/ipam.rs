@@ -169,7 +169,7 @@ impl Ipam {
     }
 
     fn path(&self, ip: IpAddr) -> PathBuf {
-        self.dir.join(ip.to_string())
+        lease_path(&self.dir, ip)
     }
 
     /// The last address given out, one file per family (the families share the directory).
@@ -232,7 +232,7 @@ impl Ipam {
 /// Frees `ip` in the address directory `dir` if `owner` holds it, whatever subnet it is of
 /// (address books of several subnets may share a directory: their addresses never clash).
 pub fn release_in(dir: &Path, ip: IpAddr, owner: &str) -> Result<()> {
-    let path = dir.join(ip.to_string());
+    let path = lease_path(dir, ip);
     match read_lease(&path, ip) {
         Some(lease) if lease.owner == owner => std::fs::remove_file(&path).or_else(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -243,6 +243,11 @@ pub fn release_in(dir: &Path, ip: IpAddr, owner: &str) -> Result<()> {
         }),
         _ => Ok(()),
     }
+}
+
+/// The file holding the lease of `ip` in the address directory `dir`: named by the address.
+fn lease_path(dir: &Path, ip: IpAddr) -> PathBuf {
+    dir.join(ip.to_string())
 }
 
 /// Every address in use in the address directory `dir`.
