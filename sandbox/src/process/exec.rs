@@ -18,7 +18,7 @@
 //! A command that cannot be executed (not found, not executable, no interpreter) is the exec's
 //! error, in runc's words, reported by the child on a close-on-exec pipe as the container's own
 //! start reports it ([`payload`](super::payload)).
-#![allow(unsafe_code)] // clone, _exit, the id and close_range system calls and the TIOCSCTTY ioctl in the child
+#![allow(unsafe_code)] // clone, fork, ptrace, _exit, the id, seccomp and close_range system calls and the TIOCSCTTY ioctl in the child
 
 use std::convert::Infallible;
 use std::ffi::CString;
@@ -41,6 +41,7 @@ use super::payload::{self, errno_text, look_path};
 use crate::spec::State;
 use crate::{Error, Kind, Result};
 
+mod seccomp;
 mod target;
 pub use target::Target;
 use target::with_sys_admin;
@@ -277,7 +278,11 @@ fn enter(t: &Target, argv: &[CString], io: &ChildIo) -> std::result::Result<Infa
     if t.process.no_new_privileges() == Some(true) {
         nix::sys::prctl::set_no_new_privs().map_err(|e| fail("setting no_new_privs", &e))?;
     }
-    if let Some(filter) = &t.seccomp {
+    if let Some(program) = &t.seccomp_program {
+        program
+            .load()
+            .map_err(|e| fail("loading the seccomp filter", &e))?;
+    } else if let Some(filter) = &t.seccomp {
         let notify =
             initialize_seccomp(filter).map_err(|e| fail("loading the seccomp filter", &e))?;
         if let Some(fd) = notify {

@@ -12,6 +12,7 @@ use oci_spec::runtime::{
 };
 
 use super::super::containers::{Ctr, internal};
+use super::seccomp::Program;
 use crate::{Error, Kind, Result};
 
 /// What an exec in one running container needs, gathered at its first exec from its OCI spec
@@ -32,6 +33,9 @@ pub struct Target {
     /// The `PATH` of its environment, where a command without a slash is looked up.
     pub(super) path_var: Option<String>,
     pub(super) seccomp: Option<LinuxSeccomp>,
+    /// That filter compiled once, when the kernel allows reading it back ([`Program`]); an
+    /// exec without it compiles the filter itself.
+    pub(super) seccomp_program: Option<Program>,
     /// The exec holds CAP_SYS_ADMIN until its seccomp filter is loaded (see [`lends_sys_admin`]).
     pub(super) lend_sys_admin: bool,
 }
@@ -92,6 +96,7 @@ impl Target {
             .find_map(|v| v.strip_prefix("PATH="))
             .map(str::to_string);
         let seccomp = oci.linux().as_ref().and_then(|l| l.seccomp().clone());
+        let seccomp_program = seccomp.as_ref().and_then(Program::compile);
         Ok(Target {
             pid_ns,
             user_ns,
@@ -102,6 +107,7 @@ impl Target {
             env,
             path_var,
             seccomp,
+            seccomp_program,
         })
     }
 }
