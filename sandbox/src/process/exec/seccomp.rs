@@ -1,7 +1,7 @@
 //! A container's seccomp filter compiled once for all its execs. libseccomp compiles an OCI
-//! profile into a BPF program each time it loads one, and that is most of what loading costs:
-//! about 0.5 ms of CPU for the `RuntimeDefault` profile on this project's test machine (its
-//! rules for two architectures), paid by every exec probe of a pod with a seccomp profile
+//! profile into a BPF program each time it loads one: 0.26-0.46 ms of CPU for the
+//! `RuntimeDefault` profile's rules (two architectures) on this project's test machine
+//! (docs/BENCHMARKS.md), paid by every exec probe of a pod with a seccomp profile
 //! (every pod on a node with `seccompDefault`). The program is compiled once, at the
 //! container's first exec, by the same libcontainer call as before, and read back from the
 //! kernel; each exec then loads it with one `seccomp` system call.

@@ -1,5 +1,6 @@
 //! What an exec needs of a container, gathered at its first exec: descriptors of its
-//! namespaces and of the files that move a process into its cgroups, its OCI process.
+//! namespaces and of the files that move a process into its cgroups, its OCI process, and its
+//! seccomp filter compiled ([`Program`]).
 
 use std::collections::HashSet;
 use std::ffi::CString;
